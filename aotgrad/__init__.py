@@ -1,0 +1,34 @@
+"""aotgrad: ahead-of-time autograd for PyTorch.
+
+Captures a function or module into one functional forward+backward graph of ATen ops,
+partitions it, compiles both halves, and runs them so that the call behaves like eager.
+"""
+
+from .api import CompiledFunction, CompiledModule, compile
+from .backends import Backend, make_boxed_compiler, make_boxed_func, nop
+from .partition import default_partition
+from .pipeline import Artifact
+from .verify import verify
+
+__all__ = ["compile", "backend", "CompiledFunction", "CompiledModule", "Artifact", "Backend",
+           "default_partition", "make_boxed_compiler", "make_boxed_func", "nop", "verify"]
+
+
+def backend(**options):
+    """A Dynamo backend with these options: `torch.compile(m, backend=aotgrad.backend(...))`."""
+    from .dynamo import make_backend
+    return make_backend(**options)
+
+
+def _register_with_dynamo() -> None:
+    """`backend="aotgrad"` works even when the package is not installed (entry point absent)."""
+    try:
+        from torch._dynamo.backends.registry import _BACKENDS, register_backend
+        from .dynamo import aotgrad_backend
+    except ImportError:  # a torch without Dynamo
+        return
+    if "aotgrad" not in _BACKENDS:
+        register_backend(name="aotgrad")(aotgrad_backend)
+
+
+_register_with_dynamo()

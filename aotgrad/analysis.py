@@ -1,0 +1,223 @@
+"""Stage 2, analysis: run the function functionalized once and record what eager would do.
+
+The facts recorded here (which inputs are mutated and how, which outputs alias what, which
+need gradients) decide everything later: which graph to trace, what the graph returns, and
+what the runtime does around it. They are plain frozen dataclasses, printable and comparable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .capture import OutputBox, functional_mode, to_functional
+
+Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # size, stride, storage offset
+
+
+class OutputKind(enum.Enum):
+    PLAIN = "computed by the graph"
+    CONSTANT = "a non-tensor value, baked in"
+    INPUT = "the input tensor itself"
+    VIEW_OF_INPUT = "a view of an input"
+    VIEW_OF_INTERMEDIATE = "a view of an intermediate the graph also returns"
+    VIEW_OF_OUTPUT = "a view of another user output"
+    SAME_AS_OUTPUT = "the same tensor as an earlier output"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    requires_grad: bool
+    is_leaf: bool
+    mutates_data: bool
+    mutates_metadata: bool
+    # Every mutation ran under no_grad/inference_mode or through .detach()/.data: the copy back
+    # must not be recorded by autograd either.
+    mutation_hidden_from_autograd: bool
+    final_geometry: Geometry
+
+    @property
+    def mutated(self) -> bool:
+        return self.mutates_data or self.mutates_metadata
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    kind: OutputKind
+    source: int | None  # input, intermediate base or output index, depending on kind
+    requires_grad: bool
+    geometry: Geometry | None = None
+    dtype: torch.dtype | None = None
+    replay: Callable | None = None  # replays the view chain on a new base
+    constant: Any = None
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """What one call of the user function does, seen from outside."""
+
+    inputs: tuple[InputInfo, ...]
+    outputs: tuple[OutputInfo, ...]
+    out_spec: Any
+    num_intermediate_bases: int
+    # Per graph output (mutated inputs' new values, plain outputs, intermediate bases):
+    # whether it is differentiable, i.e. gets a tangent in the backward.
+    differentiable: tuple[bool, ...]
+    graph_output_metas: tuple[TensorMeta, ...]
+    grad_enabled: bool
+
+    @property
+    def data_mutated_inputs(self) -> tuple[int, ...]:
+        return tuple(i for i, x in enumerate(self.inputs) if x.mutates_data)
+
+    @property
+    def plain_outputs(self) -> tuple[int, ...]:
+        return tuple(i for i, o in enumerate(self.outputs) if o.kind is OutputKind.PLAIN)
+
+    @property
+    def num_graph_outputs(self) -> int:
+        return len(self.differentiable)
+
+    @property
+    def needs_autograd(self) -> bool:
+        return self.grad_enabled and any(self.differentiable)
+
+
+def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
+            box: OutputBox) -> FunctionInfo:
+    """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
+    with functional_mode():
+        f_args = to_functional(fake_args)
+        outs = graph_fn(*f_args)
+    for a in f_args:
+        torch._sync(a)
+    inputs = tuple(_input_info(f, a.requires_grad, leaf)
+                   for f, a, leaf in zip(f_args, fake_args, is_leaf))
+    outputs, num_bases = _classify_outputs(outs, f_args)
+    info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
+    values = graph_outputs(info, f_args, outs)
+    hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
+    hidden += [False] * (len(values) - len(hidden))
+    info = dataclasses.replace(
+        info,
+        differentiable=tuple(v.requires_grad and not h for v, h in zip(values, hidden)),
+        graph_output_metas=tuple(TensorMeta(tuple(v.shape), v.dtype, v.device) for v in values),
+    )
+    _check_leaf_mutations(info)
+    return info
+
+
+def graph_outputs(info: FunctionInfo, args: Sequence, outs: Sequence) -> list:
+    """What the forward graph returns: new values of data-mutated inputs, plain user
+    outputs, then the intermediate bases of outputs that are views."""
+    mutated = [args[i] for i in info.data_mutated_inputs]
+    plain = [outs[i] for i in info.plain_outputs]
+    return mutated + plain + _intermediate_bases(info, outs)
+
+
+def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
+    bases = [None] * info.num_intermediate_bases
+    for o, out in zip(info.outputs, outs):
+        if o.kind is OutputKind.VIEW_OF_INTERMEDIATE and bases[o.source] is None:
+            bases[o.source] = out._base
+    return bases
+
+
+def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool) -> InputInfo:
+    if torch._functionalize_was_storage_changed(a.elem):
+        raise NotImplementedError(
+            "aotgrad: the function calls set_() on an input; swapping an input's storage is "
+            "not supported yet. Call set_ outside the compiled function.")
+    inner = a.elem
+    hidden = (torch._functionalize_are_all_mutations_hidden_from_autograd(inner)
+              or torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(inner))
+    return InputInfo(
+        requires_grad=requires_grad,
+        is_leaf=is_leaf,
+        mutates_data=torch._functionalize_has_data_mutation(inner),
+        mutates_metadata=torch._functionalize_has_metadata_mutation(inner),
+        mutation_hidden_from_autograd=hidden,
+        final_geometry=_geometry(a),
+    )
+
+
+def _geometry(t: torch.Tensor) -> Geometry:
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+
+
+def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any]):
+    """Each output's kind, and the intermediate bases the graph must return as well."""
+    input_index = {id(a): i for i, a in enumerate(f_args)}
+    first_seen: dict[int, int] = {}
+    plain_index: dict[int, int] = {}
+    for i, o in enumerate(outs):
+        first_seen.setdefault(id(o), i)
+        if isinstance(o, torch.Tensor) and id(o) not in input_index and not o._is_view():
+            plain_index.setdefault(id(o), i)
+    bases: list[torch.Tensor] = []
+    base_index: dict[int, int] = {}
+    infos = []
+    for i, o in enumerate(outs):
+        if not isinstance(o, torch.Tensor):
+            infos.append(OutputInfo(OutputKind.CONSTANT, None, False, constant=o))
+        elif first_seen[id(o)] != i:
+            infos.append(OutputInfo(OutputKind.SAME_AS_OUTPUT, first_seen[id(o)], o.requires_grad))
+        elif id(o) in input_index:
+            infos.append(OutputInfo(OutputKind.INPUT, input_index[id(o)], o.requires_grad))
+        elif not o._is_view():
+            infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad))
+        else:
+            kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
+            infos.append(_view_info(o, kind, source))
+    return tuple(infos), len(bases)
+
+
+def _view_source(base, input_index, plain_index, base_index, bases):
+    if id(base) in input_index:
+        return OutputKind.VIEW_OF_INPUT, input_index[id(base)]
+    if id(base) in plain_index:
+        return OutputKind.VIEW_OF_OUTPUT, plain_index[id(base)]
+    if id(base) not in base_index:
+        base_index[id(base)] = len(bases)
+        bases.append(base)
+    return OutputKind.VIEW_OF_INTERMEDIATE, base_index[id(base)]
+
+
+def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
+    replay = o._view_func_unsafe if o._base.dtype == o.dtype else None
+    return OutputInfo(kind, source, o.requires_grad, _geometry(o), o.dtype, replay)
+
+
+def _check_leaf_mutations(info: FunctionInfo) -> None:
+    """Eager refuses in-place changes to a leaf that requires grad; so do we."""
+    if not info.grad_enabled:
+        return
+    for x in info.inputs:
+        if x.mutated and x.is_leaf and x.requires_grad and not x.mutation_hidden_from_autograd:
+            raise RuntimeError(
+                "a leaf Variable that requires grad is being used in an in-place operation.")
+
+
+def regenerate_view(out: OutputInfo, base: torch.Tensor) -> torch.Tensor:
+    """Rebuild an aliased output from its base at run time, so that `_base`, `grad_fn` and
+    later in-place use behave as in eager."""
+    with torch.set_grad_enabled(out.requires_grad and torch.is_grad_enabled()):
+        if out.replay is not None:
+            view = out.replay(base)
+            if view is not None:
+                return view
+        size, stride, offset = out.geometry
+        if base.dtype != out.dtype:
+            base = base.view(out.dtype)
+        return base.as_strided(size, stride, offset)

@@ -1,0 +1,140 @@
+"""The native front door: `aotgrad.compile` for functions and modules.
+
+A compiled callable keeps one `CompiledCall` per call signature (shapes, strides, dtypes,
+devices, requires_grad, constants, grad mode, autocast) and compiles again when a call does
+not match any, up to a cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable, Hashable
+
+import torch
+import torch.utils._pytree as pytree
+
+from .backends import resolve_backend
+from .partition import default_partition
+from .pipeline import Artifact, Options, compile_call
+from .runtime import CompiledCall
+
+DEFAULT_MAX_ENTRIES = 8
+
+
+def signature(flat_args) -> tuple:
+    """What a compiled graph specializes on, for one call."""
+    seen: dict[int, int] = {}
+    parts: list[Hashable] = []
+    for a in flat_args:
+        if isinstance(a, torch.Tensor):
+            parts.append((type(a), a.shape, a.stride(), a.storage_offset(), a.dtype, a.device,
+                          a.layout, a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
+        else:
+            parts.append(_constant_key(a))
+    return tuple(parts), _global_state()
+
+
+def _constant_key(value: Any) -> Hashable:
+    try:
+        hash(value)
+    except TypeError:
+        return type(value), id(value)
+    return type(value), value
+
+
+def _global_state() -> tuple:
+    state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
+    for device in ("cpu", "cuda"):
+        on = torch.is_autocast_enabled(device)
+        state.append((on, torch.get_autocast_dtype(device)) if on else False)
+    return tuple(state)
+
+
+class CompiledFunction:
+    """A function compiled ahead of time, one specialization per call signature."""
+
+    def __init__(self, fn: Callable, options: Options, max_entries: int = DEFAULT_MAX_ENTRIES):
+        self.fn = fn
+        self.options = options
+        self.max_entries = max_entries
+        self.entries: dict[Hashable, CompiledCall] = {}
+        self.__wrapped__ = fn
+
+    def __call__(self, *args, **kwargs):
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        key = (spec, signature(flat))
+        call = self.entries.get(key)
+        if call is None:
+            if len(self.entries) >= self.max_entries:
+                return self._over_cap(args, kwargs)
+            call = self.entries[key] = compile_call(self.fn, flat, spec, self.options)
+        return pytree.tree_unflatten(call(flat), call.plan.info.out_spec)
+
+    def _over_cap(self, args, kwargs):
+        warnings.warn(f"aotgrad: {getattr(self.fn, '__name__', self.fn)} was compiled for "
+                      f"{self.max_entries} call signatures (max_entries); running this call "
+                      "eagerly. Raise max_entries or make the inputs' shapes stable.")
+        return self.fn(*args, **kwargs)
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        """What each compile produced: graphs, saved values, timings."""
+        return [c.artifact for c in self.entries.values()]
+
+
+class CompiledModule(torch.nn.Module):
+    """A module whose forward runs compiled; parameters and buffers are graph inputs, so
+    updates of buffers in forward (BatchNorm's running statistics) land on the module."""
+
+    def __init__(self, module: torch.nn.Module, options: Options,
+                 max_entries: int = DEFAULT_MAX_ENTRIES):
+        super().__init__()
+        self.orig_module = module
+        self._names = [n for n, _ in module.named_parameters()] + \
+                      [n for n, _ in module.named_buffers()]
+        self._slots = [_slot(module, n) for n in self._names]
+        options = dataclasses.replace(options, num_params_buffers=len(self._names))
+        self.compiled = CompiledFunction(self._functional_forward, options, max_entries)
+
+    def _functional_forward(self, state, args, kwargs):
+        return torch.func.functional_call(self.orig_module, dict(zip(self._names, state)),
+                                          args, kwargs)
+
+    def forward(self, *args, **kwargs):
+        state = [getattr(owner, attr) for owner, attr in self._slots]
+        return self.compiled(state, args, kwargs)
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        return self.compiled.artifacts
+
+
+def _slot(module: torch.nn.Module, name: str):
+    *path, attr = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module, attr
+
+
+def compile(fn_or_module: Callable, *, backend: Any = "inductor",
+            partitioner: Callable = default_partition, decompositions=None,
+            dynamic: bool = False, keep_inference_input_mutations: bool = False,
+            max_entries: int = DEFAULT_MAX_ENTRIES):
+    """Compile a function or module ahead of time for training and inference.
+
+    >>> import torch, aotgrad
+    >>> f = aotgrad.compile(lambda x: (x.sin() * 2).sum(), backend="eager")
+    >>> x = torch.randn(4, requires_grad=True)
+    >>> f(x).backward()
+    >>> torch.allclose(x.grad, 2 * x.cos())
+    True
+    """
+    if dynamic:
+        raise NotImplementedError("aotgrad.compile(dynamic=True): dynamic shapes are not "
+                                  "supported yet; each new shape compiles a new graph.")
+    options = Options(resolve_backend(backend, decompositions), partitioner,
+                      keep_inference_input_mutations)
+    if isinstance(fn_or_module, torch.nn.Module):
+        return CompiledModule(fn_or_module, options, max_entries)
+    return CompiledFunction(fn_or_module, options, max_entries)

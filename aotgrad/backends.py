@@ -1,0 +1,134 @@
+"""Stage 5, compile: hand each graph to a backend compiler.
+
+A compiler is `compiler(gm, example_inputs) -> callable`, as in `functorch.compile`. The
+callable either takes the arguments spread out, or (marked `_boxed_call`) one list it may
+clear early to free inputs. What the pipeline knows about a graph (its role, how many of
+its inputs are parameters, which outputs the user sees) travels in `gm.meta[GRAPH_INFO]`,
+so a backend needs no side channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import fx
+
+GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    role: str  # "forward", "backward" or "inference"
+    num_static_inputs: int  # leading inputs that live across calls (parameters, buffers)
+    user_outputs: range  # outputs the user sees, whose strides must match eager
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The compilers for the three graph kinds, and the decompositions traced with."""
+
+    fw_compiler: Callable
+    bw_compiler: Callable
+    inference_compiler: Callable
+    decompositions: Mapping | None = None
+
+
+_compiling: contextvars.ContextVar[tuple[list[str], str, int]] = contextvars.ContextVar(
+    "aotgrad_compiling", default=([], "model", 0))
+_compile_count = 0
+
+
+@contextlib.contextmanager
+def compiling(model_name: str):
+    """Names the graphs of one compile, for `compat.get_aot_compilation_context()`."""
+    global _compile_count
+    _compile_count += 1
+    token = _compiling.set(([], model_name, _compile_count))
+    try:
+        yield
+    finally:
+        _compiling.reset(token)
+
+
+def set_graph_being_compiled(role: str) -> None:
+    _compiling.get()[0][:] = [role]
+
+
+def compilation_context() -> tuple[list[str], str, int]:
+    graphs, model, n = _compiling.get()
+    return list(graphs), model, n
+
+
+def make_boxed_func(f: Callable) -> Callable:
+    """`f` taking one list of arguments instead of spread-out arguments."""
+
+    def boxed(args):
+        return f(*args)
+
+    boxed._boxed_call = True
+    return boxed
+
+
+def make_boxed_compiler(compiler: Callable) -> Callable:
+    @functools.wraps(compiler)
+    def boxed_compiler(gm, example_inputs):
+        return make_boxed_func(compiler(gm, example_inputs))
+
+    return boxed_compiler
+
+
+def as_boxed(compiled: Callable) -> Callable:
+    return compiled if getattr(compiled, "_boxed_call", False) else make_boxed_func(compiled)
+
+
+@make_boxed_compiler
+def nop(gm: fx.GraphModule, _example_inputs) -> fx.GraphModule:
+    """Run the graph as it is."""
+    return gm
+
+
+def eager_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
+    return make_boxed_func(gm.forward)
+
+
+def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
+    """Inductor on one graph. Torch's AOTAutograd does not run: the graph is final."""
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.virtualized import V
+
+    info: GraphInfo = gm.meta[GRAPH_INFO]
+    gm.graph.output_node().meta["user_visible_output_idxs"] = list(info.user_outputs)
+    fake_mode = detect_fake_mode(example_inputs)
+    with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
+        return compile_fx_inner(
+            gm, example_inputs,
+            static_input_idxs=list(range(info.num_static_inputs)),
+            is_backward=info.role == "backward",
+            is_inference=info.role == "inference",
+        )
+
+
+def _inductor_decompositions() -> Mapping:
+    from torch._inductor.decomposition import select_decomp_table
+    return select_decomp_table()
+
+
+def resolve_backend(backend: Any, decompositions: Mapping | None = None) -> Backend:
+    """A backend name, a `Backend`, or one compiler callable used for every graph."""
+    if isinstance(backend, Backend):
+        return backend
+    if backend == "eager":
+        return Backend(eager_compiler, eager_compiler, eager_compiler, decompositions)
+    if backend == "inductor":
+        decomps = _inductor_decompositions() if decompositions is None else decompositions
+        return Backend(inductor_compiler, inductor_compiler, inductor_compiler, decomps)
+    if callable(backend):
+        return Backend(backend, backend, backend, decompositions)
+    raise ValueError(f"aotgrad: unknown backend {backend!r}; use 'inductor', 'eager' or a "
+                     "compiler callable (gm, example_inputs) -> callable")

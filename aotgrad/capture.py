@@ -1,0 +1,122 @@
+"""Stage 1, capture: from a user call to a flat function of tensors, and fake inputs for it.
+
+The user calls `fn(*args, **kwargs)` with arbitrary pytrees. Capture decides which flat
+leaves are graph inputs (tensors, each distinct tensor once) and which are constants of the
+trace (everything else), and makes the fake tensors that every later stage traces with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """Where each flat argument of a call comes from when the graph runs.
+
+    `graph_input[i]` is the graph input that flat argument i is, or None when the argument is
+    a constant baked into the trace (`constants[i]`). A tensor passed twice maps both
+    positions to one graph input, so the graph sees the aliasing that eager sees.
+    """
+
+    in_spec: pytree.TreeSpec
+    graph_input: tuple[int | None, ...]
+    constants: tuple[Any, ...]
+    first_position: tuple[int, ...]  # flat position of each graph input
+
+    @property
+    def num_graph_inputs(self) -> int:
+        return len(self.first_position)
+
+    def graph_inputs(self, flat_args: Sequence[Any]) -> list[torch.Tensor]:
+        return [flat_args[p] for p in self.first_position]
+
+    def rebuild(self, graph_inputs: Sequence[Any]) -> list[Any]:
+        """The flat argument list, from graph inputs plus the baked constants."""
+        return [
+            self.constants[i] if g is None else graph_inputs[g]
+            for i, g in enumerate(self.graph_input)
+        ]
+
+
+def layout_call(flat_args: Sequence[Any], in_spec: pytree.TreeSpec) -> CallLayout:
+    first: dict[int, int] = {}
+    graph_input: list[int | None] = []
+    for a in flat_args:
+        if isinstance(a, torch.Tensor):
+            graph_input.append(first.setdefault(id(a), len(first)))
+        else:
+            graph_input.append(None)
+    constants = tuple(None if g is not None else a for a, g in zip(flat_args, graph_input))
+    return CallLayout(in_spec, tuple(graph_input), constants, tuple(_first_positions(graph_input)))
+
+
+def _first_positions(graph_input: Sequence[int | None]) -> list[int]:
+    seen: dict[int, int] = {}
+    for pos, g in enumerate(graph_input):
+        if g is not None:
+            seen.setdefault(g, pos)
+    return [seen[g] for g in range(len(seen))]
+
+
+class OutputBox:
+    """Receives the output tree spec of the user function the first time it runs."""
+
+    spec: pytree.TreeSpec | None = None
+
+
+def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
+    """`fn` as a function of the graph inputs only, returning a flat list of leaves."""
+
+    def graph_fn(*graph_inputs):
+        args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
+        flat_out, box.spec = pytree.tree_flatten(fn(*args, **kwargs))
+        return flat_out
+
+    return graph_fn
+
+
+# ---- fake inputs -------------------------------------------------------------------------
+
+def fake_mode_for(graph_inputs: Sequence[torch.Tensor]) -> FakeTensorMode:
+    """Reuse the caller's fake mode (Dynamo's inputs are fake already), else a fresh one."""
+    mode = detect_fake_mode(graph_inputs)
+    return mode if mode is not None else FakeTensorMode(allow_non_fake_inputs=False)
+
+
+def fake_inputs(mode: FakeTensorMode, graph_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Fresh fake tensors with the inputs' metadata; tracing may mutate them freely."""
+    return [_fresh_fake(mode, t) for t in graph_inputs]
+
+
+def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    with mode:
+        fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return fake.requires_grad_(t.requires_grad)
+
+
+# ---- functional execution ----------------------------------------------------------------
+
+@contextlib.contextmanager
+def functional_mode():
+    """Run the user function functionalized: mutations and views become out-of-place ops."""
+    mode = FunctionalTensorMode()
+    with mode:
+        yield mode
+
+
+def to_functional(args: Sequence[Any]) -> list[Any]:
+    """Wrap tensors; must run inside `functional_mode()`."""
+    return [FunctionalTensor.to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def from_functional(t: Any) -> Any:
+    return t.from_functional() if isinstance(t, FunctionalTensor) else t

@@ -1,0 +1,215 @@
+"""A drop-in for `functorch.compile`: same names, same signatures, same graph conventions.
+
+Switch with one import: `from aotgrad.compat import aot_function, nop`. One deliberate
+difference: a compiled function compiles again for a new call signature (shapes, dtypes,
+requires_grad, ...) instead of silently reusing the first graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch._decomp import get_decompositions
+
+from . import analysis, capture, joint
+from .api import CompiledFunction, CompiledModule
+from .backends import (Backend, GRAPH_INFO, compilation_context, make_boxed_compiler,
+                       make_boxed_func, nop)
+from .partition import default_partition
+from .pipeline import Options, compile_call
+from .verify import verify
+
+__all__ = [
+    "aot_function", "aot_module", "aot_module_simplified", "aot_export_module",
+    "aot_export_joint_simple", "compiled_function", "compiled_module", "nop",
+    "make_boxed_func", "make_boxed_compiler", "default_partition", "default_decompositions",
+    "get_aot_compilation_context", "get_aot_graph_name", "ExportGraphSignature",
+]
+
+aten = torch.ops.aten
+
+# Pointwise backward and activation ops that are cheaper to fuse as their decompositions.
+default_decompositions = get_decompositions([
+    aten.detach, aten.gelu_backward, aten.leaky_relu_backward, aten.sigmoid_backward,
+    aten.threshold_backward, aten.hardtanh_backward, aten.hardsigmoid_backward,
+    aten.hardswish_backward, aten.tanh_backward, aten.silu_backward, aten.elu_backward,
+    aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.elu, aten.leaky_relu,
+    aten.hardtanh, aten.hardswish, aten.hardsigmoid, aten.conj_physical, aten.is_same_size,
+])
+
+
+def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompositions,
+             num_params_buffers=0, keep_inference_input_mutations=False) -> Options:
+    backend = Backend(fw_compiler, bw_compiler or fw_compiler,
+                      inference_compiler or fw_compiler, decompositions)
+    return Options(backend, partition_fn, keep_inference_input_mutations, num_params_buffers)
+
+
+def _refuse_dynamic(dynamic: bool) -> None:
+    if dynamic:
+        raise NotImplementedError("aotgrad.compat: dynamic=True is not supported yet; "
+                                  "each new shape compiles a new graph.")
+
+
+def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | None = None,
+                 partition_fn: Callable = default_partition, decompositions=None,
+                 num_params_buffers: int = 0, keep_inference_input_mutations: bool = False,
+                 inference_compiler: Callable | None = None, *, dynamic: bool = False):
+    """`fn` compiled on first call with `fw_compiler`/`bw_compiler`, as in functorch."""
+    _refuse_dynamic(dynamic)
+    return CompiledFunction(fn, _options(fw_compiler, bw_compiler, inference_compiler,
+                                         partition_fn, decompositions, num_params_buffers,
+                                         keep_inference_input_mutations))
+
+
+def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
+    """`mod` with its forward compiled; parameters and buffers are lifted as inputs."""
+    def with_compilers(fw_compiler, bw_compiler=None, partition_fn=default_partition,
+                       decompositions=None, keep_inference_input_mutations=False,
+                       inference_compiler=None, *, dynamic=False):
+        _refuse_dynamic(dynamic)
+        return _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
+                        decompositions, 0, keep_inference_input_mutations)
+
+    return CompiledModule(mod, with_compilers(*args, **kwargs))
+
+
+def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler: Callable,
+                          bw_compiler: Callable | None = None,
+                          partition_fn: Callable = default_partition, decompositions=None,
+                          keep_inference_input_mutations: bool = False,
+                          inference_compiler: Callable | None = None, **_ignored):
+    """Compile now, for these flat `args`; returns `forward(*args)` (Dynamo's convention)."""
+    state = [*mod.parameters(), *mod.buffers()]
+    names = [n for n, _ in mod.named_parameters()] + [n for n, _ in mod.named_buffers()]
+
+    def flat_forward(*flat):
+        params = dict(zip(names, flat[:len(state)]))
+        return torch.func.functional_call(mod, params, tuple(flat[len(state):]))
+
+    options = _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
+                       decompositions, len(state), keep_inference_input_mutations)
+    flat_args = [*state, *args]
+    _, in_spec = pytree.tree_flatten((tuple(flat_args), {}))
+    call = compile_call(flat_forward, flat_args, in_spec, options)
+    out_spec = call.plan.info.out_spec
+
+    def forward(*runtime_args):
+        return pytree.tree_unflatten(call([*state, *runtime_args]), out_spec)
+
+    forward.zero_grad = mod.zero_grad
+    forward.named_parameters = mod.named_parameters
+    forward.named_buffers = mod.named_buffers
+    return forward
+
+
+compiled_function = aot_function
+compiled_module = aot_module
+
+
+def get_aot_compilation_context() -> tuple[list[str], str, int]:
+    """(graphs being compiled, model name, graph number), as in functorch."""
+    return compilation_context()
+
+
+def get_aot_graph_name() -> str:
+    graphs, model, n = compilation_context()
+    return f"{model}__{'_'.join(graphs)}_{n}"
+
+
+# ---- export -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackwardSignature:
+    gradients_to_parameters: dict[str, str]
+    gradients_to_user_inputs: dict[str, str]
+    loss_output: str
+
+
+@dataclass(frozen=True)
+class ExportGraphSignature:
+    """Which graph inputs and outputs are parameters, buffers, user values, gradients."""
+
+    parameters: list[str]
+    buffers: list[str]
+    user_inputs: list[str]
+    user_outputs: list[str]
+    inputs_to_parameters: dict[str, str]
+    inputs_to_buffers: dict[str, str]
+    buffers_to_mutate: dict[str, str]
+    user_inputs_to_mutate: dict[str, str]
+    in_spec: Any = None
+    out_spec: Any = None
+    backward_signature: BackwardSignature | None = None
+
+
+def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint: bool,
+                            num_params_buffers: int = 0, decompositions=None) -> fx.GraphModule:
+    """One functional graph of `func` (flat tensors in, flat tensors out), with no input
+    mutations and no aliased outputs. With `trace_joint`, the joint forward+backward graph:
+    inputs `primals_*` then `tangents_*`, outputs the forward's then one gradient per input."""
+    flat, in_spec = pytree.tree_flatten((tuple(args), {}))
+    traced = _trace_for_export(func, flat, in_spec, decompositions, trace_joint)
+    _refuse_mutations_and_aliases(traced.info)
+    return traced.graph
+
+
+@dataclass
+class _Traced:
+    info: analysis.FunctionInfo
+    graph: fx.GraphModule
+    layout: capture.CallLayout
+
+
+def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool,
+                      keep_input_mutations: bool = False) -> _Traced:
+    layout = capture.layout_call(flat, in_spec)
+    inputs = layout.graph_inputs(flat)
+    mode = capture.fake_mode_for(inputs)
+    fakes = capture.fake_inputs(mode, inputs)
+    box = capture.OutputBox()
+    graph_fn = capture.flat_graph_fn(fn, layout, box)
+    info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box)
+    if trace_joint:
+        gm = joint.trace_joint(graph_fn, info, fakes, mode, decompositions)
+    else:
+        gm = joint.trace_inference(graph_fn, info, fakes, mode, decompositions,
+                                   keep_input_mutations)
+    return _Traced(info, verify(gm, allow_input_mutation=keep_input_mutations), layout)
+
+
+def _refuse_mutations_and_aliases(info: analysis.FunctionInfo) -> None:
+    if any(x.mutated for x in info.inputs):
+        raise RuntimeError("aot_export_joint_simple: the function mutates an input; "
+                           "export graphs must be functional. Return the new value instead.")
+    if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
+        raise RuntimeError("aot_export_joint_simple: an output aliases an input or another "
+                           "output; return a fresh tensor (e.g. .clone()).")
+
+
+def aot_export_module(mod: torch.nn.Module, args: Sequence[Any], *, decompositions=None,
+                      trace_joint: bool, output_loss_index: int | None = None):
+    """`mod` as one functional graph plus a signature naming its inputs and outputs.
+
+    Inputs are parameters, buffers, then user inputs. Outputs are new values of mutated
+    buffers, the user outputs, then (with `trace_joint`) the gradients of the scalar output
+    `output_loss_index` with respect to each parameter that requires grad."""
+    if trace_joint and output_loss_index is None:
+        raise RuntimeError("aot_export_module(trace_joint=True) needs output_loss_index, the "
+                           "position of the scalar loss among the module's outputs.")
+    from .export import export_module
+    return export_module(mod, args, decompositions, trace_joint, output_loss_index)
+
+
+def __getattr__(name: str):
+    unsupported = {"min_cut_rematerialization_partition", "memory_efficient_fusion",
+                   "ts_compile", "draw_graph", "print_compile", "aot_export_joint_with_descriptors",
+                   "clear_compile_cache", "memory_efficient_pointwise_fusion",
+                   "debug_compile", "draw_graph_compile", "simple_ts_compile", "nnc_jit"}
+    if name in unsupported:
+        raise NotImplementedError(f"aotgrad.compat.{name} is not supported yet.")
+    raise AttributeError(f"module 'aotgrad.compat' has no attribute {name!r}")

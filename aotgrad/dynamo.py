@@ -1,0 +1,57 @@
+"""The Dynamo front door: `torch.compile(model, backend="aotgrad")`.
+
+Dynamo hands over an FX graph of torch-level ops and fake example inputs (parameters first);
+it guards on everything that would change the graph, so the compiled call is used as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from .backends import resolve_backend
+from .partition import default_partition
+from .pipeline import Options, compile_call
+
+
+def make_backend(*, backend: Any = "inductor", partitioner: Callable = default_partition,
+                 decompositions=None, keep_inference_input_mutations: bool = False) -> Callable:
+    options = Options(resolve_backend(backend, decompositions), partitioner,
+                      keep_inference_input_mutations)
+
+    def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
+        _refuse_symbolic(example_inputs)
+        flat = list(example_inputs)
+        _, in_spec = pytree.tree_flatten((tuple(flat), {}))
+        call = compile_call(gm, flat, in_spec, options)
+        out_spec = call.plan.info.out_spec
+
+        def run(*args):
+            return pytree.tree_unflatten(call(args), out_spec)
+
+        run.artifact = call.artifact
+        return run
+
+    return aotgrad_dynamo_backend
+
+
+def _refuse_symbolic(example_inputs) -> None:
+    for x in example_inputs:
+        sizes = x.shape if isinstance(x, torch.Tensor) else (x,)
+        if any(isinstance(s, torch.SymInt) for s in sizes):
+            raise NotImplementedError(
+                "aotgrad: Dynamo passed symbolic shapes (dynamic=True or automatic dynamic "
+                "shapes after a recompile); aotgrad does not support dynamic shapes yet. "
+                "Use torch.compile(..., dynamic=False).")
+
+
+aotgrad_backend = make_backend()
+
+
+def register() -> None:
+    """Make `backend="aotgrad"` known to Dynamo without relying on the installed entry point."""
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+    if "aotgrad" not in _BACKENDS:
+        register_backend(name="aotgrad")(aotgrad_backend)

@@ -1,0 +1,120 @@
+"""Stage 3, tracing: one functional graph of ATen ops, for inference or forward+backward.
+
+Both graphs return, in order: the new values of data-mutated inputs, the plain user outputs,
+the intermediate bases of aliased outputs (see `FunctionInfo`). The joint graph then returns
+one gradient (or None) per input. Placeholders are named `primals_N` and `tangents_N`, as
+compilers written for `functorch.compile` expect.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import torch
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .analysis import FunctionInfo, graph_outputs
+from .capture import from_functional, functional_mode, to_functional
+from .tables import NO_OP_AT_RUNTIME
+
+JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
+
+
+def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
+                    fake_mode: FakeTensorMode, decompositions: Mapping | None,
+                    keep_input_mutations: bool = False) -> torch.fx.GraphModule:
+    """Trace the forward alone. With `keep_input_mutations`, the graph itself copies new
+    values into the mutated inputs (as a trailing `copy_`) instead of returning them."""
+    mutated = info.data_mutated_inputs
+
+    def inference(primals):
+        with functional_mode():
+            outs = graph_outputs(info, *_call(graph_fn, to_functional(primals)))
+        outs = [from_functional(o) for o in outs]
+        if keep_input_mutations:
+            for i, new in zip(mutated, outs):
+                primals[i].copy_(new)
+            outs = outs[len(mutated):]
+        return outs
+
+    return _trace(inference, (list(fake_args),), fake_mode, decompositions)
+
+
+def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
+                fake_mode: FakeTensorMode, decompositions: Mapping | None) -> torch.fx.GraphModule:
+    """Trace forward plus `torch.autograd.grad` of the differentiable outputs."""
+    def joint(primals, tangents):
+        with functional_mode():
+            f_primals, f_tangents = to_functional(primals), to_functional(tangents)
+            args = _mutable_copies(info, f_primals)
+            outs = graph_outputs(info, *_call(graph_fn, args))
+            grads = _input_grads(outs, info.differentiable, f_primals, f_tangents)
+        return [from_functional(o) for o in outs + grads]
+
+    with fake_mode:
+        tangents = [torch.empty(m.shape, dtype=m.dtype, device=m.device)
+                    for m, d in zip(info.graph_output_metas, info.differentiable) if d]
+    gm = _trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
+    gm.meta[JOINT_FW_OUTPUTS] = info.num_graph_outputs
+    return gm
+
+
+def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
+                     fake_mode: FakeTensorMode, decompositions: Mapping | None,
+                     loss_output: int, wrt: Sequence[int]) -> torch.fx.GraphModule:
+    """Forward plus the gradients of one scalar user output, seeded with 1 (no tangents),
+    with respect to the inputs `wrt`: the joint graph that export hands out."""
+    def loss_joint(primals):
+        with functional_mode():
+            f_primals = to_functional(primals)
+            args, outs = _call(graph_fn, _mutable_copies(info, f_primals))
+            grads = torch.autograd.grad(outs[loss_output], [f_primals[i] for i in wrt],
+                                        allow_unused=True)
+            values = graph_outputs(info, args, outs) + list(grads)
+        return [from_functional(v) for v in values]
+
+    gm = _trace(loss_joint, (list(fake_args),), fake_mode, decompositions)
+    gm.meta[JOINT_FW_OUTPUTS] = info.num_graph_outputs
+    return gm
+
+
+def _mutable_copies(info: FunctionInfo, f_primals: list) -> list:
+    """Mutate copies: each primal stays intact as the leaf gradients are taken for, and no
+    saved-for-backward value is an input that the runtime later overwrites."""
+    return [p.clone() if x.mutated else p for p, x in zip(f_primals, info.inputs)]
+
+
+def _call(graph_fn: Callable, args: list) -> tuple[list, list]:
+    return args, graph_fn(*args)
+
+
+def _input_grads(outs, differentiable, primals, tangents) -> list:
+    diff_outs = [o for o, d in zip(outs, differentiable) if d]
+    wrt = [p for p in primals if p.requires_grad]
+    grads = iter(torch.autograd.grad(diff_outs, wrt, tangents, allow_unused=True) if wrt else ())
+    return [next(grads) if p.requires_grad else None for p in primals]
+
+
+def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
+           decompositions: Mapping | None) -> torch.fx.GraphModule:
+    with fake_mode, enable_python_dispatcher():
+        gm = make_fx(fn, decomposition_table=dict(decompositions or {}))(*args)
+    return cleanup(gm)
+
+
+def cleanup(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Flat calling convention, no runtime no-ops, no dead code."""
+    gm.graph._codegen = torch.fx.graph.CodeGen()
+    remove_no_ops(gm.graph)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def remove_no_ops(graph: torch.fx.Graph) -> None:
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in NO_OP_AT_RUNTIME:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)

@@ -1,0 +1,86 @@
+"""Stage 4, partition: split the joint graph into a forward and a backward graph.
+
+The forward returns its outputs followed by the values saved for backward; the backward
+takes the saved values followed by the tangents and returns one gradient per primal. A
+partitioner decides only which values are saved; `split_joint` does the rest, so every
+partitioner produces graphs of the same shape.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+from torch import fx
+
+
+def joint_parts(joint: fx.GraphModule, num_fwd_outputs: int):
+    """(primals, tangents, forward outputs, gradient outputs) of a joint graph."""
+    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    tangents = [n for n in placeholders if n.name.startswith("tangents")]
+    primals = [n for n in placeholders if not n.name.startswith("tangents")]
+    outs = list(joint.graph.output_node().args[0])
+    return primals, tangents, outs[:num_fwd_outputs], outs[num_fwd_outputs:]
+
+
+def ancestors(roots: Iterable[fx.Node | None], stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
+    """`roots` and every node they read, not looking past the nodes in `stop`."""
+    seen: set[fx.Node] = set()
+    stack = [r for r in roots if isinstance(r, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            if node not in stop:
+                stack.extend(node.all_input_nodes)
+    return seen
+
+
+def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_fwd_outputs: int,
+                      static_lifetime_input_indices=None, static_lifetime_input_nodes=None):
+    """Save every forward value the backward reads; recompute nothing.
+
+    The forward holds exactly what its outputs need; whatever else the backward needs is
+    computed in the backward, from saved forward values.
+    """
+    primals, _, fw_outs, grads = joint_parts(joint_module, num_fwd_outputs)
+    forward = ancestors(fw_outs) | set(primals)
+    read_by_backward = {
+        inp for node in joint_module.graph.nodes
+        if node.op == "call_function" and node not in forward
+        for inp in node.all_input_nodes if inp in forward
+    }
+    read_by_backward |= {g for g in grads if g in forward}
+    saved = [n for n in joint_module.graph.nodes if n in read_by_backward]
+    return split_joint(joint_module, num_fwd_outputs, saved)
+
+
+def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.Node]):
+    """Forward and backward graphs for a given choice of saved values."""
+    primals, tangents, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
+    saved = sorted(saved, key=_is_symbolic)  # tensors first, then sizes (functorch's order)
+    fw = _extract(joint, primals, fw_outs + list(saved))
+    bw = _extract(joint, list(saved) + tangents, grads)
+    return fw, bw
+
+
+def _is_symbolic(node: fx.Node) -> bool:
+    return not isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _extract(joint: fx.GraphModule, inputs: Sequence[fx.Node],
+             outputs: Sequence[fx.Node | None]) -> fx.GraphModule:
+    """The subgraph computing `outputs` from `inputs`, nodes in their joint order."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in inputs:
+        env[node] = graph.placeholder(node.name)
+        env[node].meta = dict(node.meta)
+    needed = ancestors(outputs, stop=set(inputs))
+    missing = [n.name for n in needed if n.op == "placeholder" and n not in env]
+    assert not missing, f"partition: {missing} are needed but are not inputs"
+    for node in joint.graph.nodes:
+        if node in needed and node not in env:
+            env[node] = graph.node_copy(node, env.__getitem__)
+    graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
+    return fx.GraphModule(joint, graph)

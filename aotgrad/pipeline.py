@@ -1,0 +1,171 @@
+"""The stages in order: capture, analyze, trace, partition, compile, and the runtime plan.
+
+`compile_call` turns one call signature of a flat function into a `CompiledCall`; the
+front doors (`api`, `compat`, `dynamo`) add pytrees, caching and modules around it.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from . import analysis, capture, joint
+from .backends import (GRAPH_INFO, Backend, GraphInfo, as_boxed, compiling,
+                       set_graph_being_compiled)
+from .partition import default_partition
+from .runtime import CompiledCall, RuntimePlan
+from .verify import verify, verify_partition
+
+
+@dataclass(frozen=True)
+class Options:
+    backend: Backend
+    partition_fn: Callable = default_partition
+    keep_inference_input_mutations: bool = False
+    num_params_buffers: int = 0
+
+
+@dataclass
+class Artifact:
+    """Everything one compile produced, for inspection after the fact."""
+
+    info: analysis.FunctionInfo
+    forward_graph: fx.GraphModule  # the inference graph when there is no backward
+    backward_graph: fx.GraphModule | None = None
+    joint_graph: fx.GraphModule | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def saved(self) -> list["SavedValue"]:
+        """The values the forward saves for the backward."""
+        if self.backward_graph is None:
+            return []
+        outs = list(self.forward_graph.graph.output_node().args[0])
+        return [SavedValue.of(n) for n in outs[self.info.num_graph_outputs:]]
+
+    def summary(self) -> str:
+        from .report import summarize
+        return summarize(self)
+
+
+@dataclass(frozen=True)
+class SavedValue:
+    name: str
+    op: str
+    shape: tuple
+    dtype: Any
+    nbytes: int
+
+    @staticmethod
+    def of(node: fx.Node) -> "SavedValue":
+        val = node.meta.get("val")
+        op = node.op if node.op == "placeholder" else str(node.target)
+        if isinstance(val, torch.Tensor):
+            return SavedValue(node.name, op, tuple(val.shape), val.dtype,
+                              val.numel() * val.element_size())
+        return SavedValue(node.name, op, (), type(val).__name__, 8)
+
+
+class _Timer(dict):
+    @contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        yield
+        self[stage] = self.get(stage, 0.0) + time.perf_counter() - start
+
+
+def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
+                 options: Options) -> CompiledCall:
+    timer = _Timer()
+    with timer("capture"):
+        layout = capture.layout_call(flat_args, in_spec)
+        inputs = layout.graph_inputs(flat_args)
+        fake_mode = capture.fake_mode_for(inputs)
+        fakes = capture.fake_inputs(fake_mode, inputs)
+        box = capture.OutputBox()
+        graph_fn = capture.flat_graph_fn(fn, layout, box)
+    with timer("analysis"):
+        info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box)
+        _check_mutated_inputs_do_not_alias(inputs, info)
+    build = _build_training if info.needs_autograd else _build_inference
+    with compiling(getattr(fn, "__name__", type(fn).__name__)):
+        call = build(graph_fn, info, layout, fakes, fake_mode, options, timer)
+    call.artifact.timings = dict(timer)
+    return call
+
+
+def _build_inference(graph_fn, info, layout, fakes, fake_mode, options: Options, timer) -> CompiledCall:
+    keep = options.keep_inference_input_mutations
+    with timer("trace"):
+        gm = joint.trace_inference(graph_fn, info, fakes, fake_mode,
+                                   options.backend.decompositions, keep)
+        verify(gm, allow_input_mutation=keep)
+    num_returned_mutations = 0 if keep else len(info.data_mutated_inputs)
+    _attach(gm, "inference", options, range(num_returned_mutations, info.num_graph_outputs))
+    with timer("compile_forward"):
+        compiled = _compile(options.backend.inference_compiler, gm)
+    plan = _plan(info, layout, info.num_graph_outputs, copy_back_data=not keep)
+    return CompiledCall(plan, compiled, None, Artifact(info, gm))
+
+
+def _build_training(graph_fn, info, layout, fakes, fake_mode, options: Options, timer) -> CompiledCall:
+    with timer("trace"):
+        joint_gm = joint.trace_joint(graph_fn, info, fakes, fake_mode,
+                                     options.backend.decompositions)
+        verify(joint_gm)
+    n = info.num_graph_outputs
+    with timer("partition"):
+        fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
+        verify_partition(fw, bw, n)
+    _attach(fw, "forward", options, range(len(info.data_mutated_inputs), n))
+    _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
+    with timer("compile_forward"):
+        compiled_fw = _compile(options.backend.fw_compiler, fw)
+    with timer("compile_backward"):
+        compiled_bw = _compile(options.backend.bw_compiler, bw)
+    plan = _plan(info, layout, n, copy_back_data=True)
+    return CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
+
+
+def _plan(info: analysis.FunctionInfo, layout: capture.CallLayout, num_fw_outputs: int,
+          copy_back_data: bool) -> RuntimePlan:
+    return RuntimePlan(
+        info=info,
+        graph_input_positions=layout.first_position,
+        num_fw_outputs=num_fw_outputs,
+        tangent_outputs=tuple(i for i, d in enumerate(info.differentiable) if d),
+        non_differentiable=tuple(i for i, d in enumerate(info.differentiable) if not d),
+        copy_back_data=copy_back_data,
+        disable_autocast=torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"),
+    )
+
+
+def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range) -> None:
+    static = options.num_params_buffers if role != "backward" else 0
+    gm.meta[GRAPH_INFO] = GraphInfo(role, static, user_outputs)
+
+
+def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
+    example_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    set_graph_being_compiled(gm.meta[GRAPH_INFO].role)
+    return as_boxed(compiler(gm, example_inputs))
+
+
+def _check_mutated_inputs_do_not_alias(inputs: Sequence[torch.Tensor],
+                                       info: analysis.FunctionInfo) -> None:
+    storages: dict[StorageWeakRef, list[int]] = {}
+    for i, t in enumerate(inputs):
+        storages.setdefault(StorageWeakRef(t.untyped_storage()), []).append(i)
+    for group in storages.values():
+        if len(group) > 1 and any(info.inputs[i].mutated for i in group):
+            raise NotImplementedError(
+                f"aotgrad: inputs {group} share memory and at least one of them is mutated "
+                "inside the function; mutating aliased inputs is not supported yet. Pass "
+                "independent tensors (e.g. .clone()) or move the mutation outside.")

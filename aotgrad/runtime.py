@@ -1,0 +1,151 @@
+"""Stage 6, runtime: run the compiled graphs so that, seen from outside, the call is eager.
+
+Everything a call does beyond running the graphs (copying new values into mutated inputs,
+rebuilding outputs that alias inputs or intermediates) is decided at compile time into a
+`RuntimePlan`; a call walks precomputed index lists and does no analysis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .analysis import FunctionInfo, OutputKind, regenerate_view
+
+_AFTER_PLAIN = (OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE,
+                OutputKind.VIEW_OF_OUTPUT)
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """What a call does around the graphs, decided once."""
+
+    info: FunctionInfo
+    graph_input_positions: tuple[int, ...]  # flat argument position of each graph input
+    num_fw_outputs: int  # forward outputs before the saved values
+    tangent_outputs: tuple[int, ...]  # forward outputs that receive a gradient
+    non_differentiable: tuple[int, ...]
+    copy_back_data: bool  # False when the inference graph copies into inputs itself
+    disable_autocast: bool  # the graph already holds autocast's casts
+
+
+class CompiledGraph(torch.autograd.Function):
+    """The compiled forward and backward as one autograd node."""
+
+    @staticmethod
+    def forward(ctx, call: "CompiledCall", *inputs):
+        outs = call.forward(list(inputs))
+        plan = call.plan
+        ctx.call = call
+        ctx.save_for_backward(*outs[plan.num_fw_outputs:])
+        if plan.non_differentiable:
+            ctx.mark_non_differentiable(*[outs[i] for i in plan.non_differentiable])
+        return tuple(outs[:plan.num_fw_outputs])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        call = ctx.call
+        tangents = [grads[i].contiguous() for i in call.plan.tangent_outputs]
+        return (None, *call.backward(list(ctx.saved_tensors) + tangents))
+
+
+class CompiledCall:
+    """One compiled specialization: graphs plus the plan that wraps them."""
+
+    def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
+                 artifact: Any = None):
+        self.plan = plan
+        self.forward = forward
+        self.backward = backward
+        self.artifact = artifact
+        self._mutations = _mutation_steps(plan)
+        self._outputs = _output_order(plan.info)
+
+    def __call__(self, flat_args: Sequence[Any]) -> list[Any]:
+        plan = self.plan
+        inputs = [flat_args[p] for p in plan.graph_input_positions]
+        with _autocast_off(plan.disable_autocast):
+            if self.backward is not None:
+                raw = CompiledGraph.apply(self, *inputs)
+            else:
+                with torch.no_grad():
+                    raw = self.forward(inputs)
+        for step in self._mutations:
+            step(inputs, raw)
+        return self._user_outputs(inputs, raw)
+
+    def _user_outputs(self, inputs, raw) -> list[Any]:
+        info = self.plan.info
+        outs: list[Any] = [None] * len(info.outputs)
+        for i, o, k in self._outputs:
+            if o.kind is OutputKind.PLAIN:
+                outs[i] = raw[k]
+            elif o.kind is OutputKind.CONSTANT:
+                outs[i] = o.constant
+            elif o.kind is OutputKind.INPUT:
+                outs[i] = inputs[o.source]
+            elif o.kind is OutputKind.VIEW_OF_INPUT:
+                outs[i] = regenerate_view(o, inputs[o.source])
+            elif o.kind is OutputKind.VIEW_OF_INTERMEDIATE:
+                outs[i] = regenerate_view(o, raw[k])
+            elif o.kind is OutputKind.VIEW_OF_OUTPUT:
+                outs[i] = regenerate_view(o, outs[o.source])
+            else:  # SAME_AS_OUTPUT
+                outs[i] = outs[o.source]
+        return outs
+
+
+def _output_order(info: FunctionInfo) -> list[tuple[int, Any, int | None]]:
+    """(output index, info, graph output index) with every base before the views of it."""
+    num_mutated = len(info.data_mutated_inputs)
+    plain = {i: num_mutated + k for k, i in enumerate(info.plain_outputs)}
+    first_base = num_mutated + len(plain)
+    rows = []
+    for i, o in enumerate(info.outputs):
+        if o.kind is OutputKind.VIEW_OF_INTERMEDIATE:
+            rows.append((i, o, first_base + o.source))
+        else:
+            rows.append((i, o, plain.get(i)))
+    rank = {k: 1 for k in _AFTER_PLAIN} | {OutputKind.SAME_AS_OUTPUT: 2}
+    return sorted(rows, key=lambda row: rank.get(row[1].kind, 0))
+
+
+def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
+    """One step per mutated input: restore its metadata, then copy its new data in."""
+    steps = []
+    data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
+    for i, x in enumerate(plan.info.inputs):
+        if x.mutates_metadata:
+            steps.append(_restore_metadata(i, x.final_geometry, x.mutation_hidden_from_autograd))
+        if x.mutates_data and plan.copy_back_data:
+            steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd))
+    return steps
+
+
+def _restore_metadata(i: int, geometry, hidden: bool) -> Callable:
+    size, stride, offset = geometry
+
+    def step(inputs, raw):
+        with _grad_hidden(hidden):
+            inputs[i].as_strided_(size, stride, offset)
+    return step
+
+
+def _copy_back(i: int, k: int, hidden: bool) -> Callable:
+    def step(inputs, raw):
+        with _grad_hidden(hidden):
+            inputs[i].copy_(raw[k])
+    return step
+
+
+def _grad_hidden(hidden: bool):
+    return torch.no_grad() if hidden else contextlib.nullcontext()
+
+
+def _autocast_off(disable: bool):
+    return torch._C._DisableAutocast() if disable else contextlib.nullcontext()
