@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .capture import OutputBox, functional_mode, to_functional
 
@@ -95,9 +96,9 @@ class FunctionInfo:
 
 
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
-            box: OutputBox) -> FunctionInfo:
+            box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo:
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
-    with functional_mode():
+    with fake_mode, functional_mode():
         f_args = to_functional(fake_args)
         outs = graph_fn(*f_args)
     for a in f_args:

@@ -19,6 +19,9 @@ import torch
 from torch import fx
 
 GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
+# gm.meta key where a backend reports the strides its outputs really have, when it chose a
+# layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.
+OUTPUT_STRIDES = "aotgrad_output_strides"
 
 
 @dataclass(frozen=True)
@@ -106,12 +109,15 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     gm.graph.output_node().meta["user_visible_output_idxs"] = list(info.user_outputs)
     fake_mode = detect_fake_mode(example_inputs)
     with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
-        return compile_fx_inner(
-            gm, example_inputs,
-            static_input_idxs=list(range(info.num_static_inputs)),
-            is_backward=info.role == "backward",
-            is_inference=info.role == "inference",
-        )
+        with TracingContext.report_output_strides() as strides:
+            compiled = compile_fx_inner(
+                gm, example_inputs,
+                static_input_idxs=list(range(info.num_static_inputs)),
+                is_backward=info.role == "backward",
+                is_inference=info.role == "inference",
+            )
+        gm.meta[OUTPUT_STRIDES] = list(strides)
+    return compiled
 
 
 def _inductor_decompositions() -> Mapping:

@@ -173,7 +173,7 @@ def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool,
     fakes = capture.fake_inputs(mode, inputs)
     box = capture.OutputBox()
     graph_fn = capture.flat_graph_fn(fn, layout, box)
-    info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box)
+    info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box, mode)
     if trace_joint:
         gm = joint.trace_joint(graph_fn, info, fakes, mode, decompositions)
     else:

@@ -30,7 +30,7 @@ def export_module(mod: torch.nn.Module, args: Sequence[Any], decompositions,
     fakes = capture.fake_inputs(mode, inputs)
     box = capture.OutputBox()
     graph_fn = capture.flat_graph_fn(forward, layout, box)
-    info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box)
+    info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box, mode)
     if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
         raise RuntimeError("aot_export_module: an output aliases an input or another output; "
                            "return a fresh tensor (e.g. .clone()).")

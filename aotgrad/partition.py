@@ -8,6 +8,7 @@ partitioner produces graphs of the same shape.
 
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Sequence
 
 import torch
@@ -36,6 +37,13 @@ def ancestors(roots: Iterable[fx.Node | None], stop: set[fx.Node] = frozenset())
     return seen
 
 
+def with_tuple_elements(forward: set[fx.Node]) -> set[fx.Node]:
+    """Add the `getitem`s of forward multi-output ops: a tuple cannot be saved, its elements
+    can, and taking them costs nothing."""
+    return forward | {user for node in forward for user in node.users
+                      if user.target is operator.getitem}
+
+
 def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_fwd_outputs: int,
                       static_lifetime_input_indices=None, static_lifetime_input_nodes=None):
     """Save every forward value the backward reads; recompute nothing.
@@ -44,7 +52,7 @@ def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_f
     computed in the backward, from saved forward values.
     """
     primals, _, fw_outs, grads = joint_parts(joint_module, num_fwd_outputs)
-    forward = ancestors(fw_outs) | set(primals)
+    forward = with_tuple_elements(ancestors(fw_outs) | set(primals))
     read_by_backward = {
         inp for node in joint_module.graph.nodes
         if node.op == "call_function" and node not in forward

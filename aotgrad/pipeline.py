@@ -17,7 +17,7 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import analysis, capture, joint
-from .backends import (GRAPH_INFO, Backend, GraphInfo, as_boxed, compiling,
+from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
 from .partition import default_partition
 from .runtime import CompiledCall, RuntimePlan
@@ -92,7 +92,7 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
         box = capture.OutputBox()
         graph_fn = capture.flat_graph_fn(fn, layout, box)
     with timer("analysis"):
-        info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box)
+        info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box, fake_mode)
         _check_mutated_inputs_do_not_alias(inputs, info)
     build = _build_training if info.needs_autograd else _build_inference
     with compiling(getattr(fn, "__name__", type(fn).__name__)):
@@ -128,10 +128,24 @@ def _build_training(graph_fn, info, layout, fakes, fake_mode, options: Options, 
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
     with timer("compile_forward"):
         compiled_fw = _compile(options.backend.fw_compiler, fw)
+    restride_saved(fw, bw, n)
     with timer("compile_backward"):
         compiled_bw = _compile(options.backend.bw_compiler, bw)
     plan = _plan(info, layout, n, copy_back_data=True)
     return CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
+
+
+def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:
+    """Give the backward's saved-value inputs the strides the compiled forward really
+    produces, where the forward's compiler reported choosing its own layouts."""
+    strides = fw.meta.get(OUTPUT_STRIDES)
+    if not strides:
+        return
+    saved = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    for node, stride in zip(saved, strides[num_fw_outputs:]):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and stride is not None and tuple(stride) != val.stride():
+            node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
 
 
 def _plan(info: analysis.FunctionInfo, layout: capture.CallLayout, num_fw_outputs: int,

@@ -74,7 +74,7 @@ class CompiledCall:
                 raw = CompiledGraph.apply(self, *inputs)
             else:
                 with torch.no_grad():
-                    raw = self.forward(inputs)
+                    raw = self.forward(list(inputs))  # a boxed callee may clear its list
         for step in self._mutations:
             step(inputs, raw)
         return self._user_outputs(inputs, raw)

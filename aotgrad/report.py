@@ -1,0 +1,44 @@
+"""Readable summaries of what a compile produced."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import fx
+
+if TYPE_CHECKING:
+    from .pipeline import Artifact
+
+
+def count_ops(gm: fx.GraphModule | None) -> int:
+    return 0 if gm is None else sum(n.op == "call_function" for n in gm.graph.nodes)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def summarize(artifact: "Artifact") -> str:
+    lines = [_graph_line(artifact)]
+    saved = artifact.saved
+    if saved:
+        total = sum(s.nbytes for s in saved)
+        lines.append(f"saved for backward: {len(saved)} values, {format_bytes(total)}")
+        lines += [f"  {s.name:<24} {s.op:<36} {str(list(s.shape)):<20} "
+                  f"{str(s.dtype).replace('torch.', ''):<9} {format_bytes(s.nbytes):>10}"
+                  for s in saved]
+    timings = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in artifact.timings.items())
+    lines.append(f"compile time: {timings}")
+    return "\n".join(lines)
+
+
+def _graph_line(artifact: "Artifact") -> str:
+    if artifact.backward_graph is None:
+        return f"inference graph: {count_ops(artifact.forward_graph)} ops"
+    return (f"joint graph: {count_ops(artifact.joint_graph)} ops -> forward "
+            f"{count_ops(artifact.forward_graph)} ops, backward "
+            f"{count_ops(artifact.backward_graph)} ops")

@@ -1,0 +1,510 @@
+"""OpInfo sweep: every op of PyTorch's op database, run eagerly and through `aotgrad.compile`.
+
+For each OpInfo, on CPU in float32, the first N sample inputs run eagerly and compiled, on
+identical copies. Forward outputs, input values after the call and the gradients of a fixed
+random projection of the outputs must match eager. Ops that cannot be compared (random,
+eager raises, outputs that are not comparable) are skipped with a reason; every failure is
+filed under a cause by an ordered rule table, so the report reads as a to-do list.
+
+    python -m tools.opdb_sweep --samples 1 --every 10
+    python -m tools.opdb_sweep --ops add,nn.functional.conv2d --json /tmp/opdb.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import functools
+import itertools
+import json
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+import aotgrad
+
+# ---- per-op knowledge ----------------------------------------------------------------------
+
+# Substrings of op names whose outputs are random: eager and compiled draw different numbers,
+# so comparing them says nothing about aotgrad.
+RANDOM_NAME_PARTS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform",
+                     "exponential", "geometric", "cauchy", "log_normal")
+
+# Names that contain a part above but compute a deterministic function.
+NOT_RANDOM = frozenset({
+    "__rand__",  # reflected bitwise and
+    "nn.functional.normalize",  # x / ||x||
+    "masked.normalize",
+    "signal.windows.exponential",  # a fixed window
+    "native_dropout_backward",  # grad * mask * scale, with the mask given
+    "nn.functional.feature_alpha_dropout.without_train",  # the identity
+})
+
+# Random ops whose names do not say so, found by running eager twice on one sample.
+RANDOM_OPS = frozenset({
+    "nn.functional.rrelu",  # random negative slope in training mode
+    "nn.functional.fractional_max_pool2d",  # random pooling regions
+    "nn.functional.fractional_max_pool3d",
+    "nn.functional.scaled_dot_product_attention",  # dropout_p > 0 in some samples
+    "nn.functional.multi_head_attention_forward",  # dropout_p > 0 in some samples
+})
+
+# Ops whose outputs are uninitialized memory: two calls may differ.
+UNINITIALIZED_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
+})
+
+# Ops that take too long for a sweep (op id -> why); the per-op time limit catches the rest.
+SLOW_OPS: dict[str, str] = {}
+
+OP_TIME_LIMIT_S = 120.0
+
+# (rtol, atol) for float32; assert_close's own defaults. The eager backend runs the same
+# kernels as eager, so a difference beyond rounding is a bug, not noise.
+DEFAULT_TOLERANCE = (1.3e-6, 1e-5)
+
+# Ops whose compiled graph computes the same math through a different kernel (a decomposed
+# composite, another reduction order), so rounding differs: op id -> (rtol, atol).
+TOLERANCES: dict[str, tuple[float, float]] = {}
+
+# How failures group by cause: the first rule whose pattern matches "ExceptionType: message"
+# names the group. Anything unmatched groups by its type and normalized first line.
+FAILURE_RULES: tuple[tuple[str, str], ...] = (
+    (r"^OpTimeout", "timeout"),
+    (r"^DataDependentOutputException", "DataDependentOutputException"),
+    (r"^DynamicOutputShapeException", "DynamicOutputShapeException"),
+    (r"share memory and at least one of them is mutated", "unsupported: aliased mutated inputs"),
+    (r"calls set_\(\) on an input", "unsupported: set_ on an input"),
+    (r"^GraphInvariantError: .* mutates its input", "verify: graph not functional"),
+    (r"^GraphInvariantError: .* has no meta\['val'\]", "verify: node without meta['val']"),
+    (r"^GraphInvariantError: .* never read by the backward", "verify: saved value unused"),
+    (r"derivative for .* is not implemented", "NotImplementedError: derivative not implemented"),
+)
+
+# ---- results -------------------------------------------------------------------------------
+
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+
+
+@dataclass(frozen=True)
+class OpResult:
+    op: str  # op name, plus ".variant" when the OpInfo has a variant_test_name
+    status: str  # PASSED, FAILED or SKIPPED
+    reason: str = ""  # the failure group, or why the op was skipped
+    detail: str = ""  # the raw message and where it was raised, for diagnosis
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    results: tuple[OpResult, ...]
+    samples: int
+    backend: str
+
+    def with_status(self, status: str) -> list[OpResult]:
+        return [r for r in self.results if r.status == status]
+
+    def failure_groups(self) -> list[tuple[str, list[str]]]:
+        """(cause, op ids), the most frequent cause first."""
+        groups: dict[str, list[str]] = collections.defaultdict(list)
+        for r in self.with_status(FAILED):
+            groups[r.reason].append(r.op)
+        return sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+
+    def skip_counts(self) -> collections.Counter:
+        """Skips per category: the reason up to its first colon."""
+        return collections.Counter(r.reason.split(":")[0] for r in self.with_status(SKIPPED))
+
+    def summary(self) -> str:
+        passed, failed = len(self.with_status(PASSED)), len(self.with_status(FAILED))
+        run = passed + failed
+        skips = ", ".join(f"{k} {n}" for k, n in self.skip_counts().most_common())
+        lines = [f"aotgrad OpInfo sweep: backend={self.backend}, samples={self.samples}, "
+                 f"ops={len(self.results)}",
+                 f"passed {passed} / run {run} ({100 * passed / max(run, 1):.1f}%); "
+                 f"skipped {len(self.results) - run} ({skips})",
+                 f"failures by cause ({failed} ops in {len(self.failure_groups())} groups):"]
+        for cause, ops in self.failure_groups():
+            lines += [f"  [{len(ops)}] {cause}", f"      {', '.join(ops)}"]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"samples": self.samples, "backend": self.backend,
+                "passed": len(self.with_status(PASSED)), "failed": len(self.with_status(FAILED)),
+                "skipped": len(self.with_status(SKIPPED)),
+                "groups": {cause: ops for cause, ops in self.failure_groups()},
+                "results": [dataclasses.asdict(r) for r in self.results]}
+
+
+class Skip(Exception):
+    """The sample cannot be compared; the message says why."""
+
+
+class Mismatch(AssertionError):
+    """Compiled and eager disagree; `group` names what differs."""
+
+    def __init__(self, group: str, detail: str):
+        super().__init__(f"{group}: {detail}")
+        self.group = group
+
+
+class OpTimeout(BaseException):
+    """A BaseException, so that torch's internal `except Exception` handlers let it through."""
+
+
+# ---- choosing ops --------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def all_ops() -> tuple:
+    from torch.testing._internal.common_methods_invocations import op_db
+    return tuple(op_db)
+
+
+def op_id(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def is_random(name: str) -> bool:
+    if name in NOT_RANDOM:
+        return False
+    return name in RANDOM_OPS or any(part in name for part in RANDOM_NAME_PARTS)
+
+
+def static_skip_reason(op) -> str | None:
+    """Why the op cannot be compared at all, decided before running it; None if it can."""
+    name = op_id(op)
+    if is_random(name):
+        return "random output"
+    if name in UNINITIALIZED_OPS:
+        return "uninitialized output"
+    if name in SLOW_OPS:
+        return f"slow: {SLOW_OPS[name]}"
+    if torch.float32 not in op.supported_dtypes("cpu"):
+        return "float32 unsupported"
+    return None
+
+
+def select_ops(names: Iterable[str] | None = None, every: int = 1,
+               comparable_only: bool = False) -> list:
+    """Ops by id or name (all when None), then every `every`-th of them."""
+    ops = list(all_ops())
+    if names is not None:
+        wanted = set(names)
+        ops = [op for op in ops if op_id(op) in wanted or op.name in wanted]
+        unknown = wanted - {op_id(op) for op in ops} - {op.name for op in ops}
+        if unknown:
+            raise ValueError(f"not in op_db: {sorted(unknown)}")
+    if comparable_only:
+        ops = [op for op in ops if static_skip_reason(op) is None]
+    return ops[::every]
+
+
+# ---- running one op ------------------------------------------------------------------------
+
+def run_sweep(ops: Iterable[str] | None = None, samples: int = 2, backend: str = "eager",
+              sample_every: int = 1, progress: Callable[[OpResult], None] | None = None
+              ) -> SweepResult:
+    """Run every selected op (all of op_db by default) and collect the results."""
+    results = []
+    for op in select_ops(ops, sample_every):
+        results.append(run_op(op, samples, backend))
+        if progress is not None:
+            progress(results[-1])
+    return SweepResult(tuple(results), samples, backend)
+
+
+def run_op(op, samples: int = 2, backend: str = "eager",
+           time_limit: float | None = OP_TIME_LIMIT_S) -> OpResult:
+    """One op, isolated: whatever it raises becomes a failure of this op alone."""
+    name = op_id(op)
+    reason = static_skip_reason(op)
+    if reason is not None:
+        return OpResult(name, SKIPPED, reason)
+    start = time.perf_counter()
+    try:
+        with _quiet(), _time_limit(time_limit), torch.enable_grad():
+            reasons = _run_samples(op, samples, backend)
+    except (Exception, OpTimeout) as exc:
+        return OpResult(name, FAILED, classify(exc), describe(exc), time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    if reasons and None not in reasons:
+        return OpResult(name, SKIPPED, reasons[0], seconds=seconds)
+    return OpResult(name, PASSED if reasons else SKIPPED, "" if reasons else "no samples",
+                    seconds=seconds)
+
+
+def _run_samples(op, samples: int, backend: str) -> list[str | None]:
+    """Per sample, None when it passed or the reason it was skipped; raises on failure."""
+    reasons = []
+    for sample in first_samples(op, samples):
+        try:
+            check_sample(op, sample, backend)
+            reasons.append(None)
+        except Skip as skip:
+            reasons.append(str(skip))
+    return reasons
+
+
+def first_samples(op, n: int) -> list:
+    """The first `n` samples, the same in every run: the seed depends on the op alone."""
+    torch.manual_seed(zlib.crc32(op_id(op).encode()))
+    try:
+        samples = op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd)
+        return list(itertools.islice(samples, n))
+    except Exception as exc:
+        raise Skip(f"sample inputs raise: {type(exc).__name__}") from exc
+
+
+def check_sample(op, sample, backend: str) -> None:
+    """Eager and compiled agree on this sample, or raise `Mismatch` (or whatever aotgrad
+    raised); `Skip` when eager itself raises or the outputs cannot be compared."""
+    fn, tensors = sample_function(op, sample)
+    eager_inputs, compiled_inputs = copy_tensors(tensors), copy_tensors(tensors)
+    try:
+        expected = fn(*eager_inputs)
+    except Exception as exc:
+        raise Skip(f"eager raises: {type(exc).__name__}") from exc
+    require_comparable(expected)
+    actual = aotgrad.compile(fn, backend=backend)(*compiled_inputs)
+    tolerance = TOLERANCES.get(op_id(op), DEFAULT_TOLERANCE)
+    compare_outputs(actual, expected, tolerance)
+    compare_values(compiled_inputs, eager_inputs, tolerance, "mismatch: inputs after call")
+    if op.supports_autograd:
+        compare_grads(sample, (actual, compiled_inputs), (expected, eager_inputs), tolerance)
+    compare_strides(actual, expected)
+
+
+def sample_function(op, sample) -> tuple[Callable, list[torch.Tensor]]:
+    """`fn(*tensors)` calling the op on the sample, and the sample's tensors. Other leaves of
+    the sample (ints, dtypes, ...) are constants of `fn`."""
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def fn(*tensors):
+        flat = list(leaves)
+        for i, t in zip(positions, tensors):
+            flat[i] = t
+        inp, args, kwargs = pytree.tree_unflatten(flat, spec)
+        return op(inp, *args, **kwargs)
+
+    fn.__name__ = op_id(op)
+    return fn, [leaves[i] for i in positions]
+
+
+def copy_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Fresh leaves with the same values, sizes, strides and storage offsets; a tensor given
+    twice is copied once, so the copies alias as the originals do."""
+    copies: dict[int, torch.Tensor] = {}
+    return [copies.setdefault(id(t), _copy(t)) for t in tensors]
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    if t.layout != torch.strided:
+        return t.detach().clone().requires_grad_(t.requires_grad)
+    with torch.no_grad():
+        storage = t.untyped_storage().clone()
+        copy = torch.empty(0, dtype=t.dtype, device=t.device)
+        copy.set_(storage, t.storage_offset(), t.shape, t.stride())
+    return copy.requires_grad_(t.requires_grad)
+
+
+# ---- comparing -----------------------------------------------------------------------------
+
+# Non-tensor output leaves compared with ==.
+_PLAIN_LEAVES = (bool, int, float, complex, str, type(None), torch.Size, torch.dtype,
+                 torch.device)
+
+
+def require_comparable(out: Any) -> None:
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.layout != torch.strided:
+                raise Skip(f"output not comparable: {leaf.layout}")
+        elif not isinstance(leaf, _PLAIN_LEAVES):
+            raise Skip(f"output not comparable: {type(leaf).__name__}")
+
+
+def compare_outputs(actual: Any, expected: Any, tolerance) -> None:
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    if a_spec != e_spec:
+        raise Mismatch("mismatch: output structure", f"{a_spec} != {e_spec}")
+    compare_values(a_leaves, e_leaves, tolerance, "mismatch: forward")
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        if isinstance(e, torch.Tensor) and a.requires_grad != e.requires_grad:
+            raise Mismatch("mismatch: requires_grad",
+                           f"output {i}: {a.requires_grad}, eager {e.requires_grad}")
+
+
+def compare_values(actual: Sequence, expected: Sequence, tolerance, group: str) -> None:
+    rtol, atol = tolerance
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        try:
+            if isinstance(e, torch.Tensor) or isinstance(a, torch.Tensor):
+                torch.testing.assert_close(_plain(a), _plain(e), rtol=rtol, atol=atol,
+                                           equal_nan=True)
+            elif a != e and not (isinstance(e, float) and e != e and a != a):  # NaN == NaN
+                raise AssertionError(f"{a!r} != {e!r}")
+        except (AssertionError, TypeError, ValueError) as err:
+            raise Mismatch(group, f"leaf {i}: {err}") from None
+
+
+def _plain(t: Any) -> Any:
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+def compare_strides(actual: Any, expected: Any) -> None:
+    """Last: a stride difference matters only once the values agree."""
+    for i, (a, e) in enumerate(zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))):
+        if isinstance(e, torch.Tensor) and e.numel() > 1 and a.stride() != e.stride():
+            raise Mismatch("mismatch: strides", f"output {i}: {a.stride()}, eager {e.stride()}")
+
+
+def compare_grads(sample, compiled: tuple, eager: tuple, tolerance) -> None:
+    """Gradients of sum(out * w) over the differentiable outputs, w fixed and random.
+    Nothing to compare when no output is differentiable or eager's backward raises."""
+    outs = differentiable_outputs(sample, eager[0])
+    wrt = [t for t in eager[1] if t.requires_grad]
+    if not outs or not wrt:
+        return
+    weights = fixed_weights(outs)
+    try:
+        expected = input_grads(outs, weights, wrt)
+    except Exception:
+        return
+    actual = input_grads(differentiable_outputs(sample, compiled[0]), weights,
+                         [t for t in compiled[1] if t.requires_grad])
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        if (a is None) != (e is None):
+            raise Mismatch("mismatch: grad is None in one only",
+                           f"input {i}: {'None' if a is None else 'tensor'}, eager "
+                           f"{'None' if e is None else 'tensor'}")
+    compare_values(actual, expected, tolerance, "mismatch: grad")
+
+
+def differentiable_outputs(sample, out: Any) -> list[torch.Tensor]:
+    """Floating outputs that require grad, after the sample's own output post-processing
+    (which drops gauge-dependent parts, such as the phases of eigenvectors)."""
+    return [t for t in pytree.tree_leaves(sample.output_process_fn_grad(out))
+            if isinstance(t, torch.Tensor) and t.requires_grad
+            and (t.is_floating_point() or t.is_complex())]
+
+
+def fixed_weights(outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(o.shape, generator=gen, dtype=o.real.dtype if o.is_complex() else o.dtype)
+            for o in outs]
+
+
+def input_grads(outs, weights, wrt) -> tuple:
+    loss = sum(((o * w).real if o.is_complex() else o * w).sum() for o, w in zip(outs, weights))
+    return torch.autograd.grad(loss, wrt, allow_unused=True)
+
+
+# ---- classifying failures ------------------------------------------------------------------
+
+def classify(exc: BaseException) -> str:
+    """The cause group of a failure: a mismatch's own group, the first matching rule, or the
+    exception type with its normalized first line."""
+    if isinstance(exc, Mismatch):
+        return exc.group
+    text = f"{type(exc).__name__}: {exc}"
+    for pattern, group in FAILURE_RULES:
+        if re.search(pattern, text):
+            return group
+    return f"{type(exc).__name__}: {normalize_message(str(exc))}"
+
+
+def normalize_message(message: str) -> str:
+    """The first line, with what varies between ops (numbers, names of values, shapes)
+    blanked, so that one cause reads the same for every op."""
+    line = next((s.strip() for s in message.splitlines() if s.strip()), "")
+    line = re.sub(r"0x[0-9a-fA-F]+", "0x?", line)
+    line = re.sub(r"\[[^\]]*\]", "[...]", line)
+    line = re.sub(r"\d+", "N", line)
+    return line[:120]
+
+
+def describe(exc: BaseException) -> str:
+    """The message, and the innermost aotgrad frame that raised it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "/aotgrad/" in f.filename]
+    where = ours[-1] if ours else (frames[-1] if frames else None)
+    at = f"\n  at {where.filename}:{where.lineno} in {where.name}" if where else ""
+    return f"{type(exc).__name__}: {str(exc)[:2000]}{at}"
+
+
+# ---- isolation -----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _quiet():
+    """Ops warn a lot (deprecations, TF32, ...); the report is the output that matters."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """Interrupt the op after `seconds` (checked between Python bytecodes, so a long kernel
+    finishes first). Signals only reach the main thread; elsewhere there is no limit."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise OpTimeout(f"took over {seconds:.0f}s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# ---- command line --------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    ops = args.ops.split(",") if args.ops else None
+    progress = _print_progress if args.verbose else None
+    result = run_sweep(ops, args.samples, args.backend, args.every, progress)
+    print(result.summary())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_json(), f, indent=1)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.opdb_sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=2, help="samples per op (default 2)")
+    p.add_argument("--every", type=int, default=1, help="run every K-th op only")
+    p.add_argument("--ops", help="comma-separated op names or ids (name.variant)")
+    p.add_argument("--backend", default="eager", help="aotgrad backend (default eager)")
+    p.add_argument("--json", help="also write the full results to this file")
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per op on stderr")
+    return p
+
+
+def _print_progress(r: OpResult) -> None:
+    print(f"{r.status:7} {r.seconds:6.2f}s {r.op}  {r.reason}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
