@@ -100,11 +100,12 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
     with fake_mode, functional_mode():
         f_args = to_functional(fake_args)
+        grad_fns = [a.grad_fn for a in f_args]
         outs = graph_fn(*f_args)
     for a in f_args:
         torch._sync(a)
-    inputs = tuple(_input_info(f, a.requires_grad, leaf)
-                   for f, a, leaf in zip(f_args, fake_args, is_leaf))
+    inputs = tuple(_input_info(f, a.requires_grad, leaf, f.grad_fn is g)
+                   for f, a, leaf, g in zip(f_args, fake_args, is_leaf, grad_fns))
     outputs, num_bases = _classify_outputs(outs, f_args)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
     values = graph_outputs(info, f_args, outs)
@@ -135,20 +136,20 @@ def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
     return bases
 
 
-def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool) -> InputInfo:
+def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool,
+                same_grad_fn: bool) -> InputInfo:
+    """`same_grad_fn`: autograd recorded none of the mutations (no_grad, .detach(), .data)."""
     if torch._functionalize_was_storage_changed(a.elem):
         raise NotImplementedError(
             "aotgrad: the function calls set_() on an input; swapping an input's storage is "
             "not supported yet. Call set_ outside the compiled function.")
     inner = a.elem
-    hidden = (torch._functionalize_are_all_mutations_hidden_from_autograd(inner)
-              or torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(inner))
     return InputInfo(
         requires_grad=requires_grad,
         is_leaf=is_leaf,
         mutates_data=torch._functionalize_has_data_mutation(inner),
         mutates_metadata=torch._functionalize_has_metadata_mutation(inner),
-        mutation_hidden_from_autograd=hidden,
+        mutation_hidden_from_autograd=same_grad_fn,
         final_geometry=_geometry(a),
     )
 

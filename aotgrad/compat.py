@@ -155,7 +155,24 @@ def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint:
     flat, in_spec = pytree.tree_flatten((tuple(args), {}))
     traced = _trace_for_export(func, flat, in_spec, decompositions, trace_joint)
     _refuse_mutations_and_aliases(traced.info)
-    return traced.graph
+    gm = traced.graph
+    if trace_joint:
+        _call_as_primals_and_tangents(gm, traced.info.num_graph_outputs)
+    return gm
+
+
+def _call_as_primals_and_tangents(gm: fx.GraphModule, num_fw_outputs: int) -> None:
+    """functorch's joint convention: `gm(primals, tangents) -> (outputs, gradients)`."""
+    from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    num_tangents = sum(n.name.startswith("tangents") for n in placeholders)
+    num_primals = len(placeholders) - num_tangents
+    outs = list(gm.graph.output_node().args[0])
+    _, in_spec = pytree.tree_flatten(([0] * num_primals, [0] * num_tangents))
+    _, out_spec = pytree.tree_flatten((tuple(outs[:num_fw_outputs]),
+                                       tuple(outs[num_fw_outputs:])))
+    gm.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(["primals", "tangents"], in_spec, out_spec))
+    gm.recompile()
 
 
 @dataclass

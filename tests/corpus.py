@@ -1,0 +1,934 @@
+"""The differential corpus: small functions and modules, each a `Case` with fresh inputs.
+
+Every case states one behaviour of eager PyTorch that a compiled call must reproduce
+(mutations, aliasing, autograd facts, errors). Cases register themselves in `CASES`, in the
+order they appear. Tag "inductor" marks the subset also run on the slow Inductor front doors.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from harness import Case, Inputs
+
+CASES: list[Case] = []
+FAST_INDUCTOR = "inductor"
+
+
+# ---- input helpers ----------------------------------------------------------------------
+
+def leaf(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype, requires_grad=True)
+
+
+def nonleaf(*shape) -> torch.Tensor:
+    """Requires grad but is not a leaf: what a layer inside a model receives."""
+    return leaf(*shape) * 1
+
+
+def const(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype)
+
+
+def call(*args, **kwargs) -> Inputs:
+    return args, kwargs
+
+
+def case(inputs: Callable[[], Inputs], tags=(), grad_mode="grad", name=None):
+    """Register the decorated function as a case named after it."""
+    def register(fn):
+        CASES.append(Case(name or fn.__name__, inputs, fn=fn, tags=frozenset(tags),
+                          grad_mode=grad_mode))
+        return fn
+    return register
+
+
+def module_case(name: str, factory: Callable[[], nn.Module], inputs: Callable[[], Inputs],
+                tags=(FAST_INDUCTOR,), grad_mode="grad") -> None:
+    CASES.append(Case(name, inputs, module=factory, tags=frozenset({"module", *tags}),
+                      grad_mode=grad_mode))
+
+
+# ---- plain functions --------------------------------------------------------------------
+
+@case(lambda: call(leaf(4)), tags={"backward_twice", FAST_INDUCTOR})
+def sin_sum_backward_twice(x):
+    # Eager saves x for SinBackward: a second backward finds it freed and raises.
+    return x.sin().sum()
+
+
+@case(lambda: call(leaf(4)), tags={"backward_twice"})
+def saves_nothing_backward_twice(x):
+    # Eager saves no tensor: a second backward works and accumulates again.
+    return (x * 2).sum()
+
+
+@case(lambda: call(leaf(3, 4), leaf(4, 5)), tags={FAST_INDUCTOR})
+def matmul_relu(a, b):
+    return (a @ b).relu()
+
+
+@case(lambda: call(leaf(4), const(4)))
+def mixed_requires_grad(x, y):
+    return x * y + y.exp()
+
+
+@case(lambda: call(const(4), const(4)))
+def no_input_requires_grad(x, y):
+    return x.sin() + y
+
+
+@case(lambda: call(leaf(3, 5)))
+def softmax_logsoftmax(x):
+    return x.softmax(-1), x.log_softmax(0)
+
+
+@case(lambda: call(leaf(3, 4, dtype=torch.float64)))
+def float64_reductions(x):
+    return x.mean(0, keepdim=True), x.var(1), x.norm()
+
+
+@case(lambda: call(leaf(3, 4)))
+def dtype_conversions(x):
+    return x.double() * 2, x.to(torch.bfloat16).float(), (x > 0).float() * x
+
+
+@case(lambda: call(leaf(6), leaf(6)))
+def where_masked_fill(x, y):
+    return torch.where(x > 0, x, y), y.masked_fill(y < 0, 0.5)
+
+
+@case(lambda: call(leaf(2, 3), leaf(2, 3)))
+def cat_stack(x, y):
+    return torch.cat([x, y], 0), torch.stack([x, y * 2], -1)
+
+
+@case(lambda: call(leaf(0, 3)))
+def empty_tensor(x):
+    return x * 2, x.sum(0)
+
+
+@case(lambda: call(leaf(()), leaf(3)))
+def zero_dim_tensor(s, x):
+    return s * x, s.exp()
+
+
+@case(lambda: call(leaf(5, 4), torch.tensor([0, 2, 2, 4])))
+def index_select_long_input(x, idx):
+    return x[idx] * 2, x.index_select(1, idx[:2])
+
+
+@case(lambda: call(leaf(4, 3), leaf(4, 3)), tags={FAST_INDUCTOR})
+def intermediate_inplace_ops(x, y):
+    z = x * y
+    z.add_(1).mul_(y)
+    z.relu_()
+    return z
+
+
+@case(lambda: call(leaf(4, 3)))
+def intermediate_view_mutation(x):
+    y = x.clone()
+    y[0].mul_(2)
+    y[:, 1].zero_()
+    return y * x
+
+
+@case(lambda: call(leaf(4)))
+def no_grad_block_inside(x):
+    with torch.no_grad():
+        y = x * 2
+    return x * y
+
+
+@case(lambda: call(leaf(4)), grad_mode="no_grad")
+def enable_grad_inside_no_grad(x):
+    with torch.enable_grad():
+        y = x * 2
+    return y, x * 3
+
+
+@case(lambda: call(leaf(4, 4), leaf(4, 4)))
+def autocast_inside(x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = x @ y
+    return z, z.float().sum()
+
+
+@case(lambda: call(leaf(8, 8)))
+def dropout_train_random(x):
+    # Seeded identically before both calls: eager and compiled draw the same mask.
+    return F.dropout(x, 0.5, training=True)
+
+
+@case(lambda: call(leaf(3, 4)))
+def detach_output(x):
+    return x.detach(), x * 2
+
+
+@case(lambda: call(leaf(3)))
+def fresh_leaf_created_inside(x):
+    w = torch.ones(3).requires_grad_()
+    return w, x * w
+
+
+# ---- integer, bool and constant outputs ---------------------------------------------------
+
+@case(lambda: call(leaf(3, 5)))
+def argmax_and_sum(x):
+    return x.argmax(), x.argmax(1), x.sum()
+
+
+@case(lambda: call(leaf(3, 5)))
+def max_dim_values_indices(x):
+    values, indices = x.max(dim=1)
+    return values, indices
+
+
+@case(lambda: call(leaf(6)))
+def topk_sort(x):
+    top = x.topk(3)
+    return top.values, top.indices, x.sort(descending=True)
+
+
+@case(lambda: call(leaf(5)))
+def bool_output(x):
+    return x > 0, (x > 0).any(), x.abs()
+
+
+@case(lambda: call(leaf(3)))
+def output_not_depending_on_grad_inputs(x):
+    return torch.arange(4), torch.ones(2) * 3, x.detach().sum()
+
+
+@case(lambda: call(leaf(3), const(3)))
+def output_only_from_non_grad_input(x, y):
+    return y * 2
+
+
+@case(lambda: call(5))
+def no_tensor_inputs(n):
+    return torch.arange(n).float() * 2
+
+
+@case(lambda: call(leaf(3, 4)))
+def shape_int_output(x):
+    return x * 2, x.shape[0], x.size(), x.dim()
+
+
+@case(lambda: call(leaf(4)))
+def item_float_output(x):
+    return x * 2, x.sum().item()
+
+
+@case(lambda: call(leaf(6)))
+def data_dependent_shape(x):
+    return x[x > 0] * 2
+
+
+# ---- non-tensor inputs and pytrees ---------------------------------------------------------
+
+@case(lambda: call(leaf(4), 3, 0.5, True, None, "sum"), tags={FAST_INDUCTOR})
+def non_tensor_inputs(x, n, scale, flag, nothing, mode):
+    y = x * scale + n
+    if flag and nothing is None:
+        y = y.relu()
+    return y.sum() if mode == "sum" else y
+
+
+@case(lambda: call(leaf(4), 2, 0.25, False, None, "mean"))
+def non_tensor_inputs_other_branch(x, n, scale, flag, nothing, mode):
+    y = x * scale + n
+    if flag:
+        y = y.relu()
+    return y.mean() if mode == "mean" else y
+
+
+@case(lambda: call(leaf(3)))
+def non_tensor_outputs(x):
+    return x * 2, 7, None, "done", 1.5, True
+
+
+@case(lambda: call(leaf(3)))
+def tuple_and_dict_outputs(x):
+    return {"double": x * 2, "meta": (3, None), "pair": (x.sin(), x.cos())}
+
+
+@case(lambda: call({"a": leaf(3), "b": [leaf(3), (const(3), 4)]}, (leaf(2),)))
+def nested_pytree_inputs(d, t):
+    c, k = d["b"][1]
+    return {"out": [d["a"] * d["b"][0] + c * k, t[0].exp()], "n": k}
+
+
+@case(lambda: call(leaf(3), y=leaf(3), scale=2.0))
+def kwargs_tensors(x, *, y, scale=1.0):
+    return x * y * scale
+
+
+@case(lambda: call(leaf(3), extra={"w": leaf(3), "b": const(3)}))
+def kwargs_nested(x, extra=None):
+    return (x * extra["w"] + extra["b"],)
+
+
+@case(lambda: call(leaf(3)))
+def returns_empty_containers(x):
+    return (), [], {}, x + 1
+
+
+# ---- outputs aliasing inputs ---------------------------------------------------------------
+
+@case(lambda: call(leaf(3)))
+def returns_input_leaf(x):
+    return x
+
+
+@case(lambda: call(nonleaf(3)))
+def returns_input_nonleaf(x):
+    return x
+
+
+@case(lambda: call(const(3)))
+def returns_input_no_grad(x):
+    return x
+
+
+@case(lambda: call(leaf(3)))
+def returns_input_and_result(x):
+    return x, x * 2
+
+
+@case(lambda: call(leaf(3)))
+def returns_input_twice(x):
+    return x, x
+
+
+@case(lambda: call(leaf(3, 4)), tags={FAST_INDUCTOR})
+def view_of_input(x):
+    return x.view(-1), x.t(), x[1:]
+
+
+@case(lambda: call(nonleaf(3, 4)))
+def view_of_nonleaf_input(x):
+    return x.transpose(0, 1)[0], x.sum()
+
+
+@case(lambda: call(const(3, 4)))
+def view_of_input_no_grad(x):
+    return x.view(4, 3), x * 2
+
+
+@case(lambda: call(leaf(1, 4)))
+def expand_of_input(x):
+    return x.expand(3, 4), x.unsqueeze(0).expand(2, 1, 4)
+
+
+@case(lambda: call(leaf(4, 4)))
+def diagonal_of_input(x):
+    return x.diagonal(), x.diagonal(1)
+
+
+@case(lambda: call(leaf(3, 4)))
+def unbind_input(x):
+    return x.unbind(0)
+
+
+@case(lambda: call(const(3, 4)))
+def dtype_view_of_input(x):
+    return x.view(torch.int32)
+
+
+@case(lambda: call(leaf(2, 3)))
+def view_chain_of_input(x):
+    return x.t().unsqueeze(0)[:, 1:].squeeze(0)
+
+
+# ---- views of intermediates and of each other ------------------------------------------------
+
+@case(lambda: call(leaf(3, 4)))
+def view_of_intermediate(x):
+    return (x * 2).view(-1)
+
+
+@case(lambda: call(leaf(3, 4)))
+def two_views_of_one_intermediate(x):
+    y = x * 2
+    return y[0], y[1]
+
+
+@case(lambda: call(leaf(3, 4)), tags={FAST_INDUCTOR})
+def output_and_its_view(x):
+    y = x * 2
+    return y, y.view(-1)
+
+
+@case(lambda: call(leaf(3, 4)))
+def view_before_its_base(x):
+    y = x.exp()
+    return y.t(), y
+
+
+@case(lambda: call(leaf(6)))
+def split_intermediate(x):
+    return (x + 1).split(2)
+
+
+@case(lambda: call(leaf(3)))
+def same_output_twice(x):
+    y = x * 2
+    return y, y
+
+
+@case(lambda: call(leaf(3, 4)))
+def view_of_intermediate_and_input(x):
+    return x[0], (x + 1)[1], x
+
+
+@case(lambda: call(leaf(3, 4)))
+def intermediate_view_then_mutated(x):
+    y = x * 2
+    v = y[0]
+    y.add_(1)
+    return v, y.sum()
+
+
+# ---- duplicated inputs ---------------------------------------------------------------------
+
+def _same_twice(make):
+    def inputs():
+        t = make()
+        return (t, t), {}
+    return inputs
+
+
+@case(_same_twice(lambda: leaf(3)))
+def duplicated_input(a, b):
+    return a * b + b
+
+
+@case(_same_twice(lambda: leaf(3)))
+def duplicated_input_returned(a, b):
+    return a, b * 2
+
+
+@case(_same_twice(lambda: const(3)))
+def duplicated_input_mutated(a, b):
+    a.add_(1)
+    return b * 2
+
+
+# ---- input mutations -------------------------------------------------------------------------
+
+@case(lambda: call(const(3)), tags={FAST_INDUCTOR})
+def mutate_input_no_grad(x):
+    x.add_(1)
+    return x * 2
+
+
+@case(lambda: call(const(3)))
+def mutate_input_returns_none(x):
+    x.mul_(3)
+
+
+@case(lambda: call(nonleaf(3)), tags={FAST_INDUCTOR})
+def mutate_nonleaf_input(x):
+    x.mul_(2)
+    return x.sin()
+
+
+@case(lambda: call(nonleaf(3)))
+def mutate_nonleaf_input_return_it(x):
+    x.mul_(2)
+    return x
+
+
+@case(lambda: call(nonleaf(3), leaf(3)))
+def mutate_nonleaf_input_with_grad_value(x, w):
+    x.mul_(w)
+    return x.sum()
+
+
+@case(lambda: call(const(3), leaf(3)))
+def mutate_no_grad_input_by_grad_value(x, w):
+    x.mul_(w)
+    return x.sum()
+
+
+@case(lambda: call(const(3), leaf(3)))
+def copy_grad_value_into_no_grad_input(x, w):
+    x.copy_(w * 2)
+
+
+@case(lambda: call(const(3)))
+def mutate_input_int_dtype(x):
+    n = torch.zeros(3, dtype=torch.long)
+    n.add_(2)
+    return x + n
+
+
+@case(lambda: call(torch.zeros(2, dtype=torch.long), leaf(2)))
+def mutate_long_counter(count, x):
+    count.add_(1)
+    return x * count
+
+
+@case(lambda: call(const(3)))
+def mutate_then_use_old_value(x):
+    y = x * 2
+    x.add_(1)
+    return y + x
+
+
+@case(lambda: call(nonleaf(3)))
+def mutate_nonleaf_then_use_old_value(x):
+    y = x.sin()
+    x.mul_(3)
+    return y + x
+
+
+@case(lambda: call(const(4), const(4)))
+def mutate_two_inputs(x, y):
+    x.add_(y)
+    y.mul_(2)
+    return x + y
+
+
+@case(lambda: call(const(4)))
+def mutate_with_several_inplace_ops(x):
+    x.add_(1).mul_(2).clamp_(max=3.0)
+    x.zero_()
+
+
+@case(lambda: call(const(3, 4)))
+def setitem_on_input(x):
+    x[0] = 5.0
+    x[:, 1] = torch.arange(3.0)
+    return x.sum()
+
+
+@case(lambda: call(const(6), leaf(2)))
+def index_put_grad_value(x, v):
+    x[torch.tensor([1, 3])] = v
+    return x * 2
+
+
+@case(lambda: call(const(3), y=const(3)))
+def mutate_kwarg_input(x, *, y):
+    y.sub_(x)
+    return x + 1
+
+
+@case(lambda: call({"state": const(3), "step": leaf(3)}))
+def mutate_input_in_dict(d):
+    d["state"].add_(d["step"].detach())
+    return d["state"] * d["step"]
+
+
+@case(lambda: call(const(3)))
+def mutate_input_return_view(x):
+    x.add_(1)
+    return x.view(-1)
+
+
+@case(lambda: call(nonleaf(3)))
+def mutate_nonleaf_input_return_view(x):
+    x.mul_(2)
+    return x[1:]
+
+
+# ---- mutations hidden from autograd ----------------------------------------------------------
+
+@case(lambda: call(leaf(3)), tags={FAST_INDUCTOR})
+def mutate_leaf_under_no_grad(x):
+    with torch.no_grad():
+        x.add_(1)
+    return x * 2
+
+
+@case(lambda: call(const(3)))
+def mutate_no_grad_input_under_no_grad(x):
+    with torch.no_grad():
+        x.mul_(2)
+    return x + 1
+
+
+@case(lambda: call(nonleaf(3)))
+def mutate_nonleaf_under_no_grad(x):
+    with torch.no_grad():
+        x.mul_(2)
+    return x.sin()
+
+
+@case(lambda: call(leaf(3)))
+def mutate_leaf_through_detach(x):
+    x.detach().mul_(2)
+    return x * 3
+
+
+@case(lambda: call(leaf(3)))
+def mutate_leaf_through_data(x):
+    x.data.add_(1)
+    return x.sin()
+
+
+@case(lambda: call(const(3)))
+def mutate_no_grad_input_through_data(x):
+    x.data.mul_(4)
+    return x * 2
+
+
+# ---- mutation through a view of an input --------------------------------------------------
+
+@case(lambda: call(const(3, 4)))
+def mutate_view_of_input(x):
+    x[0].add_(1)
+    return x * 2
+
+
+@case(lambda: call(nonleaf(3, 4)))
+def mutate_view_of_nonleaf_input(x):
+    x[0].mul_(2)
+    return x.sum()
+
+
+@case(lambda: call(const(3, 4)))
+def mutate_view_of_input_return_view(x):
+    row = x[1]
+    row.mul_(3)
+    return row
+
+
+@case(lambda: call(const(3, 4), leaf(4)))
+def mutate_view_of_input_by_grad_value(x, w):
+    x[2].copy_(w)
+    return x.sum(0)
+
+
+def _view_of_nonleaf_base():
+    base = leaf(3, 4) * 1
+    return (base[1],), {}
+
+
+@case(_view_of_nonleaf_base)
+def input_is_view_mutated(x):
+    # Eager writes through to the base the caller still holds.
+    x.mul_(2)
+    return x.sum()
+
+
+def _transposed_const():
+    return (const(4, 3).t(),), {}
+
+
+@case(_transposed_const)
+def noncontiguous_input(x):
+    return x * 2, x.sum(0)
+
+
+@case(_transposed_const)
+def noncontiguous_input_mutated(x):
+    x.add_(1)
+    return x.contiguous()
+
+
+# ---- metadata mutations -----------------------------------------------------------------------
+
+@case(lambda: call(const(3, 4)))
+def t_on_input(x):
+    x.t_()
+    return x * 2
+
+
+@case(lambda: call(nonleaf(3, 4)))
+def transpose_on_nonleaf_input(x):
+    x.transpose_(0, 1)
+    return x.sin()
+
+
+@case(lambda: call(const(1, 3)))
+def squeeze_on_input(x):
+    x.squeeze_(0)
+    return x + 1
+
+
+@case(lambda: call(nonleaf(3)))
+def unsqueeze_on_nonleaf_input(x):
+    x.unsqueeze_(1)
+    return x * x.t()
+
+
+@case(lambda: call(const(6)))
+def as_strided_on_input(x):
+    x.as_strided_((2, 2), (1, 2))
+    return x.sum()
+
+
+@case(lambda: call(const(2, 3)))
+def metadata_and_data_mutation(x):
+    x.t_()
+    x.mul_(2)
+    return x[0]
+
+
+# ---- errors eager raises ----------------------------------------------------------------------
+
+@case(lambda: call(leaf(3)))
+def leaf_requires_grad_mutated_raises(x):
+    x.add_(1)
+    return x
+
+
+@case(lambda: call(leaf(2, 3)))
+def leaf_requires_grad_t__raises(x):
+    x.t_()
+    return x
+
+
+@case(lambda: call(leaf(3, 4)))
+def view_of_leaf_mutated_raises(x):
+    x[0].add_(1)
+    return x
+
+
+def _view_of_leaf():
+    return (leaf(3, 4)[0],), {}
+
+
+@case(_view_of_leaf)
+def input_view_of_leaf_mutated_raises(x):
+    x.add_(1)
+    return x.sum()
+
+
+@case(lambda: call(leaf(3, 4), leaf(5, 2)))
+def shape_mismatch_raises(a, b):
+    return a @ b
+
+
+@case(lambda: call(leaf(3), True))
+def python_exception_raises(x, fail):
+    if fail:
+        raise ValueError("requested failure")
+    return x
+
+
+# ---- the inference path: calls under no_grad / inference_mode ----------------------------
+
+@case(lambda: call(leaf(3, 4), leaf(4, 2)), grad_mode="no_grad", tags={FAST_INDUCTOR})
+def no_grad_call(x, w):
+    return (x @ w).tanh()
+
+
+@case(lambda: call(const(3)), grad_mode="no_grad")
+def no_grad_call_mutates_input(x):
+    x.add_(1)
+    return x * 2
+
+
+@case(lambda: call(leaf(3)), grad_mode="no_grad")
+def no_grad_call_mutates_leaf(x):
+    x.mul_(2)
+    return x + 1
+
+
+@case(lambda: call(leaf(3, 4)), grad_mode="no_grad")
+def no_grad_call_returns_views(x):
+    return x[0], x.t(), x
+
+
+@case(lambda: call(const(3, 4)), grad_mode="no_grad")
+def no_grad_call_metadata_mutation(x):
+    x.t_()
+    return x + 1
+
+
+@case(lambda: call(leaf(3, 4)), grad_mode="inference_mode")
+def inference_mode_call(x):
+    return x.sin() * 2, x.argmax()
+
+
+# ---- modules ------------------------------------------------------------------------------------
+
+class MLP(nn.Module):
+    def __init__(self, d_in=6, d_hidden=8, d_out=3, inplace=False, p=0.0):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, d_hidden), nn.ReLU(inplace=inplace),
+                                 nn.Dropout(p), nn.Linear(d_hidden, d_out))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4),
+                                      nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Linear(4 * 4 * 4, 5)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+class Conv1dGroupNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 6, 3)
+        self.norm = nn.GroupNorm(2, 6)
+
+    def forward(self, x):
+        return F.gelu(self.norm(self.conv(x)))
+
+
+class CounterBuffer(nn.Module):
+    """Counts calls in a buffer updated in place, as BatchNorm's num_batches_tracked."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("running", torch.zeros(3))
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.lin(x)
+        with torch.no_grad():
+            self.running.mul_(0.9).add_(y.mean(0), alpha=0.1)
+        return y * self.calls
+
+
+class ReassignedBuffer(nn.Module):
+    """Replaces its buffer with a new tensor instead of updating it in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        self.steps = self.steps + 1
+        return self.lin(x) + self.steps
+
+
+class ClampedWeight(nn.Module):
+    """Projects its parameter in place under no_grad before using it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.weight.clamp_(-0.2, 0.2)
+        return self.lin(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=8, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class PartlyFrozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.frozen = nn.Linear(4, 4).requires_grad_(False)
+        self.trained = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.trained(self.frozen(x).relu())
+
+
+class TiedWeights(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, idx):
+        return self.out(self.embed(idx))
+
+
+class KwargsAndDict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, *, scale=1.0, mask=None):
+        y = self.lin(x) * scale
+        if mask is not None:
+            y = y.masked_fill(mask, 0.0)
+        return {"y": y, "norm": y.norm(), "argmax": y.argmax(-1)}
+
+
+def _eval(module: nn.Module) -> nn.Module:
+    return module.eval()
+
+
+def _tokens():
+    return call(torch.randint(0, 10, (2, 5)))
+
+
+module_case("linear", lambda: nn.Linear(4, 3), lambda: call(nonleaf(2, 4)))
+module_case("mlp_backward_twice", MLP, lambda: call(const(5, 6)),
+            tags=(FAST_INDUCTOR, "backward_twice"))
+module_case("mlp_inplace_relu", lambda: MLP(inplace=True), lambda: call(leaf(5, 6)))
+module_case("inplace_relu_mutates_input", lambda: nn.ReLU(inplace=True),
+            lambda: call(const(3, 4)))
+module_case("inplace_relu_mutates_nonleaf_input", lambda: nn.ReLU(inplace=True),
+            lambda: call(nonleaf(3, 4)))
+module_case("mlp_eval_dropout", lambda: _eval(MLP(p=0.5)), lambda: call(leaf(5, 6)))
+module_case("conv2d_bn_pool_train", ConvNet, lambda: call(const(2, 3, 8, 8)))
+module_case("conv2d_bn_pool_eval", lambda: _eval(ConvNet()), lambda: call(leaf(2, 3, 8, 8)))
+module_case("conv1d_groupnorm_gelu", Conv1dGroupNorm, lambda: call(leaf(2, 4, 7)))
+module_case("layernorm", lambda: nn.LayerNorm(5), lambda: call(nonleaf(3, 5)))
+module_case("embedding", lambda: nn.Embedding(10, 4), _tokens)
+module_case("embedding_max_norm_renorms_weight", lambda: nn.Embedding(10, 4, max_norm=1.0),
+            _tokens)
+module_case("batchnorm1d_train", lambda: nn.BatchNorm1d(4), lambda: call(leaf(6, 4)))
+module_case("batchnorm2d_train", lambda: nn.BatchNorm2d(3), lambda: call(nonleaf(2, 3, 4, 4)))
+module_case("batchnorm2d_eval", lambda: _eval(nn.BatchNorm2d(3)), lambda: call(leaf(2, 3, 4, 4)))
+module_case("counter_buffer_inplace", CounterBuffer, lambda: call(leaf(2, 3)))
+module_case("buffer_reassigned", ReassignedBuffer, lambda: call(leaf(2, 3)))
+module_case("param_clamped_under_no_grad", ClampedWeight, lambda: call(leaf(3, 4)))
+module_case("attention_sdpa", Attention, lambda: call(leaf(2, 5, 8)))
+module_case("transformer_block", Block, lambda: call(nonleaf(2, 5, 8)))
+module_case("multihead_attention", lambda: nn.MultiheadAttention(8, 2, batch_first=True),
+            lambda: call(leaf(2, 4, 8), leaf(2, 4, 8), leaf(2, 4, 8)))
+module_case("partly_frozen_params", PartlyFrozen, lambda: call(leaf(3, 4)))
+module_case("tied_weights", TiedWeights, _tokens)
+module_case("kwargs_and_dict_output", KwargsAndDict,
+            lambda: call(leaf(3, 4), scale=0.5, mask=torch.rand(3, 4) > 0.5))
+module_case("mlp_no_grad_call", MLP, lambda: call(leaf(5, 6)), grad_mode="no_grad")
+module_case("batchnorm1d_train_no_grad_call", lambda: nn.BatchNorm1d(4),
+            lambda: call(const(6, 4)), grad_mode="no_grad")
+
+CASES_BY_NAME = {c.name: c for c in CASES}
+assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"

@@ -1,0 +1,183 @@
+"""The front doors: recompilation on a new signature, modules, compat names, export."""
+
+import warnings
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import aotgrad
+from aotgrad import compat
+
+
+def counting(fn):
+    compiled = aotgrad.compile(fn, backend="eager")
+    return compiled, lambda: len(compiled.entries)
+
+
+def test_same_signature_reuses_the_graph():
+    f, entries = counting(lambda x: x * 2)
+    f(torch.randn(3))
+    f(torch.randn(3))
+    assert entries() == 1
+
+
+@pytest.mark.parametrize("change", [
+    lambda: (torch.randn(4), 2),                        # shape
+    lambda: (torch.randn(3, dtype=torch.float64), 2),   # dtype
+    lambda: (torch.randn(3, requires_grad=True), 2),    # requires_grad
+    lambda: (torch.randn(6)[::2], 2),                   # strides
+    lambda: (torch.randn(3), 3),                        # a constant
+], ids=["shape", "dtype", "requires_grad", "strides", "constant"])
+def test_a_new_signature_compiles_again(change):
+    f, entries = counting(lambda x, k: x * k)
+    f(torch.randn(3), 2)
+    x, k = change()
+    torch.testing.assert_close(f(x, k), x * k)
+    assert entries() == 2
+
+
+def test_grad_mode_is_part_of_the_signature():
+    f, entries = counting(lambda x: x * 2)
+    x = torch.randn(3, requires_grad=True)
+    assert f(x).requires_grad
+    with torch.no_grad():
+        assert not f(x).requires_grad
+    assert entries() == 2
+
+
+def test_cap_warns_and_runs_eagerly():
+    f = aotgrad.compile(lambda x: x + 1, backend="eager", max_entries=2)
+    f(torch.randn(1))
+    f(torch.randn(2))
+    with pytest.warns(UserWarning, match="max_entries"):
+        out = f(torch.randn(3))
+    assert out.shape == (3,) and len(f.entries) == 2
+
+
+def test_module_buffers_update_and_parameters_train():
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    mine = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    mine.load_state_dict(eager.state_dict())
+    compiled = aotgrad.compile(mine, backend="eager")
+    x = torch.randn(5, 3)
+    eager(x).pow(2).sum().backward()
+    compiled(x).pow(2).sum().backward()
+    for (name, a), b in zip(eager.state_dict().items(), mine.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+    for a, b in zip(eager.parameters(), mine.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert list(compiled.parameters())  # the compiled module exposes the parameters
+
+
+def test_artifacts_describe_the_compile():
+    f = aotgrad.compile(lambda x: x.sin().sum(), backend="eager")
+    f(torch.randn(4, requires_grad=True))
+    artifact = f.artifacts[0]
+    assert [s.shape for s in artifact.saved] == [(4,)]
+    assert "saved for backward: 1 values" in artifact.summary()
+    assert {"capture", "analysis", "trace", "partition"} <= set(artifact.timings)
+
+
+def test_dynamic_is_refused_clearly():
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        aotgrad.compile(lambda x: x, dynamic=True)
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="unknown backend"):
+        aotgrad.compile(lambda x: x, backend="tvm")
+
+
+# ---- compat --------------------------------------------------------------------------------
+
+def test_compat_compilers_receive_functorch_style_graphs():
+    seen = {}
+
+    def fw_compiler(gm, example_inputs):
+        seen["fw"] = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        assert all("val" in n.meta for n in gm.graph.nodes if n.op == "placeholder")
+        return gm
+
+    def bw_compiler(gm, example_inputs):
+        seen["bw"] = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        return gm
+
+    f = compat.aot_function(lambda x, y: (x * y).sin(), fw_compiler, bw_compiler)
+    x = torch.randn(3, requires_grad=True)
+    f(x, torch.randn(3)).sum().backward()
+    assert seen["fw"] == ["primals_1", "primals_2"]
+    assert seen["bw"][-1] == "tangents_1"
+
+
+def test_compat_unboxed_and_boxed_compilers_both_work():
+    unboxed = compat.aot_function(lambda x: x * 3, lambda gm, _: gm.forward)
+    boxed = compat.aot_function(lambda x: x * 3, compat.nop)
+    x = torch.randn(2)
+    torch.testing.assert_close(unboxed(x), boxed(x))
+
+
+def test_compat_aot_module_simplified_matches_eager():
+    mod = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    fwd = compat.aot_module_simplified(mod, [x], compat.nop)
+    out = fwd(x)
+    torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, mod(x))
+
+
+def test_compat_names_we_lack_say_so():
+    with pytest.raises(NotImplementedError, match="not supported yet"):
+        compat.memory_efficient_fusion
+
+
+def test_compilation_context_names_the_graph():
+    names = []
+
+    def fw_compiler(gm, _):
+        names.append(compat.get_aot_compilation_context()[0])
+        return gm
+    compat.aot_function(lambda x: x.cos(), fw_compiler)(torch.randn(2, requires_grad=True))
+    assert names == [["forward"], ["backward"]]
+
+
+def test_export_joint_simple_matches_functorch():
+    from torch._functorch.aot_autograd import aot_export_joint_simple as torch_export
+    args = [torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)]
+
+    def f(a, b):
+        return ((a * b).sin(),)
+    ours = compat.aot_export_joint_simple(f, args, trace_joint=True)
+    theirs = torch_export(f, args, trace_joint=True)
+    tangent = torch.randn(3)
+    ours_out, theirs_out = ours(args, [tangent]), theirs(args, [tangent])
+    assert len(ours_out) == len(theirs_out) == 2
+    for x, y in zip(pytree.tree_leaves(ours_out), pytree.tree_leaves(theirs_out)):
+        torch.testing.assert_close(x, y)
+
+
+def test_export_joint_simple_refuses_mutation():
+    def f(a):
+        a.add_(1)
+        return (a * 2,)
+    with pytest.raises(RuntimeError, match="mutates"):
+        compat.aot_export_joint_simple(f, [torch.randn(2)], trace_joint=False)
+
+
+def test_export_module_signature():
+    mod = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = mod
+
+        def forward(self, x):
+            return (self.inner(x).sum(),)
+    gm, sig = compat.aot_export_module(WithLoss(), (torch.randn(4, 3),), trace_joint=True,
+                                       output_loss_index=0)
+    assert sig.parameters == ["inner.0.weight", "inner.0.bias", "inner.1.weight", "inner.1.bias"]
+    assert sorted(sig.buffers_to_mutate.values()) == [
+        "inner.1.num_batches_tracked", "inner.1.running_mean", "inner.1.running_var"]
+    assert sorted(sig.backward_signature.gradients_to_parameters.values()) == sorted(sig.parameters)
+    assert len(sig.user_inputs) == 1

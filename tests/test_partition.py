@@ -1,0 +1,130 @@
+"""Partition invariants, and `verify` catching graphs that break them."""
+
+import pytest
+import torch
+from torch import fx
+
+import aotgrad
+from aotgrad.partition import default_partition, joint_parts, split_joint
+from aotgrad.verify import GraphInvariantError, verify, verify_partition
+
+
+def mlp(x, w1, w2):
+    return (torch.nn.functional.gelu(x @ w1) @ w2).relu().sum()
+
+
+def layer_norm_attention(x, w):
+    q = torch.nn.functional.layer_norm(x @ w, (8,))
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q).sum()
+
+
+FUNCTIONS = [mlp, layer_norm_attention]
+ARGS = {
+    mlp: lambda: (torch.randn(4, 8), torch.randn(8, 16, requires_grad=True),
+                  torch.randn(16, 8, requires_grad=True)),
+    layer_norm_attention: lambda: (torch.randn(2, 4, 8), torch.randn(8, 8, requires_grad=True)),
+}
+
+
+def artifact(fn):
+    compiled = aotgrad.compile(fn, backend="eager")
+    compiled(*ARGS[fn]())
+    return compiled.artifacts[0]
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
+def test_partition_holds_invariants(fn):
+    a = artifact(fn)
+    verify(a.joint_graph)
+    verify_partition(a.forward_graph, a.backward_graph, a.info.num_graph_outputs)
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
+def test_forward_and_backward_recompose_the_joint(fn):
+    """Running forward then backward gives what the joint graph gives."""
+    a = artifact(fn)
+    args = ARGS[fn]()
+    n = a.info.num_graph_outputs
+    tangents = [torch.ones(())]
+    joint_out = a.joint_graph(*args, *tangents)
+    fw_out = a.forward_graph(*args)
+    grads = a.backward_graph(*fw_out[n:], *tangents)
+    for x, y in zip(joint_out, list(fw_out[:n]) + list(grads)):
+        if x is None:
+            assert y is None
+        else:
+            torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
+def test_default_partition_recomputes_nothing(fn):
+    a = artifact(fn)
+    fw_ops = {n.name for n in a.forward_graph.graph.nodes if n.op == "call_function"}
+    bw_ops = {n.name for n in a.backward_graph.graph.nodes if n.op == "call_function"}
+    assert not fw_ops & bw_ops
+
+
+def test_tuple_results_are_saved_by_element():
+    a = artifact(layer_norm_attention)
+    for value in list(a.forward_graph.graph.output_node().args[0]):
+        assert isinstance(value.meta["val"], torch.Tensor)
+
+
+def test_split_joint_with_explicit_saved_set():
+    a = artifact(mlp)
+    primals, _, _, _ = joint_parts(a.joint_graph, a.info.num_graph_outputs)
+    # Saving only the primals forces the backward to recompute everything.
+    fw, bw = split_joint(a.joint_graph, a.info.num_graph_outputs, primals)
+    verify_partition(fw, bw, a.info.num_graph_outputs)
+
+
+def _graph(build):
+    graph = fx.Graph()
+    build(graph)
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    for node in graph.nodes:
+        node.meta.setdefault("val", torch.empty(2))
+    return gm
+
+
+def test_verify_rejects_mutation():
+    def build(g):
+        x = g.placeholder("primals_1")
+        g.output([g.call_function(torch.ops.aten.add_.Tensor, (x, x))])
+    with pytest.raises(GraphInvariantError, match="mutates"):
+        verify(_graph(build))
+
+
+def test_verify_allows_trailing_input_copy_only_when_asked():
+    def build(g):
+        x = g.placeholder("primals_1")
+        y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+        g.call_function(torch.ops.aten.copy_.default, (x, y))
+        g.output([y])
+    verify(_graph(build), allow_input_mutation=True)
+    with pytest.raises(GraphInvariantError):
+        verify(_graph(build))
+
+
+def test_verify_rejects_missing_fake_value():
+    def build(g):
+        x = g.placeholder("primals_1")
+        g.output([g.call_function(torch.ops.aten.neg.default, (x,))])
+    gm = _graph(build)
+    del next(iter(gm.graph.nodes)).meta["val"]
+    with pytest.raises(GraphInvariantError, match="meta"):
+        verify(gm)
+
+
+def test_verify_partition_rejects_unused_saved_value():
+    def forward(g):
+        x = g.placeholder("primals_1")
+        y = g.call_function(torch.ops.aten.neg.default, (x,))
+        g.output([y, y])
+
+    def backward(g):
+        g.placeholder("neg")
+        t = g.placeholder("tangents_1")
+        g.output([g.call_function(torch.ops.aten.neg.default, (t,))])
+    with pytest.raises(GraphInvariantError, match="never read"):
+        verify_partition(_graph(forward), _graph(backward), 1)
