@@ -7,7 +7,7 @@ requires_grad, ...) instead of silently reusing the first graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -15,12 +15,12 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch._decomp import get_decompositions
 
-from . import analysis, capture, joint
+from . import analysis, joint
 from .api import CompiledFunction, CompiledModule
 from .backends import (Backend, GRAPH_INFO, compilation_context, make_boxed_compiler,
                        make_boxed_func, nop)
 from .partition import default_partition
-from .pipeline import Options, compile_call
+from .pipeline import Options, capture_and_analyze, compile_call
 from .verify import verify
 
 __all__ = [
@@ -179,24 +179,13 @@ def _call_as_primals_and_tangents(gm: fx.GraphModule, num_fw_outputs: int) -> No
 class _Traced:
     info: analysis.FunctionInfo
     graph: fx.GraphModule
-    layout: capture.CallLayout
 
 
-def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool,
-                      keep_input_mutations: bool = False) -> _Traced:
-    layout = capture.layout_call(flat, in_spec)
-    inputs = layout.graph_inputs(flat)
-    mode = capture.fake_mode_for(inputs)
-    fakes = capture.fake_inputs(mode, inputs)
-    box = capture.OutputBox()
-    graph_fn = capture.flat_graph_fn(fn, layout, box)
-    info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box, mode)
-    if trace_joint:
-        gm = joint.trace_joint(graph_fn, info, fakes, mode, decompositions)
-    else:
-        gm = joint.trace_inference(graph_fn, info, fakes, mode, decompositions,
-                                   keep_input_mutations)
-    return _Traced(info, verify(gm, allow_input_mutation=keep_input_mutations), layout)
+def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool) -> _Traced:
+    c = capture_and_analyze(fn, flat, in_spec)
+    trace = joint.trace_joint if trace_joint else joint.trace_inference
+    gm = trace(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
+    return _Traced(c.info, verify(gm))
 
 
 def _refuse_mutations_and_aliases(info: analysis.FunctionInfo) -> None:

@@ -6,6 +6,7 @@ it guards on everything that would change the graph, so the compiled call is use
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -25,7 +26,8 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable = default_p
         _refuse_symbolic(example_inputs)
         flat = list(example_inputs)
         _, in_spec = pytree.tree_flatten((tuple(flat), {}))
-        call = compile_call(gm, flat, in_spec, options)
+        num_params = _num_leading_parameters(flat)
+        call = compile_call(gm, flat, in_spec, replace(options, num_params_buffers=num_params))
         out_spec = call.plan.info.out_spec
 
         def run(*args):
@@ -35,6 +37,14 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable = default_p
         return run
 
     return aotgrad_dynamo_backend
+
+
+def _num_leading_parameters(inputs) -> int:
+    """Dynamo lifts parameters as the first inputs; they live across calls."""
+    count = 0
+    while count < len(inputs) and isinstance(inputs[count], torch.nn.Parameter):
+        count += 1
+    return count
 
 
 def _refuse_symbolic(example_inputs) -> None:

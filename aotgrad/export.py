@@ -7,8 +7,9 @@ from typing import Any, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from . import analysis, capture, joint
+from . import analysis, joint
 from .compat import BackwardSignature, ExportGraphSignature
+from .pipeline import capture_and_analyze
 from .verify import verify
 
 
@@ -24,23 +25,19 @@ def export_module(mod: torch.nn.Module, args: Sequence[Any], decompositions,
 
     flat = [*params.values(), *buffers.values(), *pytree.tree_leaves(tuple(args))]
     flat_args, in_spec = pytree.tree_flatten((tuple(flat), {}))
-    layout = capture.layout_call(flat_args, in_spec)
-    inputs = layout.graph_inputs(flat_args)
-    mode = capture.fake_mode_for(inputs)
-    fakes = capture.fake_inputs(mode, inputs)
-    box = capture.OutputBox()
-    graph_fn = capture.flat_graph_fn(forward, layout, box)
-    info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box, mode)
+    c = capture_and_analyze(forward, flat_args, in_spec)
+    info = c.info
     if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
         raise RuntimeError("aot_export_module: an output aliases an input or another output; "
                            "return a fresh tensor (e.g. .clone()).")
-    wrt = [i for i, t in enumerate(inputs[:len(params)]) if t.requires_grad]
+    wrt = [i for i, t in enumerate(c.inputs[:len(params)]) if t.requires_grad]
     if trace_joint:
-        gm = joint.trace_loss_joint(graph_fn, info, fakes, mode, decompositions, loss_index, wrt)
+        gm = joint.trace_loss_joint(c.graph_fn, info, c.fakes, c.fake_mode, decompositions,
+                                    loss_index, wrt)
     else:
-        gm = joint.trace_inference(graph_fn, info, fakes, mode, decompositions)
+        gm = joint.trace_inference(c.graph_fn, info, c.fakes, c.fake_mode, decompositions)
     verify(gm)
-    return gm, _signature(gm, info, list(params), list(buffers), wrt, loss_index, box.spec)
+    return gm, _signature(gm, info, list(params), list(buffers), wrt, loss_index, info.out_spec)
 
 
 def _signature(gm, info, params, buffers, wrt, loss_index, out_spec) -> ExportGraphSignature:

@@ -114,7 +114,10 @@ def cleanup(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def remove_no_ops(graph: torch.fx.Graph) -> None:
+    """Drop ops such as `detach` that do nothing once autograd is done, except where the graph
+    returns them: there they keep an output from being the input object itself."""
+    output = graph.output_node()
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in NO_OP_AT_RUNTIME:
+        if node.op == "call_function" and node.target in NO_OP_AT_RUNTIME and output not in node.users:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)

@@ -81,9 +81,21 @@ class _Timer(dict):
         self[stage] = self.get(stage, 0.0) + time.perf_counter() - start
 
 
-def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
-                 options: Options) -> CompiledCall:
-    timer = _Timer()
+@dataclass(frozen=True)
+class Captured:
+    """A call captured and analyzed: everything the tracing stage needs."""
+
+    graph_fn: Callable
+    layout: capture.CallLayout
+    inputs: list  # the graph inputs as the caller passed them (real, or Dynamo's fakes)
+    fake_mode: Any
+    fakes: list
+    info: analysis.FunctionInfo
+
+
+def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
+                        timer: _Timer | None = None) -> Captured:
+    timer = timer if timer is not None else _Timer()
     with timer("capture"):
         layout = capture.layout_call(flat_args, in_spec)
         inputs = layout.graph_inputs(flat_args)
@@ -94,30 +106,39 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
     with timer("analysis"):
         info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box, fake_mode)
         _check_mutated_inputs_do_not_alias(inputs, info)
-    build = _build_training if info.needs_autograd else _build_inference
+    return Captured(graph_fn, layout, inputs, fake_mode, fakes, info)
+
+
+def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
+                 options: Options) -> CompiledCall:
+    timer = _Timer()
+    c = capture_and_analyze(fn, flat_args, in_spec, timer)
+    build = _build_training if c.info.needs_autograd else _build_inference
     with compiling(getattr(fn, "__name__", type(fn).__name__)):
-        call = build(graph_fn, info, layout, fakes, fake_mode, options, timer)
+        call = build(c, options, timer)
     call.artifact.timings = dict(timer)
     return call
 
 
-def _build_inference(graph_fn, info, layout, fakes, fake_mode, options: Options, timer) -> CompiledCall:
+def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
     keep = options.keep_inference_input_mutations
+    info = c.info
     with timer("trace"):
-        gm = joint.trace_inference(graph_fn, info, fakes, fake_mode,
+        gm = joint.trace_inference(c.graph_fn, info, c.fakes, c.fake_mode,
                                    options.backend.decompositions, keep)
         verify(gm, allow_input_mutation=keep)
     num_returned_mutations = 0 if keep else len(info.data_mutated_inputs)
     _attach(gm, "inference", options, range(num_returned_mutations, info.num_graph_outputs))
     with timer("compile_forward"):
         compiled = _compile(options.backend.inference_compiler, gm)
-    plan = _plan(info, layout, info.num_graph_outputs, copy_back_data=not keep)
+    plan = _plan(info, c.layout, info.num_graph_outputs, copy_back_data=not keep)
     return CompiledCall(plan, compiled, None, Artifact(info, gm))
 
 
-def _build_training(graph_fn, info, layout, fakes, fake_mode, options: Options, timer) -> CompiledCall:
+def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
+    info = c.info
     with timer("trace"):
-        joint_gm = joint.trace_joint(graph_fn, info, fakes, fake_mode,
+        joint_gm = joint.trace_joint(c.graph_fn, info, c.fakes, c.fake_mode,
                                      options.backend.decompositions)
         verify(joint_gm)
     n = info.num_graph_outputs
@@ -131,7 +152,7 @@ def _build_training(graph_fn, info, layout, fakes, fake_mode, options: Options, 
     restride_saved(fw, bw, n)
     with timer("compile_backward"):
         compiled_bw = _compile(options.backend.bw_compiler, bw)
-    plan = _plan(info, layout, n, copy_back_data=True)
+    plan = _plan(info, c.layout, n, copy_back_data=True)
     return CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
 
 
