@@ -14,11 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from .analysis import FunctionInfo, OutputKind, regenerate_view
-
-_AFTER_PLAIN = (OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE,
-                OutputKind.VIEW_OF_OUTPUT)
-
+from .analysis import FunctionInfo, OutputInfo, OutputKind, regenerate_view
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -80,39 +76,44 @@ class CompiledCall:
         return self._user_outputs(inputs, raw)
 
     def _user_outputs(self, inputs, raw) -> list[Any]:
-        info = self.plan.info
-        outs: list[Any] = [None] * len(info.outputs)
-        for i, o, k in self._outputs:
-            if o.kind is OutputKind.PLAIN:
-                outs[i] = raw[k]
-            elif o.kind is OutputKind.CONSTANT:
-                outs[i] = o.constant
-            elif o.kind is OutputKind.INPUT:
-                outs[i] = inputs[o.source]
-            elif o.kind is OutputKind.VIEW_OF_INPUT:
-                outs[i] = regenerate_view(o, inputs[o.source])
-            elif o.kind is OutputKind.VIEW_OF_INTERMEDIATE:
-                outs[i] = regenerate_view(o, raw[k])
-            elif o.kind is OutputKind.VIEW_OF_OUTPUT:
-                outs[i] = regenerate_view(o, outs[o.source])
-            else:  # SAME_AS_OUTPUT
-                outs[i] = outs[o.source]
+        outs: list[Any] = [None] * len(self.plan.info.outputs)
+        for i, get in self._outputs:
+            outs[i] = get(inputs, raw, outs)
         return outs
 
 
-def _output_order(info: FunctionInfo) -> list[tuple[int, Any, int | None]]:
-    """(output index, info, graph output index) with every base before the views of it."""
+def _output_order(info: FunctionInfo) -> list[tuple[int, Callable]]:
+    """(output index, getter) with every base ahead of the views of it."""
     num_mutated = len(info.data_mutated_inputs)
     plain = {i: num_mutated + k for k, i in enumerate(info.plain_outputs)}
     first_base = num_mutated + len(plain)
     rows = []
     for i, o in enumerate(info.outputs):
-        if o.kind is OutputKind.VIEW_OF_INTERMEDIATE:
-            rows.append((i, o, first_base + o.source))
-        else:
-            rows.append((i, o, plain.get(i)))
-    rank = {k: 1 for k in _AFTER_PLAIN} | {OutputKind.SAME_AS_OUTPUT: 2}
-    return sorted(rows, key=lambda row: rank.get(row[1].kind, 0))
+        k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else plain.get(i)
+        rows.append((_RANK.get(o.kind, 0), i, _getter(o, k)))
+    return [(i, get) for _, i, get in sorted(rows, key=lambda row: row[:2])]
+
+
+_RANK = {OutputKind.VIEW_OF_INPUT: 1, OutputKind.VIEW_OF_INTERMEDIATE: 1,
+         OutputKind.VIEW_OF_OUTPUT: 1, OutputKind.SAME_AS_OUTPUT: 2}
+
+
+def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
+    """How output `o` is obtained from the inputs, the graph's results and earlier outputs."""
+    kind, src = o.kind, o.source
+    if kind is OutputKind.PLAIN:
+        return lambda inputs, raw, outs: raw[k]
+    if kind is OutputKind.CONSTANT:
+        return lambda inputs, raw, outs: o.constant
+    if kind is OutputKind.INPUT:
+        return lambda inputs, raw, outs: inputs[src]
+    if kind is OutputKind.VIEW_OF_INPUT:
+        return lambda inputs, raw, outs: regenerate_view(o, inputs[src])
+    if kind is OutputKind.VIEW_OF_INTERMEDIATE:
+        return lambda inputs, raw, outs: regenerate_view(o, raw[k])
+    if kind is OutputKind.VIEW_OF_OUTPUT:
+        return lambda inputs, raw, outs: regenerate_view(o, outs[src])
+    return lambda inputs, raw, outs: outs[src]  # SAME_AS_OUTPUT
 
 
 def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
