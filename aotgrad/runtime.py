@@ -46,8 +46,12 @@ class CompiledGraph(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads):
         call = ctx.call
-        tangents = [grads[i].contiguous() for i in call.plan.tangent_outputs]
-        return (None, *call.backward(list(ctx.saved_tensors) + tangents))
+        args = list(ctx.saved_tensors)
+        # Drop autograd's references (unless retain_graph) so that the backward, which may
+        # clear its argument list, can free each saved value after its last use.
+        ctx.maybe_clear_saved_tensors()
+        args += [grads[i].contiguous() for i in call.plan.tangent_outputs]
+        return (None, *call.backward(args))
 
 
 class CompiledCall:

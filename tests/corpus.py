@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness import Case, Inputs
+from harness import Case, Inputs, call_index
 
 CASES: list[Case] = []
 FAST_INDUCTOR = "inductor"
@@ -38,19 +38,20 @@ def call(*args, **kwargs) -> Inputs:
     return args, kwargs
 
 
-def case(inputs: Callable[[], Inputs], tags=(), grad_mode="grad", name=None):
+def case(inputs: Callable[[], Inputs], tags=(), context="grad", name=None):
     """Register the decorated function as a case named after it."""
     def register(fn):
         CASES.append(Case(name or fn.__name__, inputs, fn=fn, tags=frozenset(tags),
-                          grad_mode=grad_mode))
+                          context=context))
         return fn
     return register
 
 
 def module_case(name: str, factory: Callable[[], nn.Module], inputs: Callable[[], Inputs],
-                tags=(FAST_INDUCTOR,), grad_mode="grad") -> None:
-    CASES.append(Case(name, inputs, module=factory, tags=frozenset({"module", *tags}),
-                      grad_mode=grad_mode))
+                tags=(FAST_INDUCTOR,), context="grad", before_call=None) -> None:
+    """A module built by `factory`; every module case runs on the Inductor doors too."""
+    CASES.append(Case(name, inputs, factory=factory, tags=frozenset({"module", *tags}),
+                      context=context, before_call=before_call))
 
 
 # ---- plain functions --------------------------------------------------------------------
@@ -67,7 +68,7 @@ def saves_nothing_backward_twice(x):
     return (x * 2).sum()
 
 
-@case(lambda: call(leaf(3, 4), leaf(4, 5)), tags={FAST_INDUCTOR})
+@case(lambda: call(leaf(3, 4), leaf(4, 5)))
 def matmul_relu(a, b):
     return (a @ b).relu()
 
@@ -122,7 +123,7 @@ def index_select_long_input(x, idx):
     return x[idx] * 2, x.index_select(1, idx[:2])
 
 
-@case(lambda: call(leaf(4, 3), leaf(4, 3)), tags={FAST_INDUCTOR})
+@case(lambda: call(leaf(4, 3), leaf(4, 3)))
 def intermediate_inplace_ops(x, y):
     z = x * y
     z.add_(1).mul_(y)
@@ -145,7 +146,7 @@ def no_grad_block_inside(x):
     return x * y
 
 
-@case(lambda: call(leaf(4)), grad_mode="no_grad")
+@case(lambda: call(leaf(4)), context="no_grad")
 def enable_grad_inside_no_grad(x):
     with torch.enable_grad():
         y = x * 2
@@ -170,10 +171,71 @@ def detach_output(x):
     return x.detach(), x * 2
 
 
+@case(lambda: call(const(3, 4)), context="no_grad")
+def detach_output_no_grad_call(x):
+    # A new tensor object sharing x's storage, not x itself.
+    return x.detach()
+
+
+@case(lambda: call(leaf(3, 4)))
+def view_of_detached_input(x):
+    # The views' _base is the detached tensor, an intermediate, not x.
+    return x.detach()[0], x.detach().t()
+
+
 @case(lambda: call(leaf(3)))
 def fresh_leaf_created_inside(x):
     w = torch.ones(3).requires_grad_()
     return w, x * w
+
+
+@case(lambda: call(leaf(4)), tags={"double_backward"})
+def double_backward_gradient_penalty(x):
+    return x.sin() * x
+
+
+class StraightThroughRound(torch.autograd.Function):
+    """Rounds forward, passes the gradient through unchanged: not round's derivative."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.round()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+@case(lambda: call(leaf(4)))
+def custom_autograd_function(x):
+    return StraightThroughRound.apply(x * 3) * x
+
+
+@case(lambda: call(leaf(4)))
+def complex_intermediate(x):
+    z = x * (1 + 2j)
+    return (z * z).abs(), torch.view_as_real(z).sum(-1)
+
+
+@case(lambda: call(leaf(3, 4), leaf(4, 4)), context="autocast_bf16")
+def called_under_autocast(x, w):
+    y = x @ w
+    return y, y.float().softmax(-1)
+
+
+def _closure_over_tensor():
+    scale = torch.randn(3)
+    return lambda x: x * scale
+
+
+def _closure_over_grad_tensor():
+    weight = torch.randn(3, requires_grad=True)
+    return lambda x: (x * weight).sum()
+
+
+CASES.append(Case("closure_over_tensor", lambda: call(leaf(3)), factory=_closure_over_tensor))
+CASES.append(Case("closure_over_grad_tensor", lambda: call(const(3)),
+                  factory=_closure_over_grad_tensor))
 
 
 # ---- integer, bool and constant outputs ---------------------------------------------------
@@ -232,7 +294,7 @@ def data_dependent_shape(x):
 
 # ---- non-tensor inputs and pytrees ---------------------------------------------------------
 
-@case(lambda: call(leaf(4), 3, 0.5, True, None, "sum"), tags={FAST_INDUCTOR})
+@case(lambda: call(leaf(4), 3, 0.5, True, None, "sum"))
 def non_tensor_inputs(x, n, scale, flag, nothing, mode):
     y = x * scale + n
     if flag and nothing is None:
@@ -279,6 +341,21 @@ def returns_empty_containers(x):
     return (), [], {}, x + 1
 
 
+@case(lambda: call(leaf(3, 4), torch.Size([4, 3])))
+def size_input(x, shape):
+    return x.reshape(shape) * shape.numel()
+
+
+@case(lambda: call(leaf(3), 2 + call_index()))
+def int_input_changes_on_second_call(x, n):
+    return x * n, n * 2
+
+
+@case(lambda: call(leaf(3 + call_index(), 2)))
+def shape_changes_on_second_call(x):
+    return x.sin() * 2
+
+
 # ---- outputs aliasing inputs ---------------------------------------------------------------
 
 @case(lambda: call(leaf(3)))
@@ -304,6 +381,12 @@ def returns_input_and_result(x):
 @case(lambda: call(leaf(3)))
 def returns_input_twice(x):
     return x, x
+
+
+@case(lambda: call(leaf(3, 4)))
+def identity_ops_return_input(x):
+    # On a contiguous float32 tensor these return x itself in eager.
+    return x.contiguous(), x.to(torch.float32), x.float(), x.type_as(x)
 
 
 @case(lambda: call(leaf(3, 4)), tags={FAST_INDUCTOR})
@@ -344,6 +427,13 @@ def dtype_view_of_input(x):
 @case(lambda: call(leaf(2, 3)))
 def view_chain_of_input(x):
     return x.t().unsqueeze(0)[:, 1:].squeeze(0)
+
+
+@case(lambda: call(const(3, 4)))
+def view_of_input_then_input_mutated(x):
+    row = x[0]
+    x.add_(1)
+    return row
 
 
 # ---- views of intermediates and of each other ------------------------------------------------
@@ -420,6 +510,46 @@ def duplicated_input_mutated(a, b):
     return b * 2
 
 
+def _base_and_its_row():
+    base = const(3, 4)
+    return (base, base[0]), {}
+
+
+@case(_base_and_its_row)
+def aliased_inputs_one_mutated(base, row):
+    row.mul_(2)
+    return base.sum(0)
+
+
+def _base_and_its_row_twice():
+    base = const(3, 4)
+    return (base, base[0], base[0]), {}
+
+
+@case(_base_and_its_row_twice)
+def aliased_inputs_no_mutation(base, row, same_row):
+    return row * 2, base.t(), same_row
+
+
+def _aliased_on_second_call():
+    if call_index() == 0:
+        return (const(3), const(3)), {}
+    shared = const(1, 3)
+    return (shared[0], shared[0]), {}  # two view objects, one memory, same metadata
+
+
+@case(_aliased_on_second_call)
+def inputs_alias_only_on_second_call(a, b):
+    a.add_(1)
+    return b * 2
+
+
+@case(lambda: call(const(3)))
+def requires_grad_on_input(x):
+    x.requires_grad_()
+    return x * 2
+
+
 # ---- input mutations -------------------------------------------------------------------------
 
 @case(lambda: call(const(3)), tags={FAST_INDUCTOR})
@@ -458,6 +588,12 @@ def mutate_no_grad_input_by_grad_value(x, w):
 
 
 @case(lambda: call(const(3), leaf(3)))
+def mutate_no_grad_input_by_grad_value_return_it(x, w):
+    x.mul_(w)
+    return x
+
+
+@case(lambda: call(const(3), leaf(3)))
 def copy_grad_value_into_no_grad_input(x, w):
     x.copy_(w * 2)
 
@@ -483,7 +619,8 @@ def mutate_then_use_old_value(x):
 
 
 @case(lambda: call(nonleaf(3)))
-def mutate_nonleaf_then_use_old_value(x):
+def mutate_saved_nonleaf_backward_raises(x):
+    # x is saved by sin, then changed: eager's call works, its backward raises.
     y = x.sin()
     x.mul_(3)
     return y + x
@@ -541,7 +678,7 @@ def mutate_nonleaf_input_return_view(x):
 
 # ---- mutations hidden from autograd ----------------------------------------------------------
 
-@case(lambda: call(leaf(3)), tags={FAST_INDUCTOR})
+@case(lambda: call(leaf(3)))
 def mutate_leaf_under_no_grad(x):
     with torch.no_grad():
         x.add_(1)
@@ -667,6 +804,24 @@ def as_strided_on_input(x):
 
 
 @case(lambda: call(const(2, 3)))
+def resize_on_input(x):
+    x.resize_(3, 2)
+    return x * 2
+
+
+@case(lambda: call(const(2, 3), const(6)))
+def set_on_input(x, source):
+    x.set_(source)
+    return x + 1
+
+
+@case(lambda: call(const(4, 4)))
+def random_inplace_on_input(x):
+    x.uniform_()
+    return x + torch.rand(4)
+
+
+@case(lambda: call(const(2, 3)))
 def metadata_and_data_mutation(x):
     x.t_()
     x.mul_(2)
@@ -717,35 +872,35 @@ def python_exception_raises(x, fail):
 
 # ---- the inference path: calls under no_grad / inference_mode ----------------------------
 
-@case(lambda: call(leaf(3, 4), leaf(4, 2)), grad_mode="no_grad", tags={FAST_INDUCTOR})
+@case(lambda: call(leaf(3, 4), leaf(4, 2)), context="no_grad", tags={FAST_INDUCTOR})
 def no_grad_call(x, w):
     return (x @ w).tanh()
 
 
-@case(lambda: call(const(3)), grad_mode="no_grad")
+@case(lambda: call(const(3)), context="no_grad")
 def no_grad_call_mutates_input(x):
     x.add_(1)
     return x * 2
 
 
-@case(lambda: call(leaf(3)), grad_mode="no_grad")
+@case(lambda: call(leaf(3)), context="no_grad")
 def no_grad_call_mutates_leaf(x):
     x.mul_(2)
     return x + 1
 
 
-@case(lambda: call(leaf(3, 4)), grad_mode="no_grad")
+@case(lambda: call(leaf(3, 4)), context="no_grad")
 def no_grad_call_returns_views(x):
     return x[0], x.t(), x
 
 
-@case(lambda: call(const(3, 4)), grad_mode="no_grad")
+@case(lambda: call(const(3, 4)), context="no_grad")
 def no_grad_call_metadata_mutation(x):
     x.t_()
     return x + 1
 
 
-@case(lambda: call(leaf(3, 4)), grad_mode="inference_mode")
+@case(lambda: call(leaf(3, 4)), context="inference_mode")
 def inference_mode_call(x):
     return x.sin() * 2, x.argmax()
 
@@ -888,6 +1043,72 @@ class KwargsAndDict(nn.Module):
         return {"y": y, "norm": y.norm(), "argmax": y.argmax(-1)}
 
 
+class ReturnsState(nn.Module):
+    """Returns a parameter and a view of a buffer: outputs that are module state."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("scale", torch.ones(3))
+
+    def forward(self, x):
+        return self.lin(x) * self.scale, self.lin.weight, self.scale[:2]
+
+
+def _hooked_linear() -> nn.Module:
+    lin = nn.Linear(4, 4)
+    lin.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    lin.register_forward_hook(lambda mod, args, out: out.relu())
+    return lin
+
+
+def _tanh_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+
+
+def _eval_from_second_call(module: nn.Module, call_index: int) -> None:
+    if call_index == 1:
+        module.eval()
+
+
+def _freeze_weight_from_second_call(module: nn.Module, call_index: int) -> None:
+    if call_index == 1:
+        module.weight.requires_grad_(False)
+
+
+def _sgd_step_before_second_call(module: nn.Module, call_index: int) -> None:
+    if call_index == 1:
+        with torch.no_grad():
+            for p in module.parameters():
+                p.sub_(0.1 * p.grad)
+
+
+class ParamMutatedWithGrad(nn.Module):
+    """Changes its parameter in place outside no_grad: eager refuses (a leaf needing grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        self.lin.bias.add_(1)
+        return self.lin(x)
+
+
+class BufferTakesGradValue(nn.Module):
+    """Copies a value that requires grad into a buffer: the buffer joins the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("last_mean", torch.zeros(3))
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.last_mean.copy_(y.mean(0))
+        return y * 2
+
+
 def _eval(module: nn.Module) -> nn.Module:
     return module.eval()
 
@@ -918,6 +1139,8 @@ module_case("batchnorm2d_eval", lambda: _eval(nn.BatchNorm2d(3)), lambda: call(l
 module_case("counter_buffer_inplace", CounterBuffer, lambda: call(leaf(2, 3)))
 module_case("buffer_reassigned", ReassignedBuffer, lambda: call(leaf(2, 3)))
 module_case("param_clamped_under_no_grad", ClampedWeight, lambda: call(leaf(3, 4)))
+module_case("param_mutated_with_grad_raises", ParamMutatedWithGrad, lambda: call(leaf(2, 3)))
+module_case("buffer_updated_with_grad_value", BufferTakesGradValue, lambda: call(leaf(2, 3)))
 module_case("attention_sdpa", Attention, lambda: call(leaf(2, 5, 8)))
 module_case("transformer_block", Block, lambda: call(nonleaf(2, 5, 8)))
 module_case("multihead_attention", lambda: nn.MultiheadAttention(8, 2, batch_first=True),
@@ -926,9 +1149,20 @@ module_case("partly_frozen_params", PartlyFrozen, lambda: call(leaf(3, 4)))
 module_case("tied_weights", TiedWeights, _tokens)
 module_case("kwargs_and_dict_output", KwargsAndDict,
             lambda: call(leaf(3, 4), scale=0.5, mask=torch.rand(3, 4) > 0.5))
-module_case("mlp_no_grad_call", MLP, lambda: call(leaf(5, 6)), grad_mode="no_grad")
+module_case("mlp_no_grad_call", MLP, lambda: call(leaf(5, 6)), context="no_grad")
 module_case("batchnorm1d_train_no_grad_call", lambda: nn.BatchNorm1d(4),
-            lambda: call(const(6, 4)), grad_mode="no_grad")
+            lambda: call(const(6, 4)), context="no_grad")
+
+module_case("returns_parameter_and_buffer_view", ReturnsState, lambda: call(leaf(2, 3)))
+module_case("forward_hooks", _hooked_linear, lambda: call(leaf(3, 4)))
+module_case("double_backward_tanh_mlp", _tanh_mlp, lambda: call(leaf(3, 4)),
+            tags=(FAST_INDUCTOR, "double_backward"))
+module_case("batchnorm_train_then_eval", lambda: nn.BatchNorm1d(4), lambda: call(leaf(6, 4)),
+            before_call=_eval_from_second_call)
+module_case("weight_frozen_between_calls", lambda: nn.Linear(4, 3), lambda: call(leaf(2, 4)),
+            before_call=_freeze_weight_from_second_call)
+module_case("sgd_step_between_calls", _tanh_mlp, lambda: call(leaf(3, 4)),
+            before_call=_sgd_step_before_second_call)
 
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"

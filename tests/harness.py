@@ -18,35 +18,41 @@ import torch
 import torch.utils._pytree as pytree
 
 Inputs = tuple[tuple, dict]
-GRAD_MODES = {
+SEED_BASE = 100  # call k makes its inputs right after torch.manual_seed(SEED_BASE + k)
+CONTEXTS = {  # what a case's call runs under
     "grad": contextlib.nullcontext,
     "no_grad": torch.no_grad,
     "inference_mode": torch.inference_mode,
+    "autocast_bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
 }
 
 
 @dataclass(frozen=True)
 class Case:
-    """One differential test: a function (or a module factory) and an input factory.
+    """One differential test: a function (or a factory of one) and an input factory.
 
     `inputs()` must build fresh tensors on every call; the harness seeds torch before it.
-    Tags: "module" (set by `module_case`), "inductor" (also run on the slow Inductor front
-    doors), "backward_twice" (call backward a second time without retain_graph).
+    `factory()` builds the callable (a module, or a closure over tensors) after seeding, so
+    the eager and the compiled run each own one; a module's parameters, buffers and
+    gradients are compared too. `before_call(target, call_index)` runs on both targets
+    before each call (switch to eval, freeze a parameter, an optimizer step).
+    Tags: "inductor" (also run on the slow Inductor front doors), "backward_twice" (a second
+    backward without retain_graph), "double_backward" (differentiate the gradients again).
     """
 
     name: str
     inputs: Callable[[], Inputs]
     fn: Callable | None = None
-    module: Callable[[], torch.nn.Module] | None = None
+    factory: Callable[[], Callable] | None = None
     tags: frozenset[str] = frozenset()
-    grad_mode: str = "grad"  # a key of GRAD_MODES: the mode the call runs under
+    context: str = "grad"  # a key of CONTEXTS
+    before_call: Callable[[Callable, int], None] | None = None
 
     def build(self, seed: int) -> Callable:
-        """The function, or a fresh module whose parameters depend only on `seed`."""
-        if self.module is None:
+        if self.factory is None:
             return self.fn
         torch.manual_seed(seed)
-        return self.module()
+        return self.factory()
 
 
 @dataclass
@@ -60,6 +66,7 @@ class Outcome:
     error: BaseException | None = None
     module: torch.nn.Module | None = None
     backward_errors: list[BaseException | None] = field(default_factory=list)
+    first_order_grads: list[torch.Tensor | None] = field(default_factory=list)
 
 
 # ---- running --------------------------------------------------------------------------
@@ -69,12 +76,24 @@ def check_case(case: Case, compile_fn: Callable[[Callable], Callable], calls: in
     eager = case.build(seed=0)
     target = case.build(seed=0)
     compiled = compile_fn(target)
-    module = target if case.module is not None else None
     for call in range(calls):
-        seed = 100 + call
-        expected = run(eager, case, seed, eager if module is not None else None)
-        actual = run(compiled, case, seed, module)
+        if case.before_call is not None:
+            case.before_call(eager, call)
+            case.before_call(target, call)
+        seed = SEED_BASE + call
+        expected = run(eager, case, seed, _module(eager))
+        actual = run(compiled, case, seed, _module(target))
         compare_outcomes(expected, actual, case, where=f"call {call}")
+
+
+def call_index() -> int:
+    """Which call an input factory is making inputs for: lets a case change its inputs'
+    shapes, aliasing or constants on the second call, as a training loop might."""
+    return torch.initial_seed() - SEED_BASE
+
+
+def _module(target: Callable) -> torch.nn.Module | None:
+    return target if isinstance(target, torch.nn.Module) else None
 
 
 def run(fn: Callable, case: Case, seed: int, module=None) -> Outcome:
@@ -85,28 +104,46 @@ def run(fn: Callable, case: Case, seed: int, module=None) -> Outcome:
     outcome = Outcome(flat, [_version(a) for a in flat], grad_leaves(flat), module=module)
     torch.manual_seed(seed)  # random ops inside draw the same numbers in both runs
     try:
-        with GRAD_MODES[case.grad_mode]():
+        with CONTEXTS[case.context]():
             outcome.result = fn(*args, **kwargs)
     except Exception as error:  # compared against eager's, never swallowed silently
         outcome.error = error
         return outcome
-    outcome.backward_errors = run_backward(outcome, twice="backward_twice" in case.tags)
+    outcome.backward_errors = run_backward(outcome, case.tags)
     return outcome
 
 
-def run_backward(outcome: Outcome, twice: bool) -> list[BaseException | None]:
+def run_backward(outcome: Outcome, tags: frozenset[str]) -> list[BaseException | None]:
     """Backward of one scalar; the errors of each attempt (None when it worked)."""
     loss = weighted_loss(pytree.tree_leaves(outcome.result), outcome.args)
     if loss is None:
         return []
-    errors = []
-    for _ in range(2 if twice else 1):
-        try:
-            loss.backward()
-            errors.append(None)
-        except RuntimeError as error:
-            errors.append(error)
-    return errors
+    if "double_backward" in tags:
+        return [_attempt(lambda: double_backward(loss, _trainable(outcome), outcome))]
+    return [_attempt(loss.backward) for _ in range(2 if "backward_twice" in tags else 1)]
+
+
+def _attempt(step: Callable[[], Any]) -> BaseException | None:
+    try:
+        step()
+    except RuntimeError as error:
+        return error
+    return None
+
+
+def double_backward(loss: torch.Tensor, wrt: list[torch.Tensor], outcome: Outcome) -> None:
+    """Backward of a weighted sum of the gradients themselves (a gradient penalty)."""
+    grads = torch.autograd.grad(loss, wrt, create_graph=True, allow_unused=True)
+    outcome.first_order_grads = list(grads)
+    penalty = weighted_loss([g for g in grads if g is not None], [])
+    if penalty is not None:
+        penalty.backward()
+
+
+def _trainable(outcome: Outcome) -> list[torch.Tensor]:
+    params = [] if outcome.module is None else list(outcome.module.parameters())
+    unique = {id(t): t for t in outcome.leaves + params}
+    return [t for t in unique.values() if t.requires_grad]
 
 
 def weighted_loss(outputs: list[Any], args: list[Any]) -> torch.Tensor | None:
@@ -226,6 +263,10 @@ def compare_module_state(e: torch.nn.Module, c: torch.nn.Module, where: str) -> 
 
 def compare_grads(e: Outcome, c: Outcome, where: str) -> None:
     assert len(e.leaves) == len(c.leaves), f"{where}: different autograd leaves"
+    for k, (eg, cg) in enumerate(zip(e.first_order_grads, c.first_order_grads)):
+        compare_grad(eg, cg, f"{where}: create_graph gradient {k}")
+        if eg is not None:
+            compare_autograd_facts(eg, cg, f"{where}: create_graph gradient {k}")
     for k, (el, cl) in enumerate(zip(e.leaves, c.leaves)):
         compare_grad(el.grad, cl.grad, f"{where}: .grad of input leaf {k}")
     if e.module is not None:

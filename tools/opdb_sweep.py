@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import aotgrad
 
@@ -87,6 +88,7 @@ TOLERANCES: dict[str, tuple[float, float]] = {}
 # names the group. Anything unmatched groups by its type and normalized first line.
 FAILURE_RULES: tuple[tuple[str, str], ...] = (
     (r"^OpTimeout", "timeout"),
+    (r"^SweepError: (\w+)", "sweep error (a bug in tools/opdb_sweep.py)"),
     (r"^DataDependentOutputException", "DataDependentOutputException"),
     (r"^DynamicOutputShapeException", "DynamicOutputShapeException"),
     (r"share memory and at least one of them is mutated", "unsupported: aliased mutated inputs"),
@@ -95,6 +97,10 @@ FAILURE_RULES: tuple[tuple[str, str], ...] = (
     (r"^GraphInvariantError: .* has no meta\['val'\]", "verify: node without meta['val']"),
     (r"^GraphInvariantError: .* never read by the backward", "verify: saved value unused"),
     (r"derivative for .* is not implemented", "NotImplementedError: derivative not implemented"),
+    (r"Could not find a token for effect", "unsupported: effectful op (no effect tokens)"),
+    (r"data is not allocated yet", "data-dependent: a kernel reads tensor data at trace time"),
+    (r"(?i)sparse", "unsupported: sparse tensors"),
+    (r"to view \w+ as \w+ \(different element sizes\)", "regenerate_view: dtype-changing view"),
 )
 
 # ---- results -------------------------------------------------------------------------------
@@ -162,6 +168,23 @@ class Mismatch(AssertionError):
     def __init__(self, group: str, detail: str):
         super().__init__(f"{group}: {detail}")
         self.group = group
+
+
+class SweepError(Exception):
+    """The sweep's own comparison code broke: a bug here, not in aotgrad."""
+
+
+def _comparison(compare: Callable) -> Callable:
+    """Keep the sweep's own bugs out of aotgrad's failure groups."""
+    @functools.wraps(compare)
+    def checked(*args, **kwargs):
+        try:
+            return compare(*args, **kwargs)
+        except Mismatch:
+            raise
+        except Exception as exc:
+            raise SweepError(f"{compare.__name__}: {type(exc).__name__}: {exc}") from exc
+    return checked
 
 
 class OpTimeout(BaseException):
@@ -238,7 +261,7 @@ def run_op(op, samples: int = 2, backend: str = "eager",
         return OpResult(name, SKIPPED, reason)
     start = time.perf_counter()
     try:
-        with _quiet(), _time_limit(time_limit), torch.enable_grad():
+        with _quiet(), _time_limit(time_limit), torch.random.fork_rng(), torch.enable_grad():
             reasons = _run_samples(op, samples, backend)
     except (Exception, OpTimeout) as exc:
         return OpResult(name, FAILED, classify(exc), describe(exc), time.perf_counter() - start)
@@ -284,6 +307,7 @@ def check_sample(op, sample, backend: str) -> None:
     actual = aotgrad.compile(fn, backend=backend)(*compiled_inputs)
     tolerance = TOLERANCES.get(op_id(op), DEFAULT_TOLERANCE)
     compare_outputs(actual, expected, tolerance)
+    compare_aliasing((actual, compiled_inputs), (expected, eager_inputs))
     compare_values(compiled_inputs, eager_inputs, tolerance, "mismatch: inputs after call")
     if op.supports_autograd:
         compare_grads(sample, (actual, compiled_inputs), (expected, eager_inputs), tolerance)
@@ -340,6 +364,7 @@ def require_comparable(out: Any) -> None:
             raise Skip(f"output not comparable: {type(leaf).__name__}")
 
 
+@_comparison
 def compare_outputs(actual: Any, expected: Any, tolerance) -> None:
     a_leaves, a_spec = pytree.tree_flatten(actual)
     e_leaves, e_spec = pytree.tree_flatten(expected)
@@ -352,6 +377,7 @@ def compare_outputs(actual: Any, expected: Any, tolerance) -> None:
                            f"output {i}: {a.requires_grad}, eager {e.requires_grad}")
 
 
+@_comparison
 def compare_values(actual: Sequence, expected: Sequence, tolerance, group: str) -> None:
     rtol, atol = tolerance
     for i, (a, e) in enumerate(zip(actual, expected)):
@@ -369,6 +395,41 @@ def _plain(t: Any) -> Any:
     return t.detach() if isinstance(t, torch.Tensor) else t
 
 
+@_comparison
+def compare_aliasing(compiled: tuple, eager: tuple) -> None:
+    """Each output shares memory with the same inputs and earlier outputs as in eager: views
+    stay views, fresh tensors stay fresh."""
+    actual, expected = alias_pattern(*compiled), alias_pattern(*eager)
+    if actual != expected:
+        raise Mismatch("mismatch: aliasing", f"{actual}, eager {expected}")
+
+
+def alias_pattern(out: Any, inputs: Sequence[torch.Tensor]) -> list[tuple]:
+    """Per tensor output, (inputs it shares storage with, earlier outputs it does)."""
+    input_storages = [_storage(t) for t in inputs]
+    seen: list = []
+    pattern = []
+    for t in pytree.tree_leaves(out):
+        if isinstance(t, torch.Tensor):
+            s = _storage(t)
+            pattern.append((tuple(i for i, x in enumerate(input_storages) if _same(x, s)),
+                            tuple(j for j, x in enumerate(seen) if _same(x, s))))
+            seen.append(s)
+    return pattern
+
+
+def _storage(t: torch.Tensor):
+    """The storage's identity; None for empty or storage-less tensors, which alias nothing."""
+    if t.layout != torch.strided or t.untyped_storage().nbytes() == 0:
+        return None
+    return StorageWeakRef(t.untyped_storage())
+
+
+def _same(a, b) -> bool:
+    return a is not None and b is not None and a == b
+
+
+@_comparison
 def compare_strides(actual: Any, expected: Any) -> None:
     """Last: a stride difference matters only once the values agree."""
     for i, (a, e) in enumerate(zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))):
