@@ -14,3 +14,47 @@ NO_OP_AT_RUNTIME = frozenset({
 ALLOWED_INPUT_MUTATIONS = frozenset({
     aten.copy_.default,
 })
+
+
+# ---- rematerialization ---------------------------------------------------------------------
+
+class Recompute:
+    """How freely the partitioner may recompute an op's value in the backward."""
+
+    FREE = "free"  # views and tuple element access: no compute, no memory
+    CHEAP = "cheap"  # pointwise and cheap reductions: fuse into the backward's kernels
+    NEVER = "never"  # expensive (matmul, convolution, attention), random, or effectful
+
+
+# Reductions whose recomputation is a single pass over an input the backward often holds.
+CHEAP_REDUCTIONS = frozenset({
+    aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim,
+    aten.amax.default, aten.amin.default, aten.var_mean.correction, aten.var.correction,
+    aten.max.dim, aten.min.dim, aten.any.dim, aten.all.dim,
+})
+
+# Ops without the pointwise tag that cost no more than one pointwise pass.
+CHEAP_OTHERS = frozenset({
+    aten._to_copy.default, aten.clone.default, aten.copy.default, aten.where.self,
+    aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+    aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
+    aten.arange.start, aten.arange.default, aten.cat.default, aten.stack.default,
+    aten.constant_pad_nd.default, aten.index_select.default, aten.gather.default,
+    aten.embedding.default, aten.slice_scatter.default, aten.select_scatter.default,
+})
+
+
+def recompute_class(target) -> str:
+    import operator
+    if target is operator.getitem:
+        return Recompute.FREE
+    if not isinstance(target, torch._ops.OpOverload):
+        return Recompute.NEVER
+    if target.is_view:
+        return Recompute.FREE
+    tags = target.tags
+    if torch.Tag.nondeterministic_seeded in tags or target._schema.is_mutable:
+        return Recompute.NEVER
+    if torch.Tag.pointwise in tags or target in CHEAP_REDUCTIONS or target in CHEAP_OTHERS:
+        return Recompute.CHEAP
+    return Recompute.NEVER
