@@ -6,12 +6,15 @@ partitions it, compiles both halves, and runs them so that the call behaves like
 
 from .api import CompiledFunction, CompiledModule, compile
 from .backends import Backend, make_boxed_compiler, make_boxed_func, nop
+from .explain import Explanation, explain
+from .remat import min_cut_rematerialization_partition
 from .partition import default_partition
 from .pipeline import Artifact
 from .verify import verify
 
-__all__ = ["compile", "backend", "CompiledFunction", "CompiledModule", "Artifact", "Backend",
-           "default_partition", "make_boxed_compiler", "make_boxed_func", "nop", "verify"]
+__all__ = ["compile", "backend", "explain", "Explanation", "CompiledFunction", "CompiledModule",
+           "Artifact", "Backend", "default_partition", "min_cut_rematerialization_partition",
+           "make_boxed_compiler", "make_boxed_func", "nop", "verify"]
 
 
 def backend(**options):

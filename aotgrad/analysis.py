@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.overrides import TorchFunctionMode
+import torch.utils._pytree as pytree
 
 from .capture import OutputBox, functional_mode, to_functional
 
@@ -101,7 +104,8 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     with fake_mode, functional_mode():
         f_args = to_functional(fake_args)
         grad_fns = [a.grad_fn for a in f_args]
-        outs = graph_fn(*f_args)
+        with _RefuseClosedOverState():
+            outs = graph_fn(*f_args)
     for a in f_args:
         torch._sync(a)
     inputs = tuple(_input_info(f, a.requires_grad, leaf, f.grad_fn is g)
@@ -134,6 +138,42 @@ def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
         if o.kind is OutputKind.VIEW_OF_INTERMEDIATE and bases[o.source] is None:
             bases[o.source] = out._base
     return bases
+
+
+class _RefuseClosedOverState(TorchFunctionMode):
+    """Real tensors the function closes over become constants of the graph. That is only
+    right for tensors that neither need a gradient nor get mutated: refuse the others."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
+            if _is_real(t):
+                _refuse(func, t, mutated=i == 0 and _is_inplace(func))
+        return func(*args, **kwargs)
+
+
+def _is_real(t) -> bool:
+    return (isinstance(t, torch.Tensor) and not isinstance(t, (FakeTensor, FunctionalTensor))
+            and not torch._is_functional_tensor(t))
+
+
+def _is_inplace(func) -> bool:
+    name = getattr(func, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _refuse(func, t: torch.Tensor, mutated: bool) -> None:
+    if t.requires_grad:
+        raise RuntimeError(
+            f"aotgrad: {getattr(func, '__name__', func)} reads a tensor of shape {tuple(t.shape)} "
+            "that requires grad but is not an input of the compiled function (a closed-over "
+            "parameter?); its gradient would be lost. Pass it as an argument, or compile the "
+            "module that owns it: aotgrad.compile(module).")
+    if mutated:
+        raise RuntimeError(
+            f"aotgrad: {func.__name__} mutates a tensor of shape {tuple(t.shape)} that is not "
+            "an input of the compiled function; the mutation would be lost. Pass it as an "
+            "argument.")
 
 
 def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool,

@@ -15,7 +15,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from .backends import resolve_backend
-from .partition import default_partition
+from .budget import budget_partition
+from .remat import min_cut_rematerialization_partition
 from .pipeline import Artifact, Options, compile_call
 from .runtime import CompiledCall
 
@@ -117,11 +118,25 @@ def _slot(module: torch.nn.Module, name: str):
     return module, attr
 
 
+def choose_partitioner(partitioner: Callable | None, memory_budget: float | None) -> Callable:
+    if memory_budget is None:
+        return partitioner or min_cut_rematerialization_partition
+    if partitioner not in (None, min_cut_rematerialization_partition):
+        raise ValueError("memory_budget works with the min-cut partitioner only; "
+                         "pass partitioner=None")
+    return budget_partition(memory_budget)
+
+
 def compile(fn_or_module: Callable, *, backend: Any = "inductor",
-            partitioner: Callable = default_partition, decompositions=None,
-            dynamic: bool = False, keep_inference_input_mutations: bool = False,
+            partitioner: Callable | None = None, memory_budget: float | None = None,
+            decompositions=None, dynamic: bool = False,
+            keep_inference_input_mutations: bool = False,
             max_entries: int = DEFAULT_MAX_ENTRIES):
     """Compile a function or module ahead of time for training and inference.
+
+    `partitioner` decides what the forward saves for the backward (default: the min-cut
+    rematerialization partitioner); `memory_budget` in [0, 1] trades recomputation for a
+    lower estimated peak (1: the min-cut plan, 0: recompute everything recomputable).
 
     >>> import torch, aotgrad
     >>> f = aotgrad.compile(lambda x: (x.sin() * 2).sum(), backend="eager")
@@ -133,7 +148,8 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     if dynamic:
         raise NotImplementedError("aotgrad.compile(dynamic=True): dynamic shapes are not "
                                   "supported yet; each new shape compiles a new graph.")
-    options = Options(resolve_backend(backend, decompositions), partitioner,
+    options = Options(resolve_backend(backend, decompositions),
+                      choose_partitioner(partitioner, memory_budget),
                       keep_inference_input_mutations)
     if isinstance(fn_or_module, torch.nn.Module):
         return CompiledModule(fn_or_module, options, max_entries)

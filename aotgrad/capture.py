@@ -89,7 +89,9 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
 def fake_mode_for(graph_inputs: Sequence[torch.Tensor]) -> FakeTensorMode:
     """Reuse the caller's fake mode (Dynamo's inputs are fake already), else a fresh one."""
     mode = detect_fake_mode(graph_inputs)
-    return mode if mode is not None else FakeTensorMode(allow_non_fake_inputs=False)
+    # Real tensors the function closes over become constants of the graph (analysis refuses
+    # those that require grad: their gradient would be lost).
+    return mode if mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def fake_inputs(mode: FakeTensorMode, graph_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -20,6 +20,7 @@ from .api import CompiledFunction, CompiledModule
 from .backends import (Backend, GRAPH_INFO, compilation_context, make_boxed_compiler,
                        make_boxed_func, nop)
 from .partition import default_partition
+from .remat import min_cut_rematerialization_partition
 from .pipeline import Options, capture_and_analyze, compile_call
 from .verify import verify
 
@@ -27,6 +28,7 @@ __all__ = [
     "aot_function", "aot_module", "aot_module_simplified", "aot_export_module",
     "aot_export_joint_simple", "compiled_function", "compiled_module", "nop",
     "make_boxed_func", "make_boxed_compiler", "default_partition", "default_decompositions",
+    "min_cut_rematerialization_partition",
     "get_aot_compilation_context", "get_aot_graph_name", "ExportGraphSignature",
 ]
 
@@ -212,7 +214,7 @@ def aot_export_module(mod: torch.nn.Module, args: Sequence[Any], *, decompositio
 
 
 def __getattr__(name: str):
-    unsupported = {"min_cut_rematerialization_partition", "memory_efficient_fusion",
+    unsupported = {"memory_efficient_fusion",
                    "ts_compile", "draw_graph", "print_compile", "aot_export_joint_with_descriptors",
                    "clear_compile_cache", "memory_efficient_pointwise_fusion",
                    "debug_compile", "draw_graph_compile", "simple_ts_compile", "nnc_jit"}

@@ -13,13 +13,15 @@ import torch
 import torch.utils._pytree as pytree
 
 from .backends import resolve_backend
-from .partition import default_partition
+from .api import choose_partitioner
 from .pipeline import Options, compile_call
 
 
-def make_backend(*, backend: Any = "inductor", partitioner: Callable = default_partition,
-                 decompositions=None, keep_inference_input_mutations: bool = False) -> Callable:
-    options = Options(resolve_backend(backend, decompositions), partitioner,
+def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,
+                 memory_budget: float | None = None, decompositions=None,
+                 keep_inference_input_mutations: bool = False) -> Callable:
+    options = Options(resolve_backend(backend, decompositions),
+                      choose_partitioner(partitioner, memory_budget),
                       keep_inference_input_mutations)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):

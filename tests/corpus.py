@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from harness import Case, Inputs, call_index
 
 CASES: list[Case] = []
-FAST_INDUCTOR = "inductor"
+INDUCTOR = "inductor"
 
 
-# ---- input helpers ----------------------------------------------------------------------
+# ---- input helpers -----------------------------------------------------------------------
 
 def leaf(*shape, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(*shape, dtype=dtype, requires_grad=True)
@@ -38,25 +38,30 @@ def call(*args, **kwargs) -> Inputs:
     return args, kwargs
 
 
-def case(inputs: Callable[[], Inputs], tags=(), context="grad", name=None):
+def case(inputs: Callable[[], Inputs], tags=(), context="grad"):
     """Register the decorated function as a case named after it."""
     def register(fn):
-        CASES.append(Case(name or fn.__name__, inputs, fn=fn, tags=frozenset(tags),
-                          context=context))
+        CASES.append(Case(fn.__name__, inputs, fn=fn, tags=frozenset(tags), context=context))
         return fn
     return register
 
 
+def factory_case(name: str, factory: Callable[[], Callable], inputs: Callable[[], Inputs],
+                 tags=(), context="grad", before_call=None) -> None:
+    """A callable built by `factory` (a module, a closure), one for eager, one compiled."""
+    CASES.append(Case(name, inputs, factory=factory, tags=frozenset(tags), context=context,
+                      before_call=before_call))
+
+
 def module_case(name: str, factory: Callable[[], nn.Module], inputs: Callable[[], Inputs],
-                tags=(FAST_INDUCTOR,), context="grad", before_call=None) -> None:
-    """A module built by `factory`; every module case runs on the Inductor doors too."""
-    CASES.append(Case(name, inputs, factory=factory, tags=frozenset({"module", *tags}),
-                      context=context, before_call=before_call))
+                tags=(INDUCTOR,), **options) -> None:
+    """Every module case runs on the Inductor doors too."""
+    factory_case(name, factory, inputs, tags, **options)
 
 
-# ---- plain functions --------------------------------------------------------------------
+# ---- plain functions ---------------------------------------------------------------------
 
-@case(lambda: call(leaf(4)), tags={"backward_twice", FAST_INDUCTOR})
+@case(lambda: call(leaf(4)), tags={"backward_twice", INDUCTOR})
 def sin_sum_backward_twice(x):
     # Eager saves x for SinBackward: a second backward finds it freed and raises.
     return x.sin().sum()
@@ -233,12 +238,11 @@ def _closure_over_grad_tensor():
     return lambda x: (x * weight).sum()
 
 
-CASES.append(Case("closure_over_tensor", lambda: call(leaf(3)), factory=_closure_over_tensor))
-CASES.append(Case("closure_over_grad_tensor", lambda: call(const(3)),
-                  factory=_closure_over_grad_tensor))
+factory_case("closure_over_tensor", _closure_over_tensor, lambda: call(leaf(3)))
+factory_case("closure_over_grad_tensor", _closure_over_grad_tensor, lambda: call(const(3)))
 
 
-# ---- integer, bool and constant outputs ---------------------------------------------------
+# ---- integer, bool and constant outputs --------------------------------------------------
 
 @case(lambda: call(leaf(3, 5)))
 def argmax_and_sum(x):
@@ -292,7 +296,7 @@ def data_dependent_shape(x):
     return x[x > 0] * 2
 
 
-# ---- non-tensor inputs and pytrees ---------------------------------------------------------
+# ---- non-tensor inputs and pytrees -------------------------------------------------------
 
 @case(lambda: call(leaf(4), 3, 0.5, True, None, "sum"))
 def non_tensor_inputs(x, n, scale, flag, nothing, mode):
@@ -356,7 +360,7 @@ def shape_changes_on_second_call(x):
     return x.sin() * 2
 
 
-# ---- outputs aliasing inputs ---------------------------------------------------------------
+# ---- outputs aliasing inputs -------------------------------------------------------------
 
 @case(lambda: call(leaf(3)))
 def returns_input_leaf(x):
@@ -389,7 +393,7 @@ def identity_ops_return_input(x):
     return x.contiguous(), x.to(torch.float32), x.float(), x.type_as(x)
 
 
-@case(lambda: call(leaf(3, 4)), tags={FAST_INDUCTOR})
+@case(lambda: call(leaf(3, 4)), tags={INDUCTOR})
 def view_of_input(x):
     return x.view(-1), x.t(), x[1:]
 
@@ -436,7 +440,7 @@ def view_of_input_then_input_mutated(x):
     return row
 
 
-# ---- views of intermediates and of each other ------------------------------------------------
+# ---- views of intermediates and of each other --------------------------------------------
 
 @case(lambda: call(leaf(3, 4)))
 def view_of_intermediate(x):
@@ -449,7 +453,7 @@ def two_views_of_one_intermediate(x):
     return y[0], y[1]
 
 
-@case(lambda: call(leaf(3, 4)), tags={FAST_INDUCTOR})
+@case(lambda: call(leaf(3, 4)), tags={INDUCTOR})
 def output_and_its_view(x):
     y = x * 2
     return y, y.view(-1)
@@ -485,7 +489,7 @@ def intermediate_view_then_mutated(x):
     return v, y.sum()
 
 
-# ---- duplicated inputs ---------------------------------------------------------------------
+# ---- duplicated and aliased inputs -------------------------------------------------------
 
 def _same_twice(make):
     def inputs():
@@ -544,15 +548,9 @@ def inputs_alias_only_on_second_call(a, b):
     return b * 2
 
 
-@case(lambda: call(const(3)))
-def requires_grad_on_input(x):
-    x.requires_grad_()
-    return x * 2
+# ---- input mutations ---------------------------------------------------------------------
 
-
-# ---- input mutations -------------------------------------------------------------------------
-
-@case(lambda: call(const(3)), tags={FAST_INDUCTOR})
+@case(lambda: call(const(3)), tags={INDUCTOR})
 def mutate_input_no_grad(x):
     x.add_(1)
     return x * 2
@@ -563,7 +561,13 @@ def mutate_input_returns_none(x):
     x.mul_(3)
 
 
-@case(lambda: call(nonleaf(3)), tags={FAST_INDUCTOR})
+@case(lambda: call(const(3)))
+def requires_grad_on_input(x):
+    x.requires_grad_()
+    return x * 2
+
+
+@case(lambda: call(nonleaf(3)), tags={INDUCTOR})
 def mutate_nonleaf_input(x):
     x.mul_(2)
     return x.sin()
@@ -599,7 +603,7 @@ def copy_grad_value_into_no_grad_input(x, w):
 
 
 @case(lambda: call(const(3)))
-def mutate_input_int_dtype(x):
+def int_intermediate_mutated(x):
     n = torch.zeros(3, dtype=torch.long)
     n.add_(2)
     return x + n
@@ -639,6 +643,12 @@ def mutate_with_several_inplace_ops(x):
     x.zero_()
 
 
+@case(lambda: call(const(4, 4)))
+def random_inplace_on_input(x):
+    x.uniform_()
+    return x + torch.rand(4)
+
+
 @case(lambda: call(const(3, 4)))
 def setitem_on_input(x):
     x[0] = 5.0
@@ -676,7 +686,7 @@ def mutate_nonleaf_input_return_view(x):
     return x[1:]
 
 
-# ---- mutations hidden from autograd ----------------------------------------------------------
+# ---- mutations hidden from autograd ------------------------------------------------------
 
 @case(lambda: call(leaf(3)))
 def mutate_leaf_under_no_grad(x):
@@ -717,7 +727,7 @@ def mutate_no_grad_input_through_data(x):
     return x * 2
 
 
-# ---- mutation through a view of an input --------------------------------------------------
+# ---- mutation through a view of an input -------------------------------------------------
 
 @case(lambda: call(const(3, 4)))
 def mutate_view_of_input(x):
@@ -771,7 +781,7 @@ def noncontiguous_input_mutated(x):
     return x.contiguous()
 
 
-# ---- metadata mutations -----------------------------------------------------------------------
+# ---- metadata and storage mutations ------------------------------------------------------
 
 @case(lambda: call(const(3, 4)))
 def t_on_input(x):
@@ -815,12 +825,6 @@ def set_on_input(x, source):
     return x + 1
 
 
-@case(lambda: call(const(4, 4)))
-def random_inplace_on_input(x):
-    x.uniform_()
-    return x + torch.rand(4)
-
-
 @case(lambda: call(const(2, 3)))
 def metadata_and_data_mutation(x):
     x.t_()
@@ -828,7 +832,7 @@ def metadata_and_data_mutation(x):
     return x[0]
 
 
-# ---- errors eager raises ----------------------------------------------------------------------
+# ---- errors eager raises -----------------------------------------------------------------
 
 @case(lambda: call(leaf(3)))
 def leaf_requires_grad_mutated_raises(x):
@@ -872,7 +876,7 @@ def python_exception_raises(x, fail):
 
 # ---- the inference path: calls under no_grad / inference_mode ----------------------------
 
-@case(lambda: call(leaf(3, 4), leaf(4, 2)), context="no_grad", tags={FAST_INDUCTOR})
+@case(lambda: call(leaf(3, 4), leaf(4, 2)), context="no_grad", tags={INDUCTOR})
 def no_grad_call(x, w):
     return (x @ w).tanh()
 
@@ -905,7 +909,7 @@ def inference_mode_call(x):
     return x.sin() * 2, x.argmax()
 
 
-# ---- modules ------------------------------------------------------------------------------------
+# ---- modules -----------------------------------------------------------------------------
 
 class MLP(nn.Module):
     def __init__(self, d_in=6, d_hidden=8, d_out=3, inplace=False, p=0.0):
@@ -1066,18 +1070,18 @@ def _tanh_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
 
 
-def _eval_from_second_call(module: nn.Module, call_index: int) -> None:
-    if call_index == 1:
+def _eval_from_second_call(module: nn.Module, call: int) -> None:
+    if call == 1:
         module.eval()
 
 
-def _freeze_weight_from_second_call(module: nn.Module, call_index: int) -> None:
-    if call_index == 1:
+def _freeze_weight_from_second_call(module: nn.Module, call: int) -> None:
+    if call == 1:
         module.weight.requires_grad_(False)
 
 
-def _sgd_step_before_second_call(module: nn.Module, call_index: int) -> None:
-    if call_index == 1:
+def _sgd_step_before_second_call(module: nn.Module, call: int) -> None:
+    if call == 1:
         with torch.no_grad():
             for p in module.parameters():
                 p.sub_(0.1 * p.grad)
@@ -1119,7 +1123,7 @@ def _tokens():
 
 module_case("linear", lambda: nn.Linear(4, 3), lambda: call(nonleaf(2, 4)))
 module_case("mlp_backward_twice", MLP, lambda: call(const(5, 6)),
-            tags=(FAST_INDUCTOR, "backward_twice"))
+            tags=(INDUCTOR, "backward_twice"))
 module_case("mlp_inplace_relu", lambda: MLP(inplace=True), lambda: call(leaf(5, 6)))
 module_case("inplace_relu_mutates_input", lambda: nn.ReLU(inplace=True),
             lambda: call(const(3, 4)))
@@ -1152,11 +1156,11 @@ module_case("kwargs_and_dict_output", KwargsAndDict,
 module_case("mlp_no_grad_call", MLP, lambda: call(leaf(5, 6)), context="no_grad")
 module_case("batchnorm1d_train_no_grad_call", lambda: nn.BatchNorm1d(4),
             lambda: call(const(6, 4)), context="no_grad")
-
 module_case("returns_parameter_and_buffer_view", ReturnsState, lambda: call(leaf(2, 3)))
 module_case("forward_hooks", _hooked_linear, lambda: call(leaf(3, 4)))
 module_case("double_backward_tanh_mlp", _tanh_mlp, lambda: call(leaf(3, 4)),
-            tags=(FAST_INDUCTOR, "double_backward"))
+            tags=(INDUCTOR, "double_backward"))
+# Module state that changes between the two calls, as in a training loop.
 module_case("batchnorm_train_then_eval", lambda: nn.BatchNorm1d(4), lambda: call(leaf(6, 4)),
             before_call=_eval_from_second_call)
 module_case("weight_frozen_between_calls", lambda: nn.Linear(4, 3), lambda: call(leaf(2, 4)),

@@ -69,7 +69,7 @@ class Outcome:
     first_order_grads: list[torch.Tensor | None] = field(default_factory=list)
 
 
-# ---- running --------------------------------------------------------------------------
+# ---- running -----------------------------------------------------------------------------
 
 def check_case(case: Case, compile_fn: Callable[[Callable], Callable], calls: int = 2) -> None:
     """Assert that `compile_fn(case)` behaves like eager on `calls` consecutive calls."""
@@ -83,7 +83,7 @@ def check_case(case: Case, compile_fn: Callable[[Callable], Callable], calls: in
         seed = SEED_BASE + call
         expected = run(eager, case, seed, _module(eager))
         actual = run(compiled, case, seed, _module(target))
-        compare_outcomes(expected, actual, case, where=f"call {call}")
+        compare_outcomes(expected, actual, where=f"call {call}")
 
 
 def call_index() -> int:
@@ -119,7 +119,9 @@ def run_backward(outcome: Outcome, tags: frozenset[str]) -> list[BaseException |
     if loss is None:
         return []
     if "double_backward" in tags:
-        return [_attempt(lambda: double_backward(loss, _trainable(outcome), outcome))]
+        def step():
+            outcome.first_order_grads = double_backward(loss, _trainable(outcome))
+        return [_attempt(step)]
     return [_attempt(loss.backward) for _ in range(2 if "backward_twice" in tags else 1)]
 
 
@@ -131,13 +133,14 @@ def _attempt(step: Callable[[], Any]) -> BaseException | None:
     return None
 
 
-def double_backward(loss: torch.Tensor, wrt: list[torch.Tensor], outcome: Outcome) -> None:
-    """Backward of a weighted sum of the gradients themselves (a gradient penalty)."""
-    grads = torch.autograd.grad(loss, wrt, create_graph=True, allow_unused=True)
-    outcome.first_order_grads = list(grads)
+def double_backward(loss: torch.Tensor, wrt: list[torch.Tensor]) -> list:
+    """Backward of a weighted sum of the gradients themselves (a gradient penalty); returns
+    the first-order gradients, whose autograd facts are compared too."""
+    grads = list(torch.autograd.grad(loss, wrt, create_graph=True, allow_unused=True))
     penalty = weighted_loss([g for g in grads if g is not None], [])
     if penalty is not None:
         penalty.backward()
+    return grads
 
 
 def _trainable(outcome: Outcome) -> list[torch.Tensor]:
@@ -193,9 +196,9 @@ def _version(a: Any) -> int | None:
     return a._version if isinstance(a, torch.Tensor) else None
 
 
-# ---- comparing ------------------------------------------------------------------------
+# ---- comparing ---------------------------------------------------------------------------
 
-def compare_outcomes(e: Outcome, c: Outcome, case: Case, where: str) -> None:
+def compare_outcomes(e: Outcome, c: Outcome, where: str) -> None:
     if compare_errors(e.error, c.error, f"{where}: the call"):
         return
     compare_outputs(e, c, where)
@@ -231,9 +234,9 @@ def compare_outputs(e: Outcome, c: Outcome, where: str) -> None:
         compare_values(eo, co, path)
         if isinstance(eo, torch.Tensor):
             compare_autograd_facts(eo, co, path)
-            assert alias_facts(eo, i, e.args, e_flat) == alias_facts(co, i, c.args, c_flat), (
-                f"{path} aliasing\neager:    {alias_facts(eo, i, e.args, e_flat)}\n"
-                f"compiled: {alias_facts(co, i, c.args, c_flat)}")
+            e_alias = alias_facts(eo, i, e.args, e_flat)
+            c_alias = alias_facts(co, i, c.args, c_flat)
+            assert e_alias == c_alias, f"{path} aliasing\neager:    {e_alias}\ncompiled: {c_alias}"
 
 
 def compare_inputs(e: Outcome, c: Outcome, where: str) -> None:
@@ -258,7 +261,8 @@ def compare_module_state(e: torch.nn.Module, c: torch.nn.Module, where: str) -> 
     assert e_state.keys() == c_state.keys(), f"{where}: module state names differ"
     for name in e_state:
         compare_values(e_state[name], c_state[name], f"{where}: module state {name!r}")
-        assert e_state[name].requires_grad == c_state[name].requires_grad, name
+        assert e_state[name].requires_grad == c_state[name].requires_grad, (
+            f"{where}: module state {name!r}.requires_grad differs")
 
 
 def compare_grads(e: Outcome, c: Outcome, where: str) -> None:
@@ -293,8 +297,8 @@ def compare_values(e: Any, c: Any, path: str) -> None:
             f"{path}: eager {e.dtype}{list(e.shape)}, compiled {c.dtype}{list(c.shape)}")
         assert significant_strides(e) == significant_strides(c), (
             f"{path}: strides eager {e.stride()}, compiled {c.stride()}")
-        torch.testing.assert_close(c.detach(), e.detach(), equal_nan=True, msg=lambda m: f"{path}: {m}",
-                                   **_tolerance(e.dtype))
+        torch.testing.assert_close(c.detach(), e.detach(), equal_nan=True,
+                                   msg=lambda m: f"{path}: {m}", **_tolerance(e.dtype))
     elif isinstance(e, float):
         torch.testing.assert_close(c, e, msg=lambda m: f"{path}: {m}")
     else:

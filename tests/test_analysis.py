@@ -106,3 +106,26 @@ def test_set_on_an_input_is_refused_clearly():
         return x + 1
     with pytest.raises(NotImplementedError, match="set_"):
         aotgrad.compile(f, backend="eager")(torch.randn(2), torch.randn(2))
+
+
+def test_closed_over_constant_is_baked_in():
+    c = torch.randn(3)
+    f = aotgrad.compile(lambda x: x * c, backend="eager")
+    x = torch.randn(3, requires_grad=True)
+    torch.testing.assert_close(f(x), x * c)
+
+
+def test_closed_over_tensor_requiring_grad_is_refused():
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not an input of the compiled function"):
+        aotgrad.compile(lambda x: x * w, backend="eager")(torch.randn(3))
+
+
+def test_mutating_closed_over_tensor_is_refused():
+    counter = torch.zeros(())
+
+    def f(x):
+        counter.add_(1)
+        return x * 2
+    with pytest.raises(RuntimeError, match="mutation would be lost"):
+        aotgrad.compile(f, backend="eager")(torch.randn(3))

@@ -26,8 +26,8 @@ ARGS = {
 }
 
 
-def artifact(fn):
-    compiled = aotgrad.compile(fn, backend="eager")
+def artifact(fn, partitioner=default_partition):
+    compiled = aotgrad.compile(fn, backend="eager", partitioner=partitioner)
     compiled(*ARGS[fn]())
     return compiled.artifacts[0]
 
