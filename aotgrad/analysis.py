@@ -7,13 +7,16 @@ what the runtime does around it. They are plain frozen dataclasses, printable an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                          DynamicOutputShapeException, FakeTensor,
+                                          FakeTensorMode)
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
@@ -49,6 +52,7 @@ class InputInfo:
     # Every mutation ran under no_grad/inference_mode or through .detach()/.data: the copy back
     # must not be recorded by autograd either.
     mutation_hidden_from_autograd: bool
+    bumps_version: bool
     final_geometry: Geometry
 
     @property
@@ -95,7 +99,9 @@ class FunctionInfo:
 
     @property
     def needs_autograd(self) -> bool:
-        return self.grad_enabled and any(self.differentiable)
+        # Not `grad_enabled and ...`: an enable_grad() region inside a no_grad call still
+        # produces outputs that require grad.
+        return any(self.differentiable)
 
 
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
@@ -103,14 +109,16 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
     with fake_mode, functional_mode():
         f_args = to_functional(fake_args)
-        grad_fns = [a.grad_fn for a in f_args]
-        with _RefuseClosedOverState():
+        before = [(a.grad_fn, _version(a), a.requires_grad) for a in f_args]
+        with _RefuseClosedOverState(), _explain_data_dependence():
             outs = graph_fn(*f_args)
+        versions = [_version(a) for a in f_args]
     for a in f_args:
         torch._sync(a)
-    inputs = tuple(_input_info(f, a.requires_grad, leaf, f.grad_fn is g)
-                   for f, a, leaf, g in zip(f_args, fake_args, is_leaf, grad_fns))
+    inputs = tuple(_input_info(f, a.requires_grad, leaf, b, v)
+                   for f, a, leaf, b, v in zip(f_args, fake_args, is_leaf, before, versions))
     outputs, num_bases = _classify_outputs(outs, f_args)
+    _refuse_leaves_made_inside(outs, outputs)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
     values = graph_outputs(info, f_args, outs)
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
@@ -176,9 +184,14 @@ def _refuse(func, t: torch.Tensor, mutated: bool) -> None:
             "argument.")
 
 
-def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool,
-                same_grad_fn: bool) -> InputInfo:
-    """`same_grad_fn`: autograd recorded none of the mutations (no_grad, .detach(), .data)."""
+def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool, before: tuple,
+                version: int) -> InputInfo:
+    grad_fn, old_version, old_requires_grad = before
+    mutates_data = torch._functionalize_has_data_mutation(a.elem)
+    if a.requires_grad != old_requires_grad and not mutates_data:
+        raise NotImplementedError(
+            "aotgrad: the function changes requires_grad of an input (requires_grad_()); "
+            "set it before calling the compiled function.")
     if torch._functionalize_was_storage_changed(a.elem):
         raise NotImplementedError(
             "aotgrad: the function calls set_() on an input; swapping an input's storage is "
@@ -187,11 +200,40 @@ def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool,
     return InputInfo(
         requires_grad=requires_grad,
         is_leaf=is_leaf,
-        mutates_data=torch._functionalize_has_data_mutation(inner),
+        mutates_data=mutates_data,
         mutates_metadata=torch._functionalize_has_metadata_mutation(inner),
-        mutation_hidden_from_autograd=same_grad_fn,
+        # Autograd recorded none of the mutations (no_grad, .detach(), .data).
+        mutation_hidden_from_autograd=a.grad_fn is grad_fn,
+        # Only mutations through .data leave the version counter alone.
+        bumps_version=version != old_version,
         final_geometry=_geometry(a),
     )
+
+
+def _version(t: torch.Tensor) -> int:
+    return 0 if t.is_inference() else t._version  # inference tensors have no counter
+
+
+def _refuse_leaves_made_inside(outs: Sequence[Any], infos: Sequence[OutputInfo]) -> None:
+    for o, info in zip(outs, infos):
+        if info.kind is OutputKind.PLAIN and o.requires_grad and o.is_leaf:
+            raise NotImplementedError(
+                "aotgrad: the function returns a leaf tensor that requires grad and was created "
+                "inside it (e.g. torch.ones(..., requires_grad=True)); create it outside and pass "
+                "it in.")
+
+
+@contextlib.contextmanager
+def _explain_data_dependence():
+    """Data-dependent values cannot be traced with fake tensors; say what to do instead."""
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        raise NotImplementedError(
+            f"aotgrad: {e.func} produces a value that depends on tensor data (.item(), "
+            "nonzero, boolean masks...), which ahead-of-time tracing cannot see. Move it out "
+            "of the compiled function, or use torch.compile(backend='aotgrad'), which splits "
+            "the function around it.") from e
 
 
 def _geometry(t: torch.Tensor) -> Geometry:
@@ -237,8 +279,7 @@ def _view_source(base, input_index, plain_index, base_index, bases):
 
 
 def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
-    replay = o._view_func_unsafe if o._base.dtype == o.dtype else None
-    return OutputInfo(kind, source, o.requires_grad, _geometry(o), o.dtype, replay)
+    return OutputInfo(kind, source, o.requires_grad, _geometry(o), o.dtype, o._view_func_unsafe)
 
 
 def _check_leaf_mutations(info: FunctionInfo) -> None:

@@ -13,8 +13,10 @@ from typing import Any, Callable, Hashable
 
 import torch
 import torch.utils._pytree as pytree
+from torch.nn.utils.stateless import _reparametrize_module
 
 from .backends import resolve_backend
+from .capture import flatten
 from .budget import budget_partition
 from .remat import min_cut_rematerialization_partition
 from .pipeline import Artifact, Options, compile_call
@@ -29,8 +31,10 @@ def signature(flat_args) -> tuple:
     parts: list[Hashable] = []
     for a in flat_args:
         if isinstance(a, torch.Tensor):
-            parts.append((type(a), a.shape, a.stride(), a.storage_offset(), a.dtype, a.device,
-                          a.layout, a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
+            strided = a.layout is torch.strided
+            parts.append((type(a), a.shape, a.stride() if strided else None,
+                          a.storage_offset() if strided else None, a.dtype, a.device, a.layout,
+                          a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
         else:
             parts.append(_constant_key(a))
     return tuple(parts), _global_state()
@@ -63,7 +67,7 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat, spec = flatten((args, kwargs))
         key = (spec, signature(flat))
         call = self.entries.get(key)
         if call is None:
@@ -95,16 +99,29 @@ class CompiledModule(torch.nn.Module):
         self._names = [n for n, _ in module.named_parameters()] + \
                       [n for n, _ in module.named_buffers()]
         self._slots = [_slot(module, n) for n in self._names]
+        self._submodules = list(module.modules())
         options = dataclasses.replace(options, num_params_buffers=len(self._names))
         self.compiled = CompiledFunction(self._functional_forward, options, max_entries)
 
-    def _functional_forward(self, state, args, kwargs):
-        return torch.func.functional_call(self.orig_module, dict(zip(self._names, state)),
-                                          args, kwargs)
+    def _functional_forward(self, state, training_flags, args, kwargs):
+        with _reparametrize_module(self.orig_module, dict(zip(self._names, state)),
+                                   tie_weights=True):
+            out = self.orig_module(*args, **kwargs)
+            self._refuse_reassigned_state(state)
+        return out
+
+    def _refuse_reassigned_state(self, state) -> None:
+        for name, (owner, attr), value in zip(self._names, self._slots, state):
+            if getattr(owner, attr) is not value:
+                raise NotImplementedError(
+                    f"aotgrad: forward assigns a new tensor to {name!r}; the assignment would "
+                    "be lost. Update it in place instead (e.g. self.buf.copy_(...) or add_).")
 
     def forward(self, *args, **kwargs):
         state = [getattr(owner, attr) for owner, attr in self._slots]
-        return self.compiled(state, args, kwargs)
+        # Train/eval mode changes what forward computes: part of the call's signature.
+        training_flags = tuple(m.training for m in self._submodules)
+        return self.compiled(state, training_flags, args, kwargs)
 
     @property
     def artifacts(self) -> list[Artifact]:

@@ -67,6 +67,11 @@ def _first_positions(graph_input: Sequence[int | None]) -> list[int]:
     return [seen[g] for g in range(len(seen))]
 
 
+def flatten(tree) -> tuple[list, pytree.TreeSpec]:
+    """Pytree leaves, with `torch.Size` a leaf (pytree would make it a plain tuple)."""
+    return pytree.tree_flatten(tree, is_leaf=lambda v: isinstance(v, torch.Size))
+
+
 class OutputBox:
     """Receives the output tree spec of the user function the first time it runs."""
 
@@ -78,7 +83,7 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
 
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
-        flat_out, box.spec = pytree.tree_flatten(fn(*args, **kwargs))
+        flat_out, box.spec = flatten(fn(*args, **kwargs))
         return flat_out
 
     return graph_fn

@@ -13,7 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .backends import resolve_backend
-from .api import choose_partitioner
+from .api import CompiledFunction, choose_partitioner
 from .pipeline import Options, compile_call
 
 
@@ -25,7 +25,11 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                       keep_inference_input_mutations)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
-        _refuse_symbolic(example_inputs)
+        if _is_symbolic(example_inputs):
+            # Dynamo generalized some sizes. aotgrad's graphs are static: compile this graph
+            # again for each concrete signature as calls arrive (one entry per shape).
+            lazy = CompiledFunction(gm, options)
+            return lambda *args: lazy(*args)
         flat = list(example_inputs)
         _, in_spec = pytree.tree_flatten((tuple(flat), {}))
         num_params = _num_leading_parameters(flat)
@@ -49,14 +53,12 @@ def _num_leading_parameters(inputs) -> int:
     return count
 
 
-def _refuse_symbolic(example_inputs) -> None:
+def _is_symbolic(example_inputs) -> bool:
     for x in example_inputs:
-        sizes = x.shape if isinstance(x, torch.Tensor) else (x,)
-        if any(isinstance(s, torch.SymInt) for s in sizes):
-            raise NotImplementedError(
-                "aotgrad: Dynamo passed symbolic shapes (dynamic=True or automatic dynamic "
-                "shapes after a recompile); aotgrad does not support dynamic shapes yet. "
-                "Use torch.compile(..., dynamic=False).")
+        sizes = tuple(x.shape) + tuple(x.stride()) if isinstance(x, torch.Tensor) else (x,)
+        if any(isinstance(s, (torch.SymInt, torch.SymFloat, torch.SymBool)) for s in sizes):
+            return True
+    return False
 
 
 aotgrad_backend = make_backend()

@@ -20,6 +20,7 @@ from .capture import from_functional, functional_mode, to_functional
 from .tables import NO_OP_AT_RUNTIME
 
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
+OVERWRITTEN = "aotgrad_overwritten"  # node.meta key on primals the runtime mutates
 
 
 def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
@@ -58,7 +59,16 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
                     for m, d in zip(info.graph_output_metas, info.differentiable) if d]
     gm = _trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
     gm.meta[JOINT_FW_OUTPUTS] = info.num_graph_outputs
+    mark_overwritten_inputs(gm, info)
     return gm
+
+
+def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo) -> None:
+    """Tag the primals the runtime overwrites after the forward: a partitioner must not
+    save them for the backward (their clone holds the value the backward needs)."""
+    primals = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    for node, x in zip(primals, info.inputs):
+        node.meta[OVERWRITTEN] = x.mutated
 
 
 def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],

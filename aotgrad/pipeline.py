@@ -21,6 +21,7 @@ from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed,
                        set_graph_being_compiled)
 from .partition import default_partition
 from .runtime import CompiledCall, RuntimePlan
+from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
 from .verify import verify, verify_partition
 
 
@@ -152,8 +153,23 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     restride_saved(fw, bw, n)
     with timer("compile_backward"):
         compiled_bw = _compile(options.backend.bw_compiler, bw)
-    plan = _plan(info, c.layout, n, copy_back_data=True)
+    overwritten = tuple(i for i in inputs_without_gradient(bw) if info.inputs[i].mutates_data)
+    plan = _plan(info, c.layout, n, copy_back_data=True, detached=overwritten)
     return CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
+
+
+def inputs_without_gradient(bw: fx.GraphModule) -> tuple[int, ...]:
+    """Inputs whose gradient is a constant fill: their old value never reaches an output
+    (it is overwritten first), so autograd need not follow them into their history."""
+    grads = bw.graph.output_node().args[0]
+    return tuple(i for i, g in enumerate(grads)
+                 if isinstance(g, fx.Node) and g.target in CONSTANT_FILLS
+                 and _fills_zero(g))
+
+
+def _fills_zero(node: fx.Node) -> bool:
+    value = node.args[1] if node.target in FILLS_WITH_VALUE else 0
+    return value == 0
 
 
 def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:
@@ -170,7 +186,7 @@ def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) 
 
 
 def _plan(info: analysis.FunctionInfo, layout: capture.CallLayout, num_fw_outputs: int,
-          copy_back_data: bool) -> RuntimePlan:
+          copy_back_data: bool, detached: tuple[int, ...] = ()) -> RuntimePlan:
     return RuntimePlan(
         info=info,
         graph_input_positions=layout.first_position,
@@ -179,6 +195,7 @@ def _plan(info: analysis.FunctionInfo, layout: capture.CallLayout, num_fw_output
         non_differentiable=tuple(i for i, d in enumerate(info.differentiable) if not d),
         copy_back_data=copy_back_data,
         disable_autocast=torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"),
+        detached_inputs=detached,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Sequence
 from torch import fx
 
 from .flow import FlowNetwork
+from .joint import OVERWRITTEN
 from .memory import tensor_bytes
 from .partition import ancestors, joint_parts, split_joint, with_tuple_elements
 from .tables import Recompute, recompute_class
@@ -72,7 +73,8 @@ def _save_cost(node: fx.Node, primals, infinity: int, must_recompute) -> int:
     most recomputation (a cheap op's result over its expensive input), and a base over a
     view of it."""
     if node in primals:
-        return 0  # inputs are alive anyway
+        # Inputs are alive anyway, unless the call overwrites them.
+        return infinity if node.meta.get(OVERWRITTEN) else 0
     val = node.meta.get("val")
     if isinstance(val, (tuple, list)) or node in must_recompute:
         return infinity

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .analysis import FunctionInfo, OutputInfo, OutputKind, regenerate_view
 
@@ -27,6 +26,13 @@ class RuntimePlan:
     non_differentiable: tuple[int, ...]
     copy_back_data: bool  # False when the inference graph copies into inputs itself
     disable_autocast: bool  # the graph already holds autocast's casts
+    # Mutated inputs whose old value is overwritten before any use (zero gradient): passed
+    # as fresh leaves, so that backward does not walk into their history.
+    detached_inputs: tuple[int, ...] = ()
+
+    @property
+    def mutated_inputs(self) -> tuple[int, ...]:
+        return tuple(i for i, x in enumerate(self.info.inputs) if x.mutated)
 
 
 class CompiledGraph(torch.autograd.Function):
@@ -43,8 +49,12 @@ class CompiledGraph(torch.autograd.Function):
         return tuple(outs[:plan.num_fw_outputs])
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grads):
+        if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
+            raise RuntimeError(
+                "aotgrad: double backward (torch.autograd.grad(..., create_graph=True) or "
+                ".backward(create_graph=True)) through a compiled function is not supported "
+                "yet; compute the higher-order gradient outside the compiled function.")
         call = ctx.call
         args = list(ctx.saved_tensors)
         # Drop autograd's references (unless retain_graph) so that the backward, which may
@@ -69,9 +79,15 @@ class CompiledCall:
     def __call__(self, flat_args: Sequence[Any]) -> list[Any]:
         plan = self.plan
         inputs = [flat_args[p] for p in plan.graph_input_positions]
+        if self._mutations:
+            _refuse_aliased_mutations(inputs, plan.mutated_inputs)
         with _autocast_off(plan.disable_autocast):
             if self.backward is not None:
-                raw = CompiledGraph.apply(self, *inputs)
+                args = list(inputs)
+                for i in plan.detached_inputs:
+                    args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
+                with torch.enable_grad():  # grad mode was applied when tracing
+                    raw = CompiledGraph.apply(self, *args)
             else:
                 with torch.no_grad():
                     raw = self.forward(list(inputs))  # a boxed callee may clear its list
@@ -128,7 +144,8 @@ def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
         if x.mutates_metadata:
             steps.append(_restore_metadata(i, x.final_geometry, x.mutation_hidden_from_autograd))
         if x.mutates_data and plan.copy_back_data:
-            steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd))
+            steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd,
+                                    x.bumps_version))
     return steps
 
 
@@ -141,11 +158,30 @@ def _restore_metadata(i: int, geometry, hidden: bool) -> Callable:
     return step
 
 
-def _copy_back(i: int, k: int, hidden: bool) -> Callable:
-    def step(inputs, raw):
-        with _grad_hidden(hidden):
-            inputs[i].copy_(raw[k])
+def _copy_back(i: int, k: int, hidden: bool, bumps_version: bool) -> Callable:
+    if bumps_version:
+        def step(inputs, raw):
+            with _grad_hidden(hidden):
+                inputs[i].copy_(raw[k])
+    else:  # a mutation through .data: invisible to the version counter as well
+        def step(inputs, raw):
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(inputs[i]):
+                inputs[i].copy_(raw[k])
     return step
+
+
+def _refuse_aliased_mutations(inputs: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
+    """The graph was compiled for independent inputs; a later call must not alias a mutated
+    one (views of one base). Aliasing through .data or set_() is not seen."""
+    bases = {id(inputs[i]._base if inputs[i]._base is not None else inputs[i]): i
+             for i in mutated}
+    for j, t in enumerate(inputs):
+        i = bases.get(id(t._base if t._base is not None else t), j)
+        if i != j:
+            raise NotImplementedError(
+                f"aotgrad: inputs {sorted((i, j))} share memory and at least one of them is "
+                "mutated inside the function; mutating aliased inputs is not supported yet. "
+                "Pass independent tensors (e.g. .clone()) or move the mutation outside.")
 
 
 def _grad_hidden(hidden: bool):

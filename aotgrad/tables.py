@@ -9,6 +9,13 @@ NO_OP_AT_RUNTIME = frozenset({
     aten.detach.default,
 })
 
+# Ops that fill a new tensor with a constant: a gradient made by one is structurally zero.
+CONSTANT_FILLS = frozenset({
+    aten.zeros_like.default, aten.zeros.default, aten.new_zeros.default,
+    aten.full_like.default, aten.full.default, aten.new_full.default,
+})
+FILLS_WITH_VALUE = frozenset({aten.full_like.default, aten.full.default, aten.new_full.default})
+
 # In-place ops a functional graph may still hold: the trailing copy into a mutated input
 # (inference graphs with keep_inference_input_mutations=True).
 ALLOWED_INPUT_MUTATIONS = frozenset({
