@@ -23,6 +23,8 @@ from .pipeline import Artifact, Options, compile_call
 from .runtime import CompiledCall
 
 DEFAULT_MAX_ENTRIES = 8
+# Argument types that are pytree leaves: a call made of these alone skips pytree.
+_FLAT_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, type(None)})
 
 
 def signature(flat_args) -> tuple:
@@ -67,14 +69,18 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        flat, spec = flatten((args, kwargs))
-        key = (spec, signature(flat))
+        if not kwargs and all(type(a) in _FLAT_TYPES for a in args):
+            flat, shape = list(args), len(args)  # no pytree: the common case, made cheap
+        else:
+            flat, shape = flatten((args, kwargs))
+        key = (shape, signature(flat))
         call = self.entries.get(key)
         if call is None:
             if len(self.entries) >= self.max_entries:
                 return self._over_cap(args, kwargs)
+            spec = shape if not isinstance(shape, int) else flatten((args, {}))[1]
             call = self.entries[key] = compile_call(self.fn, flat, spec, self.options)
-        return pytree.tree_unflatten(call(flat), call.plan.info.out_spec)
+        return call.unflatten(call(flat))
 
     def _over_cap(self, args, kwargs):
         warnings.warn(f"aotgrad: {getattr(self.fn, '__name__', self.fn)} was compiled for "

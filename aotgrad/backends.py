@@ -96,7 +96,9 @@ def nop(gm: fx.GraphModule, _example_inputs) -> fx.GraphModule:
 
 
 def eager_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
-    return make_boxed_func(gm.forward)
+    """Run the graph's ops one by one, as straight-line Python (see codegen.py)."""
+    from .codegen import python_function
+    return python_function(gm)
 
 
 def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:

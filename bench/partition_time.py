@@ -1,0 +1,114 @@
+"""Partition time against trace time on a 12-layer transformer (GPT-2 small shapes).
+
+    python bench/partition_time.py [--layers 12] [--curve]
+
+Builds the model from plain torch modules, compiles it with the eager backend (the
+min-cut partitioner, the default), and prints the per-stage compile times from the
+artifact, then times min-cut and the memory-budget curve on the same joint graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aotgrad  # noqa: E402
+from aotgrad import budget, remat  # noqa: E402
+from aotgrad.partition import default_partition  # noqa: E402
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class Transformer(nn.Module):
+    def __init__(self, layers=12, d=768, heads=12, vocab=50257, seq=1024):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        logits = self.head(self.ln(self.blocks(x)))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten())
+
+
+def timed(fn, *args, **kwargs):
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--curve", action="store_true", help="also time the budget curve")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--decompose", action="store_true",
+                        help="trace with Inductor's decompositions (a larger graph)")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    model = Transformer(args.layers)
+    ids = torch.randint(0, 50257, (args.batch, args.seq))
+    decomps = None
+    if args.decompose:
+        from torch._inductor.decomposition import select_decomp_table
+        decomps = select_decomp_table()
+    compiled = aotgrad.compile(model, backend="eager", decompositions=decomps)
+    compiled(ids)
+    art = compiled.artifacts[0]
+    joint, n = art.joint_graph, art.info.num_graph_outputs
+    print(f"joint graph: {len(joint.graph.nodes)} nodes")
+    print("compile stages (s):", {k: round(v, 3) for k, v in art.timings.items()})
+    prof = cProfile.Profile() if args.profile else None
+    if prof:
+        prof.enable()
+    (fw, bw), t_mincut = timed(remat.min_cut_rematerialization_partition, joint,
+                               num_fwd_outputs=n)
+    (dfw, _), t_default = timed(default_partition, joint, num_fwd_outputs=n)
+    print(f"min-cut partition {t_mincut:.3f} s, default partition {t_default:.3f} s")
+    print(f"saved bytes: min-cut {saved(fw, n) / 2**20:.1f} MiB, "
+          f"default {saved(dfw, n) / 2**20:.1f} MiB")
+    if args.curve:
+        curve, t_curve = timed(budget.plan_curve, joint, n)
+        print(f"plan_curve {t_curve:.3f} s, {len(curve)} points: " + ", ".join(
+            f"{p.peak_bytes / 2**20:.0f} MiB/{p.recompute_cost / 2**20:.0f}" for p in curve))
+    if prof:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+
+
+def saved(fw, n):
+    outs = list(fw.graph.output_node().args[0])[n:]
+    return sum(o.meta["val"].numel() * o.meta["val"].element_size() for o in outs
+               if o.op != "placeholder" and isinstance(o.meta.get("val"), torch.Tensor))
+
+
+if __name__ == "__main__":
+    main()
