@@ -108,7 +108,9 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     from torch._inductor.virtualized import V
 
     info: GraphInfo = gm.meta[GRAPH_INFO]
-    gm.graph.output_node().meta["user_visible_output_idxs"] = list(info.user_outputs)
+    outputs = gm.graph.output_node().args[0]
+    gm.graph.output_node().meta["user_visible_output_idxs"] = [
+        i for i in info.user_outputs if isinstance(outputs[i], fx.Node)]
     fake_mode = detect_fake_mode(example_inputs)
     with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
         with TracingContext.report_output_strides() as strides:

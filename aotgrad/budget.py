@@ -1,64 +1,79 @@
 """A memory budget: trade recomputation for a lower estimated peak, on a fixed curve.
 
-`memory_budget` in [0, 1] places a target between two plans: 1 is the min-cut plan, 0 the
-plan that recomputes every recomputable value. Plans in between ban saving some of the
-min-cut's values (forcing their recomputation) and are scored by the estimated peak
-(`memory.estimate_peak`, the whole step, not the sum of saved bytes) and by the compute
-they add. The curve is the Pareto front of these plans; a budget picks the cheapest plan
-whose peak fits, so a lower budget never raises the estimated peak.
+`memory_budget` in [0, 1] places a target peak between two plans: 1 is the min-cut plan's
+estimated peak, 0 the lower of that and the peak of the plan that saves only what cannot
+be recomputed (inputs, expensive and random values) and recomputes everything else. Plans
+are scored by the estimated peak of the whole step (`memory`, not the sum of saved bytes)
+and by the compute they add (`plans.node_cost`). The curve is the Pareto front of the plans
+a solver found, computed once per graph; a budget picks the cheapest plan on it whose peak
+fits the target. So by construction a lower budget never raises the estimated peak, and
+the target is always met (the plan at the low end fits budget 0).
+
+Solvers, by problem size (`pick_solver`): every canonical plan scored one by one (up to
+`MAX_EXHAUSTIVE` free choices); an integer program solved by SciPy's HiGHS (`ilp`), exact
+up to `ilp.MAX_EXACT` choices; a greedy when SciPy is missing or the graph is too big.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from torch import fx
 
-from .memory import estimate_peak, tensor_bytes
-from .partition import joint_parts, split_joint
-from .remat import min_cut_saved_values
-from .tables import Recompute, recompute_class
+from . import ilp
+from .plans import Plan, PlanSpace, node_cost
+from .remat import split_recomputing_late
+from .memory import tensor_bytes
 
-MAX_EXACT_CANDIDATES = 10  # exhaustive search up to 2**10 plans; a solver beyond
+MAX_EXHAUSTIVE = 10  # free choices: 2**10 plans scored one by one
+GREEDY_ROUNDS = 16  # the greedy scores about this many plans
 
 
 @dataclass(frozen=True)
-class Plan:
-    banned: frozenset  # forward values the plan may not save
-    saved: tuple[str, ...]
-    recomputed: tuple[str, ...]  # forward values the backward computes again
-    peak_bytes: int
-    recompute_cost: int  # bytes read and written by the recomputation (cheap ops are bound
-                         # by memory traffic, not FLOPs)
+class Curve:
+    """The memory/compute trade-offs of one joint graph."""
+
+    plans: tuple[Plan, ...]  # the Pareto front: increasing peak, decreasing cost
+    low_bytes: int  # the target of budget 0
+    high_bytes: int  # the target of budget 1: the min-cut plan's peak
+    solver: str
+
+    def target(self, budget: float) -> int:
+        if not 0.0 <= budget <= 1.0:
+            raise ValueError(f"memory_budget must be in [0, 1], got {budget}")
+        return self.low_bytes + math.floor(budget * (self.high_bytes - self.low_bytes))
 
 
-def evaluate(joint: fx.GraphModule, n: int, banned: frozenset) -> Plan:
-    saved = min_cut_saved_values(joint, n, must_recompute=banned)
-    fw, bw = split_joint(joint, n, saved)
-    forward_names = {node.name for node in fw.graph.nodes}
-    recomputed = [node for node in bw.graph.nodes
-                  if node.op == "call_function" and node.name in forward_names]
-    return Plan(banned, tuple(s.name for s in saved), tuple(r.name for r in recomputed),
-                estimate_peak(fw, bw, n).peak_bytes, sum(map(node_cost, recomputed)))
+def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto") -> Curve:
+    """The memory/compute curve of `joint`, from the least memory to the min-cut plan."""
+    space = PlanSpace(joint, n)
+    mincut = space.evaluate(space.min_cut())
+    everything = space.evaluate(space.saved_for(space.candidates))
+    low, high = min(everything.peak_bytes, mincut.peak_bytes), mincut.peak_bytes
+    name = pick_solver(space) if solver == "auto" else solver
+    found = SOLVERS[name](space, low, high)
+    plans = [p for p in [mincut, everything, *found] if p.peak_bytes <= high]
+    return Curve(tuple(pareto(plans)), low, high, name)
 
 
-def node_cost(node: fx.Node) -> int:
-    if recompute_class(node.target) == Recompute.FREE:
-        return 0
-    reads = sum(tensor_bytes(i.meta.get("val")) for i in node.all_input_nodes)
-    return reads + tensor_bytes(node.meta.get("val"))
+def pick_solver(space: PlanSpace) -> str:
+    if len(space.candidates) <= MAX_EXHAUSTIVE:
+        return "exhaustive"
+    if ilp.available() and len(space.reachable) <= ilp.MAX_VALUES:
+        return "ilp"
+    return "greedy"
 
 
-def candidates(joint: fx.GraphModule, n: int, plan: Plan) -> list[fx.Node]:
-    """Saved values of `plan` that could be recomputed instead."""
-    primals = set(joint_parts(joint, n)[0])
-    by_name = {node.name: node for node in joint.graph.nodes}
-    return [by_name[s] for s in plan.saved if by_name[s] not in primals
-            and recompute_class(by_name[s].target) != Recompute.NEVER]
+def choose(curve: Curve, budget: float) -> Plan:
+    """The cheapest plan on the curve whose peak fits the budget's target."""
+    target = curve.target(budget)
+    return min((p for p in curve.plans if p.peak_bytes <= target),
+               key=lambda p: (p.recompute_cost, p.peak_bytes))
 
 
-def pareto(plans: Sequence[Plan]) -> list[Plan]:
+def pareto(plans: Iterable[Plan]) -> list[Plan]:
     """Plans no other plan beats on both peak and cost, by increasing peak."""
     front: list[Plan] = []
     for plan in sorted(plans, key=lambda p: (p.peak_bytes, p.recompute_cost)):
@@ -67,50 +82,65 @@ def pareto(plans: Sequence[Plan]) -> list[Plan]:
     return front
 
 
-def plan_curve(joint: fx.GraphModule, n: int) -> list[Plan]:
-    """The memory/compute curve, from the most recomputation to the min-cut plan."""
-    mincut = evaluate(joint, n, frozenset())
-    cands = candidates(joint, n, mincut)
-    if len(cands) <= MAX_EXACT_CANDIDATES:
-        return pareto(_exhaustive(joint, n, cands))
-    return pareto(_greedy(joint, n, mincut))
+def budget_partition(memory_budget: float, solver: str = "auto") -> Callable:
+    """A functorch-style partition_fn that honours `memory_budget`."""
+    if not 0.0 <= memory_budget <= 1.0:
+        raise ValueError(f"memory_budget must be in [0, 1], got {memory_budget}")
+
+    def partition(joint_module, _joint_inputs=None, *, num_fwd_outputs, **_):
+        plan = choose(plan_curve(joint_module, num_fwd_outputs, solver), memory_budget)
+        by_name = {node.name: node for node in joint_module.graph.nodes}
+        saved = [by_name[s] for s in plan.saved]
+        return split_recomputing_late(joint_module, num_fwd_outputs, saved)
+    return partition
 
 
-def _exhaustive(joint, n, cands) -> list[Plan]:
+# ---- solvers: each returns plans for the curve --------------------------------------------
+
+def exhaustive(space: PlanSpace, low: int, high: int) -> list[Plan]:
+    """Every canonical plan: one per subset of the free choices."""
+    cands = space.candidates
+    return [space.evaluate(space.saved_for(c for i, c in enumerate(cands) if mask >> i & 1))
+            for mask in range(1 << len(cands))]
+
+
+def greedy(space: PlanSpace, low: int, high: int) -> list[Plan]:
+    """From the min-cut plan, recompute the saved values that free the most bytes per byte
+    of recomputation, a batch at a time, until none frees anything."""
+    chosen = set(_recomputed_choices(space, space.min_cut()))
     plans = []
-    for mask in range(1 << len(cands)):
-        banned = frozenset(c for i, c in enumerate(cands) if mask >> i & 1)
-        plans.append(evaluate(joint, n, banned))
+    for _ in range(4 * GREEDY_ROUNDS):
+        saved = space.saved_for(chosen)
+        plans.append(space.evaluate(saved))
+        ranked = _ranked_candidates(space, saved, chosen)
+        if not ranked:
+            break
+        chosen.update(ranked[:max(1, math.ceil(len(space.candidates) / GREEDY_ROUNDS))])
     return plans
 
 
-def _greedy(joint, n, plan: Plan) -> list[Plan]:
-    """Ban the saved value that frees the most bytes per byte of recomputation, again and
-    again, until nothing recomputable is saved."""
-    plans = [plan]
-    while True:
-        cands = candidates(joint, n, plan)
-        if not cands:
-            return plans
-        best = min(cands, key=lambda c: node_cost(c) / max(1, tensor_bytes(c.meta.get("val"))))
-        plan = evaluate(joint, n, plan.banned | {best})
-        plans.append(plan)
+def _recomputed_choices(space: PlanSpace, saved: Sequence[fx.Node]) -> list[fx.Node]:
+    names = set(space.evaluate(saved).recomputed)
+    return [c for c in space.candidates if c.name in names]
 
 
-def choose(curve: Sequence[Plan], budget: float) -> Plan:
-    """The cheapest plan whose peak fits the budget's target on this curve."""
-    if not 0.0 <= budget <= 1.0:
-        raise ValueError(f"memory_budget must be in [0, 1], got {budget}")
-    low, high = curve[0].peak_bytes, curve[-1].peak_bytes
-    target = low + budget * (high - low)
-    fitting = [p for p in curve if p.peak_bytes <= target]
-    return fitting[-1]
+def _ranked_candidates(space: PlanSpace, saved: Sequence[fx.Node], chosen: set) -> list:
+    """Saved free choices that free bytes if recomputed, best ratio first."""
+    available = set(saved) | chosen
+    scored = []
+    for node in saved:
+        if space.rules[node] != "choose" or node in chosen:
+            continue
+        newly_saved = {i for i in node.all_input_nodes if i not in available}
+        freed = tensor_bytes(node.meta.get("val")) - sum(
+            tensor_bytes(i.meta.get("val")) for i in newly_saved if i.op != "placeholder")
+        if freed > 0:
+            scored.append((-freed / max(1, node_cost(node)), space.position[node], node))
+    return [node for *_, node in sorted(scored, key=lambda s: s[:2])]
 
 
-def budget_partition(memory_budget: float) -> Callable:
-    """A functorch-style partition_fn that honours `memory_budget`."""
-    def partition(joint_module, _joint_inputs=None, *, num_fwd_outputs, **_):
-        plan = choose(plan_curve(joint_module, num_fwd_outputs), memory_budget)
-        by_name = {node.name: node for node in joint_module.graph.nodes}
-        return split_joint(joint_module, num_fwd_outputs, [by_name[s] for s in plan.saved])
-    return partition
+def ilp_solver(space: PlanSpace, low: int, high: int) -> list[Plan]:
+    return ilp.solve_curve(space, low, high)
+
+
+SOLVERS = {"exhaustive": exhaustive, "greedy": greedy, "ilp": ilp_solver}

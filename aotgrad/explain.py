@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .budget import Plan, choose, node_cost, plan_curve
+from .budget import Curve, choose, plan_curve
+from .plans import Plan, node_cost
 from .memory import MemoryEstimate, estimate_peak
 from .pipeline import Artifact, SavedValue
 from .report import format_bytes

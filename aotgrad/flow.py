@@ -1,73 +1,101 @@
-"""Maximum flow and minimum cut (Dinic's algorithm) on small integer-capacity networks."""
+"""Maximum flow and minimum cut (Dinic's algorithm) on integer-capacity networks.
+
+Vertices are any hashable keys, numbered on first use; the search itself runs on flat
+integer lists (edge `e ^ 1` is the reverse of edge `e`), which keeps a graph of tens of
+thousands of edges well under a second in plain Python.
+"""
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Hashable
 
 
 class FlowNetwork:
-    """A directed network; `min_cut` returns the vertices on the source side of a minimum cut."""
+    """A directed network. `min_cut` returns the cut's value and its source side."""
 
     def __init__(self):
-        self.head: list[int] = []  # per edge: its target
-        self.cap: list[int] = []  # per edge: residual capacity; edge e ^ 1 is its reverse
-        self.out: dict[object, list[int]] = {}
+        self.ids: dict[Hashable, int] = {}
+        self.keys: list[Hashable] = []
+        self.out: list[list[int]] = []  # per vertex: its edges
+        self.head: list[int] = []  # per edge: its target vertex
+        self.cap: list[int] = []  # per edge: residual capacity
 
-    def add_edge(self, u, v, capacity: int) -> None:
-        for a, b, c in ((u, v, capacity), (v, u, 0)):
-            self.out.setdefault(a, []).append(len(self.head))
-            self.head.append(b)
-            self.cap.append(c)
+    def vertex(self, key: Hashable) -> int:
+        v = self.ids.get(key)
+        if v is None:
+            v = self.ids[key] = len(self.keys)
+            self.keys.append(key)
+            self.out.append([])
+        return v
 
-    def min_cut(self, source, sink) -> set:
-        while self._augment_phase(source, sink):
-            pass
-        return set(self._levels(source, sink=None))
+    def add_edge(self, u: Hashable, v: Hashable, capacity: int) -> None:
+        a, b = self.vertex(u), self.vertex(v)
+        self.out[a].append(len(self.head))
+        self.head.append(b)
+        self.cap.append(capacity)
+        self.out[b].append(len(self.head))
+        self.head.append(a)
+        self.cap.append(0)
 
-    def _levels(self, source, sink) -> dict:
-        level = {source: 0}
-        queue = deque([source])
+    def min_cut(self, source: Hashable, sink: Hashable) -> tuple[int, set]:
+        """(value of a minimum cut, keys of the vertices on its source side)."""
+        s, t = self.vertex(source), self.vertex(sink)
+        flow = 0
+        while True:
+            level = self._levels(s)
+            if level[t] < 0:
+                break
+            cursor = [0] * len(self.keys)
+            pushed = self._push(s, t, level, cursor)
+            while pushed:
+                flow += pushed
+                pushed = self._push(s, t, level, cursor)
+        level = self._levels(s)
+        return flow, {self.keys[v] for v, lv in enumerate(level) if lv >= 0}
+
+    def _levels(self, s: int) -> list[int]:
+        """Breadth-first distances from `s` along edges with residual capacity (-1: unreached)."""
+        level = [-1] * len(self.keys)
+        level[s] = 0
+        queue = deque([s])
+        out, head, cap = self.out, self.head, self.cap
         while queue:
             u = queue.popleft()
-            for e in self.out.get(u, ()):
-                if self.cap[e] > 0 and self.head[e] not in level:
-                    level[self.head[e]] = level[u] + 1
-                    queue.append(self.head[e])
+            next_level = level[u] + 1
+            for e in out[u]:
+                v = head[e]
+                if cap[e] > 0 and level[v] < 0:
+                    level[v] = next_level
+                    queue.append(v)
         return level
 
-    def _augment_phase(self, source, sink) -> bool:
-        level = self._levels(source, sink)
-        if sink not in level:
-            return False
-        cursor = {u: 0 for u in level}
-        while self._push(source, sink, level, cursor):
-            pass
-        return True
-
-    def _push(self, source, sink, level, cursor) -> int:
-        """Send one blocking path's worth of flow along the level graph (iteratively)."""
+    def _push(self, s: int, t: int, level: list[int], cursor: list[int]) -> int:
+        """Send one augmenting path's worth of flow along the level graph (iteratively)."""
+        out, head, cap = self.out, self.head, self.cap
         path: list[int] = []
-        u = source
-        while u != sink:
-            edges = self.out.get(u, ())
-            while cursor[u] < len(edges):
-                e = edges[cursor[u]]
-                v = self.head[e]
-                if self.cap[e] > 0 and level.get(v) == level[u] + 1:
+        u = s
+        while u != t:
+            edges = out[u]
+            i = cursor[u]
+            while i < len(edges):
+                e = edges[i]
+                if cap[e] > 0 and level[head[e]] == level[u] + 1:
                     break
-                cursor[u] += 1
-            else:
-                if u == source:
+                i += 1
+            cursor[u] = i
+            if i == len(edges):
+                if u == s:
                     return 0
-                level[u] = -1  # dead end: retreat
+                level[u] = -1  # dead end: retreat and never come back
                 e = path.pop()
-                u = self.head[e ^ 1]
+                u = head[e ^ 1]
                 cursor[u] += 1
                 continue
-            path.append(e)
-            u = self.head[e]
-        pushed = min(self.cap[e] for e in path)
+            path.append(edges[i])
+            u = head[edges[i]]
+        pushed = min(cap[e] for e in path)
         for e in path:
-            self.cap[e] -= pushed
-            self.cap[e ^ 1] += pushed
+            cap[e] -= pushed
+            cap[e ^ 1] += pushed
         return pushed

@@ -1,18 +1,35 @@
 """Peak-memory model of a training step: buffer liveness over the forward, then the backward.
 
 Each graph is a straight-line program, so memory at every step is the sum of the buffers
-alive then. A view shares its base's buffer; a buffer dies after the last use of any value
-aliasing it, unless it outlives the graph (an output, or an input the caller owns). The
-model ignores allocator rounding and what a backend fuses away; `bench/` checks it against
-`torch.cuda.max_memory_allocated`.
+alive then. What the model assumes, so that a measurement can be compared with it
+(`bench/` compares it with `torch.cuda.max_memory_allocated` on a GPU):
+
+- every value that is not a view owns one buffer of `numel * element_size` bytes; a view
+  (and a tuple element of a view op, and `_unsafe_view`) shares its base's buffer;
+- a buffer is allocated when its op runs and freed right after the last op that reads it
+  or any view of it, as the runtime does (boxed calls clear their inputs; the backward
+  frees saved values as it goes); peak is taken after each allocation, before frees;
+- parameters, buffers and user inputs are alive throughout; user outputs stay alive until
+  the end of the backward (the loss is held); gradients stay alive once made; the
+  tangents are alive from the start of the backward until their last use;
+- saved values are alive from their op to the end of the forward and from the start of
+  the backward to their last use there; values recomputed in the backward are made just
+  before their first use (`remat.just_in_time_order`);
+- allocator rounding and caching, kernel workspaces, autograd's own bookkeeping and what
+  a backend fuses away (Inductor never materializes fused intermediates, so for it the
+  estimate is an upper bound) are not modelled.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from typing import Callable, Hashable, Iterable, Sequence
 
 import torch
 from torch import fx
+
+from .tables import VIEWS_IN_PRACTICE
 
 
 @dataclass(frozen=True)
@@ -38,89 +55,147 @@ def tensor_bytes(val) -> int:
 def is_alias(node: fx.Node) -> bool:
     """The node's value shares memory with its first argument."""
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.is_view
+    return isinstance(target, torch._ops.OpOverload) and (target.is_view
+                                                          or target in VIEWS_IN_PRACTICE)
 
 
-class _Buffers:
-    """Which buffer each value lives in, and how big each buffer is."""
-
-    def __init__(self):
-        self.owner: dict[fx.Node, int] = {}
-        self.size: list[int] = []
-
-    def new(self, node: fx.Node, nbytes: int) -> int:
-        self.owner[node] = len(self.size)
-        self.size.append(nbytes)
-        return self.owner[node]
-
-    def alias(self, node: fx.Node, of: fx.Node) -> None:
-        self.owner[node] = self.owner[of]
-
-    def total(self, ids) -> int:
-        return sum(self.size[i] for i in set(ids))
-
-
-def _assign(graph: fx.Graph, buffers: _Buffers) -> None:
-    for node in graph.nodes:
-        if node in buffers.owner or node.op == "output":
-            continue
-        if node.op == "call_function" and is_alias(node) and node.args[0] in buffers.owner:
-            buffers.alias(node, node.args[0])
-        elif node.op == "call_function" and _is_tuple(node):
-            buffers.owner[node] = -1  # a tuple owns nothing; its getitems own its elements
-        else:
-            buffers.new(node, tensor_bytes(node.meta.get("val")))
-
-
-def _is_tuple(node: fx.Node) -> bool:
+def is_tuple(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), (tuple, list))
 
 
-def _simulate(graph: fx.Graph, buffers: _Buffers, live: set[int], keep: set[int]) -> int:
-    """Walk the graph; return the peak of live bytes. `live` is updated in place."""
-    nodes = list(graph.nodes)
-    dies_at: dict[int, int] = {b: 0 for b in live}
-    for i, node in enumerate(nodes):
-        dies_at.setdefault(buffers.owner.get(node, -1), i)
-        for inp in node.all_input_nodes:
-            dies_at[buffers.owner[inp]] = i
+class Buffers:
+    """Which buffer each value lives in (-1: none, a tuple), and how big each buffer is.
+
+    Values are named by keys: the nodes themselves for one graph, or (phase, node) pairs
+    when one joint graph's node is computed in both the forward and the backward."""
+
+    def __init__(self):
+        self.owner: dict[Hashable, int] = {}
+        self.size: list[int] = []
+
+    def new(self, key: Hashable, nbytes: int) -> int:
+        self.owner[key] = len(self.size)
+        self.size.append(nbytes)
+        return self.owner[key]
+
+    def total(self, ids: Iterable[int]) -> int:
+        return sum(self.size[i] for i in set(ids) if i >= 0)
+
+
+Step = tuple[int, tuple[int, ...]]  # (the buffer the op allocates or -1, the buffers it reads)
+Key = Callable[[fx.Node], Hashable]
+
+
+def program(nodes: Sequence[fx.Node], buffers: Buffers, key: Key = lambda n: n) -> list[Step]:
+    """Assign buffers to the values of `nodes` (in execution order) and list the steps.
+    Values whose key already has a buffer (inputs carried over) allocate nothing."""
+    steps = []
+    owner = buffers.owner
+    for node in nodes:
+        made = -1
+        k = key(node)
+        if k not in owner and node.op != "output":
+            made = _assign(node, k, buffers, key)
+        reads = tuple({owner[key(i)] for i in node.all_input_nodes} - {-1})
+        steps.append((made, reads))
+    return steps
+
+
+def _assign(node: fx.Node, k: Hashable, buffers: Buffers, key: Key) -> int:
+    """Give one value its buffer; return it if newly allocated, else -1."""
+    owner = buffers.owner
+    base = owner.get(key(node.args[0]), -1) if node.args and isinstance(node.args[0],
+                                                                        fx.Node) else -1
+    if node.op == "call_function" and base >= 0 and (
+            is_alias(node) or node.target is operator.getitem):
+        owner[k] = base  # a view, or an element of a view op's tuple (split, unbind)
+        return -1
+    if node.op == "call_function" and is_tuple(node):
+        owner[k] = -1  # a tuple owns nothing; its getitems own its elements
+        return -1
+    return buffers.new(k, tensor_bytes(node.meta.get("val")))
+
+
+def simulate(steps: Sequence[Step], size: Sequence[int], live: set[int], keep: set[int],
+             trace: list[int] | None = None) -> int:
+    """Run the steps; return the peak of live bytes. `live` (the buffers alive at the
+    start) is updated in place; `trace`, if given, receives the live bytes after each
+    step's allocation."""
+    last: dict[int, int] = {b: 0 for b in live}
+    for i, (made, reads) in enumerate(steps):
+        if made >= 0:
+            last.setdefault(made, i)
+        for b in reads:
+            last[b] = i
     deaths: dict[int, list[int]] = {}
-    for b, i in dies_at.items():
-        if b >= 0 and b not in keep:
+    for b, i in last.items():
+        if b not in keep:
             deaths.setdefault(i, []).append(b)
-    current = peak = buffers.total(live)
-    for i, node in enumerate(nodes):
-        b = buffers.owner.get(node, -1)
-        if b >= 0 and b not in live:
-            live.add(b)
-            current += buffers.size[b]
+    current = peak = sum(size[b] for b in live)
+    for i, (made, _) in enumerate(steps):
+        if made >= 0 and made not in live:
+            live.add(made)
+            current += size[made]
             peak = max(peak, current)
+        if trace is not None:
+            trace.append(current)
         for b in deaths.get(i, ()):
             if b in live:
                 live.discard(b)
-                current -= buffers.size[b]
+                current -= size[b]
     return peak
+
+
+@dataclass(frozen=True)
+class TwoPhase:
+    """A forward and a backward program over shared buffers, ready to simulate."""
+
+    buffers: Buffers
+    forward: list[Step]
+    backward: list[Step]
+    inputs: frozenset[int]
+    user_outputs: frozenset[int]
+    saved: frozenset[int]
+    tangents: frozenset[int]
+    grads: frozenset[int]
+
+    def estimate(self, fw_trace: list | None = None, bw_trace: list | None = None
+                 ) -> MemoryEstimate:
+        size = self.buffers.size
+        kept = self.inputs | self.user_outputs | self.saved
+        fw_peak = simulate(self.forward, size, set(self.inputs), kept, fw_trace)
+        live = set(kept | self.tangents)
+        bw_peak = simulate(self.backward, size, live, self.inputs | self.user_outputs
+                           | self.grads, bw_trace)
+        saved = self.saved - self.inputs - self.user_outputs
+        return MemoryEstimate(self.buffers.total(self.inputs), self.buffers.total(saved),
+                              fw_peak, bw_peak)
 
 
 def estimate_peak(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> MemoryEstimate:
     """Estimated peak bytes of one forward+backward with this partition."""
-    buffers = _Buffers()
-    primals = [n for n in fw.graph.nodes if n.op == "placeholder"]
-    _assign(fw.graph, buffers)
-    inputs = {buffers.owner[p] for p in primals}
-    fw_outs = [o for o in fw.graph.output_node().args[0] if isinstance(o, fx.Node)]
-    kept = inputs | {buffers.owner[o] for o in fw_outs} - {-1}
-    live = set(inputs)
-    fw_peak = _simulate(fw.graph, buffers, live, kept)
+    return two_phase(fw, bw, num_fw_outputs).estimate()
 
-    saved_outs = list(fw.graph.output_node().args[0])[num_fw_outputs:]
+
+def two_phase(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> TwoPhase:
+    buffers = Buffers()
+    fw_nodes = list(fw.graph.nodes)
+    forward = program(fw_nodes, buffers)
+    owner = buffers.owner
+    outs = [o for o in fw.graph.output_node().args[0]]
+    saved_outs = outs[num_fw_outputs:]
     bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     for ph, value in zip(bw_inputs, saved_outs):
-        buffers.alias(ph, value)
-    _assign(bw.graph, buffers)  # tangents and backward values get buffers of their own
-    grads = {buffers.owner[g] for g in bw.graph.output_node().args[0] if isinstance(g, fx.Node)}
-    user_outs = {buffers.owner[o] for o in fw_outs[:num_fw_outputs]}
-    live = set(kept) | {buffers.owner[p] for p in bw_inputs}
-    bw_peak = _simulate(bw.graph, buffers, live, inputs | user_outs | grads)
-    saved = {buffers.owner[o] for o in saved_outs if isinstance(o, fx.Node)} - inputs
-    return MemoryEstimate(buffers.total(inputs), buffers.total(saved), fw_peak, bw_peak)
+        owner[ph] = owner[value]
+    backward = program(list(bw.graph.nodes), buffers)
+    return TwoPhase(
+        buffers, forward, backward,
+        inputs=owners(owner, [n for n in fw_nodes if n.op == "placeholder"]),
+        user_outputs=owners(owner, outs[:num_fw_outputs]),
+        saved=owners(owner, saved_outs),
+        tangents=owners(owner, bw_inputs[len(saved_outs):]),
+        grads=owners(owner, bw.graph.output_node().args[0]))
+
+
+def owners(owner: dict, values: Iterable, key: Key = lambda n: n) -> frozenset[int]:
+    return frozenset(owner[key(v)] for v in values if isinstance(v, fx.Node)) - {-1}

@@ -6,6 +6,7 @@ front doors (`api`, `compat`, `dynamo`) add pytrees, caching and modules around 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -153,18 +154,20 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     restride_saved(fw, bw, n)
     with timer("compile_backward"):
         compiled_bw = _compile(options.backend.bw_compiler, bw)
-    overwritten = tuple(i for i in inputs_without_gradient(bw) if info.inputs[i].mutates_data)
-    plan = _plan(info, c.layout, n, copy_back_data=True, detached=overwritten)
+    plan = _plan(info, c.layout, n, copy_back_data=True)
+    grads = bw.graph.output_node().args[0]
+    plan = dataclasses.replace(
+        plan,
+        gradless_inputs=tuple(i for i, g in enumerate(grads) if g is None),
+        overwritten_inputs=tuple(i for i, g in enumerate(grads)
+                                 if info.inputs[i].mutates_data and _is_zero_fill(g)))
     return CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
 
 
-def inputs_without_gradient(bw: fx.GraphModule) -> tuple[int, ...]:
-    """Inputs whose gradient is a constant fill: their old value never reaches an output
-    (it is overwritten first), so autograd need not follow them into their history."""
-    grads = bw.graph.output_node().args[0]
-    return tuple(i for i, g in enumerate(grads)
-                 if isinstance(g, fx.Node) and g.target in CONSTANT_FILLS
-                 and _fills_zero(g))
+def _is_zero_fill(grad) -> bool:
+    """A gradient that is a constant zero fill: the input's old value never reaches an
+    output (it is overwritten first), so autograd need not follow it into its history."""
+    return isinstance(grad, fx.Node) and grad.target in CONSTANT_FILLS and _fills_zero(grad)
 
 
 def _fills_zero(node: fx.Node) -> bool:
@@ -186,7 +189,7 @@ def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) 
 
 
 def _plan(info: analysis.FunctionInfo, layout: capture.CallLayout, num_fw_outputs: int,
-          copy_back_data: bool, detached: tuple[int, ...] = ()) -> RuntimePlan:
+          copy_back_data: bool) -> RuntimePlan:
     return RuntimePlan(
         info=info,
         graph_input_positions=layout.first_position,
@@ -195,7 +198,6 @@ def _plan(info: analysis.FunctionInfo, layout: capture.CallLayout, num_fw_output
         non_differentiable=tuple(i for i, d in enumerate(info.differentiable) if not d),
         copy_back_data=copy_back_data,
         disable_autocast=torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"),
-        detached_inputs=detached,
     )
 
 

@@ -1,27 +1,102 @@
 """Rematerialization: save the fewest bytes for the backward, recomputing cheap values.
 
 The saved set is a minimum cut of the joint graph. Every forward value `v` becomes an edge
-`v.in -> v.out` whose capacity is what saving `v` costs (its bytes); data flows along
-infinite edges. The source feeds what must come from the forward (inputs, and ops too
-expensive or unsafe to recompute, per `tables.recompute_class`); the sink is the backward.
-Any cut separating them is a valid choice of saved values, and the backward recomputes the
-forward values that lie past it.
+`v.in -> v.out` whose capacity is what saving `v` costs (its buffer's bytes); data flows
+along infinite edges. The source feeds what must come from the forward (inputs, and ops
+too expensive or unsafe to recompute, per `tables.recompute_class`); the sink is the
+backward. Any cut separating them is a valid choice of saved values, and the backward
+recomputes the forward values that lie past it, each just before its first use.
+
+Activation checkpointing binds the cut. `torch.utils.checkpoint` with a selective policy
+(`create_selective_checkpoint_contexts`) tags every op of the region with
+`node.meta["recompute"]` while aotgrad traces; a MUST/PREFER_SAVE value comes from the
+forward and a MUST/PREFER_RECOMPUTE value is recomputed, except a region's outputs (which
+the code after the region may save, as eager does) and values a second run would change
+(random ops). A plain non-reentrant checkpoint recomputes its region by construction: the
+backward part of the joint graph holds the second run of the region.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from torch import fx
+from torch.utils.checkpoint import CheckpointPolicy
 
 from .flow import FlowNetwork
 from .joint import OVERWRITTEN
-from .memory import tensor_bytes
+from .memory import is_alias, is_tuple, tensor_bytes
 from .partition import ancestors, joint_parts, split_joint, with_tuple_elements
-from .tables import Recompute, recompute_class
+from .tables import Recompute, recompute_class, unsafe_to_recompute
 
 SOURCE, SINK = "source", "sink"
 
+
+class Rule:
+    """What a partitioner may do with one forward value."""
+
+    INPUT = "input"  # a graph input: alive anyway, so saving it is free
+    OVERWRITTEN = "overwritten"  # an input the runtime overwrites: never saved
+    FREE = "free"  # a view or tuple element: recomputed from its base at no cost
+    CHOOSE = "choose"  # cheap: saved or recomputed, whichever the plan prefers
+    SAVE = "save"  # comes from the forward: expensive, random, effectful, or policy
+    RECOMPUTE = "recompute"  # recomputed: inside a selectively checkpointed region
+
+
+CHECKPOINT_POLICY_RULES = {
+    CheckpointPolicy.MUST_SAVE: Rule.SAVE,
+    CheckpointPolicy.PREFER_SAVE: Rule.SAVE,
+    CheckpointPolicy.MUST_RECOMPUTE: Rule.RECOMPUTE,
+    CheckpointPolicy.PREFER_RECOMPUTE: Rule.RECOMPUTE,
+}
+
+
+def forward_values(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    """The values the forward computes (or may save): inputs, ancestors of its outputs,
+    and the elements of its tuples."""
+    primals, _, fw_outs, _ = joint_parts(joint, num_fwd_outputs)
+    return with_tuple_elements(ancestors(fw_outs) | set(primals))
+
+
+def forward_rules(forward: set[fx.Node]) -> dict[fx.Node, str]:
+    """The `Rule` of every forward value."""
+    return {node: rule_of(node, forward) for node in forward}
+
+
+def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
+    if node.op == "placeholder":
+        return Rule.OVERWRITTEN if node.meta.get(OVERWRITTEN) else Rule.INPUT
+    if any(i.meta.get(OVERWRITTEN) for i in node.all_input_nodes if i.op == "placeholder"):
+        return Rule.SAVE  # a recomputation would read the overwritten value
+    kind = recompute_class(node.target)
+    if kind == Recompute.FREE:
+        return Rule.FREE
+    if unsafe_to_recompute(node.target):
+        return Rule.SAVE
+    policy = CHECKPOINT_POLICY_RULES.get(node.meta.get("recompute"))
+    if policy == Rule.SAVE or (policy == Rule.RECOMPUTE and not _leaves_region(node, forward)):
+        return policy
+    return Rule.CHOOSE if kind == Recompute.CHEAP else Rule.SAVE
+
+
+def _leaves_region(node: fx.Node, forward: set[fx.Node]) -> bool:
+    """Is this checkpointed value read after its region (by an untagged forward op, or as
+    an output)? Views and tuple elements are looked through."""
+    stack = list(node.users)
+    while stack:
+        user = stack.pop()
+        if user.op == "output":
+            return True
+        if user not in forward:
+            continue
+        if recompute_class(user.target) == Recompute.FREE:
+            stack.extend(user.users)
+        elif user.meta.get("recompute") is None:
+            return True
+    return False
+
+
+# ---- the minimum cut ----------------------------------------------------------------------
 
 def min_cut_rematerialization_partition(joint_module: fx.GraphModule, _joint_inputs=None,
                                         compiler: str = "inductor", *, num_fwd_outputs: int,
@@ -29,30 +104,34 @@ def min_cut_rematerialization_partition(joint_module: fx.GraphModule, _joint_inp
                                         static_lifetime_input_nodes=None):
     """Forward and backward graphs that save a minimum-byte set of values."""
     saved = min_cut_saved_values(joint_module, num_fwd_outputs)
-    return split_joint(joint_module, num_fwd_outputs, saved)
+    return split_recomputing_late(joint_module, num_fwd_outputs, saved)
 
 
 def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int,
                          must_recompute: frozenset = frozenset()) -> list[fx.Node]:
+    """The saved values of a minimum-byte cut; `must_recompute` may not be saved."""
     primals, tangents, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
-    forward = with_tuple_elements(ancestors(fw_outs) | set(primals))
-    network, infinity = _network(joint, forward, set(primals), set(grads), must_recompute)
-    reachable = network.min_cut(SOURCE, SINK)
+    forward = forward_values(joint, num_fwd_outputs)
+    rules = forward_rules(forward)
+    network, infinity = _network(joint, forward, rules, set(grads), must_recompute)
+    value, reachable = network.min_cut(SOURCE, SINK)
+    assert value < infinity, "min-cut: the checkpoint policies and the op table conflict"
     cut = {n for n in forward if (n, "in") in reachable and (n, "out") not in reachable}
     # Zero-cost edges may be cut without being needed; keep what the backward reads.
     needed = ancestors(grads, stop=cut | set(tangents))
     return [n for n in joint.graph.nodes if n in cut and n in needed]
 
 
-def _network(joint, forward, primals, grads, must_recompute) -> tuple[FlowNetwork, int]:
+def _network(joint, forward, rules, grads, must_recompute) -> tuple[FlowNetwork, int]:
     infinity = 1 + 4 * sum(tensor_bytes(n.meta.get("val")) for n in forward)
     net = FlowNetwork()
     for node in joint.graph.nodes:
         if node not in forward:
             continue
-        net.add_edge((node, "in"), (node, "out"), _save_cost(node, primals, infinity,
-                                                             must_recompute))
-        if node in primals or _must_come_from_forward(node):
+        rule = rules[node]
+        cost = infinity if node in must_recompute else _save_cost(node, rule, infinity)
+        net.add_edge((node, "in"), (node, "out"), cost)
+        if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE):
             net.add_edge(SOURCE, (node, "in"), infinity)
         for user in node.users:
             if user in forward:
@@ -64,23 +143,78 @@ def _network(joint, forward, primals, grads, must_recompute) -> tuple[FlowNetwor
     return net, infinity
 
 
-def _must_come_from_forward(node: fx.Node) -> bool:
-    return node.op == "call_function" and recompute_class(node.target) == Recompute.NEVER
+TIE_BREAK = {Rule.CHOOSE: 0, Rule.SAVE: 1, Rule.FREE: 2}
 
 
-def _save_cost(node: fx.Node, primals, infinity: int, must_recompute) -> int:
-    """Twice the bytes, plus a tie-breaker: among equal sizes save the value that spares the
-    most recomputation (a cheap op's result over its expensive input), and a base over a
-    view of it."""
-    if node in primals:
-        # Inputs are alive anyway, unless the call overwrites them.
-        return infinity if node.meta.get(OVERWRITTEN) else 0
-    val = node.meta.get("val")
-    if isinstance(val, (tuple, list)) or node in must_recompute:
+def _save_cost(node: fx.Node, rule: str, infinity: int) -> int:
+    """Twice the bytes kept alive, plus a tie-breaker: among equal sizes save the value that
+    spares the most recomputation (a cheap op's result over its expensive input), and a
+    base over a view of it. A view keeps its whole base alive, so it costs the base."""
+    if rule == Rule.INPUT:
+        return 0  # alive anyway
+    if rule in (Rule.OVERWRITTEN, Rule.RECOMPUTE) or is_tuple(node):
         return infinity
-    kind = recompute_class(node.target)
-    tie = {Recompute.CHEAP: 0, Recompute.NEVER: 1, Recompute.FREE: 2}[kind]
-    return 2 * tensor_bytes(val) + tie
+    return 2 * tensor_bytes(base_of(node).meta.get("val")) + TIE_BREAK[rule]
+
+
+def base_of(node: fx.Node) -> fx.Node:
+    """The value whose buffer `node` lives in (itself unless it is a view)."""
+    while is_alias(node) and isinstance(node.args[0], fx.Node) and not is_tuple(node):
+        node = node.args[0]
+    return node
+
+
+# ---- the backward's schedule --------------------------------------------------------------
+
+def split_recomputing_late(joint: fx.GraphModule, num_fwd_outputs: int,
+                           saved: Sequence[fx.Node]) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """`split_joint`, then recompute each forward value just before its first use."""
+    fw, bw = split_joint(joint, num_fwd_outputs, saved)
+    forward = {n.name for n in forward_values(joint, num_fwd_outputs)
+               if n.op == "call_function"}
+    return fw, recompute_late(bw, forward)
+
+
+def recompute_late(bw: fx.GraphModule, forward: set[str]) -> fx.GraphModule:
+    """Move the backward's recomputations (its ops named in `forward`) to just before
+    their first use: in joint order they would all run, and be alive, at its start."""
+    order = just_in_time_order(list(bw.graph.nodes),
+                               lambda n: n.op == "call_function" and n.name in forward)
+    output = bw.graph.output_node()
+    for node in order:
+        if node is not output:
+            output.prepend(node)
+    bw.graph.lint()
+    bw.recompile()
+    return bw
+
+
+def just_in_time_order(nodes: Sequence[fx.Node], recomputed: Callable[[fx.Node], bool]
+                       ) -> list[fx.Node]:
+    """`nodes` (topologically ordered) with every recomputed node moved down to just
+    before the first node that needs it; the others keep their order."""
+    order: list[fx.Node] = []
+    placed: set[fx.Node] = set()
+    for node in nodes:
+        if not recomputed(node):
+            _place(node, recomputed, placed, order)
+    return order
+
+
+def _place(node, recomputed, placed, order) -> None:
+    """Append `node` after the recomputed inputs it still lacks (iterative post-order)."""
+    stack = [(node, False)]
+    while stack:
+        current, ready = stack.pop()
+        if current in placed:
+            continue
+        if ready:
+            placed.add(current)
+            order.append(current)
+            continue
+        stack.append((current, True))
+        stack.extend((i, False) for i in reversed(current.all_input_nodes)
+                     if i not in placed and recomputed(i))
 
 
 def saved_bytes(saved: Sequence[fx.Node], primals: Sequence[fx.Node] = ()) -> int:

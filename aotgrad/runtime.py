@@ -27,9 +27,11 @@ class RuntimePlan:
     non_differentiable: tuple[int, ...]
     copy_back_data: bool  # False when the inference graph copies into inputs itself
     disable_autocast: bool  # the graph already holds autocast's casts
-    # Mutated inputs whose old value is overwritten before any use (zero gradient): passed
-    # as fresh leaves, so that backward does not walk into their history.
-    detached_inputs: tuple[int, ...] = ()
+    # Inputs the backward returns no gradient for: passed detached, so that backward does not
+    # walk into their history (which may be freed). Mutated inputs whose old value is
+    # overwritten before any use get a zero gradient and become fresh leaves instead.
+    gradless_inputs: tuple[int, ...] = ()
+    overwritten_inputs: tuple[int, ...] = ()
 
     @property
     def mutated_inputs(self) -> tuple[int, ...]:
@@ -97,7 +99,10 @@ class CompiledCall:
         with _autocast_off(plan.disable_autocast):
             if self.backward is not None:
                 args = list(inputs)
-                for i in plan.detached_inputs:
+                for i in plan.gradless_inputs:
+                    if args[i].requires_grad:
+                        args[i] = args[i].detach()
+                for i in plan.overwritten_inputs:
                     args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
                 with torch.enable_grad():  # grad mode was applied when tracing
                     raw = apply_compiled(self, args)

@@ -33,11 +33,15 @@ class Recompute:
     NEVER = "never"  # expensive (matmul, convolution, attention), random, or effectful
 
 
-# Reductions whose recomputation is a single pass over an input the backward often holds.
+# Reductions whose recomputation is a single pass over an input the backward often holds
+# (normalizations and softmax are one fused reduction plus pointwise work).
 CHEAP_REDUCTIONS = frozenset({
     aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim,
     aten.amax.default, aten.amin.default, aten.var_mean.correction, aten.var.correction,
     aten.max.dim, aten.min.dim, aten.any.dim, aten.all.dim,
+    aten._softmax.default, aten._safe_softmax.default, aten._log_softmax.default,
+    aten.logsumexp.default,
+    aten.native_layer_norm.default,
 })
 
 # Ops without the pointwise tag that cost no more than one pointwise pass.
@@ -50,14 +54,23 @@ CHEAP_OTHERS = frozenset({
     aten.embedding.default, aten.slice_scatter.default, aten.select_scatter.default,
 })
 
+# Ops that only reinterpret their input's memory although their schema does not say so.
+VIEWS_IN_PRACTICE = frozenset({
+    aten._unsafe_view.default,
+})
+
 
 def recompute_class(target) -> str:
+    """How freely a value made by `target` may be recomputed (a `Recompute` constant).
+
+    Random ops and ops that mutate are never recomputed: a second run would not give the
+    value the forward saw."""
     import operator
     if target is operator.getitem:
         return Recompute.FREE
     if not isinstance(target, torch._ops.OpOverload):
         return Recompute.NEVER
-    if target.is_view:
+    if target.is_view or target in VIEWS_IN_PRACTICE:
         return Recompute.FREE
     tags = target.tags
     if torch.Tag.nondeterministic_seeded in tags or target._schema.is_mutable:
@@ -65,3 +78,14 @@ def recompute_class(target) -> str:
     if torch.Tag.pointwise in tags or target in CHEAP_REDUCTIONS or target in CHEAP_OTHERS:
         return Recompute.CHEAP
     return Recompute.NEVER
+
+
+def unsafe_to_recompute(target) -> bool:
+    """A second run would not give the value the forward saw (random ops, ops with effects,
+    calls aotgrad does not know): such values come from the forward, whatever a policy says."""
+    import operator
+    if target is operator.getitem:
+        return False
+    if not isinstance(target, torch._ops.OpOverload):
+        return True
+    return torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
