@@ -24,7 +24,7 @@ from torch import fx
 
 from . import ilp
 from .plans import Plan, PlanSpace, node_cost
-from .remat import split_recomputing_late
+from .remat import Rule, split_recomputing_late
 from .memory import tensor_bytes
 
 MAX_EXHAUSTIVE = 10  # free choices: 2**10 plans scored one by one
@@ -51,10 +51,11 @@ def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto") -> Curve:
     space = PlanSpace(joint, n)
     mincut = space.evaluate(space.min_cut())
     everything = space.evaluate(space.saved_for(space.candidates))
+    nothing = space.evaluate(space.saved_for(()))  # the least recomputation there is
     low, high = min(everything.peak_bytes, mincut.peak_bytes), mincut.peak_bytes
     name = pick_solver(space) if solver == "auto" else solver
     found = SOLVERS[name](space, low, high)
-    plans = [p for p in [mincut, everything, *found] if p.peak_bytes <= high]
+    plans = [p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high]
     return Curve(tuple(pareto(plans)), low, high, name)
 
 
@@ -129,7 +130,7 @@ def _ranked_candidates(space: PlanSpace, saved: Sequence[fx.Node], chosen: set) 
     available = set(saved) | chosen
     scored = []
     for node in saved:
-        if space.rules[node] != "choose" or node in chosen:
+        if space.rules[node] != Rule.CHOOSE or node in chosen:
             continue
         newly_saved = {i for i in node.all_input_nodes if i not in available}
         freed = tensor_bytes(node.meta.get("val")) - sum(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .budget import Curve, choose, plan_curve
-from .plans import Plan, node_cost
 from .memory import MemoryEstimate, estimate_peak
 from .pipeline import Artifact, SavedValue
+from .plans import Plan, node_cost
+from .remat import forward_values
 from .report import format_bytes
+
+BUDGET_STEPS = 11  # budgets 0, 0.1, ..., 1 in the report and the plot
 
 
 @dataclass(frozen=True)
@@ -19,93 +22,130 @@ class Recomputed:
     cost_bytes: int  # bytes the recomputation reads and writes
 
 
-@dataclass
+@dataclass(frozen=True)
 class Explanation:
     forward_code: str
     backward_code: str
     saved: list[SavedValue]
     recomputed: list[Recomputed]
     memory: MemoryEstimate
-    curve: list[Plan] = field(default_factory=list)
-    chosen: Plan | None = None
+    curve: Curve | None = None
+    chosen: Plan | None = None  # the curve's point for `memory_budget`
     memory_budget: float | None = None
 
     @property
     def estimated_peak_bytes(self) -> int:
         return self.memory.peak_bytes
 
+    def budget_points(self, steps: int = BUDGET_STEPS) -> list[tuple[float, Plan]]:
+        """(budget, the plan it picks) for budgets evenly spaced from 0 to 1."""
+        if self.curve is None:
+            return []
+        budgets = [i / (steps - 1) for i in range(steps)]
+        return [(b, choose(self.curve, b)) for b in budgets]
+
     def __str__(self) -> str:
         return "\n".join(self._lines())
 
     def _lines(self):
-        yield f"estimated peak {format_bytes(self.memory.peak_bytes)} (forward "
-        yield (f"  {format_bytes(self.memory.forward_peak_bytes)}, backward "
-               f"{format_bytes(self.memory.backward_peak_bytes)}; inputs "
-               f"{format_bytes(self.memory.input_bytes)}, saved "
-               f"{format_bytes(self.memory.saved_bytes)})")
+        m = self.memory
+        yield (f"estimated peak {format_bytes(m.peak_bytes)} (forward "
+               f"{format_bytes(m.forward_peak_bytes)}, backward "
+               f"{format_bytes(m.backward_peak_bytes)}; inputs {format_bytes(m.input_bytes)}, "
+               f"saved {format_bytes(m.saved_bytes)})")
         yield f"saved for backward ({len(self.saved)}):"
         yield from (f"  {s.name:<24} {s.op:<36} {str(list(s.shape)):<18} {s.dtype}  "
                     f"{format_bytes(s.nbytes)}" for s in self.saved)
-        yield f"recomputed in backward ({len(self.recomputed)}):"
-        yield from (f"  {r.name:<24} {r.op:<36} {format_bytes(r.cost_bytes)} of traffic"
+        total = sum(r.cost_bytes for r in self.recomputed)
+        yield (f"recomputed in backward ({len(self.recomputed)}, "
+               f"{format_bytes(total)} of traffic):")
+        yield from (f"  {r.name:<24} {r.op:<36} {format_bytes(r.cost_bytes)}"
                     for r in self.recomputed)
-        if self.curve:
-            yield f"memory/compute curve ({len(self.curve)} points), budget {self.memory_budget}:"
-            yield from (f"  {'*' if p is self.chosen else ' '} peak "
-                        f"{format_bytes(p.peak_bytes):>10}  recompute "
-                        f"{format_bytes(p.recompute_cost):>10}" for p in self.curve)
+        if self.curve is not None:
+            yield from self._curve_lines()
         yield "forward graph:" + self.forward_code
         yield "backward graph:" + self.backward_code
 
+    def _curve_lines(self):
+        c = self.curve
+        yield (f"memory/compute curve ({c.solver}; budget 0 -> {format_bytes(c.low_bytes)}, "
+               f"1 -> {format_bytes(c.high_bytes)}), budget {self.memory_budget}:")
+        yield from (f"  {'*' if p == self.chosen else ' '} peak {format_bytes(p.peak_bytes):>10}"
+                    f"  recompute {format_bytes(p.recompute_cost):>10}" for p in c.plans)
+
     def plot(self, path: str) -> None:
-        """Write the memory/compute curve as a PNG (needs matplotlib)."""
-        import matplotlib
+        """Write the memory/compute curve as a PNG (needs matplotlib): the estimated peak
+        and the recomputation each budget from 0 to 1 picks, and the Pareto front."""
+        try:
+            import matplotlib
+        except ImportError as e:
+            raise ImportError("Explanation.plot needs matplotlib: pip install matplotlib") from e
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([p.recompute_cost / 2**20 for p in self.curve],
-                [p.peak_bytes / 2**20 for p in self.curve], "o-")
+        if self.curve is None:
+            raise ValueError("explain(..., curve=False): there is no curve to plot")
+        points = self.budget_points(51)
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+        left.step([b for b, _ in points], [p.peak_bytes / 2**20 for _, p in points],
+                  where="post", label="estimated peak")
+        left.step([b for b, _ in points], [p.recompute_cost / 2**20 for _, p in points],
+                  where="post", label="recomputation traffic")
+        left.set_xlabel("memory budget")
+        left.set_ylabel("MiB")
+        left.legend()
+        right.plot([p.recompute_cost / 2**20 for p in self.curve.plans],
+                   [p.peak_bytes / 2**20 for p in self.curve.plans], "o-")
         if self.chosen is not None:
-            ax.plot([self.chosen.recompute_cost / 2**20], [self.chosen.peak_bytes / 2**20], "r*",
-                    markersize=14)
-        ax.set_xlabel("recomputation (MiB of traffic)")
-        ax.set_ylabel("estimated peak (MiB)")
+            right.plot([self.chosen.recompute_cost / 2**20], [self.chosen.peak_bytes / 2**20],
+                       "r*", markersize=14)
+        right.set_xlabel("recomputation (MiB of traffic)")
+        right.set_ylabel("estimated peak (MiB)")
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
 
 
 def explain(fn_or_module: Callable, *example_inputs: Any, memory_budget: float | None = None,
-            partitioner: Callable | None = None, print_report: bool = True, **kwargs) -> Explanation:
-    """Compile for `example_inputs` (eager backend) and report the partition.
+            partitioner: Callable | None = None, curve: bool = True, plot: str | None = None,
+            print_report: bool = True, **options) -> Explanation:
+    """Compile for `example_inputs` (eager backend), report the partition, and print it.
+
+    `memory_budget` and `partitioner` are passed to `aotgrad.compile`, as are `options`;
+    `curve` also computes the memory/compute curve over budgets; `plot` writes it as a PNG.
 
     >>> import torch, aotgrad
     >>> w = torch.randn(8, 8, requires_grad=True)
-    >>> report = aotgrad.explain(lambda x: (x @ w).relu().sum(), torch.randn(4, 8),
+    >>> report = aotgrad.explain(lambda x, w: (x @ w).relu().sum(), torch.randn(4, 8), w,
     ...                          print_report=False)
     >>> report.estimated_peak_bytes > 0
     True
     """
     from .api import compile
     compiled = compile(fn_or_module, backend="eager", partitioner=partitioner,
-                       memory_budget=memory_budget, **kwargs)
+                       memory_budget=memory_budget, **options)
     compiled(*example_inputs)
-    report = _explanation(compiled.artifacts[-1], memory_budget)
+    report = explain_artifact(compiled.artifacts[-1], memory_budget, curve)
     if print_report:
         print(report)
+    if plot is not None:
+        report.plot(plot)
     return report
 
 
-def _explanation(artifact: Artifact, budget: float | None) -> Explanation:
+def explain_artifact(artifact: Artifact, memory_budget: float | None = None,
+                     curve: bool = True) -> Explanation:
+    """The report for one compile's artifact."""
     fw, bw = artifact.forward_graph, artifact.backward_graph
     if bw is None:
         raise ValueError("explain: nothing requires grad, so there is no backward to partition")
     n = artifact.info.num_graph_outputs
-    fw_names = {node.name for node in fw.graph.nodes}
+    forward = {v.name for v in forward_values(artifact.joint_graph, n)}
     recomputed = [Recomputed(node.name, str(node.target), node_cost(node))
                   for node in bw.graph.nodes
-                  if node.op == "call_function" and node.name in fw_names]
-    curve = plan_curve(artifact.joint_graph, n)
-    chosen = choose(curve, 1.0 if budget is None else budget)
+                  if node.op == "call_function" and node.name in forward]
+    the_curve = plan_curve(artifact.joint_graph, n) if curve else None
+    chosen = None
+    if the_curve is not None and memory_budget is not None:
+        chosen = choose(the_curve, memory_budget)
     return Explanation(fw.code, bw.code, artifact.saved, recomputed, estimate_peak(fw, bw, n),
-                       curve, chosen, budget)
+                       the_curve, chosen, memory_budget)

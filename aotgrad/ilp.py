@@ -58,9 +58,9 @@ def solve_curve(space: PlanSpace, low: int, high: int) -> list[Plan]:
 
 def exact_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
     """The Pareto front, from the top: the cheapest plan that fits, then the cheapest that
-    fits strictly below its peak, and so on."""
+    fits strictly below its peak, and so on, down to the lowest peak there is."""
     plans, cuts, target = [], [], high
-    while target >= low:
+    while True:
         plan = program.cheapest_fitting(target, cuts)
         if plan is None:
             break
@@ -71,8 +71,7 @@ def exact_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
 
 def grid_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
     plans = []
-    for j in range(GRID + 1):
-        target = low + (high - low) * j // GRID
+    for target in sorted({low + (high - low) * j // GRID for j in range(GRID + 1)}):
         aim = target
         for _ in range(3):
             plan = program.solve(aim, [], gap=1e-3)

@@ -158,7 +158,8 @@ def _unflattener(spec: pytree.TreeSpec) -> Callable[[list], Any]:
     """Rebuild the user's output structure; the common shapes skip pytree."""
     if spec.is_leaf():
         return lambda outs: outs[0]
-    if spec.type is tuple and all(child.is_leaf() for child in spec.children_specs):
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    if spec.type is tuple and all(child.is_leaf() for child in children):
         return tuple
     return lambda outs: pytree.tree_unflatten(outs, spec)
 

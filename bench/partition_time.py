@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -52,7 +53,7 @@ class Transformer(nn.Module):
         self.head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, ids):
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        x = self.tok(ids) + self.pos.weight[: ids.shape[1]]
         logits = self.head(self.ln(self.blocks(x)))
         return nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten())
 
@@ -68,14 +69,18 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--curve", action="store_true", help="also time the budget curve")
+    parser.add_argument("--solvers", default="auto", help="comma-separated: auto, ilp, greedy")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--decompose", action="store_true",
                         help="trace with Inductor's decompositions (a larger graph)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    model = Transformer(args.layers)
-    ids = torch.randint(0, 50257, (args.batch, args.seq))
+    # Fake tensors: shapes without data, so a GPT-2-sized step costs no compute here.
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = Transformer(args.layers, vocab=args.vocab)
+        ids = torch.randint(0, args.vocab, (args.batch, args.seq))
     decomps = None
     if args.decompose:
         from torch._inductor.decomposition import select_decomp_table
@@ -96,9 +101,13 @@ def main(argv=None):
     print(f"saved bytes: min-cut {saved(fw, n) / 2**20:.1f} MiB, "
           f"default {saved(dfw, n) / 2**20:.1f} MiB")
     if args.curve:
-        curve, t_curve = timed(budget.plan_curve, joint, n)
-        print(f"plan_curve {t_curve:.3f} s, {len(curve)} points: " + ", ".join(
-            f"{p.peak_bytes / 2**20:.0f} MiB/{p.recompute_cost / 2**20:.0f}" for p in curve))
+        for solver in args.solvers.split(","):
+            curve, t_curve = timed(budget.plan_curve, joint, n, solver)
+            print(f"plan_curve ({curve.solver}) {t_curve:.3f} s, budget 0..1 = "
+                  f"{curve.low_bytes / 2**20:.0f}..{curve.high_bytes / 2**20:.0f} MiB, "
+                  f"{len(curve.plans)} points (peak MiB/recompute MiB): " + ", ".join(
+                      f"{p.peak_bytes / 2**20:.0f}/{p.recompute_cost / 2**20:.0f}"
+                      for p in curve.plans))
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)

@@ -20,12 +20,14 @@ import json
 import os
 import platform
 import signal
+import fcntl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -59,13 +61,15 @@ class Mode:
         lambda budget: contextlib.nullcontext()
 
 
-def _build_gpt2(small):
+def _build_gpt2(small, dropout=True):
     from transformers import GPT2Config, GPT2LMHeadModel
     if small:
         config = GPT2Config(vocab_size=1024, n_positions=64, n_embd=128, n_layer=2, n_head=4)
     else:
         config = GPT2Config()  # GPT-2 small: 12 layers x 768, random init, nothing downloaded
     config.use_cache = False  # training: no key/value cache among the outputs
+    if not dropout:
+        config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
     batch, tokens = (2, 64) if small else (8, 1024)
     ids = torch.randint(0, config.vocab_size, (batch, tokens))
     return LanguageModelLoss(GPT2LMHeadModel(config)), (ids,)
@@ -94,6 +98,9 @@ def _build_tiny(small):
 
 MODELS = {
     "gpt2": ModelSpec(_build_gpt2, ("transformers",), ("transformers",), autocast=True),
+    # Not run by default: GPT-2 without random ops, to tell dropout's cost or failures apart.
+    "gpt2_nodropout": ModelSpec(lambda small: _build_gpt2(small, dropout=False),
+                                ("transformers",), ("transformers",), autocast=True),
     "resnet50": ModelSpec(_build_resnet50, ("timm",), (), autocast=True, channels_last=True),
     "mlp": ModelSpec(_build_mlp, (), (), autocast=False),
     "tiny": ModelSpec(_build_tiny, (), (), autocast=False),
@@ -136,10 +143,15 @@ MODES = {
     "aotgrad_compile": Mode(_aotgrad_compile("inductor")),
     "aotgrad_compile_eager": Mode(_aotgrad_compile("eager")),
 }
+DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]
 DEFAULT_MODES = [m for m in MODES if m != "aotgrad_compile_eager"]  # that one is for CPU tests
 
-# (warm-up steps, timed steps, seconds per row, seconds for the whole run)
-SETTINGS = {"full": (5, 30, 900, None), "quick": (3, 10, 150, 570)}
+# Defaults of --warmup, --steps, --timeout (per row), --time-limit (whole run), --jobs (rows
+# compiling at once on a GPU; the timed steps always run one row at a time).
+SETTINGS = {
+    "full": dict(warmup=5, steps=30, timeout=900, time_limit=None, jobs=1),
+    "quick": dict(warmup=3, steps=10, timeout=150, time_limit=540, jobs=3),
+}
 MIN_ROW_SECONDS = 20  # a row with less time left than this is skipped, not started
 
 
@@ -195,6 +207,7 @@ def _recording(backend, sink):
         compiled = backend(gm, example_inputs)
         sink.append(compiled)
         return compiled
+    recorded.__name__ = getattr(backend, "__name__", "backend")  # Dynamo's errors name it
     return recorded
 
 
@@ -258,22 +271,36 @@ def time_step(step, cuda: bool) -> dict:
     return {"host": t1 - t0, "wall": t2 - t0, "step": device_s, "loss": loss.item()}
 
 
-def measure(step, job: Job) -> dict:
+@contextlib.contextmanager
+def exclusive(lock_path: str | None):
+    """Rows may compile side by side (--jobs); only one at a time runs its timed steps."""
+    if lock_path is None:
+        yield 0.0
+        return
+    start = time.perf_counter()
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield time.perf_counter() - start
+    # closing the file releases the lock
+
+
+def measure(step, job: Job, lock_path: str | None) -> dict:
     cuda = job.device.startswith("cuda")
     first = time_step(step, cuda)  # compiles
-    for _ in range(job.warmup):
-        time_step(step, cuda)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated() if cuda else None
-    timed = [time_step(step, cuda) for _ in range(job.steps)]
+    with exclusive(lock_path) as waited:
+        for _ in range(job.warmup):
+            time_step(step, cuda)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() if cuda else None
+        timed = [time_step(step, cuda) for _ in range(job.steps)]
     median = {k: statistics.median(t[k] for t in timed) for k in ("host", "wall", "step")}
     return {
         "compile_s": first["wall"] - median["wall"], "first_step_s": first["wall"],
         "step_ms": median["step"] * 1e3, "wall_ms": median["wall"] * 1e3,
         "host_ms": median["host"] * 1e3, "loss": first["loss"],
         "peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
-        "base_mb": base / 2**20 if cuda else None,
+        "base_mb": base / 2**20 if cuda else None, "lock_wait_s": waited,
     }
 
 
@@ -310,25 +337,39 @@ def _sum_timings(timings) -> dict:
     return total
 
 
-def run_row(job: Job) -> dict:
+def run_row(job: Job, lock_path: str | None = None) -> dict:
     torch.manual_seed(0)
     model, batch, use_autocast = prepare(job)
     mode = MODES[job.mode]
     sink: list = []
     with mode.config(job.budget):
         compiled = mode.compile(model, job.budget, sink)
-        metrics = measure(make_step(model, compiled, batch, use_autocast), job)
+        metrics = measure(make_step(model, compiled, batch, use_autocast), job, lock_path)
     return {**metrics, **compile_facts(sink, job.mode), "autocast": use_autocast}
 
 
-def worker_main(job_json: str, result_path: str) -> None:
+def describe(error: BaseException) -> str:
+    """The innermost error first: Dynamo and Inductor wrap a backend's error in their own."""
+    chain = [error]
+    while len(chain) < 10:
+        inner = getattr(chain[-1], "inner_exception", None) or chain[-1].__cause__
+        if inner is None:
+            break
+        chain.append(inner)
+    message = f"{type(chain[-1]).__name__}: {chain[-1]}"
+    if len(chain) == 1:
+        return message
+    return message + "\n(raised through " + " <- ".join(type(e).__name__ for e in chain[-2::-1]) + ")"
+
+
+def worker_main(job_json: str, result_path: str, lock_path: str | None) -> None:
     job = Job(**json.loads(job_json))
     start = time.perf_counter()
     try:
-        result = {"status": "ok", **run_row(job)}
+        result = {"status": "ok", **run_row(job, lock_path)}
     except Exception as e:  # recorded in the table; the parent goes on with the next row
-        result = {"status": "error", "error": f"{type(e).__name__}: {e}"[:2000],
-                  "traceback": traceback.format_exc()[-4000:]}
+        result = {"status": "error", "error": describe(e)[:2000],
+                  "traceback": traceback.format_exc()[-6000:]}
     result["elapsed_s"] = time.perf_counter() - start
     Path(result_path).write_text(json.dumps(result))
 
@@ -336,16 +377,16 @@ def worker_main(job_json: str, result_path: str) -> None:
 # ---------------------------------------------------------------------------- the run (parent)
 
 def plan_jobs(args) -> list[Job]:
-    """Rows in priority order: every default-budget row before the lower budgets, so that a
-    run cut short by --time-limit loses the budget sweep first."""
     budgets = args.budgets or [None]
-    jobs = []
-    for model in args.models:
-        for mode in args.modes:
-            for budget in (budgets if MODES[mode].budgeted else [None]):
-                jobs.append(Job(model, mode, budget, args.small, args.device,
-                                args.warmup, args.steps))
-    return sorted(jobs, key=lambda j: j.budget is not None and j.budget < 1.0)
+    return [Job(model, mode, budget, args.small, args.device, args.warmup, args.steps)
+            for model in args.models for mode in args.modes
+            for budget in (budgets if MODES[mode].budgeted else [None])]
+
+
+def run_order(jobs: list[Job]) -> list[int]:
+    """Every row at the default budget (or 1.0) first, so that a run cut short by
+    --time-limit loses the lower budgets, not whole models."""
+    return sorted(range(len(jobs)), key=lambda i: (jobs[i].budget or 1.0) < 1.0)
 
 
 def missing_modules(job: Job) -> list[str]:
@@ -370,6 +411,8 @@ def _spawn(job: Job, timeout: float, args) -> dict:
         result_path, log_path = Path(tmp, "result.json"), Path(tmp, "log.txt")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker",
                json.dumps(asdict(job)), "--result", str(result_path)]
+        if args.lock:
+            cmd += ["--lock", args.lock]
         with open(log_path, "w") as log:
             # A session of its own: on timeout the whole group goes, Inductor's compile
             # workers included.
@@ -379,9 +422,12 @@ def _spawn(job: Job, timeout: float, args) -> dict:
         log_tail = log_path.read_text(errors="replace")[-3000:]
         if result_path.exists():
             return json.loads(result_path.read_text())
-        status = "timeout" if timed_out else "crash"
-        reason = f"no result after {timeout:.0f}s" if timed_out else f"exit code {proc.returncode}"
-        return {"status": status, "error": reason, "log_tail": log_tail}
+        if timed_out:
+            return {"status": "timeout", "error": f"no result after {timeout:.0f}s",
+                    "log_tail": log_tail}
+        last = [line for line in log_tail.splitlines() if line.strip()][-1:] or [""]
+        return {"status": "crash", "error": f"exit code {proc.returncode}: {last[0]}",
+                "log_tail": log_tail}
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> bool:
@@ -399,7 +445,11 @@ def _wait(proc: subprocess.Popen, timeout: float) -> bool:
 def _worker_env(args) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", args.cache_dir)
+    if args.cache_dir:
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", args.cache_dir)
+    if args.jobs > 1:  # share the cores between the rows compiling at once
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(threads))
     if args.cold:
         env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-",
                                                           dir=args.cache_dir)
@@ -417,7 +467,7 @@ def environment(args) -> dict:
         "argv": sys.argv[1:],
         "settings": {"small": args.small, "warmup": args.warmup, "steps": args.steps,
                      "timeout_s": args.timeout, "time_limit_s": args.time_limit,
-                     "cold_cache": args.cold},
+                     "jobs": args.jobs, "cold_cache": args.cold},
     }
 
 
@@ -435,20 +485,25 @@ def _version(module: str) -> str | None:
         return "unknown"
 
 
-def run_all(args) -> list[dict]:
+def run_all(args, save: Callable[[list[dict]], None]) -> list[dict]:
+    """Every row, --jobs at a time, in run_order; `save` gets the finished rows after each."""
     deadline = None if args.time_limit is None else time.time() + args.time_limit
-    rows = []
     jobs = plan_jobs(args)
-    for i, job in enumerate(jobs, 1):
-        row = run_job(job, args, deadline)
-        rows.append(row)
-        print(f"[{i}/{len(jobs)}] {job.label}: {_progress(row)}", flush=True)
+    rows: list[dict] = [{}] * len(jobs)
+    with ThreadPoolExecutor(args.jobs) as pool:  # threads only wait on the subprocesses
+        futures = {pool.submit(run_job, jobs[i], args, deadline): i for i in run_order(jobs)}
+        for done, future in enumerate(as_completed(futures), 1):
+            i = futures[future]
+            rows[i] = future.result()
+            print(f"[{done}/{len(jobs)}] {jobs[i].label}: {_progress(rows[i])}", flush=True)
+            save([r for r in rows if r])  # a run killed from outside keeps what it finished
     return rows
 
 
 def _progress(row: dict) -> str:
     if row["status"] != "ok":
-        return f"{row['status']}: {row.get('error', '')[:100]}"
+        first_line = (row.get("error") or "").strip().split("\n")[0]
+        return f"{row['status']}: {first_line[:150]}"
     return (f"compile {row['compile_s']:.1f}s, step {row['step_ms']:.2f} ms "
             f"({row['elapsed_s']:.0f}s)")
 
@@ -457,7 +512,7 @@ def _progress(row: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", type=_names(MODELS), default=list(MODELS))
+    p.add_argument("--models", type=_names(MODELS), default=DEFAULT_MODELS)
     p.add_argument("--modes", type=_names(MODES), default=DEFAULT_MODES)
     p.add_argument("--budgets", type=_floats, default=None,
                    help="e.g. 1.0,0.5,0.2: torch_compile and aotgrad_dynamo once per budget")
@@ -469,20 +524,24 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, help="timed steps (median reported)")
     p.add_argument("--timeout", type=float, help="seconds per row")
     p.add_argument("--time-limit", type=float, help="seconds for the whole run")
+    p.add_argument("--jobs", type=int, help="rows compiling at once (timed steps never overlap)")
     p.add_argument("--cold", action="store_true",
                    help="a fresh Inductor cache per row (default: one per run, shared)")
     p.add_argument("--out", type=Path, default=BENCH_DIR / "results")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--lock", help=argparse.SUPPRESS)
     return _fill_defaults(p.parse_args(argv))
 
 
 def _fill_defaults(args):
-    warmup, steps, timeout, time_limit = SETTINGS["quick" if args.quick else "full"]
-    args.warmup = warmup if args.warmup is None else args.warmup
-    args.steps = steps if args.steps is None else args.steps
-    args.timeout = timeout if args.timeout is None else args.timeout
-    args.time_limit = time_limit if args.time_limit is None else args.time_limit
+    settings = SETTINGS["quick" if args.quick else "full"]
+    if not args.device.startswith("cuda"):
+        settings = {**settings, "jobs": 1}  # on CPU a compiling row would skew the timed one
+    for name, value in settings.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.cache_dir = None  # main() makes one per run, and the lock file in it
     return args
 
 
@@ -503,13 +562,14 @@ def _floats(text):
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.worker:
-        return worker_main(args.worker, args.result)
+        return worker_main(args.worker, args.result, args.lock)
     from run_report import summary_table, write_outputs  # beside this file
     start = time.time()
     meta = environment(args)
-    with tempfile.TemporaryDirectory(prefix="bench-inductor-") as cache_dir:
-        args.cache_dir = cache_dir  # Inductor's cache: cold at the start of every run
-        rows = run_all(args)
+    with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+        args.cache_dir = scratch  # Inductor's cache: cold at the start of every run
+        args.lock = os.path.join(scratch, "timed-steps.lock")
+        rows = run_all(args, lambda done: write_outputs(args.out, meta, done, plots=False))
     meta["total_s"] = time.time() - start
     notes = write_outputs(args.out, meta, rows)
     print(summary_table(meta, rows, notes), flush=True)

@@ -38,13 +38,15 @@ NOTES = [
     "via aotgrad.backend(memory_budget=...); '-' is each one's default.",
     "Inductor's on-disk cache starts empty for the run and is shared by its rows (unless "
     "--cold), so a later row can reuse kernels an earlier one compiled.",
+    "With --jobs > 1 (the --quick default on GPU) rows compile side by side, so compile "
+    "times include contention for the CPU; timed steps never overlap (a lock).",
 ]
 
 
-def write_outputs(out: Path, meta: dict, rows: list[dict]) -> list[str]:
+def write_outputs(out: Path, meta: dict, rows: list[dict], plots: bool = True) -> list[str]:
     """Write everything; return notes worth printing (skipped models, missing plots)."""
     out.mkdir(parents=True, exist_ok=True)
-    notes = skip_notes(rows) + write_plots(out, rows)
+    notes = skip_notes(rows) + (write_plots(out, rows) if plots else [])
     (out / "results.json").write_text(json.dumps({"meta": meta, "notes": notes,
                                                   "results": rows}, indent=1, default=str))
     (out / "results.md").write_text(markdown(meta, rows, notes))
