@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 
@@ -101,7 +101,16 @@ def fake_mode_for(graph_inputs: Sequence[torch.Tensor]) -> FakeTensorMode:
 
 def fake_inputs(mode: FakeTensorMode, graph_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Fresh fake tensors with the inputs' metadata; tracing may mutate them freely."""
+    for t in graph_inputs:
+        _refuse_subclass(t)
     return [_fresh_fake(mode, t) for t in graph_inputs]
+
+
+def _refuse_subclass(t: torch.Tensor) -> None:
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, FakeTensor):
+        raise NotImplementedError(
+            f"aotgrad: an input is a tensor subclass ({type(t).__name__}); subclasses are not "
+            "supported yet. Unwrap it to plain tensors before the compiled function.")
 
 
 def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
@@ -114,10 +123,18 @@ def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def functional_mode():
-    """Run the user function functionalized: mutations and views become out-of-place ops."""
+    """Run the user function functionalized: mutations and views become out-of-place ops.
+
+    The caller's saved-tensor hooks (save_on_cpu, ...) are for the values the compiled
+    forward saves at run time, not for the fake values tracing saves: identity hooks
+    shadow them meanwhile."""
     mode = FunctionalTensorMode()
-    with mode:
+    with torch.autograd.graph.saved_tensors_hooks(_same, _same), mode:
         yield mode
+
+
+def _same(t):
+    return t
 
 
 def to_functional(args: Sequence[Any]) -> list[Any]:

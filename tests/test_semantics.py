@@ -1,0 +1,141 @@
+"""Eager semantics beyond the corpus: custom Functions, randomness, grad-mode and autocast
+regions, saved-tensor hooks, and clear refusals. Each through the three front doors."""
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad.compat import aot_function, nop
+
+
+def compile_eager(fn):
+    return aotgrad.compile(fn, backend="eager")
+
+
+def compat(fn):
+    return aot_function(fn, nop)
+
+
+def dynamo(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=aotgrad.backend(backend="eager"))
+
+
+DOORS = pytest.mark.parametrize("door", [compile_eager, compat, dynamo],
+                                ids=["compile", "compat", "dynamo"])
+
+
+def grads(fn, *args):
+    fn(*args).sum().backward()
+    out = [a.grad.clone() for a in args if a.requires_grad]
+    for a in args:
+        a.grad = None
+    return out
+
+
+class TripleExpGrad(torch.autograd.Function):
+    """exp, with a backward deliberately 3x the true one: shows which backward runs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        ctx.mark_non_differentiable(idx := (x > 0).to(torch.int64))
+        return y, idx
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g, _):
+        (y,) = ctx.saved_tensors
+        return g * y * 3
+
+
+@DOORS
+def test_custom_function_backward_is_used(door):
+    def f(x):
+        y, idx = TripleExpGrad.apply(x)
+        return y * idx
+    x = torch.randn(5, requires_grad=True)
+    torch.testing.assert_close(grads(door(f), x), grads(f, x))
+
+
+@DOORS
+def test_dropout_is_reproducible_under_manual_seed_and_fresh_otherwise(door):
+    def f(x):
+        return torch.nn.functional.dropout(x, 0.5) * x
+    compiled = door(f)
+    x = torch.randn(64, requires_grad=True)
+    torch.manual_seed(0)
+    first = compiled(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(first, f(x))
+    assert not torch.equal(compiled(x), first)
+
+
+@DOORS
+def test_dropout_backward_uses_the_forward_mask(door):
+    x = torch.randn(256, requires_grad=True)
+    out = door(lambda x: torch.nn.functional.dropout(x, 0.5) * 3)(x)
+    out.sum().backward()
+    kept = out != 0
+    torch.testing.assert_close(x.grad, kept.float() * 6.0)  # scale 1/(1-p) times 3
+
+
+@DOORS
+def test_grad_mode_regions_inside(door):
+    def f(x):
+        with torch.no_grad():
+            a = x * 2
+        with torch.enable_grad():
+            b = x * 3
+        return a + b
+    x = torch.randn(4, requires_grad=True)
+    torch.testing.assert_close(grads(door(f), x), grads(f, x))
+    with torch.no_grad():
+        assert door(f)(x).requires_grad == f(x).requires_grad
+
+
+@DOORS
+def test_autocast_region_inside(door):
+    def f(x, w):
+        with torch.autocast("cpu", torch.bfloat16):
+            y = x @ w
+        return y.float().relu()
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    out = door(f)(x, w)
+    assert out.dtype == f(x, w).dtype
+    torch.testing.assert_close(grads(door(f), x, w), grads(f, x, w), atol=1e-2, rtol=1e-2)
+
+
+@DOORS
+def test_saved_tensor_hooks_see_what_the_compiled_forward_saves(door):
+    packed = []
+    compiled = door(lambda x: x.sin())
+    x = torch.randn(3, requires_grad=True)
+    compiled(x)  # compile outside the hooks
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out = compiled(x)
+    out.sum().backward()
+    assert len(packed) == 1 and packed[0].shape == (3,)
+    torch.testing.assert_close(x.grad, x.cos())
+
+
+def test_save_on_cpu_keeps_gradients_right():
+    x = torch.randn(5, requires_grad=True)
+    compiled = compile_eager(lambda x: (x.exp() * x).sum())
+    with torch.autograd.graph.save_on_cpu():
+        compiled(x).backward()
+    torch.testing.assert_close(x.grad, x.exp() * (x + 1))
+
+
+def test_tensor_subclass_inputs_are_refused():
+    from torch.testing._internal.two_tensor import TwoTensor
+    with pytest.raises(NotImplementedError, match="tensor subclass"):
+        compile_eager(lambda a: a * 2)(TwoTensor(torch.randn(2), torch.randn(2)))
+
+
+def test_double_backward_is_refused():
+    x = torch.randn(3, requires_grad=True)
+    y = compile_eager(lambda x: x.sin().sum())(x)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(y, x, create_graph=True)
