@@ -22,15 +22,19 @@ def format_bytes(n: float) -> str:
     raise AssertionError
 
 
-def summarize(artifact: "Artifact") -> str:
+def summarize(artifact: "Artifact", largest: int = 10) -> str:
+    """Graph sizes, the largest values saved for backward, and compile time per stage."""
     lines = [_graph_line(artifact)]
-    saved = artifact.saved
+    saved = sorted(artifact.saved, key=lambda s: -s.nbytes)
     if saved:
         total = sum(s.nbytes for s in saved)
-        lines.append(f"saved for backward: {len(saved)} values, {format_bytes(total)}")
+        lines.append(f"saved for backward: {len(saved)} values, {format_bytes(total)} "
+                     f"(inputs among them cost nothing extra)")
         lines += [f"  {s.name:<24} {s.op:<36} {str(list(s.shape)):<20} "
                   f"{str(s.dtype).replace('torch.', ''):<9} {format_bytes(s.nbytes):>10}"
-                  for s in saved]
+                  for s in saved[:largest]]
+        if len(saved) > largest:
+            lines.append(f"  ... and {len(saved) - largest} smaller ones")
     timings = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in artifact.timings.items())
     lines.append(f"compile time: {timings}")
     return "\n".join(lines)
