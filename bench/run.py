@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import fcntl
 import importlib.util
 import json
 import os
 import platform
 import signal
-import fcntl
 import statistics
 import subprocess
 import sys
@@ -150,9 +150,10 @@ DEFAULT_MODES = [m for m in MODES if m != "aotgrad_compile_eager"]  # that one i
 # compiling at once on a GPU; the timed steps always run one row at a time).
 SETTINGS = {
     "full": dict(warmup=5, steps=30, timeout=900, time_limit=None, jobs=1),
-    "quick": dict(warmup=3, steps=10, timeout=150, time_limit=540, jobs=3),
+    "quick": dict(warmup=3, steps=10, timeout=200, time_limit=530, jobs=3),
 }
 MIN_ROW_SECONDS = 20  # a row with less time left than this is skipped, not started
+COMPILED_MARK = "bench: first step done"
 
 
 # ---------------------------------------------------------------------------- the models
@@ -230,7 +231,7 @@ class Job:
 
 
 def prepare(job: Job):
-    """The loss module and batch on the device; a step function that runs one training step."""
+    """The loss module (in training mode) and its batch, on the device."""
     spec = MODELS[job.model]
     model, batch = spec.build(job.small)
     fmt = torch.channels_last if spec.channels_last else torch.contiguous_format
@@ -287,6 +288,7 @@ def exclusive(lock_path: str | None):
 def measure(step, job: Job, lock_path: str | None) -> dict:
     cuda = job.device.startswith("cuda")
     first = time_step(step, cuda)  # compiles
+    print(COMPILED_MARK, flush=True)  # the parent's log: tells a slow compile from slow steps
     with exclusive(lock_path) as waited:
         for _ in range(job.warmup):
             time_step(step, cuda)
@@ -357,9 +359,8 @@ def describe(error: BaseException) -> str:
             break
         chain.append(inner)
     message = f"{type(chain[-1]).__name__}: {chain[-1]}"
-    if len(chain) == 1:
-        return message
-    return message + "\n(raised through " + " <- ".join(type(e).__name__ for e in chain[-2::-1]) + ")"
+    wrappers = " <- ".join(type(e).__name__ for e in chain[-2::-1])
+    return f"{message}\n(raised through {wrappers})" if wrappers else message
 
 
 def worker_main(job_json: str, result_path: str, lock_path: str | None) -> None:
@@ -413,21 +414,27 @@ def _spawn(job: Job, timeout: float, args) -> dict:
                json.dumps(asdict(job)), "--result", str(result_path)]
         if args.lock:
             cmd += ["--lock", args.lock]
-        with open(log_path, "w") as log:
+        with open(log_path, "w") as log_file:
             # A session of its own: on timeout the whole group goes, Inductor's compile
             # workers included.
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=_worker_env(args))
             timed_out = _wait(proc, timeout)
-        log_tail = log_path.read_text(errors="replace")[-3000:]
         if result_path.exists():
             return json.loads(result_path.read_text())
-        if timed_out:
-            return {"status": "timeout", "error": f"no result after {timeout:.0f}s",
-                    "log_tail": log_tail}
-        last = [line for line in log_tail.splitlines() if line.strip()][-1:] or [""]
-        return {"status": "crash", "error": f"exit code {proc.returncode}: {last[0]}",
-                "log_tail": log_tail}
+        log = log_path.read_text(errors="replace")
+        return _no_result(log, proc.returncode, timeout if timed_out else None)
+
+
+def _no_result(log: str, returncode: int, timed_out_after: float | None) -> dict:
+    """The worker died or was killed before writing its result."""
+    if timed_out_after is not None:
+        stage = "in the timed steps" if COMPILED_MARK in log else "compiling"
+        return {"status": "timeout", "log_tail": log[-3000:],
+                "error": f"no result after {timed_out_after:.0f}s ({stage})"}
+    last = [line for line in log.splitlines() if line.strip()][-1:] or [""]
+    return {"status": "crash", "error": f"exit code {returncode}: {last[0]}",
+            "log_tail": log[-3000:]}
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> bool:
@@ -447,6 +454,8 @@ def _worker_env(args) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     if args.cache_dir:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", args.cache_dir)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     if args.jobs > 1:  # share the cores between the rows compiling at once
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(threads))
@@ -467,7 +476,7 @@ def environment(args) -> dict:
         "argv": sys.argv[1:],
         "settings": {"small": args.small, "warmup": args.warmup, "steps": args.steps,
                      "timeout_s": args.timeout, "time_limit_s": args.time_limit,
-                     "jobs": args.jobs, "cold_cache": args.cold},
+                     "jobs": args.jobs, "threads": args.threads, "cold_cache": args.cold},
     }
 
 
@@ -514,8 +523,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=_names(MODELS), default=DEFAULT_MODELS)
     p.add_argument("--modes", type=_names(MODES), default=DEFAULT_MODES)
-    p.add_argument("--budgets", type=_floats, default=None,
-                   help="e.g. 1.0,0.5,0.2: torch_compile and aotgrad_dynamo once per budget")
+    p.add_argument("--budgets", type=_budgets, default=None,
+                   help="e.g. 1.0,0.5,0.2: torch_compile and aotgrad_dynamo once per budget; "
+                        "'default' is the row without one")
     p.add_argument("--small", action="store_true", help="the small CPU-sized variants")
     p.add_argument("--quick", action="store_true",
                    help="few steps and a whole-run time limit: fits one 10-minute command")
@@ -525,6 +535,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, help="seconds per row")
     p.add_argument("--time-limit", type=float, help="seconds for the whole run")
     p.add_argument("--jobs", type=int, help="rows compiling at once (timed steps never overlap)")
+    p.add_argument("--threads", type=int,
+                   help="OMP_NUM_THREADS for the rows (1 steadies CPU timings on a shared host)")
     p.add_argument("--cold", action="store_true",
                    help="a fresh Inductor cache per row (default: one per run, shared)")
     p.add_argument("--out", type=Path, default=BENCH_DIR / "results")
@@ -555,8 +567,9 @@ def _names(table):
     return parse
 
 
-def _floats(text):
-    return [float(b) for b in text.split(",") if b.strip()]
+def _budgets(text):
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    return [None if w == "default" else float(w) for w in words]
 
 
 def main(argv=None) -> None:

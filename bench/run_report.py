@@ -17,6 +17,7 @@ MAIN_COLUMNS = [
     ("step ms", lambda r, e: _num(r.get("step_ms"), ".2f")),
     ("vs eager", lambda r, e: _speedup(r, e)),
     ("host ms", lambda r, e: _num(r.get("host_ms"), ".3f")),
+    ("wall ms", lambda r, e: _num(r.get("wall_ms"), ".3f")),
     ("peak MB", lambda r, e: _num(r.get("peak_mb"), ".0f")),
     ("peak-base MB", lambda r, e: _num(_minus(r.get("peak_mb"), r.get("base_mb")), ".0f")),
     ("saved MB", lambda r, e: _num(r.get("saved_mb"), ".0f")),
@@ -24,14 +25,14 @@ MAIN_COLUMNS = [
 ]
 
 SUMMARY_COLUMNS = ["model", "mode", "budget", "status", "compile s", "step ms", "vs eager",
-                   "host ms", "peak MB"]
+                   "host ms", "wall ms", "peak MB"]
 
 NOTES = [
     "compile s: wall time of the first step minus the median wall time of a timed step.",
     "step ms: median over the timed steps of forward + loss.backward() + zero grads "
     "(CUDA events on GPU, perf_counter on CPU); vs eager: eager step / this step.",
-    "host ms: median time until the step's Python call returns (the host overhead; for the "
-    "`tiny` model this is the number to read).",
+    "host ms: median time until the step's Python call returns; wall ms: until the device "
+    "has finished it too. For the `tiny` model these are the host overhead per call.",
     "peak MB: torch.cuda.max_memory_allocated over the timed steps; peak-base: minus what "
     "was allocated before them (parameters, batch). saved MB: what aotgrad's forward saves.",
     "budget: torch_compile via torch._functorch.config.activation_memory_budget, aotgrad "
@@ -99,13 +100,13 @@ def markdown(meta: dict, rows: list[dict], notes: list[str]) -> str:
 def summary_table(meta: dict, rows: list[dict], notes: list[str]) -> str:
     """Plain text for stdout: the last thing a remote run prints."""
     chosen = [(h, c) for h, c in MAIN_COLUMNS if h in SUMMARY_COLUMNS] + \
-        [("note", lambda r, e: _one_line(r.get("error", ""))[:70])]
+        [("note", lambda r, e: _one_line(r.get("error", ""))[:60])]
     headers = [h for h, _ in chosen]
     cells = table(rows, chosen)
     widths = [max(len(x) for x in col) for col in zip(headers, *cells)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [f"== aotgrad bench: {meta['date']}  torch {meta['torch']}  {meta['device']}  "
-             f"({meta.get('total_s', 0):.0f} s)", *notes, fmt.format(*headers)]
+             f"({meta.get('total_s', 0):.0f} s)", *notes, fmt.format(*headers).rstrip()]
     return "\n".join(lines + [fmt.format(*row).rstrip() for row in cells])
 
 
@@ -155,11 +156,15 @@ def write_plots(out: Path, rows: list[dict]) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return ["plots skipped: matplotlib is not installed"]
+    notes = []
     for name, metric, ylabel in PLOTS:
         ok = [r for r in rows if r["status"] == "ok" and r.get(metric) is not None]
-        if ok:
-            bar_chart(plt, ok, metric, ylabel, out / name)
-    return []
+        try:
+            if ok:
+                bar_chart(plt, ok, metric, ylabel, out / name)
+        except Exception as e:  # a plot is a nicety: it must not cost the tables
+            notes.append(f"plot {name} failed: {type(e).__name__}: {e}")
+    return notes
 
 
 def bar_chart(plt, rows: list[dict], metric: str, ylabel: str, path: Path) -> None:

@@ -1,0 +1,104 @@
+"""bench/run.py end to end on CPU: small models, subprocess per row, JSON and Markdown out."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "bench" / "run.py"
+ROWS = [(model, mode) for model in ("mlp", "tiny") for mode in ("eager", "aotgrad_compile_eager")]
+
+
+def load_bench():
+    if "bench_run" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_run", RUN)
+        module = sys.modules["bench_run"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # its dataclasses look their module up by name
+    return sys.modules["bench_run"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--small", "--models", "mlp,tiny",
+         "--modes", "eager,aotgrad_compile_eager", "--steps", "2", "--warmup", "1",
+         "--device", "cpu", "--threads", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout, time.time() - start
+
+
+def test_json_has_one_ok_row_per_model_and_mode(results):
+    out, _, _ = results
+    data = json.loads((out / "results.json").read_text())
+    assert {"date", "torch", "device"} <= set(data["meta"])
+    rows = {(r["model"], r["mode"]): r for r in data["results"]}
+    assert set(rows) == set(ROWS)
+    for key, row in rows.items():
+        assert row["status"] == "ok", (key, row.get("error"), row.get("traceback"))
+        assert row["step_ms"] > 0 and row["host_ms"] > 0 and row["peak_mb"] is None
+
+
+def test_aotgrad_rows_carry_stage_timings(results):
+    out, _, _ = results
+    rows = json.loads((out / "results.json").read_text())["results"]
+    for row in rows:
+        if row["mode"] == "aotgrad_compile_eager":
+            assert {"capture", "trace", "partition"} <= set(row["stages"])
+            assert row["aotgrad_graphs"] == 1
+
+
+def test_markdown_and_stdout_list_every_row(results):
+    out, stdout, _ = results
+    markdown = (out / "results.md").read_text()
+    assert "torch:" in markdown and "device:" in markdown
+    summary = stdout[stdout.index("== aotgrad bench"):]  # printed last
+    for model, mode in ROWS:
+        assert f"| {model} | {mode} |" in markdown
+        assert any(line.split()[:2] == [model, mode] for line in summary.splitlines())
+
+
+def test_the_run_is_quick(results):
+    assert results[2] < 60
+
+
+def test_budgeted_modes_expand_and_lower_budgets_run_last():
+    bench = load_bench()
+    args = bench.parse_args(["--models", "mlp", "--modes", "eager,torch_compile,aotgrad_dynamo",
+                             "--budgets", "default,0.5", "--device", "cpu"])
+    jobs = bench.plan_jobs(args)
+    assert [j.label for j in jobs] == ["mlp/eager", "mlp/torch_compile", "mlp/torch_compile@0.5",
+                                       "mlp/aotgrad_dynamo", "mlp/aotgrad_dynamo@0.5"]
+    order = [jobs[i].label for i in bench.run_order(jobs)]
+    assert order[-2:] == ["mlp/torch_compile@0.5", "mlp/aotgrad_dynamo@0.5"]
+
+
+def test_a_missing_dependency_skips_the_row_with_a_note():
+    bench = load_bench()
+    job = bench.Job("gpt2", "eager", None, True, "cpu", 1, 1)
+    if importlib.util.find_spec("transformers") is not None:
+        pytest.skip("transformers is installed here: nothing is missing")
+    row = bench.run_job(job, bench.parse_args([]), deadline=None)
+    assert row["status"] == "skipped" and "transformers" in row["error"]
+
+
+def test_rows_past_the_time_limit_are_skipped():
+    bench = load_bench()
+    job = bench.Job("tiny", "eager", None, True, "cpu", 1, 1)
+    row = bench.run_job(job, bench.parse_args(["--device", "cpu"]), deadline=time.time() + 1)
+    assert row["status"] == "skipped" and "time" in row["error"]
+
+
+def test_an_error_in_a_row_is_recorded_not_raised():
+    bench = load_bench()
+    job = bench.Job("tiny", "eager", None, True, "no_such_device", 1, 1)
+    row = bench.run_job(job, bench.parse_args(["--device", "cpu"]), deadline=None)
+    assert row["status"] == "error" and "no_such_device" in row["error"]
+    assert "Traceback" in row["traceback"]
