@@ -1,13 +1,17 @@
 """A memory budget: trade recomputation for a lower estimated peak, on a fixed curve.
 
-`memory_budget` in [0, 1] places a target peak between two plans: 1 is the min-cut plan's
-estimated peak, 0 the lower of that and the peak of the plan that saves only what cannot
-be recomputed (inputs, expensive and random values) and recomputes everything else. Plans
-are scored by the estimated peak of the whole step (`memory`, not the sum of saved bytes)
-and by the compute they add (`plans.node_cost`). The curve is the Pareto front of the plans
-a solver found, computed once per graph; a budget picks the cheapest plan on it whose peak
-fits the target. So by construction a lower budget never raises the estimated peak, and
-the target is always met (the plan at the low end fits budget 0).
+`memory_budget` in [0, 1] places a target peak between two ends: 1 is the min-cut plan's
+estimated peak, 0 the lowest estimated peak found. The budget picks the cheapest plan whose
+peak fits its target: at 1 the min-cut plan, unless a plan matches its peak with less
+recomputation (and so beats it on both counts). Plans are scored by the estimated peak of
+the whole step (`memory`, not the sum of saved bytes) and by the compute they add
+(`plans.node_cost`). The plan that saves only what cannot be recomputed (inputs, expensive
+and random values) is always scored, but it need not have the lowest peak: recomputing
+everything has transients of its own.
+
+The curve is the Pareto front of the plans a solver found, computed once per graph. So by
+construction a lower budget never raises the estimated peak, and every target is met (the
+front's lowest point fits budget 0).
 
 Solvers, by problem size (`pick_solver`): every canonical plan scored one by one (up to
 `MAX_EXHAUSTIVE` free choices); an integer program solved by SciPy's HiGHS (`ilp`), exact
@@ -36,7 +40,7 @@ class Curve:
     """The memory/compute trade-offs of one joint graph."""
 
     plans: tuple[Plan, ...]  # the Pareto front: increasing peak, decreasing cost
-    low_bytes: int  # the target of budget 0
+    low_bytes: int  # the target of budget 0: the lowest peak found
     high_bytes: int  # the target of budget 1: the min-cut plan's peak
     solver: str
 
@@ -49,14 +53,14 @@ class Curve:
 def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto") -> Curve:
     """The memory/compute curve of `joint`, from the least memory to the min-cut plan."""
     space = PlanSpace(joint, n)
-    mincut = space.evaluate(space.min_cut())
+    mincut = space.evaluate(space.mincut)
     everything = space.evaluate(space.saved_for(space.candidates))
     nothing = space.evaluate(space.saved_for(()))  # the least recomputation there is
-    low, high = min(everything.peak_bytes, mincut.peak_bytes), mincut.peak_bytes
+    high = mincut.peak_bytes
     name = pick_solver(space) if solver == "auto" else solver
-    found = SOLVERS[name](space, low, high)
-    plans = [p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high]
-    return Curve(tuple(pareto(plans)), low, high, name)
+    found = SOLVERS[name](space, min(everything.peak_bytes, high), high)
+    plans = pareto(p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high)
+    return Curve(tuple(plans), plans[0].peak_bytes, high, name)
 
 
 def pick_solver(space: PlanSpace) -> str:
@@ -106,23 +110,25 @@ def exhaustive(space: PlanSpace, low: int, high: int) -> list[Plan]:
 
 
 def greedy(space: PlanSpace, low: int, high: int) -> list[Plan]:
-    """From the min-cut plan, recompute the saved values that free the most bytes per byte
-    of recomputation, a batch at a time, until none frees anything."""
-    chosen = set(_recomputed_choices(space, space.min_cut()))
+    """From the min-cut plan, and from the plan recomputing nothing, recompute the saved
+    values that free the most bytes per byte of recomputation, a batch at a time, until
+    none frees anything."""
+    recomputed = set(space.evaluate(space.mincut).recomputed)
+    starts = [{c for c in space.candidates if c.name in recomputed}, set()]
+    return [plan for chosen in starts for plan in _greedy_from(space, chosen)]
+
+
+def _greedy_from(space: PlanSpace, chosen: set) -> list[Plan]:
     plans = []
+    batch = max(1, math.ceil(len(space.candidates) / GREEDY_ROUNDS))
     for _ in range(4 * GREEDY_ROUNDS):
         saved = space.saved_for(chosen)
         plans.append(space.evaluate(saved))
         ranked = _ranked_candidates(space, saved, chosen)
         if not ranked:
             break
-        chosen.update(ranked[:max(1, math.ceil(len(space.candidates) / GREEDY_ROUNDS))])
+        chosen |= set(ranked[:batch])
     return plans
-
-
-def _recomputed_choices(space: PlanSpace, saved: Sequence[fx.Node]) -> list[fx.Node]:
-    names = set(space.evaluate(saved).recomputed)
-    return [c for c in space.candidates if c.name in names]
 
 
 def _ranked_candidates(space: PlanSpace, saved: Sequence[fx.Node], chosen: set) -> list:

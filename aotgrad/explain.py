@@ -85,24 +85,32 @@ class Explanation:
         if self.curve is None:
             raise ValueError("explain(..., curve=False): there is no curve to plot")
         points = self.budget_points(51)
+        unit, scale = _unit(max(p.peak_bytes for p in self.curve.plans))
         fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-        left.step([b for b, _ in points], [p.peak_bytes / 2**20 for _, p in points],
+        left.step([b for b, _ in points], [p.peak_bytes / scale for _, p in points],
                   where="post", label="estimated peak")
-        left.step([b for b, _ in points], [p.recompute_cost / 2**20 for _, p in points],
+        left.step([b for b, _ in points], [p.recompute_cost / scale for _, p in points],
                   where="post", label="recomputation traffic")
         left.set_xlabel("memory budget")
-        left.set_ylabel("MiB")
+        left.set_ylabel(unit)
         left.legend()
-        right.plot([p.recompute_cost / 2**20 for p in self.curve.plans],
-                   [p.peak_bytes / 2**20 for p in self.curve.plans], "o-")
+        right.plot([p.recompute_cost / scale for p in self.curve.plans],
+                   [p.peak_bytes / scale for p in self.curve.plans], "o-")
         if self.chosen is not None:
-            right.plot([self.chosen.recompute_cost / 2**20], [self.chosen.peak_bytes / 2**20],
+            right.plot([self.chosen.recompute_cost / scale], [self.chosen.peak_bytes / scale],
                        "r*", markersize=14)
-        right.set_xlabel("recomputation (MiB of traffic)")
-        right.set_ylabel("estimated peak (MiB)")
+        right.set_xlabel(f"recomputation ({unit} of traffic)")
+        right.set_ylabel(f"estimated peak ({unit})")
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
+
+
+def _unit(nbytes: int) -> tuple[str, int]:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return unit, scale
+    return "B", 1
 
 
 def explain(fn_or_module: Callable, *example_inputs: Any, memory_budget: float | None = None,

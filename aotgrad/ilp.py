@@ -24,7 +24,7 @@ import operator
 
 from torch import fx
 
-from .memory import is_alias, is_tuple, simulate, tensor_bytes
+from .memory import base_of, is_tuple, simulate, tensor_bytes
 from .plans import Plan, PlanSpace, node_cost
 from .remat import Rule
 
@@ -35,9 +35,9 @@ try:
 except ImportError:  # the greedy takes over
     milp = None
 
-MAX_EXACT = 40  # free choices: beyond, a grid of targets instead of a proven front
+MAX_EXACT = 16  # free choices: beyond, a grid of targets instead of a proven front
+MAX_EXACT_SOLVES = 120  # then the rest of the front on the grid (each solve is ~10-100 ms)
 MAX_VALUES = 20_000  # forward values: beyond, the greedy
-MAX_CUTS = 200  # solutions cut off per target before giving up on it
 MAX_ROW_ENTRIES = 400_000  # backward rows kept: the most loaded steps first
 GRID = 12  # targets between the curve's ends, for large problems
 TIME_LIMIT_S = 10.0  # per solve
@@ -60,13 +60,15 @@ def exact_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
     """The Pareto front, from the top: the cheapest plan that fits, then the cheapest that
     fits strictly below its peak, and so on, down to the lowest peak there is."""
     plans, cuts, target = [], [], high
-    while True:
+    while program.solves < MAX_EXACT_SOLVES:
         plan = program.cheapest_fitting(target, cuts)
         if plan is None:
+            if program.solves < MAX_EXACT_SOLVES:
+                return plans  # nothing fits below the last peak: the front is complete
             break
         plans.append(plan)
         target = plan.peak_bytes - 1
-    return plans
+    return plans + grid_front(program, low, target)  # too many cuts: settle for good plans
 
 
 def grid_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
@@ -97,6 +99,7 @@ class PeakProgram:
         self.memory: list[tuple[dict[int, float], int]] = []  # (coefficients, constant)
         self.cost = np.array([0.0] * m + [float(node_cost(v)) for v in self.values])
         self.evaluated: dict[frozenset, Plan] = {}
+        self.solves = 0
         self._structure()
         self._forward_rows()
         self._backward_rows()
@@ -138,9 +141,9 @@ class PeakProgram:
     def _own_buffers(self) -> dict[fx.Node, int]:
         """Values whose saving or recomputation changes memory, and their bytes."""
         space = self.space
-        excluded = {root(o) for o in space.fw_outs if isinstance(o, fx.Node)}
+        excluded = {base_of(o) for o in space.fw_outs if isinstance(o, fx.Node)}
         return {v: tensor_bytes(v.meta.get("val")) for v in self.values
-                if v.op == "call_function" and root(v) is v and not is_tuple(v)
+                if v.op == "call_function" and base_of(v) is v and not is_tuple(v)
                 and v not in excluded}
 
     def _forward_rows(self) -> None:
@@ -195,8 +198,9 @@ class PeakProgram:
     # ---- solving -----------------------------------------------------------------------
 
     def cheapest_fitting(self, target: int, cuts: list[frozenset]) -> Plan | None:
-        """The cheapest plan whose estimated peak fits `target` (None: none, or gave up)."""
-        for _ in range(MAX_CUTS):
+        """The cheapest plan whose estimated peak fits `target` (None: none fits, or the
+        solves ran out)."""
+        while self.solves < MAX_EXACT_SOLVES:
             chosen = self._solve(target, cuts, gap=0.0)
             if chosen is None:
                 return None
@@ -217,6 +221,7 @@ class PeakProgram:
         return self.evaluated[chosen]
 
     def _solve(self, target: int, cuts: list[frozenset], gap: float) -> frozenset | None:
+        self.solves += 1
         constants = np.array([c for _, c in self.memory], dtype=float)
         if any(not coeffs and constant > target for coeffs, constant in self.memory):
             return None
@@ -245,14 +250,6 @@ class PeakProgram:
                                 [hi for _, _, hi in rows])
 
 
-def root(node: fx.Node) -> fx.Node:
-    """The value whose buffer `node` lives in."""
-    while node.op == "call_function" and isinstance(node.args[0], fx.Node) and (
-            is_alias(node) or node.target is operator.getitem and is_alias(node.args[0])):
-        node = node.args[0]
-    return node
-
-
 def _fixed_readers(space: PlanSpace, own: dict) -> tuple[dict, dict]:
     """Per value with its own buffer: the first and last backward op (by index among the
     backward's own ops) reading its buffer, directly or through a view."""
@@ -260,14 +257,14 @@ def _fixed_readers(space: PlanSpace, own: dict) -> tuple[dict, dict]:
     end = len(space.fixed)
     for k, node in enumerate(space.fixed):
         for i in node.all_input_nodes:
-            v = root(i)
+            v = base_of(i)
             if v in own:
                 first.setdefault(v, k)
                 last[v] = k
     for g in space.grads:
-        if isinstance(g, fx.Node) and root(g) in own:
-            first.setdefault(root(g), end)
-            last[root(g)] = end
+        if isinstance(g, fx.Node) and base_of(g) in own:
+            first.setdefault(base_of(g), end)
+            last[base_of(g)] = end
     return first, last
 
 

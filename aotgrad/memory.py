@@ -63,6 +63,15 @@ def is_tuple(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), (tuple, list))
 
 
+def base_of(node: fx.Node) -> fx.Node:
+    """The value whose buffer `node` lives in: itself, unless it is a view (or an element
+    of a view op's tuple, such as `split`'s)."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], fx.Node) and (
+            is_alias(node) or node.target is operator.getitem and is_alias(node.args[0])):
+        node = node.args[0]
+    return node
+
+
 class Buffers:
     """Which buffer each value lives in (-1: none, a tuple), and how big each buffer is.
 

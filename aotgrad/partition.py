@@ -9,7 +9,7 @@ partitioner produces graphs of the same shape.
 from __future__ import annotations
 
 import operator
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import fx
@@ -63,12 +63,14 @@ def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_f
     return split_joint(joint_module, num_fwd_outputs, saved)
 
 
-def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.Node]):
-    """Forward and backward graphs for a given choice of saved values."""
+def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.Node],
+                backward_order: Callable[[list[fx.Node]], list[fx.Node]] | None = None):
+    """Forward and backward graphs for a given choice of saved values. `backward_order`
+    may reorder the backward's ops (given in joint order) before its code is generated."""
     primals, tangents, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
     saved = sorted(saved, key=_is_symbolic)  # tensors first, then sizes (functorch's order)
     fw = _extract(joint, primals, fw_outs + list(saved))
-    bw = _extract(joint, list(saved) + tangents, grads)
+    bw = _extract(joint, list(saved) + tangents, grads, backward_order)
     return fw, bw
 
 
@@ -77,8 +79,9 @@ def _is_symbolic(node: fx.Node) -> bool:
 
 
 def _extract(joint: fx.GraphModule, inputs: Sequence[fx.Node],
-             outputs: Sequence[fx.Node | None]) -> fx.GraphModule:
-    """The subgraph computing `outputs` from `inputs`, nodes in their joint order."""
+             outputs: Sequence[fx.Node | None], order: Callable | None = None) -> fx.GraphModule:
+    """The subgraph computing `outputs` from `inputs`, nodes in their joint order (or in
+    `order(nodes)`)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
@@ -87,8 +90,8 @@ def _extract(joint: fx.GraphModule, inputs: Sequence[fx.Node],
     needed = ancestors(outputs, stop=set(inputs))
     missing = [n.name for n in needed if n.op == "placeholder" and n not in env]
     assert not missing, f"partition: {missing} are needed but are not inputs"
-    for node in joint.graph.nodes:
-        if node in needed and node not in env:
-            env[node] = graph.node_copy(node, env.__getitem__)
+    nodes = [node for node in joint.graph.nodes if node in needed and node not in env]
+    for node in (order(nodes) if order is not None else nodes):
+        env[node] = graph.node_copy(node, env.__getitem__)
     graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
     return fx.GraphModule(joint, graph)

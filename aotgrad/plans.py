@@ -66,6 +66,7 @@ class PlanSpace:
         self.reachable = ancestors(self.read_by_fixed, stop=set(self.primals)) & self.forward
         self.candidates = [n for n in self.nodes
                            if n in self.reachable and self.rules[n] == Rule.CHOOSE]
+        self.mincut = min_cut_saved_values(joint, num_fwd_outputs)
 
     def _fixed_backward(self) -> list[fx.Node]:
         """The ops every backward runs: those not in the forward that the gradients need."""
@@ -78,9 +79,6 @@ class PlanSpace:
         return reads | {g for g in self.grads if g in self.forward}
 
     # ---- plans -----------------------------------------------------------------------
-
-    def min_cut(self) -> list[fx.Node]:
-        return min_cut_saved_values(self.joint, self.num_fwd_outputs)
 
     def saved_for(self, chosen: Iterable[fx.Node]) -> list[fx.Node]:
         """The saved values of the canonical plan recomputing the CHOOSE values `chosen`."""
@@ -118,7 +116,7 @@ class PlanSpace:
         assert not missing, f"plan: {missing} are needed but not saved"
         recomputed = [n for n in self.nodes if n in needed and n in self.forward
                       and n not in saved_set and n.op != "placeholder"]
-        two_phase = self.programs(saved, needed, set(recomputed))
+        two_phase = self.programs(saved, needed)
         return Plan(tuple(n.name for n in saved), tuple(n.name for n in recomputed),
                     two_phase.estimate(), sum(map(node_cost, recomputed)))
 
@@ -137,7 +135,7 @@ class PlanSpace:
         excepted): at its start, and after each allocating op `k` of `self.fixed`."""
         saved = [n for n in self.nodes if n in self.read_by_fixed]
         needed = set(self.fixed) | set(self.tangents) | set(saved)
-        two_phase = self.programs(saved, needed, set())
+        two_phase = self.programs(saved, needed)
         size = two_phase.buffers.size
         for b in two_phase.saved - two_phase.inputs - two_phase.user_outputs:
             size[b] = 0
@@ -150,7 +148,7 @@ class PlanSpace:
                  if two_phase.backward[offset + k][0] >= 0]
         return start, steps
 
-    def programs(self, saved: Sequence[fx.Node], needed: set, recomputed: set) -> TwoPhase:
+    def programs(self, saved: Sequence[fx.Node], needed: set) -> TwoPhase:
         """The forward and backward programs of a plan, over shared buffers."""
         buffers = Buffers()
         saved_set = set(saved)
@@ -158,8 +156,8 @@ class PlanSpace:
         forward = program(fw_nodes, buffers)
         ordered_saved = sorted(saved, key=lambda n: not _is_tensor(n))  # as split_joint
         bw_body = [n for n in self.nodes if n in needed and n.op != "placeholder"
-                   and n not in saved_set] + [self.joint.graph.output_node()]
-        body = just_in_time_order(bw_body, lambda n: n in recomputed)[:-1]  # less the output
+                   and n not in saved_set]
+        body = just_in_time_order(bw_body, self.forward.__contains__)
 
         def bw_key(node):
             return node if node in saved_set else ("bw", node)

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from .flow import FlowNetwork
 from .joint import OVERWRITTEN
-from .memory import is_alias, is_tuple, tensor_bytes
+from .memory import base_of, is_tuple, tensor_bytes
 from .partition import ancestors, joint_parts, split_joint, with_tuple_elements
 from .tables import Recompute, recompute_class, unsafe_to_recompute
 
@@ -107,13 +107,12 @@ def min_cut_rematerialization_partition(joint_module: fx.GraphModule, _joint_inp
     return split_recomputing_late(joint_module, num_fwd_outputs, saved)
 
 
-def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int,
-                         must_recompute: frozenset = frozenset()) -> list[fx.Node]:
-    """The saved values of a minimum-byte cut; `must_recompute` may not be saved."""
-    primals, tangents, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
+def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
+    """The saved values of a minimum-byte cut."""
+    _, tangents, _, grads = joint_parts(joint, num_fwd_outputs)
     forward = forward_values(joint, num_fwd_outputs)
     rules = forward_rules(forward)
-    network, infinity = _network(joint, forward, rules, set(grads), must_recompute)
+    network, infinity = _network(joint, forward, rules, set(grads))
     value, reachable = network.min_cut(SOURCE, SINK)
     assert value < infinity, "min-cut: the checkpoint policies and the op table conflict"
     cut = {n for n in forward if (n, "in") in reachable and (n, "out") not in reachable}
@@ -122,15 +121,15 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int,
     return [n for n in joint.graph.nodes if n in cut and n in needed]
 
 
-def _network(joint, forward, rules, grads, must_recompute) -> tuple[FlowNetwork, int]:
-    infinity = 1 + 4 * sum(tensor_bytes(n.meta.get("val")) for n in forward)
+def _network(joint, forward, rules, grads) -> tuple[FlowNetwork, int]:
+    # More than any cut of finite edges: the sum of them all (ties included).
+    infinity = 1 + sum(2 * tensor_bytes(base_of(n).meta.get("val")) + 2 for n in forward)
     net = FlowNetwork()
     for node in joint.graph.nodes:
         if node not in forward:
             continue
         rule = rules[node]
-        cost = infinity if node in must_recompute else _save_cost(node, rule, infinity)
-        net.add_edge((node, "in"), (node, "out"), cost)
+        net.add_edge((node, "in"), (node, "out"), _save_cost(node, rule, infinity))
         if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE):
             net.add_edge(SOURCE, (node, "in"), infinity)
         for user in node.users:
@@ -157,52 +156,38 @@ def _save_cost(node: fx.Node, rule: str, infinity: int) -> int:
     return 2 * tensor_bytes(base_of(node).meta.get("val")) + TIE_BREAK[rule]
 
 
-def base_of(node: fx.Node) -> fx.Node:
-    """The value whose buffer `node` lives in (itself unless it is a view)."""
-    while is_alias(node) and isinstance(node.args[0], fx.Node) and not is_tuple(node):
-        node = node.args[0]
-    return node
-
-
 # ---- the backward's schedule --------------------------------------------------------------
 
 def split_recomputing_late(joint: fx.GraphModule, num_fwd_outputs: int,
                            saved: Sequence[fx.Node]) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """`split_joint`, then recompute each forward value just before its first use."""
-    fw, bw = split_joint(joint, num_fwd_outputs, saved)
-    forward = {n.name for n in forward_values(joint, num_fwd_outputs)
-               if n.op == "call_function"}
-    return fw, recompute_late(bw, forward)
-
-
-def recompute_late(bw: fx.GraphModule, forward: set[str]) -> fx.GraphModule:
-    """Move the backward's recomputations (its ops named in `forward`) to just before
-    their first use: in joint order they would all run, and be alive, at its start."""
-    order = just_in_time_order(list(bw.graph.nodes),
-                               lambda n: n.op == "call_function" and n.name in forward)
-    output = bw.graph.output_node()
-    for node in order:
-        if node is not output:
-            output.prepend(node)
-    bw.graph.lint()
-    bw.recompile()
-    return bw
+    """`split_joint`, the backward recomputing each forward value just before its first
+    use: in joint order they would all run, and be alive, at its start."""
+    forward = forward_values(joint, num_fwd_outputs)
+    return split_joint(joint, num_fwd_outputs, saved,
+                       lambda nodes: just_in_time_order(nodes, forward.__contains__))
 
 
 def just_in_time_order(nodes: Sequence[fx.Node], recomputed: Callable[[fx.Node], bool]
                        ) -> list[fx.Node]:
     """`nodes` (topologically ordered) with every recomputed node moved down to just
-    before the first node that needs it; the others keep their order."""
+    before the first node that needs it (or to the end, if only the outputs need it); the
+    others keep their order."""
+    members = set(nodes)
+    late = {n for n in nodes if recomputed(n)}
     order: list[fx.Node] = []
     placed: set[fx.Node] = set()
     for node in nodes:
-        if not recomputed(node):
-            _place(node, recomputed, placed, order)
+        if node not in late:
+            _place(node, late, placed, order)
+    for node in nodes:
+        if node not in placed:
+            _place(node, late, placed, order)
+    assert len(order) == len(members)
     return order
 
 
-def _place(node, recomputed, placed, order) -> None:
-    """Append `node` after the recomputed inputs it still lacks (iterative post-order)."""
+def _place(node: fx.Node, late: set, placed: set, order: list) -> None:
+    """Append `node` after the late nodes it still lacks (iterative post-order)."""
     stack = [(node, False)]
     while stack:
         current, ready = stack.pop()
@@ -214,8 +199,4 @@ def _place(node, recomputed, placed, order) -> None:
             continue
         stack.append((current, True))
         stack.extend((i, False) for i in reversed(current.all_input_nodes)
-                     if i not in placed and recomputed(i))
-
-
-def saved_bytes(saved: Sequence[fx.Node], primals: Sequence[fx.Node] = ()) -> int:
-    return sum(tensor_bytes(n.meta.get("val")) for n in saved if n not in set(primals))
+                     if i in late and i not in placed)

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aotgrad  # noqa: E402
 from aotgrad import budget, remat  # noqa: E402
+from aotgrad.memory import estimate_peak  # noqa: E402
 from aotgrad.partition import default_partition  # noqa: E402
 
 
@@ -96,10 +97,13 @@ def main(argv=None):
         prof.enable()
     (fw, bw), t_mincut = timed(remat.min_cut_rematerialization_partition, joint,
                                num_fwd_outputs=n)
-    (dfw, _), t_default = timed(default_partition, joint, num_fwd_outputs=n)
+    (dfw, dbw), t_default = timed(default_partition, joint, num_fwd_outputs=n)
     print(f"min-cut partition {t_mincut:.3f} s, default partition {t_default:.3f} s")
-    print(f"saved bytes: min-cut {saved(fw, n) / 2**20:.1f} MiB, "
-          f"default {saved(dfw, n) / 2**20:.1f} MiB")
+    for name, (f, b) in [("min-cut", (fw, bw)), ("default", (dfw, dbw))]:
+        m = estimate_peak(f, b, n)
+        print(f"{name}: saved {m.saved_bytes / 2**20:.1f} MiB of new memory "
+              f"({saved(f, n) / 2**20:.1f} MiB counting views as copies), estimated peak "
+              f"{m.peak_bytes / 2**20:.1f} MiB")
     if args.curve:
         for solver in args.solvers.split(","):
             curve, t_curve = timed(budget.plan_curve, joint, n, solver)

@@ -1,0 +1,400 @@
+"""The min-cut partitioner: invariants, eager parity, bytes saved, checkpoint policies.
+
+Every partition is checked with `verify_partition`; every compiled model against eager
+(outputs and gradients, on identical copies)."""
+
+import copy
+import functools
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                    create_selective_checkpoint_contexts)
+
+import aotgrad
+from aotgrad.flow import FlowNetwork
+from aotgrad.partition import default_partition
+from aotgrad.remat import (Rule, forward_rules, forward_values, just_in_time_order,
+                           min_cut_rematerialization_partition)
+from aotgrad.verify import verify_partition
+
+aten = torch.ops.aten
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.c(F.relu(self.b(F.gelu(self.a(x))))).sum()
+
+
+class AttentionBlock(nn.Module):
+    """LayerNorm, then attention (scaled_dot_product_attention)."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads, self.ln, self.qkv, self.proj = heads, nn.LayerNorm(d), nn.Linear(d, 3 * d), \
+            nn.Linear(d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+                   for t in self.qkv(self.ln(x)).split(d, dim=-1))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn, self.conv2 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), \
+            nn.Conv2d(8, 4, 3)
+
+    def forward(self, x):
+        return self.conv2(F.relu(self.bn(self.conv1(x)))).mean()
+
+
+class TransformerBlock(AttentionBlock):
+    """Pre-norm attention plus an MLP with tanh-GELU, as in GPT-2."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__(d, heads)
+        self.ln2, self.fc, self.out = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        x = super().forward(x)
+        return (x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))).pow(2).mean()
+
+
+MODELS = {
+    "mlp": (MLP, lambda: torch.randn(8, 16)),
+    "attention": (lambda: _Loss(AttentionBlock()), lambda: torch.randn(2, 8, 32)),
+    "conv_bn": (ConvBN, lambda: torch.randn(2, 3, 8, 8)),
+    "transformer": (TransformerBlock, lambda: torch.randn(2, 8, 32)),
+}
+
+
+class _Loss(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x).sum()
+
+
+PARTITIONS = {
+    "min_cut": {},
+    "budget_0": {"memory_budget": 0.0},
+    "budget_0.5": {"memory_budget": 0.5},
+    "budget_1": {"memory_budget": 1.0},
+}
+
+
+def compile_model(name, **options):
+    """(compiled, eager twin, input), the model built under a fixed seed."""
+    build, inputs = MODELS[name]
+    torch.manual_seed(0)
+    model = build()
+    twin = copy.deepcopy(model)
+    torch.manual_seed(1)
+    return aotgrad.compile(model, backend="eager", **options), twin, inputs()
+
+
+def saved_bytes(artifact):
+    return sum(s.nbytes for s in artifact.saved if s.op != "placeholder")
+
+
+# ---- partitions of real models --------------------------------------------------------------
+
+@pytest.mark.parametrize("partition", PARTITIONS)
+@pytest.mark.parametrize("model", MODELS)
+def test_partition_matches_eager_and_holds_invariants(model, partition):
+    compiled, eager, x = compile_model(model, **PARTITIONS[partition])
+    for _ in range(2):  # the second call reuses the compiled graphs
+        compiled.zero_grad()
+        eager.zero_grad()
+        out, expected = compiled(x), eager(x)
+        out.backward()
+        expected.backward()
+        torch.testing.assert_close(out, expected)
+        for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        for b, c in zip(compiled.buffers(), eager.buffers()):
+            torch.testing.assert_close(b, c)  # BatchNorm's running statistics
+    a = compiled.artifacts[0]
+    verify_partition(a.forward_graph, a.backward_graph, a.info.num_graph_outputs)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_min_cut_saves_no_more_than_default_partition(model):
+    mincut = compile_model(model)[0]
+    default = compile_model(model, partitioner=default_partition)[0]
+    for c in (mincut, default):
+        c(MODELS[model][1]()).backward()
+    assert saved_bytes(mincut.artifacts[0]) <= saved_bytes(default.artifacts[0])
+
+
+def test_min_cut_saves_less_than_default_on_a_pointwise_chain():
+    """Saving the input of a chain of pointwise ops beats saving each op's result."""
+    def f(x):
+        return x.sin().cos().exp().tanh().sum()
+    x = torch.randn(64, requires_grad=True)
+    sizes = {}
+    for name, partitioner in [("min_cut", None), ("default", default_partition)]:
+        c = aotgrad.compile(f, backend="eager", partitioner=partitioner)
+        c(x).backward()
+        sizes[name] = saved_bytes(c.artifacts[0])
+    assert sizes["min_cut"] == 0 < sizes["default"]  # min-cut saves the input alone
+
+
+def test_min_cut_is_the_default_and_exported_with_functorch_signature():
+    from aotgrad import compat
+    assert compat.min_cut_rematerialization_partition is min_cut_rematerialization_partition
+    compiled = compat.aot_function(lambda x: x.sin().cos().sum(), fw_compiler=compat.nop,
+                                   partition_fn=min_cut_rematerialization_partition)
+    x = torch.randn(5, requires_grad=True)
+    compiled(x).backward()
+    torch.testing.assert_close(x.grad, -torch.sin(x.sin()) * x.cos())
+
+
+def test_expensive_and_random_values_are_never_recomputed():
+    def f(x, w):
+        y = F.dropout(x @ w, 0.5, training=True)
+        return (y.sin() @ w).sum()
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    compiled = aotgrad.compile(f, backend="eager")
+    torch.manual_seed(0)
+    compiled(x, w).backward()
+    bw = compiled.artifacts[0].backward_graph
+    recomputed = {n.target for n in bw.graph.nodes if n.op == "call_function"}
+    assert aten.mm.default in recomputed  # the gradients' own matmuls
+    fw_ops = [n for n in compiled.artifacts[0].forward_graph.graph.nodes
+              if n.op == "call_function"]
+    bw_names = {n.name for n in bw.graph.nodes}
+    for node in fw_ops:
+        if node.target in (aten.mm.default, aten.native_dropout.default):
+            assert node.name not in bw_names, f"{node.name} was recomputed"
+    # and the gradients are eager's, under the same random numbers
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    torch.manual_seed(0)
+    f(x, w).backward()
+    torch.testing.assert_close((gx, gw), (x.grad, w.grad))
+
+
+def test_recomputation_runs_just_before_its_first_use():
+    """A recomputed value is made next to its reader, not at the start of the backward."""
+    def f(x, w):
+        h = x
+        for _ in range(3):
+            h = (h @ w).sin()
+        return h.sum()
+    compiled = aotgrad.compile(f, backend="eager")
+    compiled(torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)).backward()
+    a = compiled.artifacts[0]
+    forward = {n.name for n in forward_values(a.joint_graph, a.info.num_graph_outputs)}
+    order = [n for n in a.backward_graph.graph.nodes if n.op == "call_function"]
+    for i, node in enumerate(order):
+        if node.name in forward:  # recomputed: its first user comes right after its inputs
+            first_use = min(order.index(u) for u in node.users if u.op == "call_function")
+            between = order[i + 1:first_use]
+            assert all(n.name in forward for n in between), (node, between)
+
+
+def test_just_in_time_order_keeps_the_others_in_order():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(aten.sin.default, (x,))
+    b = g.call_function(aten.cos.default, (x,))
+    c = g.call_function(aten.neg.default, (b,))
+    d = g.call_function(aten.mul.Tensor, (a, c))
+    nodes = [a, b, c, d]
+    assert just_in_time_order(nodes, {a}.__contains__) == [b, c, a, d]
+    assert just_in_time_order(nodes, {a, b}.__contains__) == [b, c, a, d]
+    assert just_in_time_order(nodes, lambda n: False) == nodes
+    assert just_in_time_order([a, b], {a, b}.__contains__) == [a, b]  # only outputs read them
+
+
+# ---- activation checkpointing ---------------------------------------------------------------
+
+def block(x, w1, w2):
+    return (torch.sin(x @ w1).cos() * 3) @ w2
+
+
+def checkpointed(x, w1, w2):
+    return checkpoint(block, x, w1, w2, use_reentrant=False).relu().sum()
+
+
+def selective(policy):
+    def fn(x, w1, w2):
+        context = functools.partial(create_selective_checkpoint_contexts, policy)
+        return checkpoint(block, x, w1, w2, use_reentrant=False, context_fn=context).relu().sum()
+    return fn
+
+
+def run_both(fn, *shapes, **options):
+    """The artifact, after checking gradients against eager on the same inputs."""
+    torch.manual_seed(0)
+    args = [torch.randn(*s, requires_grad=True) for s in shapes]
+    twins = [a.detach().clone().requires_grad_() for a in args]
+    compiled = aotgrad.compile(fn, backend="eager", **options)
+    torch.manual_seed(1)
+    compiled(*args).backward()
+    torch.manual_seed(1)
+    fn(*twins).backward()
+    for a, t in zip(args, twins):
+        torch.testing.assert_close(a.grad, t.grad)
+    art = compiled.artifacts[0]
+    verify_partition(art.forward_graph, art.backward_graph, art.info.num_graph_outputs)
+    return art
+
+
+SHAPES = [(4, 8), (8, 16), (16, 8)]
+
+
+def saved_ops(artifact):
+    return {s.op for s in artifact.saved}
+
+
+def ops(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_checkpoint_recomputes_its_region():
+    plain = run_both(lambda *a: block(*a).relu().sum(), *SHAPES)
+    art = run_both(checkpointed, *SHAPES)
+    # Without checkpointing the matmul's result is saved; with it, only inputs and the value
+    # after the region are, and the backward runs the region again: its first matmul and
+    # the pointwise ops (not the last matmul, whose result nothing needs: early stop).
+    assert "aten.mm.default" in saved_ops(plain)
+    assert saved_ops(art) <= {"placeholder", "aten.relu.default"}
+    assert ops(art.backward_graph).count(aten.mm.default) == \
+        ops(plain.backward_graph).count(aten.mm.default) + 1
+    assert {aten.sin.default, aten.cos.default} <= set(ops(art.backward_graph))
+
+
+@pytest.mark.xfail(strict=True, reason="joint.py: a plain non-reentrant checkpoint's second run "
+                   "is traced as new random ops (fresh dropout mask); the fix is to trace "
+                   "plain checkpoints as selective ones (see the report)")
+def test_checkpoint_with_dropout_replays_the_same_mask():
+    def fn(x, w1, w2):
+        return checkpoint(lambda x: F.dropout(x @ w1, 0.5, training=True).sin() @ w2, x,
+                          use_reentrant=False).sum()
+    run_both(fn, (64, 8), (8, 16), (16, 8))
+
+
+def policy_save_sin(ctx, op, *args, **kwargs):
+    if op == aten.sin.default:
+        return CheckpointPolicy.MUST_SAVE
+    if op == aten.mm.default:
+        return CheckpointPolicy.MUST_RECOMPUTE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def test_selective_checkpoint_policy_binds_the_min_cut():
+    """MUST_SAVE sin is saved though it is cheap; MUST_RECOMPUTE mm is recomputed though it
+    is expensive; PREFER_RECOMPUTE cos is recomputed."""
+    art = run_both(selective(policy_save_sin), *SHAPES)
+    saved = {s.name for s in art.saved}
+    assert "sin" in saved and "mm" not in saved and "cos" not in saved
+    bw = [n for n in art.backward_graph.graph.nodes if n.op == "call_function"]
+    assert any(n.name == "mm" and n.target == aten.mm.default for n in bw)  # recomputed
+    assert any(n.name == "cos" for n in bw)
+    assert not any(n.name == "sin" for n in bw)
+
+
+def test_without_the_policy_min_cut_would_choose_otherwise():
+    """The same graph, policy tags stripped: the min-cut saves the matmul, not sin."""
+    compiled = aotgrad.compile(selective(policy_save_sin), backend="eager")
+    compiled(*[torch.randn(*s, requires_grad=True) for s in SHAPES])
+    joint = compiled.artifacts[0].joint_graph
+    tags = {node: node.meta.pop("recompute") for node in joint.graph.nodes
+            if "recompute" in node.meta}
+    fw, _ = min_cut_rematerialization_partition(joint, num_fwd_outputs=1)
+    for node, tag in tags.items():
+        node.meta["recompute"] = tag
+    saved = {n.name for n in list(fw.graph.output_node().args[0])[1:]}
+    assert "mm" in saved and "sin" not in saved
+
+
+def test_selective_checkpoint_saving_matmuls():
+    """The common policy: save matmuls, recompute the rest."""
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op == aten.mm.default
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+    art = run_both(selective(policy), *SHAPES)
+    assert "aten.mm.default" in saved_ops(art)
+    assert not {"aten.sin.default", "aten.cos.default", "aten.mul.Tensor"} & saved_ops(art)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
+    "joint.py traces without enable_python_dispatcher() since 67550e6: a dropout inside a "
+    "selective-checkpoint region then fails SAC's 'cached tensor has been mutated' check "
+    "while tracing (passes with the dispatcher, as at b6eaed3)"))
+def test_selective_checkpoint_never_recomputes_random_ops():
+    """A MUST_RECOMPUTE dropout is saved anyway: a second run would draw a new mask."""
+    def fn(x, w1, w2):
+        context = functools.partial(create_selective_checkpoint_contexts,
+                                    lambda *a, **k: CheckpointPolicy.MUST_RECOMPUTE)
+        inner = lambda x: F.dropout(x @ w1, 0.5, training=True).sin() @ w2  # noqa: E731
+        return checkpoint(inner, x, use_reentrant=False, context_fn=context).sum()
+    art = run_both(fn, (64, 8), (8, 16), (16, 8))
+    assert aten.native_dropout.default not in ops(art.backward_graph)
+
+
+@pytest.mark.parametrize("budget", [0.0, 1.0])
+def test_selective_checkpoint_policy_binds_the_budget(budget):
+    art = run_both(selective(policy_save_sin), *SHAPES, memory_budget=budget)
+    saved = {s.name for s in art.saved}
+    assert "sin" in saved and "mm" not in saved
+
+
+def test_rules_of_a_selective_region():
+    compiled = aotgrad.compile(selective(policy_save_sin), backend="eager")
+    compiled(*[torch.randn(*s, requires_grad=True) for s in SHAPES])
+    art = compiled.artifacts[0]
+    rules = forward_rules(forward_values(art.joint_graph, 1))
+    by_name = {n.name: r for n, r in rules.items()}
+    assert by_name["sin"] == Rule.SAVE  # MUST_SAVE
+    assert by_name["mm"] == Rule.RECOMPUTE  # MUST_RECOMPUTE, inside the region
+    assert by_name["cos"] == Rule.RECOMPUTE  # PREFER_RECOMPUTE
+    assert by_name["mm_1"] == Rule.SAVE  # the region's output: an expensive op, as usual
+    assert by_name["relu"] == Rule.CHOOSE  # after the region: a cheap op
+    assert by_name["primals_1"] == Rule.INPUT
+
+
+# ---- the flow network -----------------------------------------------------------------------
+
+def brute_force_min_cut(edges, n):
+    """Smallest capacity over every source/sink split of vertices 0 (source) .. n-1 (sink)."""
+    best = None
+    for bits in itertools.product([0, 1], repeat=n - 2):
+        side = {0, *(i + 1 for i, b in enumerate(bits) if b)}
+        value = sum(c for u, v, c in edges if u in side and v not in side)
+        best = value if best is None else min(best, value)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_min_cut_value_matches_brute_force(seed):
+    gen = torch.Generator().manual_seed(seed)
+    n = 6
+    edges = [(u, v, int(torch.randint(0, 10, (), generator=gen)))
+             for u in range(n) for v in range(n)
+             if u != v and v != 0 and u != n - 1 and torch.rand((), generator=gen) < 0.5]
+    net = FlowNetwork()
+    for u, v, c in edges:
+        net.add_edge(u, v, c)
+    net.vertex(0), net.vertex(n - 1)
+    value, side = net.min_cut(0, n - 1)
+    assert value == brute_force_min_cut(edges, n)
+    assert 0 in side and n - 1 not in side
+    assert value == sum(c for u, v, c in edges if u in side and v not in side)
