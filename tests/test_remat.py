@@ -281,9 +281,6 @@ def test_checkpoint_recomputes_its_region():
     assert {aten.sin.default, aten.cos.default} <= set(ops(art.backward_graph))
 
 
-@pytest.mark.xfail(strict=True, reason="joint.py: a plain non-reentrant checkpoint's second run "
-                   "is traced as new random ops (fresh dropout mask); the fix is to trace "
-                   "plain checkpoints as selective ones (see the report)")
 def test_checkpoint_with_dropout_replays_the_same_mask():
     def fn(x, w1, w2):
         return checkpoint(lambda x: F.dropout(x @ w1, 0.5, training=True).sin() @ w2, x,
@@ -335,10 +332,6 @@ def test_selective_checkpoint_saving_matmuls():
     assert not {"aten.sin.default", "aten.cos.default", "aten.mul.Tensor"} & saved_ops(art)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "joint.py traces without enable_python_dispatcher() since 67550e6: a dropout inside a "
-    "selective-checkpoint region then fails SAC's 'cached tensor has been mutated' check "
-    "while tracing (passes with the dispatcher, as at b6eaed3)"))
 def test_selective_checkpoint_never_recomputes_random_ops():
     """A MUST_RECOMPUTE dropout is saved anyway: a second run would draw a new mask."""
     def fn(x, w1, w2):
