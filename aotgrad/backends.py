@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
+import torch
 from torch import fx
 
 GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
@@ -39,6 +40,8 @@ class Backend:
     bw_compiler: Callable
     inference_compiler: Callable
     decompositions: Mapping | None = None
+    # The backend's own rewrites of the whole graph (joint or inference), before partitioning.
+    graph_passes: Callable[[fx.GraphModule], fx.GraphModule] | None = None
 
 
 _compiling: contextvars.ContextVar[tuple[list[str], str, int]] = contextvars.ContextVar(
@@ -124,6 +127,19 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     return compiled
 
 
+def inductor_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    """Inductor's joint-graph rewrites: pattern replacements (attention, matmul padding...)
+    and seeded random ops that the forward and a recomputing backward draw alike."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+    from torch._inductor.virtualized import V
+
+    vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    devices = [v.device for v in vals if isinstance(v, torch.Tensor)]
+    with V.set_fake_mode(detect_fake_mode(vals)):
+        return joint_graph_passes(gm, input_device=devices[0] if devices else None)
+
+
 def _inductor_decompositions() -> Mapping:
     from torch._inductor.decomposition import select_decomp_table
     return select_decomp_table()
@@ -137,7 +153,8 @@ def resolve_backend(backend: Any, decompositions: Mapping | None = None) -> Back
         return Backend(eager_compiler, eager_compiler, eager_compiler, decompositions)
     if backend == "inductor":
         decomps = _inductor_decompositions() if decompositions is None else decompositions
-        return Backend(inductor_compiler, inductor_compiler, inductor_compiler, decomps)
+        return Backend(inductor_compiler, inductor_compiler, inductor_compiler, decomps,
+                       inductor_graph_passes)
     if callable(backend):
         return Backend(backend, backend, backend, decompositions)
     raise ValueError(f"aotgrad: unknown backend {backend!r}; use 'inductor', 'eager' or a "

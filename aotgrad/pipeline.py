@@ -128,7 +128,7 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
     with timer("trace"):
         gm = joint.trace_inference(c.graph_fn, info, c.fakes, c.fake_mode,
                                    options.backend.decompositions, keep)
-        verify(gm, allow_input_mutation=keep)
+        gm = _backend_passes(options.backend, gm, allow_input_mutation=keep)
     num_returned_mutations = 0 if keep else len(info.data_mutated_inputs)
     _attach(gm, "inference", options, range(num_returned_mutations, info.num_graph_outputs))
     with timer("compile_forward"):
@@ -142,7 +142,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     with timer("trace"):
         joint_gm = joint.trace_joint(c.graph_fn, info, c.fakes, c.fake_mode,
                                      options.backend.decompositions)
-        verify(joint_gm)
+        joint_gm = _backend_passes(options.backend, joint_gm)
     n = info.num_graph_outputs
     with timer("partition"):
         fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
@@ -173,6 +173,17 @@ def _is_zero_fill(grad) -> bool:
 def _fills_zero(node: fx.Node) -> bool:
     value = node.args[1] if node.target in FILLS_WITH_VALUE else 0
     return value == 0
+
+
+def _backend_passes(backend: Backend, gm: fx.GraphModule,
+                    allow_input_mutation: bool = False) -> fx.GraphModule:
+    verify(gm, allow_input_mutation=allow_input_mutation)
+    if backend.graph_passes is None:
+        return gm
+    meta = dict(gm.meta)
+    gm = backend.graph_passes(gm)
+    gm.meta.update(meta)
+    return verify(gm, allow_input_mutation=allow_input_mutation)
 
 
 def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:
