@@ -328,7 +328,19 @@ def compile_facts(sink, mode: str) -> dict:
         facts["aotgrad_graphs"] = len(artifacts)
         facts["stages"] = _sum_timings(a.timings for a in artifacts) if artifacts else None
         facts["saved_mb"] = sum(s.nbytes for a in artifacts for s in a.saved) / 2**20
+        facts["estimated_peak_mb"] = _estimated_peak_mb(artifacts)
     return facts
+
+
+def _estimated_peak_mb(artifacts) -> float | None:
+    """aotgrad's own peak estimate, to set against the measured peak (one graph only: with
+    graph breaks the graphs' peaks do not add up to the step's)."""
+    from aotgrad.memory import estimate_peak
+    training = [a for a in artifacts if a.backward_graph is not None]
+    if len(training) != 1:
+        return None
+    a = training[0]
+    return estimate_peak(a.forward_graph, a.backward_graph, a.info.num_graph_outputs).peak_bytes / 2**20
 
 
 def _sum_timings(timings) -> dict:

@@ -21,11 +21,12 @@ MAIN_COLUMNS = [
     ("peak MB", lambda r, e: _num(r.get("peak_mb"), ".0f")),
     ("peak-base MB", lambda r, e: _num(_minus(r.get("peak_mb"), r.get("base_mb")), ".0f")),
     ("saved MB", lambda r, e: _num(r.get("saved_mb"), ".0f")),
+    ("est. peak MB", lambda r, e: _num(r.get("estimated_peak_mb"), ".0f")),
     ("graphs/breaks", lambda r, e: _graphs(r)),
 ]
 
 SUMMARY_COLUMNS = ["model", "mode", "budget", "status", "compile s", "step ms", "vs eager",
-                   "host ms", "wall ms", "peak MB"]
+                   "host ms", "peak MB", "est. peak MB"]
 
 NOTES = [
     "compile s: wall time of the first step minus the median wall time of a timed step.",
