@@ -141,6 +141,7 @@ def inductor_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _inductor_decompositions() -> Mapping:
+    import torch._inductor.lowering  # noqa: F401  (some decompositions consult it)
     from torch._inductor.decomposition import select_decomp_table
     return select_decomp_table()
 
