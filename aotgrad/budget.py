@@ -28,7 +28,7 @@ from torch import fx
 
 from . import ilp
 from .plans import Plan, PlanSpace, node_cost
-from .remat import Rule, split_recomputing_late
+from .remat import CHOICES, Rule, split_recomputing_late
 from .memory import tensor_bytes
 
 MAX_EXHAUSTIVE = 10  # free choices: 2**10 plans scored one by one
@@ -136,7 +136,7 @@ def _ranked_candidates(space: PlanSpace, saved: Sequence[fx.Node], chosen: set) 
     available = set(saved) | chosen
     scored = []
     for node in saved:
-        if space.rules[node] != Rule.CHOOSE or node in chosen:
+        if space.rules[node] not in CHOICES or node in chosen:
             continue
         newly_saved = {i for i in node.all_input_nodes if i not in available}
         freed = tensor_bytes(node.meta.get("val")) - sum(

@@ -23,7 +23,7 @@ from torch import fx
 
 from .memory import Buffers, MemoryEstimate, TwoPhase, owners, program, tensor_bytes
 from .partition import ancestors, joint_parts
-from .remat import (Rule, forward_rules, forward_values, just_in_time_order,
+from .remat import (CHOICES, Rule, forward_rules, forward_values, just_in_time_order,
                     min_cut_saved_values)
 from .tables import Recompute, recompute_class
 
@@ -65,7 +65,7 @@ class PlanSpace:
         # Forward values a backward could ever read, and the free choices among them.
         self.reachable = ancestors(self.read_by_fixed, stop=set(self.primals)) & self.forward
         self.candidates = [n for n in self.nodes
-                           if n in self.reachable and self.rules[n] == Rule.CHOOSE]
+                           if n in self.reachable and self.rules[n] in CHOICES]
         self.mincut = min_cut_saved_values(joint, num_fwd_outputs)
 
     def _fixed_backward(self) -> list[fx.Node]:
@@ -104,7 +104,7 @@ class PlanSpace:
                 memo[node] = self._recomputed(node.args[0], chosen, memo)
             else:
                 memo[node] = rule in (Rule.FREE, Rule.RECOMPUTE) or (
-                    rule == Rule.CHOOSE and node in chosen)
+                    rule in CHOICES and node in chosen)
         return memo[node]
 
     def evaluate(self, saved: Sequence[fx.Node]) -> Plan:

@@ -39,6 +39,10 @@ class Rule:
     OVERWRITTEN = "overwritten"  # an input the runtime overwrites: never saved
     FREE = "free"  # a view or tuple element: recomputed from its base at no cost
     CHOOSE = "choose"  # cheap: saved or recomputed, whichever the plan prefers
+    # Cheap, but a matmul or convolution of the backward reads it, so the backward would
+    # write it out again: recomputing costs a kernel and memory traffic, not just a fused
+    # op. The min-cut saves it (speed first); a memory budget may recompute it.
+    MATERIALIZED = "materialized"
     SAVE = "save"  # comes from the forward: expensive, random, effectful, or policy
     RECOMPUTE = "recompute"  # recomputed: inside a selectively checkpointed region
 
@@ -76,7 +80,25 @@ def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
     policy = CHECKPOINT_POLICY_RULES.get(node.meta.get("recompute"))
     if policy == Rule.SAVE or (policy == Rule.RECOMPUTE and not _leaves_region(node, forward)):
         return policy
-    return Rule.CHOOSE if kind == Recompute.CHEAP else Rule.SAVE
+    if kind != Recompute.CHEAP:
+        return Rule.SAVE
+    return Rule.MATERIALIZED if _read_by_backward_kernel(node, forward) else Rule.CHOOSE
+
+
+def _read_by_backward_kernel(node: fx.Node, forward: set[fx.Node]) -> bool:
+    """Does a non-fusible backward op (matmul, convolution, attention) read this value,
+    directly or through views?"""
+    stack = list(node.users)
+    while stack:
+        user = stack.pop()
+        if user.op != "call_function":
+            continue
+        kind = recompute_class(user.target)
+        if kind == Recompute.FREE:
+            stack.extend(user.users)
+        elif user not in forward and kind == Recompute.NEVER:
+            return True
+    return False
 
 
 def _leaves_region(node: fx.Node, forward: set[fx.Node]) -> bool:
@@ -130,7 +152,7 @@ def _network(joint, forward, rules, grads) -> tuple[FlowNetwork, int]:
             continue
         rule = rules[node]
         net.add_edge((node, "in"), (node, "out"), _save_cost(node, rule, infinity))
-        if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE):
+        if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE, Rule.MATERIALIZED):
             net.add_edge(SOURCE, (node, "in"), infinity)
         for user in node.users:
             if user in forward:
@@ -142,7 +164,8 @@ def _network(joint, forward, rules, grads) -> tuple[FlowNetwork, int]:
     return net, infinity
 
 
-TIE_BREAK = {Rule.CHOOSE: 0, Rule.SAVE: 1, Rule.FREE: 2}
+TIE_BREAK = {Rule.CHOOSE: 0, Rule.MATERIALIZED: 0, Rule.SAVE: 1, Rule.FREE: 2}
+CHOICES = (Rule.CHOOSE, Rule.MATERIALIZED)  # the rules a memory budget may decide
 
 
 def _save_cost(node: fx.Node, rule: str, infinity: int) -> int:
