@@ -98,6 +98,16 @@ class FunctionInfo:
         return len(self.differentiable)
 
     @property
+    def mutations_in_graph(self) -> tuple[int, ...]:
+        """Mutated inputs the training graph may copy into itself: data mutations of inputs
+        outside autograd (BatchNorm's running statistics). A backend then fuses the copy
+        into the kernel computing the new value, instead of one more copy per call."""
+        k = {i: n for n, i in enumerate(self.data_mutated_inputs)}
+        return tuple(i for i, x in enumerate(self.inputs)
+                     if x.mutates_data and not x.mutates_metadata and not x.requires_grad
+                     and x.bumps_version and not self.differentiable[k[i]])
+
+    @property
     def needs_autograd(self) -> bool:
         # Not `grad_enabled and ...`: an enable_grad() region inside a no_grad call still
         # produces outputs that require grad.

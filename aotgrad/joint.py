@@ -30,17 +30,16 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[
                     fake_mode: FakeTensorMode, decompositions: Mapping | None,
                     keep_input_mutations: bool = False) -> torch.fx.GraphModule:
     """Trace the forward alone. With `keep_input_mutations`, the graph itself copies new
-    values into the mutated inputs (as a trailing `copy_`) instead of returning them."""
+    values into the mutated inputs (`copy_`), and returns the updated inputs."""
     mutated = info.data_mutated_inputs
 
     def inference(primals):
         with functional_mode():
             outs = graph_outputs(info, *_call(graph_fn, to_functional(primals)))
         outs = [from_functional(o) for o in outs]
-        if keep_input_mutations:
-            for i, new in zip(mutated, outs):
-                primals[i].copy_(new)
-            outs = outs[len(mutated):]
+        if keep_input_mutations:  # the output is then the updated input itself
+            for k, i in enumerate(mutated):
+                outs[k] = primals[i].copy_(outs[k])
         return outs
 
     return _trace(inference, (list(fake_args),), fake_mode, decompositions)
@@ -49,13 +48,19 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[
 def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
                 fake_mode: FakeTensorMode, decompositions: Mapping | None) -> torch.fx.GraphModule:
     """Trace forward plus `torch.autograd.grad` of the differentiable outputs."""
+    in_graph = {i: k for k, i in enumerate(info.data_mutated_inputs)
+                if i in info.mutations_in_graph}
+
     def joint(primals, tangents):
         with functional_mode():
             f_primals, f_tangents = to_functional(primals), to_functional(tangents)
             args = _mutable_copies(info, f_primals)
             outs = graph_outputs(info, *_call(graph_fn, args))
             grads = _input_grads(outs, info.differentiable, f_primals, f_tangents)
-        return [from_functional(o) for o in outs + grads]
+        outs = [from_functional(o) for o in outs + grads]
+        for i, k in in_graph.items():  # the forward output is then the updated input itself
+            outs[k] = primals[i].copy_(outs[k])
+        return outs
 
     with fake_mode:
         tangents = [torch.empty(m.shape, dtype=m.dtype, device=m.device)

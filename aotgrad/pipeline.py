@@ -128,12 +128,12 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
     with timer("trace"):
         gm = joint.trace_inference(c.graph_fn, info, c.fakes, c.fake_mode,
                                    options.backend.decompositions, keep)
-        gm = _backend_passes(options.backend, gm, allow_input_mutation=keep)
-    num_returned_mutations = 0 if keep else len(info.data_mutated_inputs)
-    _attach(gm, "inference", options, range(num_returned_mutations, info.num_graph_outputs))
+        gm = _backend_passes(options.backend, gm)
+    _attach(gm, "inference", options, range(len(info.data_mutated_inputs), info.num_graph_outputs))
     with timer("compile_forward"):
         compiled = _compile(options.backend.inference_compiler, gm)
-    plan = _plan(info, c.layout, info.num_graph_outputs, copy_back_data=not keep)
+    plan = _plan(info, c.layout, info.num_graph_outputs,
+                 copied_in_graph=info.data_mutated_inputs if keep else ())
     return CompiledCall(plan, compiled, None, Artifact(info, gm))
 
 
@@ -154,7 +154,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     restride_saved(fw, bw, n)
     with timer("compile_backward"):
         compiled_bw = _compile(options.backend.bw_compiler, bw)
-    plan = _plan(info, c.layout, n, copy_back_data=True)
+    plan = _plan(info, c.layout, n, copied_in_graph=info.mutations_in_graph)
     grads = bw.graph.output_node().args[0]
     plan = dataclasses.replace(
         plan,
@@ -175,15 +175,14 @@ def _fills_zero(node: fx.Node) -> bool:
     return value == 0
 
 
-def _backend_passes(backend: Backend, gm: fx.GraphModule,
-                    allow_input_mutation: bool = False) -> fx.GraphModule:
-    verify(gm, allow_input_mutation=allow_input_mutation)
+def _backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
+    verify(gm)
     if backend.graph_passes is None:
         return gm
     meta = dict(gm.meta)
     gm = backend.graph_passes(gm)
     gm.meta.update(meta)
-    return verify(gm, allow_input_mutation=allow_input_mutation)
+    return verify(gm)
 
 
 def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:
@@ -200,14 +199,14 @@ def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) 
 
 
 def _plan(info: analysis.FunctionInfo, layout: capture.CallLayout, num_fw_outputs: int,
-          copy_back_data: bool) -> RuntimePlan:
+          copied_in_graph: tuple[int, ...]) -> RuntimePlan:
     return RuntimePlan(
         info=info,
         graph_input_positions=layout.first_position,
         num_fw_outputs=num_fw_outputs,
         tangent_outputs=tuple(i for i, d in enumerate(info.differentiable) if d),
         non_differentiable=tuple(i for i, d in enumerate(info.differentiable) if not d),
-        copy_back_data=copy_back_data,
+        copied_in_graph=copied_in_graph,
         disable_autocast=torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"),
     )
 

@@ -25,7 +25,7 @@ class RuntimePlan:
     num_fw_outputs: int  # forward outputs before the saved values
     tangent_outputs: tuple[int, ...]  # forward outputs that receive a gradient
     non_differentiable: tuple[int, ...]
-    copy_back_data: bool  # False when the inference graph copies into inputs itself
+    copied_in_graph: tuple[int, ...]  # data-mutated inputs the graph copies into itself
     disable_autocast: bool  # the graph already holds autocast's casts
     # Inputs the backward returns no gradient for: passed detached, so that backward does not
     # walk into their history (which may be freed). Mutated inputs whose old value is
@@ -94,7 +94,7 @@ class CompiledCall:
     def __call__(self, flat_args: Sequence[Any]) -> list[Any]:
         plan = self.plan
         inputs = [flat_args[p] for p in plan.graph_input_positions]
-        if self._mutations:
+        if plan.mutated_inputs:
             _refuse_aliased_mutations(inputs, plan.mutated_inputs)
         with _autocast_off(plan.disable_autocast):
             if self.backward is not None:
@@ -171,7 +171,7 @@ def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
     for i, x in enumerate(plan.info.inputs):
         if x.mutates_metadata:
             steps.append(_restore_metadata(i, x.final_geometry, x.mutation_hidden_from_autograd))
-        if x.mutates_data and plan.copy_back_data:
+        if x.mutates_data and i not in plan.copied_in_graph:
             steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd,
                                     x.bumps_version))
     return steps

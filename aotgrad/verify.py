@@ -12,8 +12,11 @@ class GraphInvariantError(AssertionError):
     pass
 
 
-def verify(gm: fx.GraphModule, *, allow_input_mutation: bool = False) -> fx.GraphModule:
-    """Topologically ordered, well formed, functional, every value carrying its fake value."""
+def verify(gm: fx.GraphModule, *, allow_input_mutation: bool = True) -> fx.GraphModule:
+    """Topologically ordered, well formed, functional, every value carrying its fake value.
+
+    The one mutation allowed (unless `allow_input_mutation=False`) is a copy of a new value
+    into a graph input: buffers updated in place, as the runtime would do after the call."""
     gm.graph.lint()
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "call_function") and "val" not in node.meta:

@@ -90,7 +90,8 @@ def _graph(build):
 def test_verify_rejects_mutation():
     def build(g):
         x = g.placeholder("primals_1")
-        g.output([g.call_function(torch.ops.aten.add_.Tensor, (x, x))])
+        y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+        g.output([g.call_function(torch.ops.aten.add_.Tensor, (y, x))])
     with pytest.raises(GraphInvariantError, match="mutates"):
         verify(_graph(build))
 
@@ -101,9 +102,9 @@ def test_verify_allows_trailing_input_copy_only_when_asked():
         y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
         g.call_function(torch.ops.aten.copy_.default, (x, y))
         g.output([y])
-    verify(_graph(build), allow_input_mutation=True)
+    verify(_graph(build))
     with pytest.raises(GraphInvariantError):
-        verify(_graph(build))
+        verify(_graph(build), allow_input_mutation=False)
 
 
 def test_verify_rejects_missing_fake_value():
