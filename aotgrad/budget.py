@@ -58,7 +58,10 @@ def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto") -> Curve:
     nothing = space.evaluate(space.saved_for(()))  # the least recomputation there is
     high = mincut.peak_bytes
     name = pick_solver(space) if solver == "auto" else solver
-    found = SOLVERS[name](space, min(everything.peak_bytes, high), high)
+    low = min(everything.peak_bytes, high)
+    found = SOLVERS[name](space, low, high)
+    if name == "ilp":  # the solver has a time limit: the greedy's plans fill any gaps
+        found += greedy(space, low, high)
     plans = pareto(p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high)
     return Curve(tuple(plans), plans[0].peak_bytes, high, name)
 

@@ -21,6 +21,7 @@ overshoot when its solution does not fit: good plans, not proven ones.
 from __future__ import annotations
 
 import operator
+import time
 
 from torch import fx
 
@@ -41,6 +42,7 @@ MAX_VALUES = 20_000  # forward values: beyond, the greedy
 MAX_ROW_ENTRIES = 400_000  # backward rows kept: the most loaded steps first
 GRID = 12  # targets between the curve's ends, for large problems
 TIME_LIMIT_S = 10.0  # per solve
+TOTAL_TIME_S = 20.0  # all solves of one curve: a compile must not stall on the curve
 
 
 def available() -> bool:
@@ -100,6 +102,7 @@ class PeakProgram:
         self.cost = np.array([0.0] * m + [float(node_cost(v)) for v in self.values])
         self.evaluated: dict[frozenset, Plan] = {}
         self.solves = 0
+        self.deadline = time.monotonic() + TOTAL_TIME_S
         self._structure()
         self._forward_rows()
         self._backward_rows()
@@ -222,6 +225,9 @@ class PeakProgram:
 
     def _solve(self, target: int, cuts: list[frozenset], gap: float) -> frozenset | None:
         self.solves += 1
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            return None
         constants = np.array([c for _, c in self.memory], dtype=float)
         if any(not coeffs and constant > target for coeffs, constant in self.memory):
             return None
@@ -235,7 +241,7 @@ class PeakProgram:
             constraints.append(self._cut_rows(cuts))
         result = milp(self.cost, integrality=np.ones(2 * self.m), bounds=Bounds(self.lb, self.ub),
                       constraints=constraints,
-                      options={"time_limit": TIME_LIMIT_S, "mip_rel_gap": gap})
+                      options={"time_limit": min(TIME_LIMIT_S, remaining), "mip_rel_gap": gap})
         if result.x is None:
             return None
         return frozenset(c for c in self.space.candidates if result.x[self.redo(c)] > 0.5)
