@@ -129,8 +129,16 @@ def functional_mode():
     forward saves at run time, not for the fake values tracing saves: identity hooks
     shadow them meanwhile."""
     mode = FunctionalTensorMode()
-    with torch.autograd.graph.saved_tensors_hooks(_same, _same), mode:
-        yield mode
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same), mode:
+            yield mode
+    except AssertionError as e:
+        if "Could not find a token for effect" not in str(e):
+            raise
+        raise NotImplementedError(
+            f"aotgrad: {str(e).rsplit(' ', 1)[-1]} is an effectful op (PyTorch orders its "
+            "side effects, such as linalg's error checks, with tokens), which aotgrad does "
+            "not support yet. Call it outside the compiled function.") from e
 
 
 def _same(t):

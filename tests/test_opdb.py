@@ -30,7 +30,7 @@ KNOWN_FAILURES = {
         "nn.functional.ctc_loss", "linalg.lstsq", "linalg.lstsq.grad_oriented",
         "item", "allclose", "corrcoef", "cov", "equal", "nn.functional.gaussian_nll_loss"),
     # aten._linalg_check_errors is an ORDERED effectful op; capture's FunctionalTensorMode
-    # has no effect tokens, so functionalizing it asserts.
+    # has no effect tokens: refused with a clear error.
     "unsupported: effectful op (no effect tokens)": (
         "linalg.cholesky", "linalg.eig", "linalg.eigvals", "linalg.ldl_factor",
         "linalg.lu_factor", "linalg.inv", "linalg.solve", "linalg.tensorinv",

@@ -99,7 +99,7 @@ FAILURE_RULES: tuple[tuple[str, str], ...] = (
     (r"^GraphInvariantError: .* has no meta\['val'\]", "verify: node without meta['val']"),
     (r"^GraphInvariantError: .* never read by the backward", "verify: saved value unused"),
     (r"derivative for .* is not implemented", "NotImplementedError: derivative not implemented"),
-    (r"Could not find a token for effect", "unsupported: effectful op (no effect tokens)"),
+    (r"Could not find a token for effect|is an effectful op", "unsupported: effectful op (no effect tokens)"),
     (r"data is not allocated yet", "data-dependent: a kernel reads tensor data at trace time"),
     (r"(?i)\bsparse\b.*\btensors?\b", "unsupported: sparse tensors"),
     (r"to view \w+ as \w+ \(different element sizes\)", "regenerate_view: dtype-changing view"),
