@@ -1,6 +1,6 @@
 """Stage 5, compile: hand each graph to a backend compiler.
 
-A compiler is `compiler(gm, example_inputs) -> callable`, as in `functorch.compile`. The
+A compiler is `compiler(gm, example_inputs) -> callable`, as in functorch's compile API. The
 callable either takes the arguments spread out, or (marked `_boxed_call`) one list it may
 clear early to free inputs. What the pipeline knows about a graph (its role, how many of
 its inputs are parameters, which outputs the user sees) travels in `gm.meta[GRAPH_INFO]`,

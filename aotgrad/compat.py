@@ -1,4 +1,4 @@
-"""A drop-in for `functorch.compile`: same names, same signatures, same graph conventions.
+"""A drop-in for functorch's compile module: same names, signatures and graph conventions.
 
 Switch with one import: `from aotgrad.compat import aot_function, nop`. One deliberate
 difference: a compiled function compiles again for a new call signature (shapes, dtypes,

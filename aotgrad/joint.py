@@ -3,7 +3,7 @@
 Both graphs return, in order: the new values of data-mutated inputs, the plain user outputs,
 the intermediate bases of aliased outputs (see `FunctionInfo`). The joint graph then returns
 one gradient (or None) per input. Placeholders are named `primals_N` and `tangents_N`, as
-compilers written for `functorch.compile` expect.
+compilers written for functorch's compile API expect.
 """
 
 from __future__ import annotations
