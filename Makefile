@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==2.13.0
-	@$(PYTHON) -m pip install -q pytest pytest-xdist expecttest
+	@$(PYTHON) -m pip install -q pytest pytest-xdist expecttest hypothesis scipy
 	@$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
 
 demo: install
