@@ -117,40 +117,26 @@ def _input_grads(outs, differentiable, primals, tangents) -> list:
 
 def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
            decompositions: Mapping | None) -> torch.fx.GraphModule:
-    # The python dispatcher costs ~40% of tracing time (12-layer transformer, measured), but
-    # selective checkpointing needs it: without it, a random op in a checkpointed region
-    # fails SAC's cache checks. So trace without it, and again with it if a checkpoint ran.
-    seen = []
-    try:
-        gm = _make_fx(fn, args, fake_mode, decompositions, contextlib.nullcontext(), seen)
-    except Exception:
-        if not seen:
-            raise
-    if seen:
-        gm = _make_fx(fn, args, fake_mode, decompositions, enable_python_dispatcher(), [])
+    # Selective checkpointing needs the python dispatcher: without it, a random op in a
+    # checkpointed region fails SAC's cache checks. (Its cost is within noise here.)
+    with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective():
+        gm = make_fx(fn, decomposition_table=dict(decompositions or {}))(*args)
     return cleanup(gm)
 
 
-def _make_fx(fn, args, fake_mode, decompositions, dispatcher, seen: list):
-    with fake_mode, dispatcher, plain_checkpoints_as_selective(seen):
-        return make_fx(fn, decomposition_table=dict(decompositions or {}))(*args)
-
-
 @contextlib.contextmanager
-def plain_checkpoints_as_selective(seen: list):
+def plain_checkpoints_as_selective():
     """Trace plain non-reentrant checkpoints as selective ones that prefer recomputation.
 
     A plain checkpoint runs its region again in the backward, replaying the RNG state so
     that dropout draws the same mask. A trace cannot replay RNG state: the second run would
     draw a fresh mask, a silently wrong gradient. As a selective checkpoint, the region's
     values are reused from the forward, tagged "prefer recompute", and the partitioner
-    recomputes the ones that are safe to (never random ops). Each checkpoint entered is
-    recorded in `seen`."""
+    recomputes the ones that are safe to (never random ops)."""
     original = checkpoint_module._checkpoint_without_reentrant_generator
 
     def generator(fn, preserve_rng_state=True, context_fn=checkpoint_module.noop_context_fn,
                   *args, **kwargs):
-        seen.append(fn)
         if context_fn is checkpoint_module.noop_context_fn:
             context_fn = functools.partial(
                 checkpoint_module.create_selective_checkpoint_contexts, _prefer_recompute)
