@@ -27,7 +27,7 @@ from .flow import FlowNetwork
 from .joint import OVERWRITTEN
 from .memory import base_of, is_tuple, tensor_bytes
 from .partition import ancestors, joint_parts, split_joint, with_tuple_elements
-from .tables import Recompute, recompute_class, unsafe_to_recompute
+from .tables import CHEAP_REDUCTIONS, Recompute, recompute_class, unsafe_to_recompute
 
 SOURCE, SINK = "source", "sink"
 
@@ -39,9 +39,10 @@ class Rule:
     OVERWRITTEN = "overwritten"  # an input the runtime overwrites: never saved
     FREE = "free"  # a view or tuple element: recomputed from its base at no cost
     CHOOSE = "choose"  # cheap: saved or recomputed, whichever the plan prefers
-    # Cheap, but a matmul or convolution of the backward reads it, so the backward would
-    # write it out again: recomputing costs a kernel and memory traffic, not just a fused
-    # op. The min-cut saves it (speed first); a memory budget may recompute it.
+    # Cheap, but recomputing it costs a kernel of its own: a reduction (it re-reads its
+    # whole input), or a value a backward matmul or convolution reads (the backward would
+    # write it out again). The min-cut saves it (speed first); a memory budget may
+    # recompute it.
     MATERIALIZED = "materialized"
     SAVE = "save"  # comes from the forward: expensive, random, effectful, or policy
     RECOMPUTE = "recompute"  # recomputed: inside a selectively checkpointed region
@@ -82,7 +83,9 @@ def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
         return policy
     if kind != Recompute.CHEAP:
         return Rule.SAVE
-    return Rule.MATERIALIZED if _read_by_backward_kernel(node, forward) else Rule.CHOOSE
+    if node.target in CHEAP_REDUCTIONS or _read_by_backward_kernel(node, forward):
+        return Rule.MATERIALIZED  # a reduction's recomputation re-reads its whole input
+    return Rule.CHOOSE
 
 
 def _read_by_backward_kernel(node: fx.Node, forward: set[fx.Node]) -> bool:
