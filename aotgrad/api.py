@@ -12,7 +12,6 @@ import warnings
 from typing import Any, Callable, Hashable
 
 import torch
-import torch.utils._pytree as pytree
 from torch.nn.utils.stateless import _reparametrize_module
 
 from .backends import resolve_backend

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
-import torch
 from torch import fx
 
 GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo

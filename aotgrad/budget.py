@@ -28,7 +28,7 @@ from torch import fx
 
 from . import ilp
 from .plans import Plan, PlanSpace, node_cost
-from .remat import CHOICES, Rule, split_recomputing_late
+from .remat import CHOICES, split_recomputing_late
 from .memory import tensor_bytes
 
 MAX_EXHAUSTIVE = 10  # free choices: 2**10 plans scored one by one

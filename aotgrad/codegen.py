@@ -77,7 +77,7 @@ def python_function(gm: fx.GraphModule) -> Callable[[list], Any]:
         dead = [var[v] for v in dying.get(node, ()) if v.op != "get_attr"]
         if dead:
             lines.append(f"del {', '.join(dead)}")
-    header = [f"def run(args):"]
+    header = ["def run(args):"]
     if params:
         header.append(f"    {', '.join(params)}, = args")
     header.append("    args.clear()")

@@ -17,7 +17,7 @@ from torch._decomp import get_decompositions
 
 from . import analysis, joint
 from .api import CompiledFunction, CompiledModule
-from .backends import (Backend, GRAPH_INFO, compilation_context, make_boxed_compiler,
+from .backends import (Backend, compilation_context, make_boxed_compiler,
                        make_boxed_func, nop)
 from .partition import default_partition
 from .remat import min_cut_rematerialization_partition

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import fx
 
 from .tables import ALLOWED_INPUT_MUTATIONS

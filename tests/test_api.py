@@ -1,7 +1,5 @@
 """The front doors: recompilation on a new signature, modules, compat names, export."""
 
-import warnings
-
 import pytest
 import torch
 import torch.utils._pytree as pytree

@@ -1,7 +1,5 @@
 """A CUDA check of the three front doors: losses and gradients against eager, bf16 autocast."""
 
-import copy
-
 import torch
 from torch import nn
 
