@@ -21,7 +21,7 @@ from . import analysis, capture, joint
 from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
 from .partition import default_partition
-from .runtime import CompiledCall, RuntimePlan
+from .runtime import CompiledCall, RuntimePlan, aliased_mutation_error
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
 from .verify import verify, verify_partition
 
@@ -229,7 +229,4 @@ def _check_mutated_inputs_do_not_alias(inputs: Sequence[torch.Tensor],
         storages.setdefault(StorageWeakRef(t.untyped_storage()), []).append(i)
     for group in storages.values():
         if len(group) > 1 and any(info.inputs[i].mutated for i in group):
-            raise NotImplementedError(
-                f"aotgrad: inputs {group} share memory and at least one of them is mutated "
-                "inside the function; mutating aliased inputs is not supported yet. Pass "
-                "independent tensors (e.g. .clone()) or move the mutation outside.")
+            raise aliased_mutation_error(group)

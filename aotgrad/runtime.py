@@ -206,10 +206,14 @@ def _refuse_aliased_mutations(inputs: Sequence[torch.Tensor], mutated: Sequence[
     for j, t in enumerate(inputs):
         i = bases.get(id(t._base if t._base is not None else t), j)
         if i != j:
-            raise NotImplementedError(
-                f"aotgrad: inputs {sorted((i, j))} share memory and at least one of them is "
-                "mutated inside the function; mutating aliased inputs is not supported yet. "
-                "Pass independent tensors (e.g. .clone()) or move the mutation outside.")
+            raise aliased_mutation_error(sorted((i, j)))
+
+
+def aliased_mutation_error(inputs: Sequence[int]) -> NotImplementedError:
+    return NotImplementedError(
+        f"aotgrad: inputs {list(inputs)} share memory and at least one of them is mutated "
+        "inside the function; mutating aliased inputs is not supported yet. Pass "
+        "independent tensors (e.g. .clone()) or move the mutation outside.")
 
 
 def _grad_hidden(hidden: bool):

@@ -17,46 +17,15 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aotgrad  # noqa: E402
 from aotgrad import budget, remat  # noqa: E402
+from aotgrad.demo import TinyLM  # noqa: E402
 from aotgrad.memory import estimate_peak  # noqa: E402
 from aotgrad.partition import default_partition  # noqa: E402
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
-        return x + self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class Transformer(nn.Module):
-    def __init__(self, layers=12, d=768, heads=12, vocab=50257, seq=1024):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, ids):
-        x = self.tok(ids) + self.pos.weight[: ids.shape[1]]
-        logits = self.head(self.ln(self.blocks(x)))
-        return nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten())
 
 
 def timed(fn, *args, **kwargs):
@@ -80,14 +49,16 @@ def main(argv=None):
     torch.manual_seed(0)
     # Fake tensors: shapes without data, so a GPT-2-sized step costs no compute here.
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = Transformer(args.layers, vocab=args.vocab)
+        # GPT-2 small's shape: 768 wide, 12 heads, a 1024-token context.
+        model = TinyLM(vocab=args.vocab, width=768, heads=12, layers=args.layers, context=1024)
         ids = torch.randint(0, args.vocab, (args.batch, args.seq))
+        targets = torch.roll(ids, -1, 1)
     decomps = None
     if args.decompose:
         from torch._inductor.decomposition import select_decomp_table
         decomps = select_decomp_table()
     compiled = aotgrad.compile(model, backend="eager", decompositions=decomps)
-    compiled(ids)
+    compiled(ids, targets)
     art = compiled.artifacts[0]
     joint, n = art.joint_graph, art.info.num_graph_outputs
     print(f"joint graph: {len(joint.graph.nodes)} nodes")
