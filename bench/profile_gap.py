@@ -1,0 +1,113 @@
+"""Where does a compiled training step spend its GPU time? Kernel time by kind, side by side.
+
+    python bench/profile_gap.py --models gpt2,resnet50 --modes torch_compile,aotgrad_dynamo
+
+Each (model, mode) runs in its own subprocess (as in run.py), compiles, warms up, then records
+a few steps with torch.profiler. Kernels are grouped by kind (matmul, convolution, attention,
+Triton-generated, copies, other ATen kernels) so that two modes' steps can be compared kind
+by kind; the largest kernels of each mode are written to --out as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench  # noqa: E402  (bench/run.py: models, modes, the step)
+
+# (kind, substrings of a kernel name), first match wins.
+KINDS = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "splitk")),
+    ("convolution", ("conv", "cudnn", "implicit", "winograd", "dgrad", "wgrad", "fprop")),
+    ("triton", ("triton",)),
+    ("copy", ("copy", "memcpy", "memset", "cat")),
+    ("reduction", ("reduce", "norm", "softmax")),
+)
+
+
+def kind_of(name: str) -> str:
+    lowered = name.lower()
+    return next((k for k, parts in KINDS if any(p in lowered for p in parts)), "other")
+
+
+def profile_row(model_name: str, mode_name: str, steps: int) -> dict:
+    job = bench.Job(model_name, mode_name, None, False, "cuda", 3, steps)
+    torch.manual_seed(0)
+    model, batch, use_autocast = bench.prepare(job)
+    compiled = bench.MODES[mode_name].compile(model, None, [])
+    step = bench.make_step(model, compiled, batch, use_autocast)
+    for _ in range(job.warmup + 1):
+        step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return summarize(prof.events(), steps)
+
+
+def summarize(events, steps: int) -> dict:
+    by_kernel: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            row = by_kernel[e.name]
+            row[0] += e.device_time / 1e3 / steps  # ms per step
+            row[1] += 1 / steps
+    kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for name, (ms, count) in by_kernel.items():
+        kinds[kind_of(name)][0] += ms
+        kinds[kind_of(name)][1] += count
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:60]
+    return {"total_ms": sum(ms for ms, _ in by_kernel.values()),
+            "kernels": sum(c for _, c in by_kernel.values()),
+            "kinds": {k: {"ms": ms, "count": c} for k, (ms, c) in kinds.items()},
+            "top": [{"name": n[:160], "ms": ms, "count": c, "kind": kind_of(n)}
+                    for n, (ms, c) in top]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="gpt2,resnet50")
+    parser.add_argument("--modes", default="torch_compile,aotgrad_dynamo")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", default="profile_gap")
+    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"))
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(profile_row(*args.worker, args.steps)))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for model in args.models.split(","):
+        for mode in args.modes.split(","):
+            done = subprocess.run([sys.executable, __file__, "--worker", model, mode,
+                                   "--steps", str(args.steps)], capture_output=True, text=True)
+            if done.returncode:
+                print(f"{model}/{mode} failed:\n{done.stderr[-3000:]}")
+                continue
+            results[f"{model}/{mode}"] = json.loads(done.stdout.strip().splitlines()[-1])
+    (out / "profile.json").write_text(json.dumps(results, indent=1))
+    print_table(results)
+
+
+def print_table(results: dict) -> None:
+    kinds = sorted({k for r in results.values() for k in r["kinds"]})
+    print("row".ljust(32) + "total".rjust(9) + "".join(k[:10].rjust(11) for k in kinds))
+    for label, r in results.items():
+        cells = "".join(f"{r['kinds'].get(k, {}).get('ms', 0):7.2f}/{r['kinds'].get(k, {}).get('count', 0):<3.0f}"
+                        for k in kinds)
+        print(label.ljust(32) + f"{r['total_ms']:9.2f}" + cells)
+
+
+if __name__ == "__main__":
+    main()
