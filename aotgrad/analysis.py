@@ -52,12 +52,16 @@ class InputInfo:
     # Every mutation ran under no_grad/inference_mode or through .detach()/.data: the copy back
     # must not be recorded by autograd either.
     mutation_hidden_from_autograd: bool
-    bumps_version: bool
+    version_bumps: int  # how much eager's version counter advances: 0 for .data mutations
     final_geometry: Geometry
 
     @property
     def mutated(self) -> bool:
         return self.mutates_data or self.mutates_metadata
+
+    @property
+    def bumps_version(self) -> bool:
+        return self.version_bumps != 0
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ class FunctionInfo:
         k = {i: n for n, i in enumerate(self.data_mutated_inputs)}
         return tuple(i for i, x in enumerate(self.inputs)
                      if x.mutates_data and not x.mutates_metadata and not x.requires_grad
-                     and x.bumps_version and not self.differentiable[k[i]])
+                     and not self.differentiable[k[i]])
 
     @property
     def needs_autograd(self) -> bool:
@@ -214,8 +218,9 @@ def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool, before: tup
         mutates_metadata=torch._functionalize_has_metadata_mutation(inner),
         # Autograd recorded none of the mutations (no_grad, .detach(), .data).
         mutation_hidden_from_autograd=a.grad_fn is grad_fn,
-        # Only mutations through .data leave the version counter alone.
-        bumps_version=version != old_version,
+        # Mutations through .data, and kernels that update an argument themselves (BatchNorm's
+        # running statistics), leave the version counter alone.
+        version_bumps=version - old_version,
         final_geometry=_geometry(a),
     )
 

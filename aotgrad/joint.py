@@ -13,6 +13,7 @@ import functools
 from typing import Callable, Mapping, Sequence
 
 import torch
+import torch.fx.traceback as fx_traceback
 import torch.utils.checkpoint as checkpoint_module
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -119,7 +120,11 @@ def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
            decompositions: Mapping | None) -> torch.fx.GraphModule:
     # Selective checkpointing needs the python dispatcher: without it, a random op in a
     # checkpointed region fails SAC's cache checks. (Its cost is within noise here.)
-    with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective():
+    # Preserving node metadata carries each op's checkpoint policy onto its nodes (torch 2.11
+    # tags them only this way) and the ATen op each node came from (Inductor names kernels
+    # after it).
+    with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective(), \
+            fx_traceback.preserve_node_meta():
         gm = make_fx(fn, decomposition_table=dict(decompositions or {}))(*args)
     return cleanup(gm)
 
@@ -140,7 +145,11 @@ def plain_checkpoints_as_selective():
         if context_fn is checkpoint_module.noop_context_fn:
             context_fn = functools.partial(
                 checkpoint_module.create_selective_checkpoint_contexts, _prefer_recompute)
-        return original(fn, preserve_rng_state, context_fn, *args, **kwargs)
+        yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
+        # The region's ops left their policy in the tracer's current metadata (copied onto
+        # each new node); past the region it must not tag the ops that follow.
+        for key in ("recompute", "ac_graph_id"):
+            fx_traceback.current_meta.pop(key, None)
 
     checkpoint_module._checkpoint_without_reentrant_generator = generator
     try:

@@ -46,9 +46,16 @@ class CompiledGraph(torch.autograd.Function):
         outs = call.forward(list(inputs))
         plan = call.plan
         ctx.call = call
+        # Outputs without a gradient (mutated buffers' new values, unused outputs) get None,
+        # not a zero tensor autograd would fill for each of them on every backward.
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(*outs[plan.num_fw_outputs:])
-        if plan.non_differentiable:
-            ctx.mark_non_differentiable(*[outs[i] for i in plan.non_differentiable])
+        if call.written_in_graph:  # inputs themselves, which autograd would wrap in views
+            outs = list(outs)
+            for k in call.written_in_graph:
+                outs[k] = None
+        if call.non_differentiable:
+            ctx.mark_non_differentiable(*[outs[i] for i in call.non_differentiable])
         return tuple(outs[:plan.num_fw_outputs])
 
     @staticmethod
@@ -63,8 +70,15 @@ class CompiledGraph(torch.autograd.Function):
         # Drop autograd's references (unless retain_graph) so that the backward, which may
         # clear its argument list, can free each saved value after its last use.
         ctx.maybe_clear_saved_tensors()
-        args += [grads[i].contiguous() for i in call.plan.tangent_outputs]
+        args += [_tangent(grads[i], call.plan.info.graph_output_metas[i])
+                 for i in call.plan.tangent_outputs]
         return (None, *call.backward(args))
+
+
+def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:
+    if grad is None:  # the output took no part in the loss
+        return torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+    return grad.contiguous()
 
 
 # Function.apply's Python wrapper only unwraps functorch transforms; with none active, the C++
@@ -88,6 +102,13 @@ class CompiledCall:
         self.backward = backward
         self.artifact = artifact
         self._mutations = _mutation_steps(plan)
+        self._versioned = tuple((i, plan.info.inputs[i].version_bumps)
+                                for i in plan.copied_in_graph)
+        # Graph outputs that are inputs the graph wrote in place: nothing reads them.
+        data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
+        self.written_in_graph = tuple(data_index[i] for i in plan.copied_in_graph)
+        self.non_differentiable = tuple(k for k in plan.non_differentiable
+                                        if k not in self.written_in_graph)
         self._outputs = _output_order(plan.info)
         self.unflatten = _unflattener(plan.info.out_spec)
 
@@ -96,6 +117,8 @@ class CompiledCall:
         inputs = [flat_args[p] for p in plan.graph_input_positions]
         if plan.mutated_inputs:
             _refuse_aliased_mutations(inputs, plan.mutated_inputs)
+        if self._versioned:
+            versions = [inputs[i]._version for i, _ in self._versioned]
         with _autocast_off(plan.disable_autocast):
             if self.backward is not None:
                 args = list(inputs)
@@ -109,6 +132,8 @@ class CompiledCall:
             else:
                 with torch.no_grad():
                     raw = self.forward(list(inputs))  # a boxed callee may clear its list
+        if self._versioned:
+            _set_versions(inputs, self._versioned, versions)
         for step in self._mutations:
             step(inputs, raw)
         return self._user_outputs(inputs, raw)
@@ -175,6 +200,26 @@ def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
             steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd,
                                     x.bumps_version))
     return steps
+
+
+def _set_versions(inputs, versioned: tuple[tuple[int, int], ...], before: list[int]) -> None:
+    """The graph wrote these inputs in place. Whether that moved their version counters
+    depends on the backend (ATen's copy_ does, Inductor's kernels do not): set them to what
+    eager's would read."""
+    for (i, bumps), version in zip(versioned, before):
+        _set_version(inputs[i], version + bumps)
+
+
+def _version_setter() -> Callable[[torch.Tensor, int], None]:
+    set_counter = torch._C._autograd._unsafe_set_version_counter
+    try:  # newer torch takes tuples of tensors and versions
+        set_counter((torch.zeros(()),), (0,))
+        return lambda t, v: set_counter((t,), (v,))
+    except TypeError:
+        return set_counter
+
+
+_set_version = _version_setter()
 
 
 def _restore_metadata(i: int, geometry, hidden: bool) -> Callable:

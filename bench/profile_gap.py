@@ -48,11 +48,33 @@ def profile_row(model_name: str, mode_name: str, steps: int) -> dict:
         step()
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CUDA]
+    before = torch.cuda.memory_stats()
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    return summarize(prof.events(), steps)
+    after = torch.cuda.memory_stats()
+    allocator = {k: (after.get(k, 0) - before.get(k, 0)) / steps for k in ALLOCATOR_COUNTS}
+    return {**summarize(prof.events(), steps), "gaps": idle_gaps(prof.events(), steps),
+            "allocator_per_step": allocator}
+
+
+# Allocator events that cost synchronizations or driver calls inside a step.
+ALLOCATOR_COUNTS = ("num_device_alloc", "num_device_free", "num_alloc_retries",
+                    "num_sync_all_streams")
+
+
+def idle_gaps(events, steps: int, threshold_us: float = 20.0) -> dict:
+    """Time the GPU sat idle between kernels, and the largest gaps with their neighbours."""
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    gaps = [(start - prev_end, prev_name, name)
+            for (_, prev_end, prev_name), (start, _, name) in zip(kernels, kernels[1:])
+            if start - prev_end > threshold_us]
+    gaps.sort(key=lambda g: -g[0])
+    return {"idle_ms_per_step": sum(g[0] for g in gaps) / 1e3 / steps,
+            "largest": [{"us": g[0], "after": g[1][:100], "before": g[2][:100]}
+                        for g in gaps[:15]]}
 
 
 def summarize(events, steps: int) -> dict:
@@ -107,6 +129,9 @@ def print_table(results: dict) -> None:
         cells = "".join(f"{r['kinds'].get(k, {}).get('ms', 0):7.2f}/{r['kinds'].get(k, {}).get('count', 0):<3.0f}"
                         for k in kinds)
         print(label.ljust(32) + f"{r['total_ms']:9.2f}" + cells)
+    for label, r in results.items():
+        print(f"{label}: idle {r['gaps']['idle_ms_per_step']:.2f} ms/step (gaps > 20 us), "
+              f"allocator per step {r['allocator_per_step']}")
 
 
 if __name__ == "__main__":
