@@ -1,6 +1,8 @@
 """Eager semantics beyond the corpus: custom Functions, randomness, grad-mode and autocast
 regions, saved-tensor hooks, and clear refusals. Each through the three front doors."""
 
+import copy
+
 import pytest
 import torch
 
@@ -139,3 +141,27 @@ def test_double_backward_is_refused():
     y = compile_eager(lambda x: x.sin().sum())(x)
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(y, x, create_graph=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_batchnorm_statistics_are_written_in_graph_with_eager_version_counters(backend):
+    """BatchNorm's kernel updates its running statistics without bumping their version
+    counters, while `num_batches_tracked += 1` bumps; the compiled call writes all three
+    inside the graph and leaves the counters as eager does."""
+    def deltas(module, x):
+        buffers = list(module.buffers())
+        before = [b._version for b in buffers]
+        module(x).sum().backward()
+        return [b._version - v for b, v in zip(buffers, before)]
+
+    torch.manual_seed(0)
+    reference, x = torch.nn.BatchNorm1d(3).train(), torch.randn(4, 3, requires_grad=True)
+    compiled_module = copy.deepcopy(reference)
+    compiled = aotgrad.compile(compiled_module, backend=backend)
+    compiled(x)  # compile first: counting starts at the second call
+    reference(x)
+    assert deltas(compiled, x) == deltas(reference, x)
+    for mine, theirs in zip(compiled_module.buffers(), reference.buffers()):
+        torch.testing.assert_close(mine, theirs)
+    (call,) = compiled.compiled.entries.values()
+    assert len(call.written_in_graph) == 3  # no copies after the graph
