@@ -10,23 +10,11 @@ from aotgrad.compat import aot_function, nop
 from aotgrad.effects import PHASE, split_checks
 from aotgrad.partition import default_partition
 from aotgrad.remat import min_cut_rematerialization_partition
-
-
-def compile_eager(fn):
-    return aotgrad.compile(fn, backend="eager")
+from test_semantics import compat, compile_eager, dynamo
 
 
 def compile_inductor(fn):
     return aotgrad.compile(fn, backend="inductor")
-
-
-def compat(fn):
-    return aot_function(fn, nop)
-
-
-def dynamo(fn):
-    torch._dynamo.reset()
-    return torch.compile(fn, backend=aotgrad.backend(backend="eager"))
 
 
 DOORS = pytest.mark.parametrize("door", [compile_eager, compile_inductor, compat, dynamo],
