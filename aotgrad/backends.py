@@ -18,6 +18,8 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import fx
 
+from .effects import run_checks_after, split_checks
+
 GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
 # gm.meta key where a backend reports the strides its outputs really have, when it chose a
 # layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.
@@ -113,17 +115,20 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     outputs = gm.graph.output_node().args[0]
     gm.graph.output_node().meta["user_visible_output_idxs"] = [
         i for i in info.user_outputs if isinstance(outputs[i], fx.Node)]
+    body, checks = split_checks(gm)  # Inductor would drop or reorder them
     fake_mode = detect_fake_mode(example_inputs)
     with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
         with TracingContext.report_output_strides() as strides:
             compiled = compile_fx_inner(
-                gm, example_inputs,
+                body, example_inputs,
                 static_input_idxs=list(range(info.num_static_inputs)),
                 is_backward=info.role == "backward",
                 is_inference=info.role == "inference",
             )
-        gm.meta[OUTPUT_STRIDES] = list(strides)
-    return compiled
+        gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
+    if checks is None:
+        return compiled
+    return run_checks_after(as_boxed(compiled), checks, len(outputs))
 
 
 def inductor_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:

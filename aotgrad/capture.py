@@ -15,7 +15,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor
+
+from .effects import CheckingFunctionalMode, refuse_effectful_op
 
 
 @dataclass(frozen=True)
@@ -123,22 +125,20 @@ def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def functional_mode():
-    """Run the user function functionalized: mutations and views become out-of-place ops.
+    """Run the user function functionalized: mutations and views become out-of-place ops,
+    and error checks stay as they are (effects.py).
 
     The caller's saved-tensor hooks (save_on_cpu, ...) are for the values the compiled
     forward saves at run time, not for the fake values tracing saves: identity hooks
     shadow them meanwhile."""
-    mode = FunctionalTensorMode()
+    mode = CheckingFunctionalMode()
     try:
         with torch.autograd.graph.saved_tensors_hooks(_same, _same), mode:
             yield mode
     except AssertionError as e:
         if "Could not find a token for effect" not in str(e):
             raise
-        raise NotImplementedError(
-            f"aotgrad: {str(e).rsplit(' ', 1)[-1]} is an effectful op (PyTorch orders its "
-            "side effects, such as linalg's error checks, with tokens), which aotgrad does "
-            "not support yet. Call it outside the compiled function.") from e
+        raise refuse_effectful_op(e) from e
 
 
 def _same(t):

@@ -21,6 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .analysis import FunctionInfo, graph_outputs
 from .capture import from_functional, functional_mode, to_functional
+from .effects import BACKWARD
 from .tables import NO_OP_AT_RUNTIME
 
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
@@ -53,10 +54,11 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
                 if i in info.mutations_in_graph}
 
     def joint(primals, tangents):
-        with functional_mode():
+        with functional_mode() as mode:
             f_primals, f_tangents = to_functional(primals), to_functional(tangents)
             args = _mutable_copies(info, f_primals)
             outs = graph_outputs(info, *_call(graph_fn, args))
+            mode.phase = BACKWARD
             grads = _input_grads(outs, info.differentiable, f_primals, f_tangents)
         outs = [from_functional(o) for o in outs + grads]
         for i, k in in_graph.items():  # the forward output is then the updated input itself
@@ -86,9 +88,10 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
     """Forward plus the gradients of one scalar user output, seeded with 1 (no tangents),
     with respect to the inputs `wrt`: the joint graph that export hands out."""
     def loss_joint(primals):
-        with functional_mode():
+        with functional_mode() as mode:
             f_primals = to_functional(primals)
             args, outs = _call(graph_fn, _mutable_copies(info, f_primals))
+            mode.phase = BACKWARD
             grads = torch.autograd.grad(outs[loss_output], [f_primals[i] for i in wrt],
                                         allow_unused=True)
             values = graph_outputs(info, args, outs) + list(grads)

@@ -14,6 +14,8 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import fx
 
+from .effects import checks_by_phase
+
 
 def joint_parts(joint: fx.GraphModule, num_fwd_outputs: int):
     """(primals, tangents, forward outputs, gradient outputs) of a joint graph."""
@@ -22,6 +24,15 @@ def joint_parts(joint: fx.GraphModule, num_fwd_outputs: int):
     primals = [n for n in placeholders if not n.name.startswith("tangents")]
     outs = list(joint.graph.output_node().args[0])
     return primals, tangents, outs[:num_fwd_outputs], outs[num_fwd_outputs:]
+
+
+def joint_roots(joint: fx.GraphModule, num_fwd_outputs: int) -> tuple[list, list]:
+    """What each half must compute: the forward outputs and the error checks eager runs in
+    the forward; the gradients and the error checks it runs in the backward (effects.py).
+    A check has no output: only being a root keeps it in its half."""
+    _, _, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
+    fw_checks, bw_checks = checks_by_phase(joint.graph)
+    return fw_outs + fw_checks, grads + bw_checks
 
 
 def ancestors(roots: Iterable[fx.Node | None], stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
@@ -51,8 +62,9 @@ def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_f
     The forward holds exactly what its outputs need; whatever else the backward needs is
     computed in the backward, from saved forward values.
     """
-    primals, _, fw_outs, grads = joint_parts(joint_module, num_fwd_outputs)
-    forward = with_tuple_elements(ancestors(fw_outs) | set(primals))
+    primals, _, _, grads = joint_parts(joint_module, num_fwd_outputs)
+    fw_roots, _ = joint_roots(joint_module, num_fwd_outputs)
+    forward = with_tuple_elements(ancestors(fw_roots) | set(primals))
     read_by_backward = {
         inp for node in joint_module.graph.nodes
         if node.op == "call_function" and node not in forward
@@ -68,9 +80,10 @@ def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.
     """Forward and backward graphs for a given choice of saved values. `backward_order`
     may reorder the backward's ops (given in joint order) before its code is generated."""
     primals, tangents, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
+    fw_checks, bw_checks = checks_by_phase(joint.graph)
     saved = sorted(saved, key=_is_symbolic)  # tensors first, then sizes (functorch's order)
-    fw = _extract(joint, primals, fw_outs + list(saved))
-    bw = _extract(joint, list(saved) + tangents, grads, backward_order)
+    fw = _extract(joint, primals, fw_outs + list(saved), fw_checks)
+    bw = _extract(joint, list(saved) + tangents, grads, bw_checks, backward_order)
     return fw, bw
 
 
@@ -79,15 +92,16 @@ def _is_symbolic(node: fx.Node) -> bool:
 
 
 def _extract(joint: fx.GraphModule, inputs: Sequence[fx.Node],
-             outputs: Sequence[fx.Node | None], order: Callable | None = None) -> fx.GraphModule:
-    """The subgraph computing `outputs` from `inputs`, nodes in their joint order (or in
-    `order(nodes)`)."""
+             outputs: Sequence[fx.Node | None], checks: Sequence[fx.Node],
+             order: Callable | None = None) -> fx.GraphModule:
+    """The subgraph computing `outputs` and running `checks` from `inputs`, nodes in their
+    joint order (or in `order(nodes)`)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
         env[node] = graph.placeholder(node.name)
         env[node].meta = dict(node.meta)
-    needed = ancestors(outputs, stop=set(inputs))
+    needed = ancestors(list(outputs) + list(checks), stop=set(inputs))
     missing = [n.name for n in needed if n.op == "placeholder" and n not in env]
     assert not missing, f"partition: {missing} are needed but are not inputs"
     nodes = [node for node in joint.graph.nodes if node in needed and node not in env]

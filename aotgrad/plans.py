@@ -22,7 +22,7 @@ import torch
 from torch import fx
 
 from .memory import Buffers, MemoryEstimate, TwoPhase, owners, program, tensor_bytes
-from .partition import ancestors, joint_parts
+from .partition import ancestors, joint_parts, joint_roots
 from .remat import (CHOICES, Rule, forward_rules, forward_values, just_in_time_order,
                     min_cut_saved_values)
 from .tables import Recompute, recompute_class
@@ -55,11 +55,12 @@ class PlanSpace:
         self.joint, self.num_fwd_outputs = joint, num_fwd_outputs
         self.primals, self.tangents, self.fw_outs, self.grads = joint_parts(joint,
                                                                             num_fwd_outputs)
+        self.fw_roots, self.bw_roots = joint_roots(joint, num_fwd_outputs)
         self.nodes = list(joint.graph.nodes)
         self.position = {node: i for i, node in enumerate(self.nodes)}
         self.forward = forward_values(joint, num_fwd_outputs)
         self.rules = forward_rules(self.forward)
-        self.base_forward = ancestors(self.fw_outs) | set(self.primals)
+        self.base_forward = ancestors(self.fw_roots) | set(self.primals)
         self.fixed = self._fixed_backward()
         self.read_by_fixed = self._read_by_fixed()
         # Forward values a backward could ever read, and the free choices among them.
@@ -70,7 +71,7 @@ class PlanSpace:
 
     def _fixed_backward(self) -> list[fx.Node]:
         """The ops every backward runs: those not in the forward that the gradients need."""
-        needed = ancestors(self.grads, stop=self.forward)
+        needed = ancestors(self.bw_roots, stop=self.forward)
         return [n for n in self.nodes if n in needed and n.op == "call_function"
                 and n not in self.forward]
 
@@ -110,7 +111,7 @@ class PlanSpace:
     def evaluate(self, saved: Sequence[fx.Node]) -> Plan:
         """Score the plan that saves `saved` (as `split_recomputing_late` would run it)."""
         saved_set = set(saved)
-        needed = ancestors(self.grads, stop=saved_set | set(self.tangents))
+        needed = ancestors(self.bw_roots, stop=saved_set | set(self.tangents))
         missing = [n.name for n in needed if n.op == "placeholder" and n not in saved_set
                    and n not in self.tangents]
         assert not missing, f"plan: {missing} are needed but not saved"

@@ -26,7 +26,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from .flow import FlowNetwork
 from .joint import OVERWRITTEN
 from .memory import base_of, is_tuple, tensor_bytes
-from .partition import ancestors, joint_parts, split_joint, with_tuple_elements
+from .partition import ancestors, joint_parts, joint_roots, split_joint, with_tuple_elements
 from .tables import CHEAP_REDUCTIONS, Recompute, recompute_class, unsafe_to_recompute
 
 SOURCE, SINK = "source", "sink"
@@ -59,8 +59,9 @@ CHECKPOINT_POLICY_RULES = {
 def forward_values(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
     """The values the forward computes (or may save): inputs, ancestors of its outputs,
     and the elements of its tuples."""
-    primals, _, fw_outs, _ = joint_parts(joint, num_fwd_outputs)
-    return with_tuple_elements(ancestors(fw_outs) | set(primals))
+    primals = joint_parts(joint, num_fwd_outputs)[0]
+    fw_roots, _ = joint_roots(joint, num_fwd_outputs)
+    return with_tuple_elements(ancestors(fw_roots) | set(primals))
 
 
 def forward_rules(forward: set[fx.Node]) -> dict[fx.Node, str]:
@@ -135,6 +136,7 @@ def min_cut_rematerialization_partition(joint_module: fx.GraphModule, _joint_inp
 def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     """The saved values of a minimum-byte cut."""
     _, tangents, _, grads = joint_parts(joint, num_fwd_outputs)
+    _, bw_roots = joint_roots(joint, num_fwd_outputs)
     forward = forward_values(joint, num_fwd_outputs)
     rules = forward_rules(forward)
     network, infinity = _network(joint, forward, rules, set(grads))
@@ -142,7 +144,7 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
     assert value < infinity, "min-cut: the checkpoint policies and the op table conflict"
     cut = {n for n in forward if (n, "in") in reachable and (n, "out") not in reachable}
     # Zero-cost edges may be cut without being needed; keep what the backward reads.
-    needed = ancestors(grads, stop=cut | set(tangents))
+    needed = ancestors(bw_roots, stop=cut | set(tangents))
     return [n for n in joint.graph.nodes if n in cut and n in needed]
 
 

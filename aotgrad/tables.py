@@ -16,6 +16,14 @@ CONSTANT_FILLS = frozenset({
 })
 FILLS_WITH_VALUE = frozenset({aten.full_like.default, aten.full.default, aten.new_full.default})
 
+# Ops whose only effect is to raise when a check on their inputs fails; they return nothing.
+# Traced as plain ops and kept where eager runs them, with no effect token (effects.py).
+ERROR_CHECKS = frozenset({
+    aten._linalg_check_errors.default,  # linalg.inv, cholesky, solve...: singular input
+    aten._assert_async.default,  # torch._assert_async(tensor)
+    aten._assert_async.msg,
+})
+
 # In-place ops a functional graph may still hold: the trailing copy into a mutated input
 # (inference graphs with keep_inference_input_mutations=True).
 ALLOWED_INPUT_MUTATIONS = frozenset({
@@ -88,4 +96,5 @@ def unsafe_to_recompute(target) -> bool:
         return False
     if not isinstance(target, torch._ops.OpOverload):
         return True
-    return torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
+    return (torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
+            or target in ERROR_CHECKS)

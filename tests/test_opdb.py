@@ -29,12 +29,6 @@ KNOWN_FAILURES = {
         "combinations", "masked_select", "unique", "unique_consecutive", "nonzero", "argwhere",
         "nn.functional.ctc_loss", "linalg.lstsq", "linalg.lstsq.grad_oriented",
         "item", "allclose", "corrcoef", "cov", "equal", "nn.functional.gaussian_nll_loss"),
-    # aten._linalg_check_errors is an ORDERED effectful op; capture's FunctionalTensorMode
-    # has no effect tokens: refused with a clear error.
-    "unsupported: effectful op (no effect tokens)": (
-        "linalg.cholesky", "linalg.eig", "linalg.eigvals", "linalg.ldl_factor",
-        "linalg.lu_factor", "linalg.inv", "linalg.solve", "linalg.tensorinv",
-        "linalg.tensorsolve"),
     # tensor_split(x, indices_tensor) reads the indices in C++, below the dispatcher.
     "data-dependent: a kernel reads tensor data at trace time": ("tensor_split",),
     # Sparse inputs: fake inputs and partitioning assume strided tensors.
@@ -89,6 +83,8 @@ def test_random_ops_are_not_sampled():
 def test_classify_uses_rules_then_normalized_message():
     assert opdb_sweep.classify(opdb_sweep.Mismatch("mismatch: grad", "x")) == "mismatch: grad"
     exc = AssertionError("Could not find a token for effect EffectType.ORDERED which came ...")
+    assert opdb_sweep.classify(exc) == "unsupported: effectful op (no effect tokens)"
+    exc = NotImplementedError("aotgrad: aten._print.default is an op with ordered side effects")
     assert opdb_sweep.classify(exc) == "unsupported: effectful op (no effect tokens)"
     a = opdb_sweep.classify(RuntimeError("shape [2, 3] is invalid for input of size 7\nmore"))
     b = opdb_sweep.classify(RuntimeError("shape [4] is invalid for input of size 12"))

@@ -1,0 +1,155 @@
+"""Effectful ops (effects.py): linalg's error checks and asserts compile, match eager, and
+raise what eager raises, where eager raises it (forward or backward); other effects are
+refused. Each through the front doors, against eager."""
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad.compat import aot_function, nop
+from aotgrad.effects import PHASE, split_checks
+from aotgrad.partition import default_partition
+from aotgrad.remat import min_cut_rematerialization_partition
+from test_semantics import compat, compile_eager, dynamo
+
+
+def compile_inductor(fn):
+    return aotgrad.compile(fn, backend="inductor")
+
+
+DOORS = pytest.mark.parametrize("door", [compile_eager, compile_inductor, compat, dynamo],
+                                ids=["compile", "inductor", "compat", "dynamo"])
+
+
+def train_step(a, b):
+    """solve, then inv, then cholesky: on a singular `a` eager raises solve's error first."""
+    spd = a @ a.mT + torch.eye(a.shape[-1])
+    x = torch.linalg.solve(a, b)
+    return (x * torch.linalg.inv(a).sum() + torch.linalg.cholesky(spd).sum()).square().mean()
+
+
+def inputs():
+    torch.manual_seed(0)
+    a = torch.randn(4, 4) + 4 * torch.eye(4)
+    return a.requires_grad_(), torch.randn(4, 2, requires_grad=True)
+
+
+def value_and_grads(fn, a, b):
+    loss = fn(a, b)
+    ga, gb = torch.autograd.grad(loss, (a, b))
+    return loss, ga, gb
+
+
+def raised(fn, *args) -> BaseException:
+    with pytest.raises(Exception) as info:
+        fn(*args)
+    return info.value
+
+
+def assert_same_error(compiled_error: BaseException, eager_error: BaseException):
+    assert type(compiled_error) is type(eager_error)
+    assert str(compiled_error) == str(eager_error)
+
+
+@DOORS
+def test_linalg_training_step_matches_eager_and_raises_like_eager(door):
+    compiled = door(train_step)
+    torch.testing.assert_close(value_and_grads(compiled, *inputs()),
+                               value_and_grads(train_step, *inputs()))
+    singular = torch.ones(4, 4, requires_grad=True)
+    b = torch.randn(4, 2, requires_grad=True)
+    expected = raised(train_step, singular, b)
+    assert isinstance(expected, torch.linalg.LinAlgError) and "solve" in str(expected)
+    assert_same_error(raised(compiled, singular, b), expected)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat, dynamo],
+                         ids=["compile", "compat", "dynamo"])
+def test_cholesky_of_non_positive_definite_input_raises_like_eager(door):
+    def f(a):
+        return torch.linalg.cholesky(a).sum()
+    with torch.no_grad():  # the inference graph keeps its checks too
+        bad = torch.tensor([[1.0, 2.0], [2.0, 1.0]])
+        assert_same_error(raised(door(f), bad), raised(f, bad))
+    bad.requires_grad_()
+    assert_same_error(raised(door(f), bad), raised(f, bad))
+
+
+class InvInBackward(torch.autograd.Function):
+    """Doubles x; its backward inverts x: a check that eager runs in the backward only,
+    although it reads forward values alone."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g @ torch.linalg.inv(x)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat, dynamo],
+                         ids=["compile", "compat", "dynamo"])
+def test_a_check_in_the_backward_raises_in_the_backward(door):
+    def f(x):
+        return InvInBackward.apply(x).sum()
+    compiled = door(f)
+    x = torch.eye(2).add(1).requires_grad_()
+    torch.testing.assert_close(torch.autograd.grad(compiled(x), x), torch.autograd.grad(f(x), x))
+    singular = torch.ones(2, 2, requires_grad=True)
+    loss, expected_loss = compiled(singular), f(singular)  # the forward does not raise
+    torch.testing.assert_close(loss, expected_loss)
+    assert_same_error(raised(loss.backward), raised(expected_loss.backward))
+
+
+@DOORS
+def test_assert_async_in_a_training_function_raises(door):
+    def f(x):
+        torch._assert_async(x.sum() > 0)
+        return x.exp()
+    compiled = door(f)
+    x = torch.ones(3, requires_grad=True)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert_same_error(raised(compiled, -x), raised(f, -x))
+
+
+# ---- where the checks land -------------------------------------------------------------------
+
+def _checks(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function"
+            and n.target is torch.ops.aten._linalg_check_errors.default]
+
+
+@pytest.mark.parametrize("partition", [default_partition, min_cut_rematerialization_partition])
+def test_each_check_lands_in_the_half_eager_runs_it_in(partition):
+    def f(x):
+        return InvInBackward.apply(torch.linalg.inv(x)).sum()
+    compiled = aot_function(f, nop, partition_fn=partition)
+    compiled(torch.eye(2).add(1).requires_grad_()).backward()
+    joint = compiled.artifacts[-1].joint_graph
+    assert [n.meta[PHASE] for n in _checks(joint)] == ["forward", "backward"]
+    fw, bw = partition(joint, None, num_fwd_outputs=1)
+    assert [len(_checks(fw)), len(_checks(bw))] == [1, 1]
+    assert _checks(fw)[0].args[1] == _checks(bw)[0].args[1] == "linalg.inv"
+
+
+def test_split_checks_returns_what_the_checks_read_and_keeps_their_order():
+    compiled = compile_eager(train_step)
+    compiled(*inputs())
+    fw = compiled.artifacts[-1].forward_graph
+    body, checks = split_checks(fw)
+    assert not _checks(body) and len(_checks(checks)) == 3
+    assert [n.args[1] for n in _checks(checks)] == [n.args[1] for n in _checks(fw)]
+    num_outputs = len(fw.graph.output_node().args[0])
+    assert len(body.graph.output_node().args[0]) == num_outputs + 3
+    assert split_checks(body) == (body, None)
+
+
+def test_effects_that_need_tokens_are_refused():
+    def f(x):
+        torch.ops.aten._print("hello")
+        return x * 2
+    with pytest.raises(NotImplementedError, match="aten._print.*ordered side effects"):
+        compile_eager(f)(torch.randn(2, requires_grad=True))
