@@ -90,6 +90,7 @@ class CompiledCall:
         self._mutations = _mutation_steps(plan)
         self._outputs = _output_order(plan.info)
         self.unflatten = _unflattener(plan.info.out_spec)
+        self.apply = apply_compiled  # the autograd node's entry point
 
     def __call__(self, flat_args: Sequence[Any]) -> list[Any]:
         plan = self.plan
@@ -105,7 +106,7 @@ class CompiledCall:
                 for i in plan.overwritten_inputs:
                     args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
                 with torch.enable_grad():  # grad mode was applied when tracing
-                    raw = apply_compiled(self, args)
+                    raw = self.apply(self, args)
             else:
                 with torch.no_grad():
                     raw = self.forward(list(inputs))  # a boxed callee may clear its list

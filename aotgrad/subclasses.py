@@ -1,0 +1,318 @@
+"""Tensor subclasses at the edges: traceable wrapper subclasses (TwoTensor, ...) in and out.
+
+The graphs only ever hold plain tensors. A traceable wrapper subclass (one with
+`__tensor_flatten__`/`__tensor_unflatten__`) is split into its inner tensors, recursively,
+and rebuilt around the graph twice over:
+
+- at trace time, inside the traced function (`plain_function`): the subclass is rebuilt from
+  the fake inner placeholders, so its `__torch_dispatch__` runs while tracing and leaves
+  plain ATen ops on the inner tensors; outputs are split again;
+- at run time (`Boundary`): the caller's subclass inputs are split into the plain inputs
+  the compiled graphs take, their outputs and input gradients are rebuilt into subclasses
+  from metadata recorded while tracing, and the gradients flowing into the backward are
+  split like the tangents the backward was traced for.
+
+Analysis and the runtime plan see the caller's tensors (a `TwoTensor` is one input, one
+output); only the compiled graphs and their partition count plain tensors. A call without
+any subclass gets an empty `Boundary` and runs exactly as before.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output before splitting
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+@dataclass(frozen=True)
+class PlainMeta:
+    """A plain tensor: what a fake or zero stand-in for it needs."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    num_plain = 1
+
+
+@dataclass(frozen=True)
+class SubclassMeta:
+    """How one subclass tensor splits into plain tensors, and how to build it back."""
+
+    cls: type
+    attrs: tuple[str, ...]  # inner tensor attributes, from __tensor_flatten__
+    ctx: Any  # __tensor_flatten__'s metadata, handed back to __tensor_unflatten__
+    inner: tuple["PlainMeta | SubclassMeta", ...]
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @functools.cached_property
+    def num_plain(self) -> int:
+        return sum(m.num_plain for m in self.inner)
+
+
+Layout = "PlainMeta | SubclassMeta | None"  # None: not a tensor (a None gradient)
+
+
+# ---- recognising ---------------------------------------------------------------------------
+
+def is_subclass(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t)
+
+
+def check_supported(t: torch.Tensor, what: str) -> None:
+    """Refuse tensor subclasses that cannot be split into plain tensors."""
+    if type(t) in _PLAIN_TYPES or isinstance(t, (FakeTensor, FunctionalTensor)) or is_subclass(t):
+        return
+    raise NotImplementedError(
+        f"aotgrad: {what} is a tensor subclass ({type(t).__name__}) that is not a traceable "
+        "wrapper subclass (it lacks __tensor_flatten__/__tensor_unflatten__), so aotgrad "
+        "cannot split it into plain tensors for the graph. Implement those two methods, or "
+        "pass t.as_subclass(torch.Tensor) and rebuild the subclass outside.")
+
+
+def describe(t: Any) -> "PlainMeta | SubclassMeta | None":
+    """The layout of a value: None for non-tensors, else how it splits into plain tensors."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    if not is_subclass(t):
+        return PlainMeta(tuple(t.shape), t.dtype, t.device)
+    attrs, ctx = t.__tensor_flatten__()
+    inner = tuple(describe(getattr(t, a)) for a in attrs)
+    return SubclassMeta(type(t), tuple(attrs), ctx, inner, tuple(t.shape), tuple(t.stride()))
+
+
+def signature(t: torch.Tensor, seen: dict[int, int]) -> tuple:
+    """What a graph compiled for subclass `t` specializes on beyond the outer tensor's own
+    metadata: its layout, and each plain part's strides and identity (parts shared with
+    other inputs, as `seen` numbers them)."""
+    layout = describe(t)
+    try:
+        hash(layout)
+    except TypeError:  # an unhashable flatten context: only the same object matches
+        layout = (layout.cls, id(layout.ctx))
+    return layout, tuple((p.stride(), p.storage_offset(), p.requires_grad,
+                          seen.setdefault(id(p), len(seen))) for p in unwrap(t))
+
+
+# ---- splitting and rebuilding --------------------------------------------------------------
+
+def unwrap(t: Any) -> list:
+    """The plain tensors inside `t`, depth first; anything else is its own one-item list."""
+    if not is_subclass(t):
+        return [t]
+    attrs, _ = t.__tensor_flatten__()
+    return [p for a in attrs for p in unwrap(getattr(t, a))]
+
+
+def wrap(layout: Layout, plain: Iterator) -> Any:
+    """The value of `layout`, consuming its plain tensors from `plain`."""
+    if not isinstance(layout, SubclassMeta):
+        return next(plain)
+    inner = {a: wrap(m, plain) for a, m in zip(layout.attrs, layout.inner)}
+    return layout.cls.__tensor_unflatten__(inner, layout.ctx, layout.size, layout.stride)
+
+
+def map_plain(t: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`t` rebuilt with `fn` applied to every plain tensor inside it (`fn(t)` if plain)."""
+    if not is_subclass(t):
+        return fn(t)
+    attrs, ctx = t.__tensor_flatten__()
+    inner = {a: map_plain(getattr(t, a), fn) for a in attrs}
+    return type(t).__tensor_unflatten__(inner, ctx, t.shape, t.stride())
+
+
+def empty(layout: "PlainMeta | SubclassMeta") -> torch.Tensor:
+    """A contiguous tensor of `layout` (fake under a fake mode): a tangent to trace with."""
+    if isinstance(layout, PlainMeta):
+        return torch.empty(layout.shape, dtype=layout.dtype, device=layout.device)
+    inner = {a: empty(m) for a, m in zip(layout.attrs, layout.inner)}
+    stride = torch.empty(layout.size, device="meta").stride()
+    return layout.cls.__tensor_unflatten__(inner, layout.ctx, layout.size, stride)
+
+
+def _zeros(layout: "PlainMeta | SubclassMeta") -> list[torch.Tensor]:
+    if isinstance(layout, PlainMeta):
+        return [torch.zeros(layout.shape, dtype=layout.dtype, device=layout.device)]
+    return [z for m in layout.inner for z in _zeros(m)]
+
+
+def _plain_shapes(layout: "PlainMeta | SubclassMeta") -> list[tuple[int, ...]]:
+    if isinstance(layout, PlainMeta):
+        return [layout.shape]
+    return [s for m in layout.inner for s in _plain_shapes(m)]
+
+
+# ---- at trace time -------------------------------------------------------------------------
+
+def plain_function(fn: Callable, args: tuple[list, ...]) -> tuple[Callable, tuple[list, ...], list]:
+    """`fn`, taking lists of tensors that may be subclasses and returning a list of values, as
+    a function of lists of plain tensors returning plain values. Subclass arguments are
+    rebuilt inside (a primal that requires grad as a fresh leaf that does); the returned
+    list, filled by the trace, holds each output's layout before it was split."""
+    layouts = [[(describe(a), a.requires_grad) if is_subclass(a) else None for a in group]
+               for group in args]
+    traced: list = []
+
+    @functools.wraps(fn)  # keeps the parameter names that name the placeholders
+    def plain_fn(*groups):
+        outs = fn(*[_rebuild(g, ls) for g, ls in zip(groups, layouts)])
+        traced[:] = [describe(o) for o in outs]
+        return [p for o in outs for p in unwrap(o)]
+
+    return plain_fn, tuple([p for a in group for p in unwrap(a)] for group in args), traced
+
+
+def _rebuild(plain: list, layouts: list) -> list:
+    it = iter(plain)
+    return [next(it) if slot is None else wrap(slot[0], it).requires_grad_(slot[1])
+            for slot in layouts]
+
+
+def num_plain(layouts: Sequence[Layout]) -> int:
+    return sum(1 if m is None else m.num_plain for m in layouts)
+
+
+def refuse_in_export(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, what: str) -> None:
+    """Export hands out the plain graph with a signature of the caller's tensors, which has
+    no place yet for how a subclass splits."""
+    layouts = [describe(f) for f in fakes] + list(gm.meta[TRACED_OUTPUTS])
+    if any(isinstance(m, SubclassMeta) for m in layouts):
+        raise NotImplementedError(
+            f"aotgrad: {what} does not support tensor subclass inputs or outputs yet; pass "
+            "their inner tensors (t.__tensor_flatten__()) and rebuild the subclass outside.")
+
+
+# ---- at run time ---------------------------------------------------------------------------
+
+class _Unused:
+    """The gradient of an output the loss did not use. Autograd passes None for it once
+    gradients are not materialized (it would materialize a plain zero tensor even where a
+    subclass gradient is expected); the backward's splitting turns it into plain zeros."""
+
+    def contiguous(self):
+        return self
+
+
+UNUSED = _Unused()
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """How the compiled graphs' plain inputs and outputs map to the caller's tensors."""
+
+    subclass_inputs: frozenset[int]  # graph inputs that are subclasses
+    outputs: tuple[Layout, ...]  # per forward graph output (mutated inputs, outputs, bases)
+    tangents: tuple["PlainMeta | SubclassMeta", ...]  # per differentiable forward output
+    grads: tuple[Layout, ...]  # per graph input: the gradient the backward returns
+    bumped: tuple[int, ...] = ()  # subclass inputs the graph itself copies new values into
+
+    @property
+    def is_plain(self) -> bool:
+        layouts = self.outputs + self.grads
+        return not self.subclass_inputs and not any(isinstance(m, SubclassMeta) for m in layouts)
+
+    def plain_count(self, num_outputs: int) -> int:
+        """How many plain graph outputs the first `num_outputs` forward outputs make."""
+        return num_plain(self.outputs[:num_outputs])
+
+    def grads_per_input(self, plain_grads: Sequence) -> list[list]:
+        it = iter(plain_grads)
+        return [[next(it) for _ in range(num_plain([m]))] for m in self.grads]
+
+    def unwrap_inputs(self, inputs: Sequence) -> list:
+        subs = self.subclass_inputs
+        return [p for i, t in enumerate(inputs) for p in (unwrap(t) if i in subs else (t,))]
+
+    def wrap_forward(self, compiled: Callable) -> Callable:
+        """The compiled forward (or inference graph) taking and returning the caller's
+        tensors; the saved values after the outputs stay plain."""
+        def forward(inputs: list) -> list:
+            plain = compiled(self.unwrap_inputs(inputs))
+            it = iter(plain)
+            outs = [wrap(m, it) for m in self.outputs]
+            for i in self.bumped:  # eager bumps the subclass's own version counter
+                torch.autograd.graph.increment_version(inputs[i])
+            return outs + list(it)
+        return forward
+
+    def wrap_backward(self, compiled: Callable) -> Callable:
+        """The compiled backward taking (saved values, the caller's gradients) and returning
+        one gradient per input, rebuilt as the subclass eager would give."""
+        num_tangents = len(self.tangents)
+
+        def backward(args: list) -> list:
+            k = len(args) - num_tangents
+            plain = args[:k]
+            for n, (layout, g) in enumerate(zip(self.tangents, args[k:])):
+                plain += _split_tangent(layout, g, n)
+            args.clear()
+            it = iter(compiled(plain))
+            return [wrap(m, it) for m in self.grads]
+        return backward
+
+
+def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any, n: int) -> list:
+    if g is UNUSED:
+        return _zeros(layout)
+    expected = layout.cls if isinstance(layout, SubclassMeta) else None
+    got = type(g) if is_subclass(g) else None
+    plain = [p.contiguous() for p in unwrap(g)] if got is expected else []
+    if got is not expected or [tuple(p.shape) for p in plain] != _plain_shapes(layout):
+        raise RuntimeError(
+            f"aotgrad: the gradient flowing into differentiable output {n} is "
+            f"{_name(got)} with plain parts of shapes {[tuple(p.shape) for p in unwrap(g)]}, "
+            f"but the compiled backward was traced for {_name(expected)} with parts of "
+            f"shapes {_plain_shapes(layout)} (the gradient eager would produce). Pass a "
+            "gradient of the same type and layout as the output.")
+    return plain
+
+
+def _name(cls: type | None) -> str:
+    return "a plain tensor" if cls is None else f"a {cls.__name__}"
+
+
+def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule,
+                  graph_output_metas: Sequence, differentiable: Sequence[bool],
+                  bumped: Sequence[int] = ()) -> Boundary:
+    """The boundary of one compile, from its fake inputs and its traced graph (inference or
+    joint; a joint graph's outputs after the forward's are the input gradients)."""
+    traced = gm.meta[TRACED_OUTPUTS]
+    n = len(differentiable)
+    subs = frozenset(i for i, f in enumerate(fakes) if is_subclass(f))
+    tangents = tuple(_tangent_layout(m) for m, d in zip(graph_output_metas, differentiable) if d)
+    return Boundary(subs, tuple(traced[:n]), tangents, tuple(traced[n:]),
+                    tuple(i for i in bumped if i in subs))
+
+
+def _tangent_layout(meta) -> "PlainMeta | SubclassMeta":
+    """A gradient is assumed to have the layout of its output, as eager's would."""
+    return meta.subclass or PlainMeta(meta.shape, meta.dtype, meta.device)
+
+
+class SubclassGraph(torch.autograd.Function):
+    """Set up by `apply_with_subclasses`: the compiled graphs as one autograd node, with
+    gradients not materialized (see `_Unused`)."""
+
+    @staticmethod
+    def forward(ctx, call, *inputs):
+        from .runtime import CompiledGraph
+        ctx.set_materialize_grads(False)
+        return CompiledGraph.forward(ctx, call, *inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from .runtime import CompiledGraph
+        return CompiledGraph.backward(ctx, *(UNUSED if g is None else g for g in grads))
+
+
+def apply_with_subclasses(call, args: list):
+    return SubclassGraph.apply(call, *args)
