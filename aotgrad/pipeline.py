@@ -169,9 +169,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
 
 
 def _boundary(c: Captured, gm: fx.GraphModule, copied_in_graph) -> subclasses.Boundary:
-    info = c.info
-    return subclasses.make_boundary(c.fakes, gm, info.graph_output_metas, info.differentiable,
-                                    copied_in_graph)
+    return subclasses.make_boundary(c.fakes, gm, c.info, copied_in_graph)
 
 
 def _plain_range(edge: subclasses.Boundary, info: analysis.FunctionInfo) -> range:
@@ -250,10 +248,10 @@ def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
 
 def _check_mutated_inputs_do_not_alias(inputs: Sequence[torch.Tensor],
                                        info: analysis.FunctionInfo) -> None:
-    storages: dict[StorageWeakRef, set[int]] = {}
+    storages: dict[StorageWeakRef, list[int]] = {}
     for i, t in enumerate(inputs):
-        for plain in subclasses.unwrap(t):  # a subclass's storage is the one of each part
-            storages.setdefault(StorageWeakRef(plain.untyped_storage()), set()).add(i)
+        for plain in subclasses.unwrap(t):  # a subclass shares memory through its parts
+            storages.setdefault(StorageWeakRef(plain.untyped_storage()), []).append(i)
     for group in storages.values():
         if len(group) > 1 and any(info.inputs[i].mutated for i in group):
-            raise aliased_mutation_error(sorted(group))
+            raise aliased_mutation_error(sorted(set(group)))

@@ -211,8 +211,10 @@ def _refuse_aliased_mutations(inputs: Sequence[torch.Tensor], mutated: Sequence[
 
 
 def aliased_mutation_error(inputs: Sequence[int]) -> NotImplementedError:
+    what = (f"inputs {list(inputs)}" if len(inputs) > 1
+            else f"the inner tensors of input {inputs[0]} (a tensor subclass)")
     return NotImplementedError(
-        f"aotgrad: inputs {list(inputs)} share memory and at least one of them is mutated "
+        f"aotgrad: {what} share memory and at least one of them is mutated "
         "inside the function; mutating aliased inputs is not supported yet. Pass "
         "independent tensors (e.g. .clone()) or move the mutation outside.")
 

@@ -214,6 +214,7 @@ class Boundary:
     tangents: tuple["PlainMeta | SubclassMeta", ...]  # per differentiable forward output
     grads: tuple[Layout, ...]  # per graph input: the gradient the backward returns
     bumped: tuple[int, ...] = ()  # subclass inputs the graph itself copies new values into
+    mutated: tuple[int, ...] = ()  # subclass inputs the call mutates
 
     @property
     def is_plain(self) -> bool:
@@ -236,6 +237,8 @@ class Boundary:
         """The compiled forward (or inference graph) taking and returning the caller's
         tensors; the saved values after the outputs stay plain."""
         def forward(inputs: list) -> list:
+            if self.mutated:
+                _refuse_aliased_parts(inputs, self.mutated)
             plain = compiled(self.unwrap_inputs(inputs))
             it = iter(plain)
             outs = [wrap(m, it) for m in self.outputs]
@@ -252,15 +255,29 @@ class Boundary:
         def backward(args: list) -> list:
             k = len(args) - num_tangents
             plain = args[:k]
-            for n, (layout, g) in enumerate(zip(self.tangents, args[k:])):
-                plain += _split_tangent(layout, g, n)
+            for layout, g in zip(self.tangents, args[k:]):
+                plain += _split_tangent(layout, g)
             args.clear()
             it = iter(compiled(plain))
             return [wrap(m, it) for m in self.grads]
         return backward
 
 
-def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any, n: int) -> list:
+def _refuse_aliased_parts(inputs: Sequence, mutated: Sequence[int]) -> None:
+    """The graph was compiled for a mutated subclass whose parts alias nothing else (the
+    call's signature tells apart parts that are the same tensor, not views of one base)."""
+    from .runtime import aliased_mutation_error
+    owner: dict[int, int] = {}
+    for i, t in enumerate(inputs):
+        for p in unwrap(t):
+            base = id(p._base if p._base is not None else p)
+            j = owner.get(base)
+            if j is not None and (i in mutated or j in mutated):
+                raise aliased_mutation_error(sorted({i, j}))
+            owner[base] = i
+
+
+def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any) -> list:
     if g is UNUSED:
         return _zeros(layout)
     expected = layout.cls if isinstance(layout, SubclassMeta) else None
@@ -268,11 +285,12 @@ def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any, n: int) -> list:
     plain = [p.contiguous() for p in unwrap(g)] if got is expected else []
     if got is not expected or [tuple(p.shape) for p in plain] != _plain_shapes(layout):
         raise RuntimeError(
-            f"aotgrad: the gradient flowing into differentiable output {n} is "
-            f"{_name(got)} with plain parts of shapes {[tuple(p.shape) for p in unwrap(g)]}, "
-            f"but the compiled backward was traced for {_name(expected)} with parts of "
-            f"shapes {_plain_shapes(layout)} (the gradient eager would produce). Pass a "
-            "gradient of the same type and layout as the output.")
+            f"aotgrad: a gradient of shape {tuple(g.shape)} reached the compiled backward as "
+            f"{_name(got)}, but the backward was traced for {_name(expected)} with parts of "
+            f"shapes {_plain_shapes(layout)}, the layout of the output it belongs to. This "
+            "happens when a loss mixes a tensor subclass output with a plain one (e.g. "
+            "two.sum() + plain.sum()) or when .backward(gradient) passes another type. Keep "
+            "each output's gradient of the output's own type.")
     return plain
 
 
@@ -280,17 +298,19 @@ def _name(cls: type | None) -> str:
     return "a plain tensor" if cls is None else f"a {cls.__name__}"
 
 
-def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule,
-                  graph_output_metas: Sequence, differentiable: Sequence[bool],
-                  bumped: Sequence[int] = ()) -> Boundary:
-    """The boundary of one compile, from its fake inputs and its traced graph (inference or
-    joint; a joint graph's outputs after the forward's are the input gradients)."""
+def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, info,
+                  copied_in_graph: Sequence[int] = ()) -> Boundary:
+    """The boundary of one compile, from its fake inputs, its `FunctionInfo` and its traced
+    graph (inference or joint: a joint graph's outputs after the forward's are the input
+    gradients)."""
     traced = gm.meta[TRACED_OUTPUTS]
-    n = len(differentiable)
+    n = info.num_graph_outputs
     subs = frozenset(i for i, f in enumerate(fakes) if is_subclass(f))
-    tangents = tuple(_tangent_layout(m) for m, d in zip(graph_output_metas, differentiable) if d)
+    tangents = tuple(_tangent_layout(m)
+                     for m, d in zip(info.graph_output_metas, info.differentiable) if d)
     return Boundary(subs, tuple(traced[:n]), tangents, tuple(traced[n:]),
-                    tuple(i for i in bumped if i in subs))
+                    bumped=tuple(i for i in copied_in_graph if i in subs),
+                    mutated=tuple(i for i in subs if info.inputs[i].mutated))
 
 
 def _tangent_layout(meta) -> "PlainMeta | SubclassMeta":
