@@ -122,7 +122,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     with fake_mode, functional_mode():
         f_args = to_functional(fake_args)
         before = [(a.grad_fn, _version(a), a.requires_grad) for a in f_args]
-        with _RefuseClosedOverState(), _explain_data_dependence():
+        with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
             outs = graph_fn(*f_args)
         versions = [_version(a) for a in f_args]
     for a in f_args:
@@ -256,6 +256,22 @@ def _explain_data_dependence():
             "nonzero, boolean masks...), which ahead-of-time tracing cannot see. Move it out "
             "of the compiled function, or use torch.compile(backend='aotgrad'), which splits "
             "the function around it.") from e
+
+
+@contextlib.contextmanager
+def _explain_opaque_subclass():
+    """`x.as_subclass(C)` inside the function hides the tensor from functionalization, which
+    then fails with an error that does not say why."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "FunctionalTensor on its own" not in str(e):
+            raise
+        raise NotImplementedError(
+            "aotgrad: the function made a tensor that tracing cannot follow, most likely a "
+            "tensor subclass that is not a traceable wrapper subclass (x.as_subclass(C) with "
+            "C lacking __tensor_flatten__/__tensor_unflatten__). Make C a traceable wrapper "
+            "subclass, or build it outside the compiled function.") from e
 
 
 def _geometry(t: torch.Tensor) -> Geometry:

@@ -250,6 +250,11 @@ def test_non_traceable_subclass_is_refused(door):
         door(lambda x: x * 2)(x)
 
 
+def test_non_traceable_subclass_made_inside_is_refused():
+    with pytest.raises(NotImplementedError, match="not a traceable wrapper subclass"):
+        compile_eager(lambda x: (x * 2).as_subclass(OnlyTorchFunction))(torch.randn(3))
+
+
 @DOORS
 def test_plain_gradient_for_a_twotensor_output_is_refused(door):
     out = door(lambda x: x * 2)(two(3, requires_grad=True))
