@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+if TYPE_CHECKING:
+    from .analysis import FunctionInfo
 
 TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output before splitting
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -298,7 +301,7 @@ def _name(cls: type | None) -> str:
     return "a plain tensor" if cls is None else f"a {cls.__name__}"
 
 
-def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, info,
+def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, info: FunctionInfo,
                   copied_in_graph: Sequence[int] = ()) -> Boundary:
     """The boundary of one compile, from its fake inputs, its `FunctionInfo` and its traced
     graph (inference or joint: a joint graph's outputs after the forward's are the input
@@ -318,9 +321,11 @@ def _tangent_layout(meta) -> "PlainMeta | SubclassMeta":
     return meta.subclass or PlainMeta(meta.shape, meta.dtype, meta.device)
 
 
+# runtime imports analysis, which imports this module: runtime is imported where used.
+
 class SubclassGraph(torch.autograd.Function):
-    """Set up by `apply_with_subclasses`: the compiled graphs as one autograd node, with
-    gradients not materialized (see `_Unused`)."""
+    """`runtime.CompiledGraph` with gradients not materialized (see `_Unused`): the autograd
+    node of a call with subclasses, entered through `apply_with_subclasses`."""
 
     @staticmethod
     def forward(ctx, call, *inputs):
