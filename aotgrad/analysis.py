@@ -21,6 +21,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
+from . import subclasses
 from .capture import OutputBox, functional_mode, to_functional
 
 Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # size, stride, storage offset
@@ -41,6 +42,7 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    subclass: subclasses.SubclassMeta | None = None  # how a subclass splits into plain tensors
 
 
 @dataclass(frozen=True)
@@ -124,11 +126,12 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     with fake_mode, functional_mode():
         f_args = to_functional(fake_args)
         before = [(a.grad_fn, _version(a), a.requires_grad) for a in f_args]
-        with _RefuseClosedOverState(), _explain_data_dependence():
+        with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
             outs = graph_fn(*f_args)
         versions = [_version(a) for a in f_args]
     for a in f_args:
-        torch._sync(a)
+        for inner in subclasses.unwrap(a):
+            torch._sync(inner)
     inputs = tuple(_input_info(f, a.requires_grad, leaf, b, v)
                    for f, a, leaf, b, v in zip(f_args, fake_args, is_leaf, before, versions))
     outputs, num_bases = _classify_outputs(outs, f_args)
@@ -140,10 +143,17 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     info = dataclasses.replace(
         info,
         differentiable=tuple(v.requires_grad and not h for v, h in zip(values, hidden)),
-        graph_output_metas=tuple(TensorMeta(tuple(v.shape), v.dtype, v.device) for v in values),
+        graph_output_metas=tuple(_tensor_meta(v) for v in values),
     )
     _check_leaf_mutations(info)
     return info
+
+
+def _tensor_meta(v: torch.Tensor) -> TensorMeta:
+    subclasses.check_supported(v, "an output")
+    layout = subclasses.describe(v)
+    subclass = layout if isinstance(layout, subclasses.SubclassMeta) else None
+    return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass)
 
 
 def graph_outputs(info: FunctionInfo, args: Sequence, outs: Sequence) -> list:
@@ -175,6 +185,8 @@ class _RefuseClosedOverState(TorchFunctionMode):
 
 
 def _is_real(t) -> bool:
+    if subclasses.is_subclass(t):  # real when what it wraps is
+        return any(_is_real(inner) for inner in subclasses.unwrap(t))
     return (isinstance(t, torch.Tensor) and not isinstance(t, (FakeTensor, FunctionalTensor))
             and not torch._is_functional_tensor(t))
 
@@ -201,21 +213,21 @@ def _refuse(func, t: torch.Tensor, mutated: bool) -> None:
 def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool, before: tuple,
                 version: int) -> InputInfo:
     grad_fn, old_version, old_requires_grad = before
-    mutates_data = torch._functionalize_has_data_mutation(a.elem)
+    inner = [t.elem for t in subclasses.unwrap(a)]  # a subclass: each tensor it wraps
+    mutates_data = any(torch._functionalize_has_data_mutation(t) for t in inner)
     if a.requires_grad != old_requires_grad and not mutates_data:
         raise NotImplementedError(
             "aotgrad: the function changes requires_grad of an input (requires_grad_()); "
             "set it before calling the compiled function.")
-    if torch._functionalize_was_storage_changed(a.elem):
+    if any(torch._functionalize_was_storage_changed(t) for t in inner):
         raise NotImplementedError(
             "aotgrad: the function calls set_() on an input; swapping an input's storage is "
             "not supported yet. Call set_ outside the compiled function.")
-    inner = a.elem
     return InputInfo(
         requires_grad=requires_grad,
         is_leaf=is_leaf,
         mutates_data=mutates_data,
-        mutates_metadata=torch._functionalize_has_metadata_mutation(inner),
+        mutates_metadata=any(torch._functionalize_has_metadata_mutation(t) for t in inner),
         # Autograd recorded none of the mutations (no_grad, .detach(), .data).
         mutation_hidden_from_autograd=a.grad_fn is grad_fn,
         # Mutations through .data, and kernels that update an argument themselves (BatchNorm's
@@ -249,6 +261,22 @@ def _explain_data_dependence():
             "nonzero, boolean masks...), which ahead-of-time tracing cannot see. Move it out "
             "of the compiled function, or use torch.compile(backend='aotgrad'), which splits "
             "the function around it.") from e
+
+
+@contextlib.contextmanager
+def _explain_opaque_subclass():
+    """`x.as_subclass(C)` inside the function hides the tensor from functionalization, which
+    then fails with an error that does not say why."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "FunctionalTensor on its own" not in str(e):
+            raise
+        raise NotImplementedError(
+            "aotgrad: the function made a tensor that tracing cannot follow, most likely a "
+            "tensor subclass that is not a traceable wrapper subclass (x.as_subclass(C) with "
+            "C lacking __tensor_flatten__/__tensor_unflatten__). Make C a traceable wrapper "
+            "subclass, or build it outside the compiled function.") from e
 
 
 def _geometry(t: torch.Tensor) -> Geometry:

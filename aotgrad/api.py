@@ -14,6 +14,7 @@ from typing import Any, Callable, Hashable
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
+from . import subclasses
 from .backends import resolve_backend
 from .capture import flatten
 from .budget import budget_partition
@@ -24,6 +25,7 @@ from .runtime import CompiledCall
 DEFAULT_MAX_ENTRIES = 8
 # Argument types that are pytree leaves: a call made of these alone skips pytree.
 _FLAT_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, type(None)})
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def signature(flat_args) -> tuple:
@@ -36,6 +38,8 @@ def signature(flat_args) -> tuple:
             parts.append((type(a), a.shape, a.stride() if strided else None,
                           a.storage_offset() if strided else None, a.dtype, a.device, a.layout,
                           a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
+            if type(a) not in _PLAIN_TENSORS and subclasses.is_subclass(a):
+                parts.append(subclasses.signature(a, seen))
         else:
             parts.append(_constant_key(a))
     return tuple(parts), _global_state()

@@ -14,9 +14,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from . import subclasses
 from .effects import CheckingFunctionalMode, refuse_effectful_op
 
 
@@ -102,20 +103,17 @@ def fake_mode_for(graph_inputs: Sequence[torch.Tensor]) -> FakeTensorMode:
 
 
 def fake_inputs(mode: FakeTensorMode, graph_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Fresh fake tensors with the inputs' metadata; tracing may mutate them freely."""
-    for t in graph_inputs:
-        _refuse_subclass(t)
+    """Fresh fake tensors with the inputs' metadata; tracing may mutate them freely.
+    A subclass input becomes the same subclass around fresh fake inner tensors."""
+    for i, t in enumerate(graph_inputs):
+        subclasses.check_supported(t, f"graph input {i}")
     return [_fresh_fake(mode, t) for t in graph_inputs]
 
 
-def _refuse_subclass(t: torch.Tensor) -> None:
-    if type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, FakeTensor):
-        raise NotImplementedError(
-            f"aotgrad: an input is a tensor subclass ({type(t).__name__}); subclasses are not "
-            "supported yet. Unwrap it to plain tensors before the compiled function.")
-
-
 def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    if subclasses.is_subclass(t):  # inner tensors never require grad: the subclass does
+        fake = subclasses.map_plain(t, lambda inner: _fresh_fake(mode, inner.detach()))
+        return fake.requires_grad_(t.requires_grad)
     with mode:
         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     return fake.requires_grad_(t.requires_grad)
@@ -146,9 +144,19 @@ def _same(t):
 
 
 def to_functional(args: Sequence[Any]) -> list[Any]:
-    """Wrap tensors; must run inside `functional_mode()`."""
-    return [FunctionalTensor.to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
+    """Wrap tensors (a subclass's inner tensors); must run inside `functional_mode()`."""
+    return [_to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _to_functional(t: torch.Tensor) -> torch.Tensor:
+    if not subclasses.is_subclass(t):
+        return FunctionalTensor.to_functional(t)
+    out = subclasses.map_plain(t, FunctionalTensor.to_functional)
+    torch._mirror_autograd_meta_to(t, out)  # requires_grad, as to_functional does
+    return out
 
 
 def from_functional(t: Any) -> Any:
+    if subclasses.is_subclass(t):
+        return subclasses.map_plain(t, from_functional)
     return t.from_functional() if isinstance(t, FunctionalTensor) else t

@@ -15,7 +15,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch._decomp import get_decompositions
 
-from . import analysis, joint
+from . import analysis, joint, subclasses
 from .api import CompiledFunction, CompiledModule
 from .backends import (Backend, compilation_context, make_boxed_compiler,
                        make_boxed_func, nop)
@@ -187,6 +187,7 @@ def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool) -> _
     c = capture_and_analyze(fn, flat, in_spec)
     trace = joint.trace_joint if trace_joint else joint.trace_inference
     gm = trace(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
+    subclasses.refuse_in_export(c.fakes, gm, "aot_export_joint_simple")
     return _Traced(c.info, verify(gm))
 
 

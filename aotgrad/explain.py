@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .budget import Curve, choose, plan_curve
+from .joint import JOINT_FW_OUTPUTS
 from .memory import MemoryEstimate, estimate_peak
 from .pipeline import Artifact, SavedValue
 from .plans import Plan, node_cost
@@ -146,7 +147,7 @@ def explain_artifact(artifact: Artifact, memory_budget: float | None = None,
     fw, bw = artifact.forward_graph, artifact.backward_graph
     if bw is None:
         raise ValueError("explain: nothing requires grad, so there is no backward to partition")
-    n = artifact.info.num_graph_outputs
+    n = artifact.joint_graph.meta[JOINT_FW_OUTPUTS]  # plain outputs (subclasses split)
     forward = {v.name for v in forward_values(artifact.joint_graph, n)}
     recomputed = [Recomputed(node.name, str(node.target), node_cost(node))
                   for node in bw.graph.nodes

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from . import analysis, joint
+from . import analysis, joint, subclasses
 from .compat import BackwardSignature, ExportGraphSignature
 from .pipeline import capture_and_analyze
 from .verify import verify
@@ -36,6 +36,7 @@ def export_module(mod: torch.nn.Module, args: Sequence[Any], decompositions,
                                     loss_index, wrt)
     else:
         gm = joint.trace_inference(c.graph_fn, info, c.fakes, c.fake_mode, decompositions)
+    subclasses.refuse_in_export(c.fakes, gm, "aot_export_module")
     verify(gm)
     return gm, _signature(gm, info, list(params), list(buffers), wrt, loss_index, info.out_spec)
 

@@ -19,6 +19,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from . import subclasses
 from .analysis import FunctionInfo, graph_outputs
 from .capture import from_functional, functional_mode, to_functional
 from .effects import BACKWARD
@@ -66,20 +67,34 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
         return outs
 
     with fake_mode:
-        tangents = [torch.empty(m.shape, dtype=m.dtype, device=m.device)
-                    for m, d in zip(info.graph_output_metas, info.differentiable) if d]
+        tangents = [_tangent(m) for m, d in zip(info.graph_output_metas, info.differentiable) if d]
     gm = _trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
-    gm.meta[JOINT_FW_OUTPUTS] = info.num_graph_outputs
-    mark_overwritten_inputs(gm, info)
+    gm.meta[JOINT_FW_OUTPUTS] = _num_forward_outputs(gm, info)
+    mark_overwritten_inputs(gm, info, fake_args)
     return gm
 
 
-def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo) -> None:
+def _tangent(meta) -> torch.Tensor:
+    if meta.subclass is not None:  # the gradient of a subclass output is one too
+        return subclasses.empty(meta.subclass)
+    return torch.empty(meta.shape, dtype=meta.dtype, device=meta.device)
+
+
+def _num_forward_outputs(gm: torch.fx.GraphModule, info: FunctionInfo) -> int:
+    """How many of the graph's (plain) outputs are the forward's."""
+    return subclasses.num_plain(gm.meta[subclasses.TRACED_OUTPUTS][:info.num_graph_outputs])
+
+
+def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo,
+                            fake_args: Sequence[torch.Tensor]) -> None:
     """Tag the primals the runtime overwrites after the forward: a partitioner must not
-    save them for the backward (their clone holds the value the backward needs)."""
+    save them for the backward (their clone holds the value the backward needs). A
+    subclass input is overwritten through each of its plain primals."""
     primals = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
-    for node, x in zip(primals, info.inputs):
-        node.meta[OVERWRITTEN] = x.mutated
+    mutated = [x.mutated for x, a in zip(info.inputs, fake_args)
+               for _ in subclasses.unwrap(a)]
+    for node, flag in zip(primals, mutated):
+        node.meta[OVERWRITTEN] = flag
 
 
 def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
@@ -98,7 +113,7 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
         return [from_functional(v) for v in values]
 
     gm = _trace(loss_joint, (list(fake_args),), fake_mode, decompositions)
-    gm.meta[JOINT_FW_OUTPUTS] = info.num_graph_outputs
+    gm.meta[JOINT_FW_OUTPUTS] = _num_forward_outputs(gm, info)
     return gm
 
 
@@ -121,6 +136,9 @@ def _input_grads(outs, differentiable, primals, tangents) -> list:
 
 def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
            decompositions: Mapping | None) -> torch.fx.GraphModule:
+    # The graph holds plain tensors only: subclass arguments are split into their inner
+    # tensors here and rebuilt inside, so that their __torch_dispatch__ is traced through.
+    plain_fn, plain_args, traced_outputs = subclasses.plain_function(fn, args)
     # Selective checkpointing needs the python dispatcher: without it, a random op in a
     # checkpointed region fails SAC's cache checks. (Its cost is within noise here.)
     # Preserving node metadata carries each op's checkpoint policy onto its nodes (torch 2.11
@@ -128,7 +146,8 @@ def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     # after it).
     with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective(), \
             fx_traceback.preserve_node_meta():
-        gm = make_fx(fn, decomposition_table=dict(decompositions or {}))(*args)
+        gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
+    gm.meta[subclasses.TRACED_OUTPUTS] = tuple(traced_outputs)
     return cleanup(gm)
 
 

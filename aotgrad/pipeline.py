@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import analysis, capture, joint
+from . import analysis, capture, joint, subclasses
 from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
 from .partition import default_partition
@@ -50,7 +50,8 @@ class Artifact:
         if self.backward_graph is None:
             return []
         outs = list(self.forward_graph.graph.output_node().args[0])
-        return [SavedValue.of(n) for n in outs[self.info.num_graph_outputs:]]
+        num_outputs = self.forward_graph.meta[GRAPH_INFO].user_outputs.stop  # plain outputs
+        return [SavedValue.of(n) for n in outs[num_outputs:]]
 
     def summary(self) -> str:
         from .report import summarize
@@ -129,12 +130,13 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
         gm = joint.trace_inference(c.graph_fn, info, c.fakes, c.fake_mode,
                                    options.backend.decompositions, keep)
         gm = _backend_passes(options.backend, gm)
-    _attach(gm, "inference", options, range(len(info.data_mutated_inputs), info.num_graph_outputs))
+    copied = info.data_mutated_inputs if keep else ()
+    edge = _boundary(c, gm, copied)
+    _attach(gm, "inference", options, _plain_range(edge, info))
     with timer("compile_forward"):
         compiled = _compile(options.backend.inference_compiler, gm)
-    plan = _plan(info, c.layout, info.num_graph_outputs,
-                 copied_in_graph=info.data_mutated_inputs if keep else ())
-    return CompiledCall(plan, compiled, None, Artifact(info, gm))
+    plan = _plan(info, c.layout, info.num_graph_outputs, copied_in_graph=copied)
+    return _with_subclasses(edge, CompiledCall(plan, compiled, None, Artifact(info, gm)))
 
 
 def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
@@ -143,25 +145,46 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         joint_gm = joint.trace_joint(c.graph_fn, info, c.fakes, c.fake_mode,
                                      options.backend.decompositions)
         joint_gm = _backend_passes(options.backend, joint_gm)
-    n = info.num_graph_outputs
+    edge = _boundary(c, joint_gm, info.mutations_in_graph)
+    n = joint_gm.meta[joint.JOINT_FW_OUTPUTS]  # plain forward outputs
     with timer("partition"):
         fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
         verify_partition(fw, bw, n)
-    _attach(fw, "forward", options, range(len(info.data_mutated_inputs), n))
+    _attach(fw, "forward", options, _plain_range(edge, info))
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
     with timer("compile_forward"):
         compiled_fw = _compile(options.backend.fw_compiler, fw)
     restride_saved(fw, bw, n)
     with timer("compile_backward"):
         compiled_bw = _compile(options.backend.bw_compiler, bw)
-    plan = _plan(info, c.layout, n, copied_in_graph=info.mutations_in_graph)
-    grads = bw.graph.output_node().args[0]
+    plan = _plan(info, c.layout, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
+    grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
         plan,
-        gradless_inputs=tuple(i for i, g in enumerate(grads) if g is None),
+        gradless_inputs=tuple(i for i, g in enumerate(grads) if all(x is None for x in g)),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
-                                 if info.inputs[i].mutates_data and _is_zero_fill(g)))
-    return CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
+                                 if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
+    call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
+    return _with_subclasses(edge, call)
+
+
+def _boundary(c: Captured, gm: fx.GraphModule, copied_in_graph) -> subclasses.Boundary:
+    return subclasses.make_boundary(c.fakes, gm, c.info, copied_in_graph)
+
+
+def _plain_range(edge: subclasses.Boundary, info: analysis.FunctionInfo) -> range:
+    """The graph's (plain) outputs the user sees: after the mutated inputs' new values."""
+    return range(edge.plain_count(len(info.data_mutated_inputs)),
+                 edge.plain_count(info.num_graph_outputs))
+
+
+def _with_subclasses(edge: subclasses.Boundary, call: CompiledCall) -> CompiledCall:
+    """Decided once: a call with no subclass anywhere runs the compiled graphs directly."""
+    if not edge.is_plain:
+        call.forward = edge.wrap_forward(call.forward)
+        if call.backward is not None:
+            call.backward = edge.wrap_backward(call.backward)
+    return call
 
 
 def _is_zero_fill(grad) -> bool:
@@ -226,7 +249,8 @@ def _check_mutated_inputs_do_not_alias(inputs: Sequence[torch.Tensor],
                                        info: analysis.FunctionInfo) -> None:
     storages: dict[StorageWeakRef, list[int]] = {}
     for i, t in enumerate(inputs):
-        storages.setdefault(StorageWeakRef(t.untyped_storage()), []).append(i)
+        for plain in subclasses.unwrap(t):  # a subclass shares memory through its parts
+            storages.setdefault(StorageWeakRef(plain.untyped_storage()), []).append(i)
     for group in storages.values():
         if len(group) > 1 and any(info.inputs[i].mutated for i in group):
-            raise aliased_mutation_error(group)
+            raise aliased_mutation_error(sorted(set(group)))

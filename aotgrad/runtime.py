@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 
+from . import subclasses
 from .analysis import FunctionInfo, OutputInfo, OutputKind, regenerate_view
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class CompiledGraph(torch.autograd.Function):
 
 def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:
     if grad is None:  # the output took no part in the loss
-        return torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+        return subclasses.zeros(subclasses.tangent_layout(meta))
     return grad.contiguous()
 
 
@@ -255,8 +256,10 @@ def _refuse_aliased_mutations(inputs: Sequence[torch.Tensor], mutated: Sequence[
 
 
 def aliased_mutation_error(inputs: Sequence[int]) -> NotImplementedError:
+    what = (f"inputs {list(inputs)}" if len(inputs) > 1
+            else f"the inner tensors of input {inputs[0]} (a tensor subclass)")
     return NotImplementedError(
-        f"aotgrad: inputs {list(inputs)} share memory and at least one of them is mutated "
+        f"aotgrad: {what} share memory and at least one of them is mutated "
         "inside the function; mutating aliased inputs is not supported yet. Pass "
         "independent tensors (e.g. .clone()) or move the mutation outside.")
 

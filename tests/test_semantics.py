@@ -130,12 +130,6 @@ def test_save_on_cpu_keeps_gradients_right():
     torch.testing.assert_close(x.grad, x.exp() * (x + 1))
 
 
-def test_tensor_subclass_inputs_are_refused():
-    from torch.testing._internal.two_tensor import TwoTensor
-    with pytest.raises(NotImplementedError, match="tensor subclass"):
-        compile_eager(lambda a: a * 2)(TwoTensor(torch.randn(2), torch.randn(2)))
-
-
 def test_double_backward_is_refused():
     x = torch.randn(3, requires_grad=True)
     y = compile_eager(lambda x: x.sin().sum())(x)
