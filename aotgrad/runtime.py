@@ -8,6 +8,7 @@ rebuilding outputs that alias inputs or intermediates) is decided at compile tim
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -34,7 +35,7 @@ class RuntimePlan:
     gradless_inputs: tuple[int, ...] = ()
     overwritten_inputs: tuple[int, ...] = ()
 
-    @property
+    @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
         return tuple(i for i, x in enumerate(self.info.inputs) if x.mutated)
 
@@ -133,8 +134,8 @@ class CompiledCall:
             else:
                 with torch.no_grad():
                     raw = self.forward(list(inputs))  # a boxed callee may clear its list
-        if self._versioned:
-            _set_versions(inputs, self._versioned, versions)
+        if self._versioned:  # from the second call on, only the counters that need it
+            self._versioned = _set_versions(inputs, self._versioned, versions)
         for step in self._mutations:
             step(inputs, raw)
         return self._user_outputs(inputs, raw)
@@ -203,24 +204,31 @@ def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
     return steps
 
 
-def _set_versions(inputs, versioned: tuple[tuple[int, int], ...], before: list[int]) -> None:
+def _set_versions(inputs, versioned: tuple[tuple[int, int], ...],
+                  before: list[int]) -> tuple[tuple[int, int], ...]:
     """The graph wrote these inputs in place. Whether that moved their version counters
     depends on the backend (ATen's copy_ does, Inductor's kernels do not): set them to what
-    eager's would read."""
-    for (i, bumps), version in zip(versioned, before):
-        _set_version(inputs[i], version + bumps)
+    eager's would read. Returns the entries that needed it: a graph does the same each call."""
+    wanted = [v + bumps for (_, bumps), v in zip(versioned, before)]
+    wrong = [k for k, ((i, _), v) in enumerate(zip(versioned, wanted)) if inputs[i]._version != v]
+    if wrong:
+        _set_version_counters([inputs[versioned[k][0]] for k in wrong], [wanted[k] for k in wrong])
+    return tuple(versioned[k] for k in wrong)
 
 
-def _version_setter() -> Callable[[torch.Tensor, int], None]:
+def _version_setter() -> Callable[[list, list], None]:
     set_counter = torch._C._autograd._unsafe_set_version_counter
     try:  # newer torch takes tuples of tensors and versions
         set_counter((torch.zeros(()),), (0,))
-        return lambda t, v: set_counter((t,), (v,))
+        return lambda tensors, versions: set_counter(tuple(tensors), tuple(versions))
     except TypeError:
-        return set_counter
+        def one_by_one(tensors, versions):
+            for t, v in zip(tensors, versions):
+                set_counter(t, v)
+        return one_by_one
 
 
-_set_version = _version_setter()
+_set_version_counters = _version_setter()
 
 
 def _restore_metadata(i: int, geometry, hidden: bool) -> Callable:
@@ -247,6 +255,8 @@ def _copy_back(i: int, k: int, hidden: bool, bumps_version: bool) -> Callable:
 def _refuse_aliased_mutations(inputs: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
     """The graph was compiled for independent inputs; a later call must not alias a mutated
     one (views of one base). Aliasing through .data or set_() is not seen."""
+    if all([t._base is None for t in inputs]):  # the common case: distinct tensors, no views
+        return
     bases = {id(inputs[i]._base if inputs[i]._base is not None else inputs[i]): i
              for i in mutated}
     for j, t in enumerate(inputs):

@@ -268,16 +268,6 @@ def ops(gm):
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
-# On torch 2.11 (the H200 machine) checkpoint policies did not reach the partitioner: the
-# gradients matched eager, but the regions were saved rather than recomputed. Likely cause,
-# not yet confirmed: 2.11's selective checkpointing does not leave node.meta["recompute"]
-# on the ops make_fx traces. Next step: print the joint graph's meta there.
-POLICY_TAGS_MISSING = pytest.mark.xfail(
-    torch.__version__ < "2.13", strict=True,
-    reason="torch 2.11: checkpoint policies do not bind the partitioner (region saved)")
-
-
-@POLICY_TAGS_MISSING
 def test_checkpoint_recomputes_its_region():
     plain = run_both(lambda *a: block(*a).relu().sum(), *SHAPES)
     art = run_both(checkpointed, *SHAPES)
@@ -306,7 +296,6 @@ def policy_save_sin(ctx, op, *args, **kwargs):
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-@POLICY_TAGS_MISSING
 def test_selective_checkpoint_policy_binds_the_min_cut():
     """MUST_SAVE sin is saved though it is cheap; MUST_RECOMPUTE mm is recomputed though it
     is expensive; PREFER_RECOMPUTE cos is recomputed."""
@@ -333,7 +322,6 @@ def test_without_the_policy_min_cut_would_choose_otherwise():
     assert "mm" in saved and "sin" not in saved
 
 
-@POLICY_TAGS_MISSING
 def test_selective_checkpoint_saving_matmuls():
     """The common policy: save matmuls, recompute the rest."""
     def policy(ctx, op, *args, **kwargs):
@@ -355,7 +343,6 @@ def test_selective_checkpoint_never_recomputes_random_ops():
     assert aten.native_dropout.default not in ops(art.backward_graph)
 
 
-@POLICY_TAGS_MISSING
 @pytest.mark.parametrize("budget", [0.0, 1.0])
 def test_selective_checkpoint_policy_binds_the_budget(budget):
     art = run_both(selective(policy_save_sin), *SHAPES, memory_budget=budget)
@@ -363,7 +350,6 @@ def test_selective_checkpoint_policy_binds_the_budget(budget):
     assert "sin" in saved and "mm" not in saved
 
 
-@POLICY_TAGS_MISSING
 def test_rules_of_a_selective_region():
     compiled = aotgrad.compile(selective(policy_save_sin), backend="eager")
     compiled(*[torch.randn(*s, requires_grad=True) for s in SHAPES])
