@@ -1,6 +1,6 @@
 """Per-call overhead: a tiny function and a tiny module, eager vs aotgrad vs functorch.
 
-    python bench/overhead.py [--calls 2000] [--repeats 15] [--out bench/results]
+    python bench/overhead.py [--calls 500] [--repeats 20] [--baseline main] [--out bench/results]
 
 Kernels take a microsecond or two here, so a call's time is the host overhead of each path.
 Every candidate runs `--calls` calls in a row, the candidates take turns (interleaved) for
@@ -8,7 +8,8 @@ Every candidate runs `--calls` calls in a row, the candidates take turns (interl
 (what the table shows: time the process spent descheduled on a shared machine does not
 count) and wall time. The ratios of these minimums are what to read. Cases: forward+backward with grad on, and forward alone
 under torch.no_grad(). aotgrad uses the "eager" backend; functorch's aot_function /
-aot_module with the `nop` compiler is the reference where it imports.
+aot_module with the `nop` compiler is the reference where it imports. `--baseline REV` adds
+aotgrad as of a git revision (its package extracted under another name) to the same rounds.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ import argparse
 import datetime
 import json
 import pathlib
+import importlib
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
 import aotgrad  # noqa: E402
 
 
@@ -52,19 +57,28 @@ def functorch_versions(fn: Callable, module: nn.Module) -> dict[str, Callable]:
     return {"function": aot_function(fn, nop), "module": aot_module(module, nop)}
 
 
-def candidates() -> dict[str, tuple[dict[str, Callable], tuple]]:
+def baseline_package(rev: str, into: str):
+    """aotgrad as of git revision `rev`, imported as a package of another name."""
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev, "aotgrad"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    name = "aotgrad_at_" + "".join(c if c.isalnum() else "_" for c in rev)
+    pathlib.Path(into, "aotgrad").rename(pathlib.Path(into, name))  # relative imports only
+    sys.path.insert(0, into)
+    return importlib.import_module(name)
+
+
+def candidates(baseline=None) -> dict[str, tuple[dict[str, Callable], tuple]]:
     """case -> ({path: callable}, arguments)."""
     torch.manual_seed(0)
     module = TinyMLP()
-    theirs = functorch_versions(tiny_function, module)
-    cases = {
-        "function": ({"eager": tiny_function,
-                      "aotgrad": aotgrad.compile(tiny_function, backend="eager")},
-                     (torch.randn(4, requires_grad=True),)),
-        "module": ({"eager": module, "aotgrad": aotgrad.compile(module, backend="eager")},
-                   (torch.randn(8, 16),)),
-    }
-    for case, fn in theirs.items():
+    cases = {"function": ({"eager": tiny_function}, (torch.randn(4, requires_grad=True),)),
+             "module": ({"eager": module}, (torch.randn(8, 16),))}
+    versions = {"aotgrad": aotgrad, **({"baseline": baseline} if baseline else {})}
+    for name, package in versions.items():
+        cases["function"][0][name] = package.compile(tiny_function, backend="eager")
+        cases["module"][0][name] = package.compile(module, backend="eager")
+    for case, fn in functorch_versions(tiny_function, module).items():
         cases[case][0]["functorch"] = fn
     return cases
 
@@ -106,9 +120,9 @@ def measure(paths: dict[str, Callable], args: tuple, step: Callable, calls: int,
     return best
 
 
-def run(calls: int, repeats: int) -> list[dict]:
+def run(calls: int, repeats: int, baseline=None) -> list[dict]:
     rows = []
-    for case, (paths, args) in candidates().items():
+    for case, (paths, args) in candidates(baseline).items():
         for mode, step in MODES.items():
             best = measure(paths, args, step, calls, repeats)
             rows.append({"case": case, "mode": mode, "us": best["cpu"], "wall_us": best["wall"],
@@ -137,6 +151,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         lines.append(f"| {r['case']} | {r['mode']} | {us['eager']:.1f} | {us['aotgrad']:.1f} "
                      f"| {theirs} | {ratio['aotgrad']:.2f} | {theirs_ratio} "
                      f"| {r['wall_ratio_to_eager']['aotgrad']:.2f} |")
+    if meta.get("baseline"):
+        lines += ["", f"aotgrad as of `{meta['baseline']}`, in the same rounds:", ""]
+        lines += [f"- {r['case']} {r['mode']}: {r['us']['baseline']:.1f} us, "
+                  f"{r['ratio_to_eager']['baseline']:.2f}x eager" for r in rows]
     lines += ["", f"Settings: {meta['calls']} calls per round, {meta['repeats']} rounds, "
               f"{meta['threads']} intra-op thread(s)."]
     return "\n".join(lines) + "\n"
@@ -147,14 +165,17 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--baseline", help="also time aotgrad as of this git revision")
     parser.add_argument("--out", default=None, help="write overhead_cpu.json/.md here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = run(args.calls, args.repeats)
+    with tempfile.TemporaryDirectory() as scratch:
+        baseline = baseline_package(args.baseline, scratch) if args.baseline else None
+        rows = run(args.calls, args.repeats, baseline)
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "device": f"CPU (this machine: {platform.machine()}, {torch.get_num_threads()} "
                       "thread)", "calls": args.calls, "repeats": args.repeats,
-            "threads": args.threads}
+            "threads": args.threads, "baseline": args.baseline}
     text = markdown(meta, rows)
     print(text)
     if args.out:
