@@ -272,3 +272,18 @@ def test_device_constructors_keep_the_operator_entry_point():
     start.meta["val"], end.meta["val"] = torch.tensor(0.0), torch.tensor(1.0)
     node = graph.call_function(torch.ops.aten.linspace.Tensor_Tensor, (start, end, 5))
     assert fast_binding(node) is torch.ops.aten.linspace.Tensor_Tensor._op
+
+
+def test_subclass_outputs_of_plain_inputs_through_the_guarded_path():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def fn(x):
+        return TwoTensor(x.sin(), x * 2)
+    f = compiled(fn)
+    for _ in range(2):  # the second call goes through the guard
+        x = torch.randn(3)
+        out = f(x)
+        assert type(out) is TwoTensor
+        torch.testing.assert_close(out.a, x.sin())
+        torch.testing.assert_close(out.b, x * 2)
+    assert len(f.guarded) == 1 and len(f.entries) == 1
