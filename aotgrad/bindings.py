@@ -20,8 +20,9 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Where torch's generated bindings live, by the overload's namespace-free name.
-_NAMESPACES = (torch._C._VariableFunctions, torch._C._nn, torch._C._linalg,
-               torch._C._special, torch._C._fft, torch._C.TensorBase)
+_NAMESPACES = tuple(getattr(torch._C, name) for name in (
+    "_VariableFunctions", "_nn", "_linalg", "_special", "_fft", "TensorBase")
+    if hasattr(torch._C, name))
 _decided: dict[tuple, Any] = {}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import torch
 from torch import fx
 
 from .bindings import fast_binding
