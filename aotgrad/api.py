@@ -2,7 +2,8 @@
 
 A compiled callable keeps one `CompiledCall` per call signature (shapes, strides, dtypes,
 devices, requires_grad, constants, grad mode, autocast) and compiles again when a call does
-not match any, up to a cap.
+not match any, up to a cap. Calls of flat arguments first try each entry's guard
+(`guards.py`), decided at compile time, and build the signature key only when none passes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from . import subclasses
 from .backends import resolve_backend
 from .capture import flatten
 from .budget import budget_partition
+from .guards import global_state, make_guard, plan_guard
 from .remat import min_cut_rematerialization_partition
 from .pipeline import Artifact, Options, compile_call
 from .runtime import CompiledCall
@@ -42,7 +44,7 @@ def signature(flat_args) -> tuple:
                 parts.append(subclasses.signature(a, seen))
         else:
             parts.append(_constant_key(a))
-    return tuple(parts), _global_state()
+    return tuple(parts), global_state()
 
 
 def _constant_key(value: Any) -> Hashable:
@@ -53,14 +55,6 @@ def _constant_key(value: Any) -> Hashable:
     return type(value), value
 
 
-def _global_state() -> tuple:
-    state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
-    for device in ("cpu", "cuda"):
-        on = torch.is_autocast_enabled(device)
-        state.append((on, torch.get_autocast_dtype(device)) if on else False)
-    return tuple(state)
-
-
 class CompiledFunction:
     """A function compiled ahead of time, one specialization per call signature."""
 
@@ -69,9 +63,17 @@ class CompiledFunction:
         self.options = options
         self.max_entries = max_entries
         self.entries: dict[Hashable, CompiledCall] = {}
+        self.guarded: list[tuple[Callable, CompiledCall]] = []  # entries for flat calls
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
+        if not kwargs:
+            for guard, call in self.guarded:
+                if guard(args):
+                    return call.run(args)
+        return self._call_by_signature(args, kwargs)
+
+    def _call_by_signature(self, args: tuple, kwargs: dict):
         if not kwargs and all(type(a) in _FLAT_TYPES for a in args):
             flat, shape = list(args), len(args)  # no pytree: the common case, made cheap
         else:
@@ -83,7 +85,13 @@ class CompiledFunction:
                 return self._over_cap(args, kwargs)
             spec = shape if not isinstance(shape, int) else flatten((args, {}))[1]
             call = self.entries[key] = compile_call(self.fn, flat, spec, self.options)
+            self._add_guard(flat, call, flat_call=isinstance(shape, int))
         return call.unflatten(call(flat))
+
+    def _add_guard(self, flat: list, call: CompiledCall, flat_call: bool) -> None:
+        plan = plan_guard(flat, call) if flat_call else None
+        if plan is not None:
+            self.guarded.append((make_guard(plan, flat), call))
 
     def _over_cap(self, args, kwargs):
         warnings.warn(f"aotgrad: {getattr(self.fn, '__name__', self.fn)} was compiled for "
@@ -108,11 +116,15 @@ class CompiledModule(torch.nn.Module):
         self._names = [n for n, _ in module.named_parameters()] + \
                       [n for n, _ in module.named_buffers()]
         self._slots = [_slot(module, n) for n in self._names]
+        self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())
         options = dataclasses.replace(options, num_params_buffers=len(self._names))
         self.compiled = CompiledFunction(self._functional_forward, options, max_entries)
 
-    def _functional_forward(self, state, training_flags, args, kwargs):
+    def _functional_forward(self, *flat, **kwargs):
+        # flat: the state, each submodule's training flag (for the signature), the arguments.
+        state = flat[:len(self._names)]
+        args = flat[len(self._names) + len(self._submodules):]
         with _reparametrize_module(self.orig_module, dict(zip(self._names, state)),
                                    tie_weights=True):
             out = self.orig_module(*args, **kwargs)
@@ -127,10 +139,18 @@ class CompiledModule(torch.nn.Module):
                     "be lost. Update it in place instead (e.g. self.buf.copy_(...) or add_).")
 
     def forward(self, *args, **kwargs):
-        state = [getattr(owner, attr) for owner, attr in self._slots]
         # Train/eval mode changes what forward computes: part of the call's signature.
-        training_flags = tuple(m.training for m in self._submodules)
-        return self.compiled(state, training_flags, args, kwargs)
+        training_flags = [m.training for m in self._submodules]
+        return self.compiled(*self._read_state(), *training_flags, *args, **kwargs)
+
+    def _read_state(self) -> list:
+        """The current parameters and buffers, read each call: in-place updates and
+        reassignments show as they do in eager. Straight from the owners' dicts (what
+        nn.Module.__getattr__ reads, without its Python frame), else through getattr."""
+        try:
+            return [d[attr] for d, attr in self._state_dicts]
+        except KeyError:  # moved since (deleted, parametrized): ask the module
+            return [getattr(owner, attr) for owner, attr in self._slots]
 
     @property
     def artifacts(self) -> list[Artifact]:
@@ -142,6 +162,10 @@ def _slot(module: torch.nn.Module, name: str):
     for part in path:
         module = getattr(module, part)
     return module, attr
+
+
+def _state_dict_of(owner: torch.nn.Module, attr: str) -> tuple[dict, str]:
+    return (owner._parameters if attr in owner._parameters else owner._buffers), attr
 
 
 def choose_partitioner(partitioner: Callable | None, memory_budget: float | None) -> Callable:

@@ -1,9 +1,9 @@
 """Straight-line Python for an FX graph: the "eager" backend's compiled form.
 
 FX's own code calls `torch.ops.aten.mul.Tensor(...)`: four attribute lookups and a Python
-`OpOverload.__call__` frame per op. Here each op's C++ entry point is bound once as a
-global, every value is a local, and each value is dropped right after its last use, so the
-function costs little more than the kernels it launches.
+`OpOverload.__call__` frame per op. Here each op's fastest C++ entry point (`bindings.py`) is
+bound once as a global, every value is a local, and each value is dropped right after its
+last use, so the function costs little more than the kernels it launches.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import torch
 from torch import fx
+
+from .bindings import fast_binding
 
 _LITERALS = (int, bool, str, type(None))  # repr() of these reads back as the same value
 
@@ -33,11 +34,6 @@ class _Namer:
             name = self._ids[id(value)] = f"_{hint}{len(self.globals)}"
             self.globals[name] = value
         return name
-
-
-def _callable(target: Any) -> Any:
-    """The fastest callable with the same meaning: an OpOverload's C++ entry point."""
-    return target._op if isinstance(target, torch._ops.OpOverload) else target
 
 
 def python_function(gm: fx.GraphModule) -> Callable[[list], Any]:
@@ -66,7 +62,7 @@ def python_function(gm: fx.GraphModule) -> Callable[[list], Any]:
         elif node.op == "get_attr":
             lines.append(f"{var[node]} = {namer.constant_object(_attr(gm, node.target), 'a')}")
         elif node.op == "call_function":
-            fn = namer.constant_object(_callable(node.target), "f")
+            fn = namer.constant_object(fast_binding(node), "f")
             args = [arg(a) for a in node.args] + [f"{k}={arg(v)}" for k, v in node.kwargs.items()]
             lines.append(f"{var[node]} = {fn}({', '.join(args)})")
         elif node.op == "output":

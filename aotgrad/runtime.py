@@ -113,38 +113,106 @@ class CompiledCall:
                                         if k not in self.written_in_graph)
         self._outputs = _output_order(plan.info)
         self.unflatten = _unflattener(plan.info.out_spec)
+        # Decided once, so that a call skips what this plan does not need.
+        self._gather = _gatherer(plan.graph_input_positions)
+        self._mutated = plan.mutated_inputs
+        self._detaches = bool(plan.gradless_inputs or plan.overwritten_inputs)
+        self._run_graphs = self._run_training if backward is not None else self._run_inference
+        self._plain_outputs = _plain_output_slice(plan.info)
+        self.run = _direct_runner(self) or self._run_and_unflatten
+
+    def _run_and_unflatten(self, flat_args: Sequence[Any]) -> Any:
+        return self.unflatten(self(flat_args))
 
     def __call__(self, flat_args: Sequence[Any]) -> list[Any]:
-        plan = self.plan
-        inputs = [flat_args[p] for p in plan.graph_input_positions]
-        if plan.mutated_inputs:
-            _refuse_aliased_mutations(inputs, plan.mutated_inputs)
+        inputs = self._gather(flat_args)
+        if self._mutated:
+            _refuse_aliased_mutations(inputs, self._mutated)
         if self._versioned:
             versions = [inputs[i]._version for i, _ in self._versioned]
-        with _autocast_off(plan.disable_autocast):
-            if self.backward is not None:
-                args = list(inputs)
-                for i in plan.gradless_inputs:
-                    if args[i].requires_grad:
-                        args[i] = args[i].detach()
-                for i in plan.overwritten_inputs:
-                    args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
-                with torch.enable_grad():  # grad mode was applied when tracing
-                    raw = apply_compiled(self, args)
-            else:
-                with torch.no_grad():
-                    raw = self.forward(list(inputs))  # a boxed callee may clear its list
+        with _autocast_off(self.plan.disable_autocast):
+            raw = self._run_graphs(inputs)
         if self._versioned:  # from the second call on, only the counters that need it
             self._versioned = _set_versions(inputs, self._versioned, versions)
         for step in self._mutations:
             step(inputs, raw)
+        if self._plain_outputs is not None:
+            return list(raw[self._plain_outputs])
         return self._user_outputs(inputs, raw)
+
+    def _run_training(self, inputs: Sequence[Any]) -> Sequence[Any]:
+        args = self._detach(inputs) if self._detaches else inputs
+        if torch.is_grad_enabled():
+            return apply_compiled(self, args)
+        with torch.enable_grad():  # grad mode was applied when tracing
+            return apply_compiled(self, args)
+
+    def _detach(self, inputs: Sequence[Any]) -> list[Any]:
+        plan = self.plan
+        args = list(inputs)
+        for i in plan.gradless_inputs:
+            if args[i].requires_grad:
+                args[i] = args[i].detach()
+        for i in plan.overwritten_inputs:
+            args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
+        return args
+
+    def _run_inference(self, inputs: Sequence[Any]) -> Sequence[Any]:
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self.forward(list(inputs))  # a boxed callee may clear its list
+        return self.forward(list(inputs))
 
     def _user_outputs(self, inputs, raw) -> list[Any]:
         outs: list[Any] = [None] * len(self.plan.info.outputs)
         for i, get in self._outputs:
             outs[i] = get(inputs, raw, outs)
         return outs
+
+
+def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
+    """Flat arguments -> the user's outputs in one frame, for the plans that need nothing
+    around the graphs: no mutations, no autocast to turn off, every output computed by the
+    graph. None for the others."""
+    plan = call.plan
+    if call._mutated or call._versioned or plan.overwritten_inputs or plan.disable_autocast \
+            or call._plain_outputs is None:
+        return None
+    gather, outputs, unflatten = call._gather, call._plain_outputs, call.unflatten
+    if call.backward is None:
+        # call.forward looked up per call: subclass support wraps it after construction.
+        def run_inference(flat_args):
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    return unflatten(list(call.forward(list(gather(flat_args)))[outputs]))
+            return unflatten(list(call.forward(list(gather(flat_args)))[outputs]))
+        return run_inference
+    gradless = plan.gradless_inputs
+
+    def run_training(flat_args):
+        args = gather(flat_args)
+        if torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active() and \
+                not (gradless and any(args[i].requires_grad for i in gradless)):
+            return unflatten(list(_apply_fast(call, *args)[outputs]))
+        return unflatten(list(call._run_training(args)[outputs]))
+    return run_training
+
+
+def _gatherer(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """The graph inputs from the flat arguments: a slice when they are the leading ones."""
+    if positions == tuple(range(len(positions))):
+        leading = slice(0, len(positions))
+        return lambda flat_args: flat_args[leading]
+    return lambda flat_args: [flat_args[p] for p in positions]
+
+
+def _plain_output_slice(info: FunctionInfo) -> slice | None:
+    """Where the user outputs lie in the graph's results when every one is computed by the
+    graph (no aliases to rebuild): a call then slices instead of running the getters."""
+    if any(o.kind is not OutputKind.PLAIN for o in info.outputs):
+        return None
+    first = len(info.data_mutated_inputs)
+    return slice(first, first + len(info.outputs))
 
 
 def _output_order(info: FunctionInfo) -> list[tuple[int, Callable]]:

@@ -97,3 +97,15 @@ def test_an_error_in_a_row_is_recorded_not_raised():
     row = bench.run_job(job, bench.parse_args(["--device", "cpu"]), deadline=None)
     assert row["status"] == "error" and "no_such_device" in row["error"]
     assert "Traceback" in row["traceback"]
+
+
+def test_overhead_bench_writes_ratios(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "overhead.py"), "--calls", "3", "--repeats", "1",
+         "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "overhead_cpu.json").read_text())
+    assert [(r["case"], r["mode"]) for r in data["rows"]] == \
+        [(c, m) for c in ("function", "module") for m in ("fwd+bwd", "no_grad")]
+    assert all(r["ratio_to_eager"]["aotgrad"] > 0 for r in data["rows"])
+    assert "| function | fwd+bwd |" in (tmp_path / "overhead_cpu.md").read_text()

@@ -1,0 +1,289 @@
+"""Per-entry call guards (aotgrad/guards.py) and the cheaper call path around them: a call
+that changes anything an entry depends on must not reach that entry, and must match eager."""
+
+import pytest
+import torch
+from torch import nn
+
+import aotgrad
+from aotgrad import api, guards
+from aotgrad.bindings import fast_binding
+
+
+def compiled(fn):
+    return aotgrad.compile(fn, backend="eager")
+
+
+@pytest.fixture(params=["TensorGuards", "python"])
+def tensor_check(request, monkeypatch):
+    """Both ways of checking tensors: torch's C++ TensorGuards and the Python fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(guards, "tensor_check", guards._python_tensor_check)
+
+
+def no_signature(monkeypatch):
+    """Fail the test if a call falls back to the signature key."""
+    def refuse(flat):
+        raise AssertionError("the call built the signature key")
+    monkeypatch.setattr(api, "signature", refuse)
+
+
+def test_a_matching_call_is_served_by_the_guard(monkeypatch, tensor_check):
+    f = compiled(lambda x, k: (x.sin() * k).sum())
+    x = torch.randn(4, requires_grad=True)
+    f(x, 2).backward()
+    no_signature(monkeypatch)
+    y = torch.randn(4, requires_grad=True)
+    f(y, 2).backward()
+    torch.testing.assert_close(y.grad, 2 * y.cos())
+    assert len(f.entries) == 1
+
+
+CHANGES = {  # (first call's arguments, second call's): the second must not reuse the entry
+    "dtype": ((torch.randn(3), 2), (torch.randn(3, dtype=torch.float64), 2)),
+    "shape": ((torch.randn(3), 2), (torch.randn(4), 2)),
+    "strides": ((torch.randn(3, 2), 2), (torch.randn(2, 3).t(), 2)),
+    "requires_grad": ((torch.randn(3), 2), (torch.randn(3, requires_grad=True), 2)),
+    "parameter": ((torch.randn(3), 2), (nn.Parameter(torch.randn(3)), 2)),
+    "constant value": ((torch.randn(3), 2), (torch.randn(3), 3)),
+    "constant type": ((torch.randn(3), 2), (torch.randn(3), 2.0)),
+    "bool for int": ((torch.randn(3), 1), (torch.randn(3), True)),
+    "tensor for constant": ((torch.randn(3), 2), (torch.randn(3), torch.tensor(2.0))),
+    "argument count": ((torch.randn(3), 2), (torch.randn(3),)),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES.values(), ids=CHANGES.keys())
+def test_a_change_compiles_again_and_matches_eager(change, tensor_check):
+    def fn(x, k=5):
+        return x * k
+    f = compiled(fn)
+    first, second = change
+    f(*first)
+    out = f(*second)
+    torch.testing.assert_close(out, fn(*second))
+    assert out.requires_grad == fn(*second).requires_grad
+    assert out.dtype == fn(*second).dtype
+    assert len(f.entries) == 2
+
+
+def test_grad_mode_and_inference_mode_each_have_their_entry():
+    f = compiled(lambda x: x * 2)
+    x = torch.randn(3, requires_grad=True)
+    assert f(x).requires_grad
+    with torch.no_grad():
+        assert not f(x).requires_grad and f(x).grad_fn is None
+    with torch.inference_mode():
+        assert f(x).is_inference()
+    assert f(x).requires_grad  # back to the first entry
+    assert len(f.entries) == 3
+
+
+def test_autocast_state_is_guarded():
+    f = compiled(lambda a, b: a @ b)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    assert f(a, b).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert f(a, b).dtype == torch.bfloat16
+        assert f(a, b).dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert f(a, b).dtype == torch.float16
+    assert f(a, b).dtype == torch.float32
+    assert len(f.entries) == 3
+
+
+def test_device_is_guarded():
+    x = torch.randn(3)
+    f = compiled(lambda x: x * 2)
+    f(x)
+    guard, _ = f.guarded[0]
+    assert guard((torch.randn(3),))
+    assert not guard((torch.empty(3, device="meta"),))
+
+
+def test_the_same_tensor_twice_is_not_two_tensors(tensor_check):
+    def fn(a, b):
+        a.add_(1)
+        return a * b
+    f = compiled(fn)
+    x, y = torch.ones(3), torch.ones(3)
+    f(x, y)
+    x_eager, x_mine = torch.ones(3), torch.ones(3)
+    torch.testing.assert_close(f(x_mine, x_mine), fn(x_eager, x_eager))
+    torch.testing.assert_close(x_mine, x_eager)
+    assert len(f.entries) == 2
+    f(x, y)  # and back
+    assert len(f.entries) == 2
+
+
+def test_leafness_of_a_mutated_input_is_guarded():
+    def fn(x):
+        return x.mul_(2)
+    f = compiled(fn)
+    base = torch.randn(3, requires_grad=True)
+    f(base * 1)  # a non-leaf: eager allows the in-place change
+    assert guards.plan_guard([base * 1], f.guarded[0][1]).leaves == ((0, False),)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        f(torch.randn(3, requires_grad=True))
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        fn(torch.randn(3, requires_grad=True))
+
+
+def test_storage_offset_guarded_where_an_output_aliases_the_input():
+    f = compiled(lambda x: x[1:])
+    base = torch.arange(8.0)
+    f(base[:4])
+    plan = guards.plan_guard([base[2:6]], f.guarded[0][1])
+    assert plan.storage_offsets == ((0, 2),)
+    assert "a[0].storage_offset() == 0" in f.guarded[0][0].source
+    out = f(base[2:6])
+    torch.testing.assert_close(out, base[3:6])
+    assert out._base is base
+
+
+def test_storage_offset_not_guarded_where_nothing_addresses_the_input():
+    f = compiled(lambda x: x * 2)
+    base = torch.arange(8.0)
+    f(base[:4])
+    torch.testing.assert_close(f(base[2:6]), base[2:6] * 2)
+    assert len(f.entries) == 1
+
+
+def test_guard_source_is_printable():
+    f = compiled(lambda x, k: x * k)
+    f(torch.randn(2), 3)
+    source = f.guarded[0][0].source
+    assert "_tensors(a[0])" in source and "a[1] == _c1" in source and "_grad() is True" in source
+
+
+def test_python_tensor_check_agrees_with_torch_guards():
+    example = torch.randn(3, 2, requires_grad=True)
+    others = [torch.randn(3, 2, requires_grad=True), torch.randn(3, 2), torch.randn(2, 3).t(),
+              torch.randn(3, 2, dtype=torch.float64), nn.Parameter(torch.randn(3, 2)), 3,
+              torch.empty(3, 2, device="meta", requires_grad=True)]
+    fast, slow = guards.tensor_check([example]), guards._python_tensor_check([example])
+    assert [fast(t) for t in others] == [slow(t) for t in others] == \
+        [True] + [False] * (len(others) - 1)
+    x, y = torch.randn(2), torch.randn(2)
+    fast, slow = guards.tensor_check([x, y]), guards._python_tensor_check([x, y])
+    assert fast(y, x) and slow(y, x) and not fast(x, x) and not slow(x, x)
+
+
+# ---- modules -------------------------------------------------------------------------------
+
+def pair(factory):
+    torch.manual_seed(0)
+    eager = factory()
+    torch.manual_seed(0)
+    mine = factory()
+    return eager, mine, compiled(mine)
+
+
+def check_step(eager, mine, compiled_mine, x):
+    torch.testing.assert_close(compiled_mine(x), eager(x))
+    eager(x).sum().backward()
+    compiled_mine(x).sum().backward()
+    for (name, a), b in zip(eager.named_parameters(), mine.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+        a.grad = b.grad = None
+
+
+def test_module_train_and_eval_each_have_their_entry():
+    eager, mine, f = pair(lambda: nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+    x = torch.randn(5, 3)
+    check_step(eager, mine, f, x)
+    eager.eval(), f.eval()
+    check_step(eager, mine, f, x)
+    eager[1].train(), mine[1].train()  # one submodule only
+    check_step(eager, mine, f, x)
+    assert len(f.compiled.entries) == 3
+
+
+def test_module_sees_in_place_parameter_updates(monkeypatch):
+    eager, mine, f = pair(lambda: nn.Linear(3, 4))
+    x = torch.randn(2, 3)
+    check_step(eager, mine, f, x)
+    no_signature(monkeypatch)
+    with torch.no_grad():
+        eager.weight.add_(1), mine.weight.add_(1)
+    check_step(eager, mine, f, x)
+
+
+def test_module_sees_a_replaced_parameter():
+    eager, mine, f = pair(lambda: nn.Linear(3, 4))
+    x = torch.randn(2, 3)
+    check_step(eager, mine, f, x)
+    new = torch.randn(4, 3)
+    eager.weight, mine.weight = nn.Parameter(new.clone()), nn.Parameter(new.clone())
+    check_step(eager, mine, f, x)  # the new parameter's value and gradient
+
+
+def test_module_sees_a_parameter_reshaped_through_data():
+    eager, mine, f = pair(lambda: nn.Linear(3, 4))
+    check_step(eager, mine, f, torch.randn(2, 3))
+    for m in (eager, mine):
+        m.weight.data = torch.ones(4, 5)
+    check_step(eager, mine, f, torch.randn(2, 5))
+    assert len(f.compiled.entries) == 2
+
+
+def test_module_frozen_parameter_gets_no_gradient():
+    eager, mine, f = pair(lambda: nn.Linear(3, 4))
+    x = torch.randn(2, 3)
+    check_step(eager, mine, f, x)
+    eager.bias.requires_grad_(False), mine.bias.requires_grad_(False)
+    f(x).sum().backward()
+    assert mine.bias.grad is None and mine.weight.grad is not None
+
+
+def test_module_sees_a_reassigned_buffer_and_a_deleted_parameter():
+    eager, mine, f = pair(lambda: nn.BatchNorm1d(3).eval())
+    x = torch.randn(4, 3)
+    check_step(eager, mine, f, x)
+    for m in (eager, mine):
+        m.running_mean = torch.full((3,), 2.0)
+    check_step(eager, mine, f, x)
+    for m in (eager, mine):
+        del m.weight
+        m.register_buffer("weight", torch.full((3,), 3.0))  # a buffer now, under the old name
+    torch.testing.assert_close(f(x), eager(x))
+
+
+# ---- the eager backend's bindings ----------------------------------------------------------
+
+def test_fast_bindings_are_torch_functions_where_proven():
+    f = compiled(lambda x, y: (x.sin() * 2 + y.expand(4)).sum())
+    f(torch.randn(4, requires_grad=True), torch.randn(1, requires_grad=True))
+    call = f.guarded[0][1]
+    bound = {v for k, v in call.forward.__globals__.items() if k.startswith("_f")}
+    assert torch._C._VariableFunctions.sin in bound and torch._C._VariableFunctions.mul in bound
+
+
+def test_factories_keep_the_operator_entry_point():
+    graph = torch.fx.Graph()
+    node = graph.call_function(torch.ops.aten.zeros.default, ([3],), {"device": "cpu"})
+    assert fast_binding(node) is torch.ops.aten.zeros.default._op
+
+
+def test_device_constructors_keep_the_operator_entry_point():
+    # torch.linspace takes tensors too, but `with torch.device(...)` rewrites its calls.
+    graph = torch.fx.Graph()
+    start, end = graph.placeholder("start"), graph.placeholder("end")
+    start.meta["val"], end.meta["val"] = torch.tensor(0.0), torch.tensor(1.0)
+    node = graph.call_function(torch.ops.aten.linspace.Tensor_Tensor, (start, end, 5))
+    assert fast_binding(node) is torch.ops.aten.linspace.Tensor_Tensor._op
+
+
+def test_subclass_outputs_of_plain_inputs_through_the_guarded_path():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def fn(x):
+        return TwoTensor(x.sin(), x * 2)
+    f = compiled(fn)
+    for _ in range(2):  # the second call goes through the guard
+        x = torch.randn(3)
+        out = f(x)
+        assert type(out) is TwoTensor
+        torch.testing.assert_close(out.a, x.sin())
+        torch.testing.assert_close(out.b, x * 2)
+    assert len(f.guarded) == 1 and len(f.entries) == 1
