@@ -56,7 +56,54 @@ def profile_row(model_name: str, mode_name: str, steps: int) -> dict:
     after = torch.cuda.memory_stats()
     allocator = {k: (after.get(k, 0) - before.get(k, 0)) / steps for k in ALLOCATOR_COUNTS}
     return {**summarize(prof.events(), steps), "gaps": idle_gaps(prof.events(), steps),
-            "allocator_per_step": allocator}
+            "allocator_per_step": allocator, "synced": synced_steps(step, steps),
+            "host_profile": host_profile(step, steps)}
+
+
+def synced_steps(step, steps: int) -> dict:
+    """Steps timed as run.py times them (synchronized before each), and how long the GPU
+    waits for the step's first kernel."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    latencies, times = [], []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(3):
+            torch.cuda.synchronize()
+            with torch.profiler.record_function("bench_step"):
+                step()
+            torch.cuda.synchronize()
+    events = prof.events()
+    marks = sorted(e.time_range.start for e in events if e.name == "bench_step")
+    kernels = sorted(e.time_range.start for e in events
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    for mark in marks:
+        first = next((k for k in kernels if k >= mark), None)
+        if first is not None:
+            latencies.append((first - mark) / 1e3)
+    return {"step_ms": sorted(times)[len(times) // 2], "first_kernel_ms": latencies}
+
+
+def host_profile(step, steps: int, lines: int = 25) -> str:
+    """Where the host's time goes in a step: cProfile's top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(lines)
+    return text.getvalue()
 
 
 # Allocator events that cost synchronizations or driver calls inside a step.
@@ -131,7 +178,8 @@ def print_table(results: dict) -> None:
         print(label.ljust(32) + f"{r['total_ms']:9.2f}" + cells)
     for label, r in results.items():
         print(f"{label}: idle {r['gaps']['idle_ms_per_step']:.2f} ms/step (gaps > 20 us), "
-              f"allocator per step {r['allocator_per_step']}")
+              f"synced step {r['synced']['step_ms']:.2f} ms, first kernel after "
+              f"{[round(x, 2) for x in r['synced']['first_kernel_ms']]} ms")
 
 
 if __name__ == "__main__":
