@@ -34,10 +34,10 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         _, in_spec = pytree.tree_flatten((tuple(flat), {}))
         num_params = _num_leading_parameters(flat)
         call = compile_call(gm, flat, in_spec, replace(options, num_params_buffers=num_params))
-        out_spec = call.plan.info.out_spec
+        run_call = call.run
 
         def run(*args):
-            return pytree.tree_unflatten(call(args), out_spec)
+            return run_call(args)
 
         run.artifact = call.artifact
         return run
