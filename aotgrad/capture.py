@@ -79,6 +79,9 @@ class OutputBox:
     """Receives the output tree spec of the user function the first time it runs."""
 
     spec: pytree.TreeSpec | None = None
+    # (tensor, graph input index): tensors made inside the function that stand for an input
+    # (the views `aliasing` regenerates aliased inputs as).
+    input_aliases: Sequence[tuple[torch.Tensor, int]] = ()
 
 
 def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:

@@ -55,8 +55,6 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 PLAIN_DOORS = ("compat-nop", "compile-eager", "compile-inductor")
 WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor")
 REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
-    "aliased_inputs_one_mutated": (WITH_DYNAMO, "share memory and at least one of them is mutated"),
-    "inputs_alias_only_on_second_call": (WITH_DYNAMO, "share memory and at least one"),
     "double_backward_gradient_penalty": (WITH_DYNAMO, "double backward"),
     "double_backward_tanh_mlp": (WITH_DYNAMO, "double backward"),
     "requires_grad_on_input": (PLAIN_DOORS, "changes requires_grad of an input"),
