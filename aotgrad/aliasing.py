@@ -319,9 +319,26 @@ def merge_aliased_inputs(graph_fn: Callable, aliasing: InputAliasing, num_inputs
 
 
 def member_view(base: torch.Tensor, m: Member) -> torch.Tensor:
-    view = base if base.dtype == m.dtype else base.view(m.dtype)
-    view = view.as_strided(*m.geometry)
+    """Member `m` as a view of `base`. `as_strided` comes first in the view chain: it is the
+    one place functionalization accepts it when the member is mutated."""
+    if base.dtype == m.dtype:
+        view = base.as_strided(*m.geometry)
+    else:
+        view = base.as_strided(*_in_units_of(m, base.dtype)).view(m.dtype)
     return view if m.requires_grad else view.detach()
+
+
+def _in_units_of(m: Member, dtype: torch.dtype) -> Geometry:
+    """The geometry, in `dtype` elements, of the memory member `m` views; `view(m.dtype)`
+    then makes it the member (so its last dimension must be contiguous)."""
+    size, stride, offset = m.geometry
+    own, other = m.dtype.itemsize, dtype.itemsize
+    scaled = [*(s * own for s in stride[:-1]), size[-1] * own if size else own, offset * own]
+    if not size or (stride[-1] != 1 and size[-1] > 1) or any(v % other for v in scaled):
+        raise RuntimeError(f"a {m.dtype} view of geometry {m.geometry} is not a view of a "
+                           f"{dtype} tensor")
+    return ((*size[:-1], scaled[-2] // other), (*(v // other for v in scaled[:-2]), 1),
+            scaled[-1] // other)
 
 
 def base_fakes(fake_mode, aliasing: InputAliasing, device_of: Sequence[torch.device]) -> list:
