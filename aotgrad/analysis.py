@@ -222,7 +222,8 @@ def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool, before: tup
     if any(torch._functionalize_was_storage_changed(t) for t in inner):
         raise NotImplementedError(
             "aotgrad: the function calls set_() on an input; swapping an input's storage is "
-            "not supported yet. Call set_ outside the compiled function.")
+            "not supported yet. Call set_ outside the compiled function (return the new "
+            "tensor and set_ the input to it after the call), or copy_ the new values in.")
     return InputInfo(
         requires_grad=requires_grad,
         is_leaf=is_leaf,

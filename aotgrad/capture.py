@@ -142,6 +142,13 @@ def functional_mode():
         if "Could not find a token for effect" not in str(e):
             raise
         raise refuse_effectful_op(e) from e
+    except RuntimeError as e:
+        if "Attempted to set the storage of a tensor" not in str(e):
+            raise
+        raise NotImplementedError(
+            "aotgrad: tracing lost a tensor's storage, as PyTorch's functionalization does "
+            "when a view of a tensor grown by resize_() inside the function is taken "
+            f"({e}). Resize the tensor before calling the compiled function.") from e
 
 
 def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:

@@ -305,8 +305,13 @@ _set_version_counters = _version_setter()
 
 def _restore_metadata(i: int, geometry, hidden: bool) -> Callable:
     size, stride, offset = geometry
+    # Elements the final geometry spans: more than the storage holds after a growing resize_.
+    extent = offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
 
     def step(inputs, raw):
+        storage = inputs[i].untyped_storage()
+        if storage.nbytes() < extent * inputs[i].element_size():
+            storage.resize_(extent * inputs[i].element_size())  # as eager's resize_ does
         with _grad_hidden(hidden):
             inputs[i].as_strided_(size, stride, offset)
     return step

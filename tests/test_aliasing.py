@@ -254,6 +254,10 @@ def _grad_data_alias():
     return (x, x.data), {}
 
 
+# The inference path: the same functions called under no_grad.
+CASES += [Case(f"{c.name}_no_grad", c.inputs, fn=c.fn, context="no_grad") for c in CASES
+          if c.name in ("view_mutated_base_read", "overlapping_views_both_mutated",
+                        "view_with_other_dtype_mutated")]
 ALL = {c.name: c for c in CASES}
 
 
@@ -349,3 +353,19 @@ def test_metadata_mutation_of_aliased_input_is_refused(door):
     x = torch.randn(3, 4)
     with pytest.raises(NotImplementedError, match="shape or strides"):
         DOORS[door](f)(x, x.view(-1))
+
+
+def test_export_refuses_aliased_mutated_inputs():
+    from aotgrad.compat import aot_export_module
+
+    class Bump(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(3))
+
+        def forward(self, x):
+            x.add_(1)
+            return self.count * 2
+    module = Bump()
+    with pytest.raises(NotImplementedError, match="share memory"):
+        aot_export_module(module, [module.count.view(-1)], trace_joint=False)
