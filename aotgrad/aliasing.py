@@ -56,7 +56,7 @@ class Member:
     requires_grad: bool
     mutated: bool
     mutation_hidden_from_autograd: bool  # copy its new value back without autograd
-    bumps_version: bool
+    version_bumps: int  # how much the user's mutations advance its version counter
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ def _group(inputs: Sequence[torch.Tensor], info: FunctionInfo, members: list[int
 def _member(inputs, info: FunctionInfo, i: int) -> Member:
     t, x = inputs[i], info.inputs[i]
     return Member(i, t.dtype, _geometry(t), t.requires_grad, x.mutates_data,
-                  x.mutation_hidden_from_autograd, x.bumps_version)
+                  x.mutation_hidden_from_autograd, x.version_bumps)
 
 
 def _root_group(inputs, info: FunctionInfo, members: list[int], root) -> AliasGroup:
@@ -360,11 +360,11 @@ def base_fakes(fake_mode, aliasing: InputAliasing, device_of: Sequence[torch.dev
 
 
 def with_first_pass_versions(info: FunctionInfo, aliasing: InputAliasing) -> FunctionInfo:
-    """The merged function mutates members by `copy_`; whether the user's mutation bumped
-    the version counter (not through .data) is what the first analysis saw."""
+    """The merged function mutates members by one `copy_`; how far the user's mutations
+    advance the version counter (not at all through .data) is what the first analysis saw."""
     inputs = list(info.inputs)
     for m in (m for g in aliasing.groups for m in g.members if m.mutated):
-        inputs[m.input] = dataclasses.replace(inputs[m.input], bumps_version=m.bumps_version)
+        inputs[m.input] = dataclasses.replace(inputs[m.input], version_bumps=m.version_bumps)
     return dataclasses.replace(info, inputs=tuple(inputs))
 
 

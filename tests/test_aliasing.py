@@ -369,3 +369,18 @@ def test_export_refuses_aliased_mutated_inputs():
     module = Bump()
     with pytest.raises(NotImplementedError, match="share memory"):
         aot_export_module(module, [module.count.view(-1)], trace_joint=False)
+
+
+def test_subclass_sharing_memory_with_a_mutated_input_is_refused():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x, t):
+        x.add_(1)
+        return t * 2
+    compiled = aotgrad.compile(f, backend="eager")
+    compiled(torch.zeros(3), TwoTensor(torch.zeros(3), torch.zeros(3)))  # independent
+    x = torch.zeros(3)
+    with pytest.raises(NotImplementedError, match=r"inputs \[0, 1\] share memory"):
+        compiled(x, TwoTensor(x, torch.zeros(3)))  # the same signature, aliased
+    with pytest.raises(NotImplementedError, match=r"inputs \[0, 1\] share memory"):
+        aotgrad.compile(f, backend="eager")(x, TwoTensor(x, torch.zeros(3)))
