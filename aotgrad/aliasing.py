@@ -325,7 +325,8 @@ def member_view(base: torch.Tensor, m: Member) -> torch.Tensor:
         view = base.as_strided(*m.geometry)
     else:
         view = base.as_strided(*_in_units_of(m, base.dtype)).view(m.dtype)
-    return view if m.requires_grad else view.detach()
+    # A member made under no_grad from a base that requires grad does not require it.
+    return view.detach() if base.requires_grad and not m.requires_grad else view
 
 
 def _in_units_of(m: Member, dtype: torch.dtype) -> Geometry:

@@ -98,6 +98,17 @@ def overlapping_views_one_mutated(a, b):
     return b.sum(0) + a.sum(0)
 
 
+def _base_row_and_weight():
+    base = const(3, 4)
+    return (base, base[0], torch.randn(4, requires_grad=True)), {}
+
+
+@case(_base_row_and_weight)
+def no_grad_row_mutated_by_grad_value(base, row, w):
+    row.mul_(w)  # row and base now require grad, as in eager
+    return base.sum(0)
+
+
 @case(_overlapping_rows(lambda: const(4, 3)))
 def overlapping_views_both_mutated(a, b):
     a.add_(1)
