@@ -35,6 +35,11 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from . import analysis, subclasses
 from .analysis import FunctionInfo, Geometry
 
+# Which storage a tensor uses: the address of its StorageImpl, in one C call where torch has
+# one (a storage object is built otherwise).
+storage_key = getattr(torch._C, "_storage_address", None) or (
+    lambda t: t.untyped_storage()._cdata)
+
 # Exact overlap tests enumerate addresses; above this many, assume overlap (always correct:
 # a base is only slower).
 MAX_EXACT_OVERLAP_ELEMENTS = 1 << 22
@@ -100,11 +105,16 @@ class InputAliasing:
     mutated: tuple[int, ...] = ()
 
     def graph_inputs(self, inputs: list) -> list:
-        """Check this call's aliasing (cheap: one storage lookup per input) and append the
-        groups' bases."""
+        """Check this call's aliasing (one storage lookup per input) and append the groups'
+        bases."""
+        if not self.shared:  # the common case, compiled for inputs on distinct storages
+            if len(set(map(storage_key, inputs))) != len(inputs):
+                raise AliasingChanged(_sharing(inputs))
+            if self.subclass_inputs:
+                refuse_aliased_subclass_parts(inputs, self.mutated)
+            return inputs
         first: dict[int, int] = {}
-        classes = tuple(first.setdefault(t.untyped_storage()._cdata, i)
-                        for i, t in enumerate(inputs))
+        classes = tuple(first.setdefault(storage_key(t), i) for i, t in enumerate(inputs))
         if classes != self.storage_classes or \
                 tuple(inputs[i].storage_offset() for i in self.shared) != self.shared_offsets:
             raise AliasingChanged(_first_difference(classes, self.storage_classes))
@@ -143,7 +153,7 @@ def refuse_aliased_subclass_parts(inputs: Sequence[torch.Tensor], mutated: Seque
     owners: dict[int, list[int]] = {}
     for i, t in enumerate(inputs):
         for part in subclasses.unwrap(t):
-            owners.setdefault(part.untyped_storage()._cdata, []).append(i)
+            owners.setdefault(storage_key(part), []).append(i)
     for group in owners.values():
         if len(group) > 1 and any(i in mutated for i in group) and \
                 any(subclasses.is_subclass(inputs[i]) for i in group):
@@ -154,7 +164,7 @@ def alias_pattern(inputs: Sequence[torch.Tensor]) -> tuple:
     """A hashable summary of how `inputs` alias: storages, offsets and autograd bases."""
     storages: dict[int, int] = {}
     roots: dict[int, int] = {}
-    return tuple((storages.setdefault(t.untyped_storage()._cdata, i), t.storage_offset(),
+    return tuple((storages.setdefault(storage_key(t), i), t.storage_offset(),
                   roots.setdefault(id(_root(t)), i)) for i, t in enumerate(inputs))
 
 
@@ -170,7 +180,7 @@ def plan_aliasing(inputs: Sequence[torch.Tensor], info: FunctionInfo) -> InputAl
     if subs:
         refuse_aliased_subclass_parts(inputs, mutated)
     first: dict[int, int] = {}
-    classes = tuple(first.setdefault(t.untyped_storage()._cdata, i) for i, t in enumerate(inputs))
+    classes = tuple(first.setdefault(storage_key(t), i) for i, t in enumerate(inputs))
     shared = tuple(i for i, c in enumerate(classes) if classes.count(c) > 1)
     groups = tuple(_group(inputs, info, members) for members in _overlapping(inputs, classes)
                    if any(info.inputs[i].mutated for i in members))
@@ -388,6 +398,16 @@ def _root(t: torch.Tensor) -> torch.Tensor:
 
 def _geometry(t: torch.Tensor) -> Geometry:
     return analysis._geometry(t)
+
+
+def _sharing(inputs: Sequence[torch.Tensor]) -> list[int]:
+    """Two inputs on one storage."""
+    first: dict[int, int] = {}
+    for i, t in enumerate(inputs):
+        j = first.setdefault(storage_key(t), i)
+        if j != i:
+            return [j, i]
+    return []
 
 
 def _first_difference(observed: tuple[int, ...], expected: tuple[int, ...]) -> list[int]:
