@@ -122,7 +122,7 @@ class InputAliasing:
             refuse_aliased_subclass_parts(inputs, self.mutated)
         if not self.groups:
             return inputs
-        return inputs + [g.base(inputs) for g in self.groups]
+        return [*inputs, *(g.base(inputs) for g in self.groups)]  # inputs may be a tuple
 
 
 class AliasingChanged(NotImplementedError):
