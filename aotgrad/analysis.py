@@ -134,7 +134,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
             torch._sync(inner)
     inputs = tuple(_input_info(f, a.requires_grad, leaf, b, v)
                    for f, a, leaf, b, v in zip(f_args, fake_args, is_leaf, before, versions))
-    outputs, num_bases = _classify_outputs(outs, f_args)
+    outputs, num_bases = _classify_outputs(outs, f_args, box.input_aliases)
     _refuse_leaves_made_inside(outs, outputs)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
     values = graph_outputs(info, f_args, outs)
@@ -222,7 +222,8 @@ def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool, before: tup
     if any(torch._functionalize_was_storage_changed(t) for t in inner):
         raise NotImplementedError(
             "aotgrad: the function calls set_() on an input; swapping an input's storage is "
-            "not supported yet. Call set_ outside the compiled function.")
+            "not supported yet. Call set_ outside the compiled function (return the new "
+            "tensor and set_ the input to it after the call), or copy_ the new values in.")
     return InputInfo(
         requires_grad=requires_grad,
         is_leaf=is_leaf,
@@ -283,9 +284,10 @@ def _geometry(t: torch.Tensor) -> Geometry:
     return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
 
-def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any]):
+def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Sequence = ()):
     """Each output's kind, and the intermediate bases the graph must return as well."""
     input_index = {id(a): i for i, a in enumerate(f_args)}
+    input_index.update((id(t), i) for t, i in aliases)
     first_seen: dict[int, int] = {}
     plain_index: dict[int, int] = {}
     for i, o in enumerate(outs):

@@ -16,6 +16,7 @@ import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
 from . import subclasses
+from .aliasing import AliasingChanged, alias_pattern
 from .backends import resolve_backend
 from .capture import flatten
 from .budget import budget_partition
@@ -70,7 +71,10 @@ class CompiledFunction:
         if not kwargs:
             for guard, call in self.guarded:
                 if guard(args):
-                    return call.run(args)
+                    try:
+                        return call.run(args)
+                    except AliasingChanged:  # a later entry may be this aliasing's variant
+                        continue
         return self._call_by_signature(args, kwargs)
 
     def _call_by_signature(self, args: tuple, kwargs: dict):
@@ -81,12 +85,25 @@ class CompiledFunction:
         key = (shape, signature(flat))
         call = self.entries.get(key)
         if call is None:
-            if len(self.entries) >= self.max_entries:
+            call = self._compile(key, shape, flat, args, kwargs)
+            if call is None:
                 return self._over_cap(args, kwargs)
-            spec = shape if not isinstance(shape, int) else flatten((args, {}))[1]
-            call = self.entries[key] = compile_call(self.fn, flat, spec, self.options)
-            self._add_guard(flat, call, flat_call=isinstance(shape, int))
-        return call.unflatten(call(flat))
+        try:
+            return call.unflatten(call(flat))
+        except AliasingChanged:  # same signature, inputs aliased differently: a variant
+            key = (key, alias_pattern([t for t in flat if isinstance(t, torch.Tensor)]))
+            call = self.entries.get(key) or self._compile(key, shape, flat, args, kwargs)
+            if call is None:
+                return self._over_cap(args, kwargs)
+            return call.unflatten(call(flat))
+
+    def _compile(self, key, shape, flat, args, kwargs) -> CompiledCall | None:
+        if len(self.entries) >= self.max_entries:
+            return None
+        spec = shape if not isinstance(shape, int) else flatten((args, {}))[1]
+        call = self.entries[key] = compile_call(self.fn, flat, spec, self.options)
+        self._add_guard(flat, call, flat_call=isinstance(shape, int))
+        return call
 
     def _add_guard(self, flat: list, call: CompiledCall, flat_call: bool) -> None:
         plan = plan_guard(flat, call) if flat_call else None

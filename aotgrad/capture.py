@@ -79,6 +79,9 @@ class OutputBox:
     """Receives the output tree spec of the user function the first time it runs."""
 
     spec: pytree.TreeSpec | None = None
+    # (tensor, graph input index): tensors made inside the function that stand for an input
+    # (the views `aliasing` regenerates aliased inputs as).
+    input_aliases: Sequence[tuple[torch.Tensor, int]] = ()
 
 
 def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
@@ -128,18 +131,37 @@ def functional_mode():
 
     The caller's saved-tensor hooks (save_on_cpu, ...) are for the values the compiled
     forward saves at run time, not for the fake values tracing saves: identity hooks
-    shadow them meanwhile."""
+    shadow them meanwhile. They check the version counter as autograd does without hooks:
+    a saved view must not be read after a mutation through an alias, whose new value
+    functionalization would hand out instead of raising as eager does."""
     mode = CheckingFunctionalMode()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(_same, _same), mode:
+        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack), mode:
             yield mode
     except AssertionError as e:
         if "Could not find a token for effect" not in str(e):
             raise
         raise refuse_effectful_op(e) from e
+    except RuntimeError as e:
+        if "Attempted to set the storage of a tensor" not in str(e):
+            raise
+        raise NotImplementedError(
+            "aotgrad: tracing lost a tensor's storage, as PyTorch's functionalization does "
+            "when a view of a tensor grown by resize_() inside the function is taken "
+            f"({e}). Resize the tensor before calling the compiled function.") from e
 
 
-def _same(t):
+def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    return t, None if t.is_inference() else t._version
+
+
+def _unpack(saved: tuple[torch.Tensor, int | None]) -> torch.Tensor:
+    t, version = saved
+    if version is not None and t._version != version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: a tensor of shape {list(t.shape)} is at version {t._version}; "
+            f"expected version {version} instead.")
     return t
 
 

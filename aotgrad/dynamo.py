@@ -12,6 +12,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from .aliasing import AliasingChanged
 from .backends import resolve_backend
 from .api import CompiledFunction, choose_partitioner
 from .pipeline import Options, compile_call
@@ -35,9 +36,15 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         num_params = _num_leading_parameters(flat)
         call = compile_call(gm, flat, in_spec, replace(options, num_params_buffers=num_params))
         run_call = call.run
+        # Dynamo does not guard on how inputs alias; a call aliased differently from the
+        # example inputs compiles again, as aotgrad.compile does.
+        realiased = CompiledFunction(gm, options)
 
         def run(*args):
-            return run_call(args)
+            try:
+                return run_call(args)
+            except AliasingChanged:
+                return realiased(*args)
 
         run.artifact = call.artifact
         return run

@@ -27,6 +27,9 @@ def export_module(mod: torch.nn.Module, args: Sequence[Any], decompositions,
     flat_args, in_spec = pytree.tree_flatten((tuple(flat), {}))
     c = capture_and_analyze(forward, flat_args, in_spec)
     info = c.info
+    if c.aliasing is not None and c.aliasing.groups:
+        raise NotImplementedError("aot_export_module: inputs that share memory are mutated; "
+                                  "an exported graph takes independent inputs. Pass clones.")
     if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
         raise RuntimeError("aot_export_module: an output aliases an input or another output; "
                            "return a fresh tensor (e.g. .clone()).")

@@ -94,8 +94,11 @@ def _addressed_and_mutated(call: CompiledCall) -> tuple[list[int], list[int]]:
     """Flat positions of the inputs that outputs alias or that are mutated (addressed by
     absolute geometry at run time), and of the mutated ones."""
     info, positions = call.plan.info, call.plan.graph_input_positions
+    # Graph inputs past the arguments are the bases of aliased mutated inputs (aliasing.py):
+    # the aliasing check of each call covers them and their members' offsets.
     aliased = {o.source for o in info.outputs
-               if o.kind in (OutputKind.INPUT, OutputKind.VIEW_OF_INPUT)}
+               if o.kind in (OutputKind.INPUT, OutputKind.VIEW_OF_INPUT)
+               and o.source < len(positions)}
     mutated = [i for i, x in enumerate(info.inputs) if x.mutated]
     addressed = sorted(aliased | set(mutated))
     return [positions[i] for i in addressed], [positions[i] for i in mutated]

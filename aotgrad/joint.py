@@ -23,7 +23,7 @@ from . import subclasses
 from .analysis import FunctionInfo, graph_outputs
 from .capture import from_functional, functional_mode, to_functional
 from .effects import BACKWARD
-from .tables import NO_OP_AT_RUNTIME
+from .tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
 
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
 OVERWRITTEN = "aotgrad_overwritten"  # node.meta key on primals the runtime mutates
@@ -95,6 +95,33 @@ def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo,
                for _ in subclasses.unwrap(a)]
     for node, flag in zip(primals, mutated):
         node.meta[OVERWRITTEN] = flag
+
+
+def snapshot_overwritten_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Make every read of an input the runtime overwrites go through one copy of it.
+
+    The trace reads such inputs through a clone; a backend's passes may drop that clone as a
+    no-op and read the input itself, which the partitioner then can neither save (the
+    runtime overwrites it) nor recompute from. A fresh clone restores the snapshot."""
+    graph = gm.graph
+    for node in [n for n in graph.nodes if n.op == "placeholder" and n.meta.get(OVERWRITTEN)]:
+        readers = [u for u in node.users if not _snapshots_or_writes(u, node)]
+        if not readers:
+            continue
+        with graph.inserting_after(node):
+            snapshot = graph.call_function(torch.ops.aten.clone.default, (node,))
+        snapshot.meta["val"] = node.meta["val"]
+        for user in readers:
+            user.replace_input_with(node, snapshot)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _snapshots_or_writes(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """A clone of `node`, or the graph's own copy of a new value into it."""
+    return user.target is torch.ops.aten.clone.default or (
+        user.target in ALLOWED_INPUT_MUTATIONS and user.args[0] is node)
 
 
 def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],

@@ -15,13 +15,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import analysis, capture, joint, subclasses
+from . import aliasing, analysis, capture, joint, subclasses
 from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
 from .partition import default_partition
-from .runtime import CompiledCall, RuntimePlan, aliased_mutation_error
+from .runtime import CompiledCall, RuntimePlan
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
 from .verify import verify, verify_partition
 
@@ -94,6 +93,7 @@ class Captured:
     fake_mode: Any
     fakes: list
     info: analysis.FunctionInfo
+    aliasing: aliasing.InputAliasing | None = None  # the graph takes a base per alias group
 
 
 def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
@@ -108,8 +108,11 @@ def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.
         graph_fn = capture.flat_graph_fn(fn, layout, box)
     with timer("analysis"):
         info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box, fake_mode)
-        _check_mutated_inputs_do_not_alias(inputs, info)
-    return Captured(graph_fn, layout, inputs, fake_mode, fakes, info)
+        alias = aliasing.plan_aliasing(inputs, info)
+        if alias is not None and alias.groups:
+            graph_fn, fakes, info = aliasing.analyze_merged(graph_fn, inputs, fakes, fake_mode,
+                                                            box, alias)
+    return Captured(graph_fn, layout, inputs, fake_mode, fakes, info, alias)
 
 
 def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
@@ -135,7 +138,7 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
     _attach(gm, "inference", options, _plain_range(edge, info))
     with timer("compile_forward"):
         compiled = _compile(options.backend.inference_compiler, gm)
-    plan = _plan(info, c.layout, info.num_graph_outputs, copied_in_graph=copied)
+    plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=copied)
     return _with_subclasses(edge, CompiledCall(plan, compiled, None, Artifact(info, gm)))
 
 
@@ -145,6 +148,8 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         joint_gm = joint.trace_joint(c.graph_fn, info, c.fakes, c.fake_mode,
                                      options.backend.decompositions)
         joint_gm = _backend_passes(options.backend, joint_gm)
+        aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
+        joint.snapshot_overwritten_inputs(joint_gm)
     edge = _boundary(c, joint_gm, info.mutations_in_graph)
     n = joint_gm.meta[joint.JOINT_FW_OUTPUTS]  # plain forward outputs
     with timer("partition"):
@@ -157,7 +162,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     restride_saved(fw, bw, n)
     with timer("compile_backward"):
         compiled_bw = _compile(options.backend.bw_compiler, bw)
-    plan = _plan(info, c.layout, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
+    plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
         plan,
@@ -221,16 +226,17 @@ def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) 
             node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
 
 
-def _plan(info: analysis.FunctionInfo, layout: capture.CallLayout, num_fw_outputs: int,
+def _plan(info: analysis.FunctionInfo, c: Captured, num_fw_outputs: int,
           copied_in_graph: tuple[int, ...]) -> RuntimePlan:
     return RuntimePlan(
         info=info,
-        graph_input_positions=layout.first_position,
+        graph_input_positions=c.layout.first_position,
         num_fw_outputs=num_fw_outputs,
         tangent_outputs=tuple(i for i, d in enumerate(info.differentiable) if d),
         non_differentiable=tuple(i for i, d in enumerate(info.differentiable) if not d),
         copied_in_graph=copied_in_graph,
         disable_autocast=torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"),
+        aliasing=c.aliasing,
     )
 
 
@@ -243,14 +249,3 @@ def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
     example_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     set_graph_being_compiled(gm.meta[GRAPH_INFO].role)
     return as_boxed(compiler(gm, example_inputs))
-
-
-def _check_mutated_inputs_do_not_alias(inputs: Sequence[torch.Tensor],
-                                       info: analysis.FunctionInfo) -> None:
-    storages: dict[StorageWeakRef, list[int]] = {}
-    for i, t in enumerate(inputs):
-        for plain in subclasses.unwrap(t):  # a subclass shares memory through its parts
-            storages.setdefault(StorageWeakRef(plain.untyped_storage()), []).append(i)
-    for group in storages.values():
-        if len(group) > 1 and any(info.inputs[i].mutated for i in group):
-            raise aliased_mutation_error(sorted(set(group)))

@@ -16,6 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import subclasses
+from .aliasing import InputAliasing
 from .analysis import FunctionInfo, OutputInfo, OutputKind, regenerate_view
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class RuntimePlan:
     # overwritten before any use get a zero gradient and become fresh leaves instead.
     gradless_inputs: tuple[int, ...] = ()
     overwritten_inputs: tuple[int, ...] = ()
+    # The aliasing among the inputs that the graph assumes (None: no input is mutated, any
+    # aliasing is fine); the graph takes one more input per group of aliased inputs.
+    aliasing: InputAliasing | None = None
 
     @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
@@ -126,8 +130,8 @@ class CompiledCall:
 
     def __call__(self, flat_args: Sequence[Any]) -> list[Any]:
         inputs = self._gather(flat_args)
-        if self._mutated:
-            _refuse_aliased_mutations(inputs, self._mutated)
+        if self.plan.aliasing is not None:
+            inputs = self.plan.aliasing.graph_inputs(inputs)
         if self._versioned:
             versions = [inputs[i]._version for i, _ in self._versioned]
         with _autocast_off(self.plan.disable_autocast):
@@ -301,8 +305,13 @@ _set_version_counters = _version_setter()
 
 def _restore_metadata(i: int, geometry, hidden: bool) -> Callable:
     size, stride, offset = geometry
+    # Elements the final geometry spans: more than the storage holds after a growing resize_.
+    extent = offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
 
     def step(inputs, raw):
+        storage = inputs[i].untyped_storage()
+        if storage.nbytes() < extent * inputs[i].element_size():
+            storage.resize_(extent * inputs[i].element_size())  # as eager's resize_ does
         with _grad_hidden(hidden):
             inputs[i].as_strided_(size, stride, offset)
     return step
@@ -318,28 +327,6 @@ def _copy_back(i: int, k: int, hidden: bool, bumps_version: bool) -> Callable:
             with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(inputs[i]):
                 inputs[i].copy_(raw[k])
     return step
-
-
-def _refuse_aliased_mutations(inputs: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
-    """The graph was compiled for independent inputs; a later call must not alias a mutated
-    one (views of one base). Aliasing through .data or set_() is not seen."""
-    if all([t._base is None for t in inputs]):  # the common case: distinct tensors, no views
-        return
-    bases = {id(inputs[i]._base if inputs[i]._base is not None else inputs[i]): i
-             for i in mutated}
-    for j, t in enumerate(inputs):
-        i = bases.get(id(t._base if t._base is not None else t), j)
-        if i != j:
-            raise aliased_mutation_error(sorted((i, j)))
-
-
-def aliased_mutation_error(inputs: Sequence[int]) -> NotImplementedError:
-    what = (f"inputs {list(inputs)}" if len(inputs) > 1
-            else f"the inner tensors of input {inputs[0]} (a tensor subclass)")
-    return NotImplementedError(
-        f"aotgrad: {what} share memory and at least one of them is mutated "
-        "inside the function; mutating aliased inputs is not supported yet. Pass "
-        "independent tensors (e.g. .clone()) or move the mutation outside.")
 
 
 def _grad_hidden(hidden: bool):

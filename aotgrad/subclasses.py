@@ -260,7 +260,7 @@ class Boundary:
 def _refuse_aliased_parts(inputs: Sequence, mutated: Sequence[int]) -> None:
     """The graph was compiled for a mutated subclass whose parts alias nothing else (the
     call's signature tells apart parts that are the same tensor, not views of one base)."""
-    from .runtime import aliased_mutation_error
+    from .aliasing import aliased_mutation_error
     owner: dict[int, int] = {}
     for i, t in enumerate(inputs):
         for p in unwrap(t):

@@ -579,7 +579,7 @@ def mutate_nonleaf_input_return_it(x):
     return x
 
 
-@case(lambda: call(nonleaf(3), leaf(3)))
+@case(lambda: call(nonleaf(3), leaf(3)), tags={INDUCTOR})  # Inductor drops the input's clone
 def mutate_nonleaf_input_with_grad_value(x, w):
     x.mul_(w)
     return x.sum()
@@ -715,6 +715,22 @@ def mutate_leaf_through_detach(x):
     return x * 3
 
 
+@case(lambda: call(leaf(3, 4), const(3, 4)))
+def sgd_step_under_no_grad(w, x):
+    g = w * 2  # a value that requires grad, as a gradient would with create_graph
+    with torch.no_grad():
+        w.add_(-0.1 * g)
+    return (w * x).sum()
+
+
+@case(lambda: call(nonleaf(3, 4), leaf(4)))
+def mutate_input_after_saving_its_view(x, w):
+    # mul saves the view x[0]; the mutation of x changes it: eager's backward raises.
+    z = (x[0] * w).sum()
+    x.mul_(2)
+    return z
+
+
 @case(lambda: call(leaf(3)))
 def mutate_leaf_through_data(x):
     x.data.add_(1)
@@ -817,6 +833,20 @@ def as_strided_on_input(x):
 def resize_on_input(x):
     x.resize_(3, 2)
     return x * 2
+
+
+@case(lambda: call(const(2, 3)))
+def resize_grows_input(x):
+    x.resize_(4, 3)
+    x.fill_(2.0)
+    return x * 2
+
+
+@case(lambda: call(const(2, 3)))
+def resize_grows_input_then_view_written(x):
+    x.resize_(3, 3)
+    x[2] = 1.0
+    return x.sum()
 
 
 @case(lambda: call(const(2, 3), const(6)))

@@ -55,8 +55,6 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 PLAIN_DOORS = ("compat-nop", "compile-eager", "compile-inductor")
 WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor")
 REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
-    "aliased_inputs_one_mutated": (WITH_DYNAMO, "share memory and at least one of them is mutated"),
-    "inputs_alias_only_on_second_call": (WITH_DYNAMO, "share memory and at least one"),
     "double_backward_gradient_penalty": (WITH_DYNAMO, "double backward"),
     "double_backward_tanh_mlp": (WITH_DYNAMO, "double backward"),
     "requires_grad_on_input": (PLAIN_DOORS, "changes requires_grad of an input"),
@@ -65,10 +63,12 @@ REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "item_float_output": (PLAIN_DOORS, "depends on tensor data"),
     "data_dependent_shape": (PLAIN_DOORS, "depends on tensor data"),
     "set_on_input": (PLAIN_DOORS, "set_"),
+    "resize_grows_input_then_view_written": (PLAIN_DOORS, "resize_"),
     "buffer_reassigned": (PLAIN_DOORS, "assigns a new tensor"),
     # The joint graph runs autograd while compiling, so eager's error at .backward() comes
     # earlier, at the call.
     "mutate_saved_nonleaf_backward_raises": (WITH_DYNAMO, "modified by an inplace operation"),
+    "mutate_input_after_saving_its_view": (WITH_DYNAMO, "modified by an inplace operation"),
 }
 
 

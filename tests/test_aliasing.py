@@ -1,0 +1,397 @@
+"""Mutated inputs that alias each other, through the three front doors, against eager.
+
+Each case is a harness `Case`: fresh inputs per run, outputs, inputs after the call (values,
+version counters, `_base`), gradients and errors compared, two calls (the second cached).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad.aliasing import AliasingChanged, BaseKind, overlaps
+from aotgrad.compat import aot_function, nop
+from harness import Case, call_index, check_case
+
+
+def nonleaf(*shape) -> torch.Tensor:
+    return torch.randn(*shape, requires_grad=True) * 1
+
+
+def const(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype)
+
+
+def dynamo_eager(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=aotgrad.backend(backend="eager"))
+
+
+DOORS = {
+    "compile-eager": lambda fn: aotgrad.compile(fn, backend="eager"),
+    "compat-nop": lambda fn: aot_function(fn, nop),
+    "dynamo-eager": dynamo_eager,
+}
+CASES: list[Case] = []
+
+
+def case(inputs, context="grad"):
+    def register(fn):
+        CASES.append(Case(fn.__name__, inputs, fn=fn, context=context))
+        return fn
+    return register
+
+
+# ---- an input and a view of it -----------------------------------------------------------
+
+def _tensor_and_flat_view(make):
+    def inputs():
+        x = make()
+        return (x, x.view(-1)), {}
+    return inputs
+
+
+@case(_tensor_and_flat_view(lambda: nonleaf(3, 4)))
+def view_mutated_base_read(x, flat):
+    flat.mul_(2)
+    return x.sin()
+
+
+@case(_tensor_and_flat_view(lambda: nonleaf(3, 4)))
+def base_mutated_view_read(x, flat):
+    x.add_(1)
+    return flat * flat
+
+
+@case(_tensor_and_flat_view(lambda: nonleaf(3, 4)))
+def both_mutated_by_each_other(x, flat):
+    x.mul_(flat.view(3, 4).exp())
+    flat[:4].add_(x[2].detach())
+    return x.sum(1)
+
+
+@case(_tensor_and_flat_view(lambda: const(3, 4)))
+def returns_the_members_and_views_of_them(x, flat):
+    flat.add_(1)
+    return flat, x[1], flat[2:5], x
+
+
+@case(_tensor_and_flat_view(lambda: nonleaf(3, 4)))
+def returns_views_of_members_requiring_grad(x, flat):
+    flat.mul_(3)
+    return x[0], flat[::2]
+
+
+# ---- two overlapping views of one base, the base not passed --------------------------------
+
+def _overlapping_rows(make):
+    def inputs():
+        base = make()
+        return (base[:2], base[1:3]), {}
+    return inputs
+
+
+@case(_overlapping_rows(lambda: nonleaf(4, 3)))
+def overlapping_views_one_mutated(a, b):
+    a.mul_(2)
+    return b.sum(0) + a.sum(0)
+
+
+def _base_row_and_weight():
+    base = const(3, 4)
+    return (base, base[0], torch.randn(4, requires_grad=True)), {}
+
+
+@case(_base_row_and_weight)
+def no_grad_row_mutated_by_grad_value(base, row, w):
+    row.mul_(w)  # row and base now require grad, as in eager
+    return base.sum(0)
+
+
+@case(_overlapping_rows(lambda: const(4, 3)))
+def overlapping_views_both_mutated(a, b):
+    a.add_(1)
+    b.mul_(a.sum())
+    return a * b
+
+
+def _column_and_row():
+    base = nonleaf(3, 4)
+    return (base[:, 1], base[2], torch.randn(4, requires_grad=True)), {}
+
+
+@case(_column_and_row)
+def column_and_row_mutated_by_grad_value(col, row, w):
+    row.mul_(w)
+    return col * 2
+
+
+def _transposed_base():
+    base = torch.randn(4, 3, requires_grad=True).t() * 1  # not a view, not contiguous
+    return (base[0], base[:, 1]), {}
+
+
+@case(_transposed_base)
+def base_not_contiguous(row, col):
+    col.mul_(2)
+    return row.exp() * row
+
+
+def _offset_base():
+    storage = torch.randn(20).untyped_storage()
+    base = torch.empty(0).set_(storage, 3, (12,), (1,))  # not a view, at a storage offset
+    return (base[:6], base[4:]), {}
+
+
+@case(_offset_base)
+def base_with_storage_offset(a, b):
+    b.mul_(2)
+    return a.exp()
+
+
+# ---- views with another dtype --------------------------------------------------------------
+
+def _float_and_int_view():
+    x = const(3, 4)
+    return (x, x.view(torch.int32)), {}
+
+
+@case(_float_and_int_view)
+def view_with_other_dtype_mutated(x, bits):
+    bits.bitwise_and_(0x7FFFFFFF)  # clears the sign bit: x becomes abs(x)
+    return x * 2
+
+
+@case(_float_and_int_view)
+def base_mutated_read_as_other_dtype(x, bits):
+    x.neg_()
+    return bits >> 31, bits
+
+
+def _float_and_bytes():
+    x = const(2, 4)
+    return (x, x.view(torch.uint8)), {}
+
+
+@case(_float_and_bytes)
+def view_with_smaller_dtype_mutated(x, raw):
+    raw[:, 3::4].zero_()  # the top byte of each float
+    return x.clone()
+
+
+# ---- views that do not overlap: no synthetic base ----------------------------------------------
+
+def _two_rows():
+    base = nonleaf(3, 4)
+    return (base[0], base[2]), {}
+
+
+@case(_two_rows)
+def disjoint_rows_one_mutated(a, b):
+    a.mul_(b)
+    return b * 2
+
+
+def _interleaved_columns():
+    base = const(3, 4)
+    return (base[:, 0::2], base[:, 1::2]), {}
+
+
+@case(_interleaved_columns)
+def interleaved_columns_one_mutated(a, b):
+    a.add_(b)
+    return b.sum()
+
+
+# ---- hidden mutations and leaves ---------------------------------------------------------------
+
+def _leaf_and_its_row():
+    w = torch.randn(3, 4, requires_grad=True)
+    return (w, w[0], const(4)), {}
+
+
+@case(_leaf_and_its_row)
+def row_of_leaf_updated_under_no_grad(w, row, g):
+    with torch.no_grad():
+        row.add_(-0.1 * g)
+    return (w * 2).sum()
+
+
+@case(_leaf_and_its_row)
+def row_of_leaf_updated_visibly_raises(w, row, g):
+    row.add_(g)
+    return w.sum()
+
+
+def _tensor_and_data():
+    x = const(3)
+    return (x, x.data), {}
+
+
+@case(_tensor_and_data)
+def aliased_through_data(x, d):
+    d.add_(1)
+    return x * 2
+
+
+def _tensor_and_set():
+    x = const(6)
+    alias = torch.empty(0).set_(x.untyped_storage(), 2, (4,), (1,))
+    return (x, alias), {}
+
+
+@case(_tensor_and_set)
+def aliased_through_set(x, alias):
+    x.mul_(3)
+    return alias + 1
+
+
+def _detached_or_not():
+    x = const(4)
+    if call_index() == 0:
+        return (x, const(4)), {}
+    return (x, x.detach()), {}  # the same memory, no _base: only storage identity shows it
+
+
+@case(_detached_or_not)
+def aliasing_through_detach_on_second_call(x, y):
+    x.add_(1)
+    return y * 2
+
+
+def _grad_data_alias():
+    x = torch.randn(3, requires_grad=True)
+    return (x, x.data), {}
+
+
+# The inference path: the same functions called under no_grad.
+CASES += [Case(f"{c.name}_no_grad", c.inputs, fn=c.fn, context="no_grad") for c in CASES
+          if c.name in ("view_mutated_base_read", "overlapping_views_both_mutated",
+                        "view_with_other_dtype_mutated")]
+ALL = {c.name: c for c in CASES}
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("name", ALL)
+def test_matches_eager(name, door):
+    check_case(ALL[name], DOORS[door])
+
+
+def test_matches_eager_with_inductor():
+    check_case(ALL["both_mutated_by_each_other"], lambda f: aotgrad.compile(f, backend="inductor"))
+
+
+# ---- what was compiled --------------------------------------------------------------------
+
+def _aliasing(compiled, *args):
+    compiled(*args)
+    (entry,) = compiled.entries.values()
+    return entry.plan.aliasing
+
+
+def test_overlap_is_exact_for_strided_views():
+    base = torch.zeros(4, 6)
+    assert not overlaps(base[:, 0::2], base[:, 1::2])
+    assert overlaps(base[:, 0::2], base[1])
+    assert not overlaps(base[0], base[1])
+    assert overlaps(base.view(torch.uint8)[0, 3::4], base[0, 1:2])
+
+
+def test_disjoint_views_need_no_base():
+    base = torch.zeros(4, 6)
+    compiled = aotgrad.compile(ALL["interleaved_columns_one_mutated"].fn, backend="eager")
+    aliasing = _aliasing(compiled, base[:, 0::2], base[:, 1::2])
+    assert aliasing.groups == () and aliasing.shared == (0, 1)
+
+
+def test_common_base_is_the_synthetic_base():
+    compiled = aotgrad.compile(ALL["view_mutated_base_read"].fn, backend="eager")
+    x = torch.randn(3, 4)
+    (group,) = _aliasing(compiled, x, x.view(-1)).groups
+    assert group.kind is BaseKind.ROOT and [m.input for m in group.members] == [0, 1]
+    (a, b), _ = _offset_base()
+    (group,) = _aliasing(aotgrad.compile(ALL["base_with_storage_offset"].fn, backend="eager"),
+                         a, b).groups
+    assert group.kind is BaseKind.ROOT_SPAN and group.base_geometry == ((15,), (1,), 0)
+
+
+def test_no_check_when_nothing_is_mutated():
+    compiled = aotgrad.compile(lambda a, b: a + b, backend="eager")
+    x = torch.randn(3)
+    assert _aliasing(compiled, x, x) is None
+
+
+def test_aliasing_change_compiles_a_variant_and_reuses_it():
+    fn = ALL["aliasing_through_detach_on_second_call"].fn
+    compiled = aotgrad.compile(fn, backend="eager")
+    x, y = torch.zeros(3), torch.zeros(3)
+    compiled(x, y)
+    for _ in range(2):
+        x = torch.zeros(3)
+        torch.testing.assert_close(compiled(x, x.detach()), torch.full((3,), 2.0))
+        torch.testing.assert_close(x, torch.ones(3))
+    assert len(compiled.entries) == 2
+
+
+def test_fixed_graph_refuses_changed_aliasing():
+    from aotgrad.compat import aot_module_simplified
+
+    class Bump(torch.nn.Module):
+        def forward(self, x, y):
+            x.add_(1)
+            return y * 2
+    x = torch.zeros(3)
+    forward = aot_module_simplified(Bump(), [x, torch.zeros(3)], nop)
+    with pytest.raises(AliasingChanged, match="share memory differently"):
+        forward(x, x.data)
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_data_alias_of_input_requiring_grad_is_refused(door):
+    def f(x, d):
+        d.add_(1)
+        return x * 2
+    with pytest.raises(Exception, match="share no autograd base"):
+        DOORS[door](f)(*_grad_data_alias()[0])
+
+
+@pytest.mark.parametrize("door", ["compile-eager", "compat-nop"])  # Dynamo runs t_() itself
+def test_metadata_mutation_of_aliased_input_is_refused(door):
+    def f(x, flat):
+        x.t_()
+        return flat * 2
+    x = torch.randn(3, 4)
+    with pytest.raises(NotImplementedError, match="shape or strides"):
+        DOORS[door](f)(x, x.view(-1))
+
+
+def test_export_refuses_aliased_mutated_inputs():
+    from aotgrad.compat import aot_export_module
+
+    class Bump(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(3))
+
+        def forward(self, x):
+            x.add_(1)
+            return self.count * 2
+    module = Bump()
+    with pytest.raises(NotImplementedError, match="share memory"):
+        aot_export_module(module, [module.count.view(-1)], trace_joint=False)
+
+
+def test_subclass_sharing_memory_with_a_mutated_input_is_refused():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x, t):
+        x.add_(1)
+        return t * 2
+    compiled = aotgrad.compile(f, backend="eager")
+    compiled(torch.zeros(3), TwoTensor(torch.zeros(3), torch.zeros(3)))  # independent
+    x = torch.zeros(3)
+    with pytest.raises(NotImplementedError, match=r"inputs \[0, 1\] share memory"):
+        compiled(x, TwoTensor(x, torch.zeros(3)))  # the same signature, aliased
+    with pytest.raises(NotImplementedError, match=r"inputs \[0, 1\] share memory"):
+        aotgrad.compile(f, backend="eager")(x, TwoTensor(x, torch.zeros(3)))
