@@ -57,8 +57,8 @@ WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor")
 REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "aliased_inputs_one_mutated": (WITH_DYNAMO, "share memory and at least one of them is mutated"),
     "inputs_alias_only_on_second_call": (WITH_DYNAMO, "share memory and at least one"),
-    "double_backward_gradient_penalty": (WITH_DYNAMO, "double backward"),
-    "double_backward_tanh_mlp": (WITH_DYNAMO, "double backward"),
+    "double_backward_custom_function": (WITH_DYNAMO, "custom autograd.Function"),
+    "double_backward_dropout_train": (WITH_DYNAMO, "draws random numbers"),
     "requires_grad_on_input": (PLAIN_DOORS, "changes requires_grad of an input"),
     "fresh_leaf_created_inside": (PLAIN_DOORS, "returns a leaf tensor that requires grad"),
     "closure_over_grad_tensor": (PLAIN_DOORS, "not an input of the compiled function"),
