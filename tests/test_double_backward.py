@@ -301,3 +301,25 @@ def test_dropout_in_eval_mode_is_supported():
     gradient_penalty_step(eager, x.clone().requires_grad_())
     gradient_penalty_step(compile_eager(target), x.clone().requires_grad_())
     assert_same_grads(eager, target)
+
+
+def test_linalg_error_checks_stay_in_the_replay():
+    def f(a):
+        return torch.linalg.inv(a @ a.mT + torch.eye(3, dtype=a.dtype)).sum(0)
+    compiled = compile_eager(f)
+    a = leaf(3, 3)
+    assert gradgradcheck(compiled, (a,))
+    (call,) = compiled.entries.values()
+    targets = [n.target for n in call.double_backward.replay().gm.graph.nodes]
+    assert torch.ops.aten._linalg_check_errors.default in targets
+
+
+def test_tensor_subclass_inputs_are_refused():
+    from torch.testing._internal.two_tensor import TwoTensor
+    x = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_()
+    y = compile_eager(torch.sin)(x).sum()
+    with pytest.raises(NotImplementedError, match="tensor subclass"):
+        torch.autograd.grad(y, x, create_graph=True)
+    y = compile_eager(torch.sin)(x).sum()
+    y.backward()  # first order as before
+    assert isinstance(x.grad, TwoTensor)
