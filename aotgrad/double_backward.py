@@ -48,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .analysis import FunctionInfo, graph_outputs
 from .capture import fake_inputs
+from .codegen import python_function
 from .joint import fake_tangents, input_grads, mutable_copies
 from .tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE
 
@@ -69,12 +70,14 @@ def release_inputs(ctx) -> None:
 class Replay:
     """The graph that recomputes the input gradients differentiably, ready to run."""
 
-    gm: fx.GraphModule
+    gm: fx.GraphModule  # grad mode switches included (`switch_grad_modes`)
     inputs_read: frozenset[int]  # primals the graph reads: their versions are checked
+    fn: Callable[[list], list]  # the graph as straight-line Python (codegen.py)
 
-    def run(self, args: list) -> list:
-        with torch._C._DisableAutocast():  # the trace holds the call's autocast casts
-            return _GradModeInterpreter(self.gm).run(*args)
+    def run(self, args: Sequence[torch.Tensor]) -> list:
+        # The trace holds the call's autocast casts; the graph ends in the mode it began in.
+        with torch._C._DisableAutocast(), torch.enable_grad():
+            return self.fn(list(args))
 
 
 class DoubleBackward:
@@ -158,12 +161,6 @@ _FREED = (
     "without retain_graph. Specify retain_graph=True on the earlier backward.")
 
 
-class _GradModeInterpreter(fx.Interpreter):
-    def run_node(self, n: fx.Node) -> Any:
-        with torch.set_grad_enabled(n.meta.get(GRAD_ENABLED, True)):
-            return super().run_node(n)
-
-
 # ---- tracing -------------------------------------------------------------------------------
 
 def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
@@ -190,12 +187,14 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
     remove_unused(gm.graph)
     refuse_random_ops(gm.graph)
     refuse_old_values_of_mutated_inputs(gm.graph, info)
-    gm.recompile()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     # A mutated input's value is not read (refused above otherwise), only cloned: the
     # version its own mutation gave it is fine.
-    replay = Replay(gm, frozenset(i for i, (p, x) in enumerate(zip(placeholders, info.inputs))
-                                  if p.users and not x.mutated))
+    read = frozenset(i for i, (p, x) in enumerate(zip(placeholders, info.inputs))
+                     if p.users and not x.mutated)
+    switch_grad_modes(gm.graph)
+    gm.recompile()
+    replay = Replay(gm, read, python_function(gm))
     with fake_mode:
         args = fake_inputs(fake_mode, fakes) + fake_tangents(info, fake_mode)
     refuse_other_history(replay, args, fake_mode, eager_history[0])
@@ -264,6 +263,18 @@ class _DataReads(TorchFunctionMode):
 
 _DATA_GETTER = torch.Tensor.data.__get__
 _GET_DATA_ATTR = torch._C._autograd._get_data_attr
+
+
+def switch_grad_modes(graph: fx.Graph) -> None:
+    """Set the grad mode before each op that ran under another one than the op before it
+    (the graph starts with grad mode on; the caller restores the mode after)."""
+    enabled = True
+    for node in list(graph.nodes):
+        wanted = node.meta.get(GRAD_ENABLED, True)
+        if node.op == "call_function" and wanted != enabled:
+            with graph.inserting_before(node):
+                graph.call_function(torch._C._set_grad_enabled, (wanted,))
+            enabled = wanted
 
 
 def drop_autograd_copies(graph: fx.Graph) -> None:
@@ -356,17 +367,30 @@ def refuse_other_history(replay: Replay, fake_args: list, fake_mode: Any,
 
 def autograd_fingerprint(tensors: Sequence[Any]) -> tuple:
     """The autograd graph behind `tensors`: each one's node, and a multiset of (node, the
-    nodes it leads to). A replay that records eager's history has the same fingerprint."""
-    roots = tuple(_grad_fn_name(t) for t in tensors)
+    nodes it leads to). A replay that records eager's history has the same fingerprint.
+
+    Clones are seen through: the clone that materializes a conjugate (or negative) view is
+    an op of the trace but not an autograd node in eager, and a clone's gradient is the
+    identity either way."""
+    roots = tuple(_names([t.grad_fn]) if isinstance(t, torch.Tensor) else () for t in tensors)
     edges = collections.Counter(
-        (node.name(), tuple(sorted(f.name() for f, _ in node.next_functions if f is not None)))
-        for node in autograd_nodes(tensors))
+        (node.name(), _names(f for f, _ in node.next_functions))
+        for node in autograd_nodes(tensors) if node.name() not in _IDENTITIES)
     return roots, edges
 
 
-def _grad_fn_name(t: Any) -> str | None:
-    grad_fn = getattr(t, "grad_fn", None)
-    return None if grad_fn is None else grad_fn.name()
+_IDENTITIES = frozenset({"CloneBackward0"})
+
+
+def _names(nodes) -> tuple[str, ...]:
+    """The nodes' names, looking through identities to the nodes behind them."""
+    names = []
+    for node in nodes:
+        if node is not None and node.name() in _IDENTITIES:
+            names += _names(f for f, _ in node.next_functions)
+        elif node is not None:
+            names.append(node.name())
+    return tuple(sorted(names))
 
 
 def autograd_nodes(tensors: Sequence[Any]):
