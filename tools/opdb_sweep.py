@@ -547,6 +547,8 @@ def check_sample_double_backward(op, sample, backend: str) -> None:
         raise Skip("no differentiable output")
     out = aotgrad.compile(fn, backend=backend)(*compiled_inputs)
     actual = second_order_grads(sample, out, compiled_inputs)
+    if actual is None:
+        raise Mismatch("mismatch: requires_grad", "no differentiable output when compiled")
     tolerance = DOUBLE_TOLERANCE.get(tensors[0].dtype if tensors else None, DEFAULT_TOLERANCE)
     compare_grad_lists(actual[0], expected[0], tolerance, "create_graph grad")
     compare_history(actual[0], expected[0])
