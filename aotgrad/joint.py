@@ -57,21 +57,26 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
     def joint(primals, tangents):
         with functional_mode() as mode:
             f_primals, f_tangents = to_functional(primals), to_functional(tangents)
-            args = _mutable_copies(info, f_primals)
+            args = mutable_copies(info, f_primals)
             outs = graph_outputs(info, *_call(graph_fn, args))
             mode.phase = BACKWARD
-            grads = _input_grads(outs, info.differentiable, f_primals, f_tangents)
+            grads = input_grads(outs, info.differentiable, f_primals, f_tangents)
         outs = [from_functional(o) for o in outs + grads]
         for i, k in in_graph.items():  # the forward output is then the updated input itself
             outs[k] = primals[i].copy_(outs[k])
         return outs
 
-    with fake_mode:
-        tangents = [_tangent(m) for m, d in zip(info.graph_output_metas, info.differentiable) if d]
+    tangents = fake_tangents(info, fake_mode)
     gm = _trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
     gm.meta[JOINT_FW_OUTPUTS] = _num_forward_outputs(gm, info)
     mark_overwritten_inputs(gm, info, fake_args)
     return gm
+
+
+def fake_tangents(info: FunctionInfo, fake_mode: FakeTensorMode) -> list[torch.Tensor]:
+    """One fake gradient per differentiable graph output."""
+    with fake_mode:
+        return [_tangent(m) for m, d in zip(info.graph_output_metas, info.differentiable) if d]
 
 
 def _tangent(meta) -> torch.Tensor:
@@ -132,7 +137,7 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
     def loss_joint(primals):
         with functional_mode() as mode:
             f_primals = to_functional(primals)
-            args, outs = _call(graph_fn, _mutable_copies(info, f_primals))
+            args, outs = _call(graph_fn, mutable_copies(info, f_primals))
             mode.phase = BACKWARD
             grads = torch.autograd.grad(outs[loss_output], [f_primals[i] for i in wrt],
                                         allow_unused=True)
@@ -144,7 +149,7 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
     return gm
 
 
-def _mutable_copies(info: FunctionInfo, f_primals: list) -> list:
+def mutable_copies(info: FunctionInfo, f_primals: list) -> list:
     """Mutate copies: each primal stays intact as the leaf gradients are taken for, and no
     saved-for-backward value is an input that the runtime later overwrites."""
     return [p.clone() if x.mutated else p for p, x in zip(f_primals, info.inputs)]
@@ -154,10 +159,12 @@ def _call(graph_fn: Callable, args: list) -> tuple[list, list]:
     return args, graph_fn(*args)
 
 
-def _input_grads(outs, differentiable, primals, tangents) -> list:
+def input_grads(outs, differentiable, primals, tangents, create_graph: bool = False) -> list:
+    """One gradient (or None) per primal, of the differentiable outputs weighted by tangents."""
     diff_outs = [o for o, d in zip(outs, differentiable) if d]
     wrt = [p for p in primals if p.requires_grad]
-    grads = iter(torch.autograd.grad(diff_outs, wrt, tangents, allow_unused=True) if wrt else ())
+    grads = iter(torch.autograd.grad(diff_outs, wrt, tangents, allow_unused=True,
+                                     create_graph=create_graph) if wrt else ())
     return [next(grads) if p.requires_grad else None for p in primals]
 
 

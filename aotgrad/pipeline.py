@@ -19,6 +19,7 @@ from torch import fx
 from . import aliasing, analysis, capture, joint, subclasses
 from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
+from .double_backward import DoubleBackward
 from .partition import default_partition
 from .runtime import CompiledCall, RuntimePlan
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
@@ -170,7 +171,23 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
+    call.double_backward = _double_backward(c, edge, fw, n)
     return _with_subclasses(edge, call)
+
+
+def _double_backward(c: Captured, edge: subclasses.Boundary, fw: fx.GraphModule,
+                     num_fw_outputs: int) -> DoubleBackward:
+    if not edge.is_plain:  # the replay would have to split and rebuild subclasses too
+        return DoubleBackward.refused("tensor subclass inputs or outputs")
+    return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode,
+                          saved_inputs(fw, num_fw_outputs))
+
+
+def saved_inputs(fw: fx.GraphModule, num_fw_outputs: int) -> list[int]:
+    """The graph inputs the forward saves for the backward as they are."""
+    primals = {n: i for i, n in enumerate(fw.graph.find_nodes(op="placeholder"))}
+    saved = fw.graph.output_node().args[0][num_fw_outputs:]
+    return [primals[n] for n in saved if n in primals]
 
 
 def _boundary(c: Captured, gm: fx.GraphModule, copied_in_graph) -> subclasses.Boundary:

@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 from . import subclasses
 from .aliasing import InputAliasing
 from .analysis import FunctionInfo, OutputInfo, OutputKind, regenerate_view
+from .double_backward import DoubleBackward, release_inputs
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -49,6 +50,7 @@ class CompiledGraph(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: "CompiledCall", *inputs):
+        call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
         outs = call.forward(list(inputs))
         plan = call.plan
         ctx.call = call
@@ -66,19 +68,17 @@ class CompiledGraph(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
-            raise RuntimeError(
-                "aotgrad: double backward (torch.autograd.grad(..., create_graph=True) or "
-                ".backward(create_graph=True)) through a compiled function is not supported "
-                "yet; compute the higher-order gradient outside the compiled function.")
         call = ctx.call
+        tangents = [_tangent(grads[i], call.plan.info.graph_output_metas[i])
+                    for i in call.plan.tangent_outputs]
+        if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
+            return (None, *call.double_backward.input_grads(ctx, tangents))
         args = list(ctx.saved_tensors)
         # Drop autograd's references (unless retain_graph) so that the backward, which may
         # clear its argument list, can free each saved value after its last use.
         ctx.maybe_clear_saved_tensors()
-        args += [_tangent(grads[i], call.plan.info.graph_output_metas[i])
-                 for i in call.plan.tangent_outputs]
-        return (None, *call.backward(args))
+        release_inputs(ctx)
+        return (None, *call.backward(args + tangents))
 
 
 def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:
@@ -107,6 +107,7 @@ class CompiledCall:
         self.forward = forward
         self.backward = backward
         self.artifact = artifact
+        self.double_backward: DoubleBackward | None = None  # set for training graphs
         self._mutations = _mutation_steps(plan)
         self._versioned = tuple((i, plan.info.inputs[i].version_bumps)
                                 for i in plan.copied_in_graph)

@@ -31,6 +31,22 @@ ALLOWED_INPUT_MUTATIONS = frozenset({
 })
 
 
+# Arguments whose values an op's outputs do not read when its `training` flag is True (or
+# always): batch norm in training mode normalizes with the batch's own statistics and only
+# updates the running ones (some schemas do not even mark the update: native_batch_norm).
+# op -> (argument names, position of the flag or None)
+_RUNNING_STATS = ("running_mean", "running_var")
+UNREAD_WHEN_TRAINING = {
+    aten.native_batch_norm.default: (_RUNNING_STATS, 5),
+    aten._native_batch_norm_legit.default: (_RUNNING_STATS, 5),
+    aten._batch_norm_with_update.default: (_RUNNING_STATS, None),
+    aten.cudnn_batch_norm.default: (_RUNNING_STATS, 5),
+    aten.miopen_batch_norm.default: (_RUNNING_STATS, 5),
+    aten.native_batch_norm_backward.default: (_RUNNING_STATS, 7),
+    aten.batch_norm_backward.default: (_RUNNING_STATS, 7),
+}
+
+
 # ---- rematerialization ---------------------------------------------------------------------
 
 class Recompute:

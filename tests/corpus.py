@@ -216,6 +216,23 @@ def custom_autograd_function(x):
     return StraightThroughRound.apply(x * 3) * x
 
 
+@case(lambda: call(leaf(4)), tags={"double_backward"})
+def double_backward_custom_function(x):
+    # Refused: the Function's forward runs outside autograd, so a replay loses its history.
+    return StraightThroughRound.apply(x * 3) * x
+
+
+@case(lambda: call(leaf(5)), tags={"double_backward"})
+def double_backward_detach_and_no_grad(x):
+    # detach, .data and no_grad regions cut second-order paths exactly where eager's do.
+    with torch.no_grad():
+        m = x.sum()
+    y = x * 2
+    with torch.no_grad():
+        y.add_(1)  # in place on a tensor with history, not recorded
+    return x * x.detach() * m + y.pow(2) + x * x.data + x.exp()
+
+
 @case(lambda: call(leaf(4)))
 def complex_intermediate(x):
     z = x * (1 + 2j)
@@ -1100,6 +1117,14 @@ def _tanh_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
 
 
+def _batchnorm_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Tanh(), nn.Linear(4, 1))
+
+
+def _dropout_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Tanh(), nn.Linear(4, 1))
+
+
 def _eval_from_second_call(module: nn.Module, call: int) -> None:
     if call == 1:
         module.eval()
@@ -1190,6 +1215,12 @@ module_case("returns_parameter_and_buffer_view", ReturnsState, lambda: call(leaf
 module_case("forward_hooks", _hooked_linear, lambda: call(leaf(3, 4)))
 module_case("double_backward_tanh_mlp", _tanh_mlp, lambda: call(leaf(3, 4)),
             tags=(INDUCTOR, "double_backward"))
+# BatchNorm in training mode mutates its running statistics; the gradients do not read them.
+module_case("double_backward_batchnorm_train", _batchnorm_mlp, lambda: call(leaf(6, 3)),
+            tags=("double_backward",))
+# Refused: a replay would draw a new dropout mask.
+module_case("double_backward_dropout_train", _dropout_mlp, lambda: call(leaf(6, 3)),
+            tags=("double_backward",))
 # Module state that changes between the two calls, as in a training loop.
 module_case("batchnorm_train_then_eval", lambda: nn.BatchNorm1d(4), lambda: call(leaf(6, 4)),
             before_call=_eval_from_second_call)

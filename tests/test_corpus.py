@@ -55,8 +55,8 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 PLAIN_DOORS = ("compat-nop", "compile-eager", "compile-inductor")
 WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor")
 REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
-    "double_backward_gradient_penalty": (WITH_DYNAMO, "double backward"),
-    "double_backward_tanh_mlp": (WITH_DYNAMO, "double backward"),
+    "double_backward_custom_function": (WITH_DYNAMO, "custom autograd.Function"),
+    "double_backward_dropout_train": (WITH_DYNAMO, "draws random numbers"),
     "requires_grad_on_input": (PLAIN_DOORS, "changes requires_grad of an input"),
     "fresh_leaf_created_inside": (PLAIN_DOORS, "returns a leaf tensor that requires grad"),
     "closure_over_grad_tensor": (PLAIN_DOORS, "not an input of the compiled function"),

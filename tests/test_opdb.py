@@ -42,26 +42,32 @@ class KnownFailure(Exception):
     other cause is a real failure, not an expected one."""
 
 
-def _param(op):
+def op_param(op, xfail: dict[str, str]):
     name = opdb_sweep.op_id(op)
     marks = []
-    if name in XFAIL:
-        marks.append(pytest.mark.xfail(strict=False, raises=KnownFailure, reason=XFAIL[name]))
+    if name in xfail:
+        marks.append(pytest.mark.xfail(strict=False, raises=KnownFailure, reason=xfail[name]))
     return pytest.param(op, id=name, marks=marks)
 
 
+def check_op(op, xfail: dict[str, str], pass_name: str = "static") -> None:
+    """One sample of `op` through the sweep's pass; a failure for its listed cause is known."""
+    result = opdb_sweep.run_op(op, samples=1, backend="eager", pass_name=pass_name)
+    if result.status == opdb_sweep.SKIPPED:
+        pytest.skip(result.reason)  # the sweep's verdict: eager raises, or not comparable
+    if result.status == opdb_sweep.FAILED and result.reason == xfail.get(result.op):
+        raise KnownFailure(result.reason)
+    assert result.status == opdb_sweep.PASSED, f"{result.reason}\n{result.detail}"
+
+
 # Random, uninitialized and float32-less ops are left out up front: nothing to compare.
-SAMPLE = [_param(op) for op in opdb_sweep.select_ops(every=CI_EVERY, comparable_only=True)]
+SAMPLE = [op_param(op, XFAIL)
+          for op in opdb_sweep.select_ops(every=CI_EVERY, comparable_only=True)]
 
 
 @pytest.mark.parametrize("op", SAMPLE)
 def test_op_matches_eager(op):
-    result = opdb_sweep.run_op(op, samples=1, backend="eager")
-    if result.status == opdb_sweep.SKIPPED:
-        pytest.skip(result.reason)  # the sweep's verdict: eager raises, or not comparable
-    if result.status == opdb_sweep.FAILED and result.reason == XFAIL.get(result.op):
-        raise KnownFailure(result.reason)
-    assert result.status == opdb_sweep.PASSED, f"{result.reason}\n{result.detail}"
+    check_op(op, XFAIL)
 
 
 # ---- the sweep's own tables stay true to op_db -----------------------------------------------

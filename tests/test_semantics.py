@@ -130,13 +130,6 @@ def test_save_on_cpu_keeps_gradients_right():
     torch.testing.assert_close(x.grad, x.exp() * (x + 1))
 
 
-def test_double_backward_is_refused():
-    x = torch.randn(3, requires_grad=True)
-    y = compile_eager(lambda x: x.sin().sum())(x)
-    with pytest.raises(RuntimeError, match="double backward"):
-        torch.autograd.grad(y, x, create_graph=True)
-
-
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_batchnorm_statistics_are_written_in_graph_with_eager_version_counters(backend):
     """BatchNorm's kernel updates its running statistics without bumping their version

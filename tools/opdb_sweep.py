@@ -6,8 +6,14 @@ random projection of the outputs must match eager. Ops that cannot be compared (
 eager raises, outputs that are not comparable) are skipped with a reason; every failure is
 filed under a cause by an ordered rule table, so the report reads as a to-do list.
 
+The `double_backward` pass instead compares second-order gradients, for the ops whose OpInfo
+supports gradgrad, in float64 where the op supports it: the first-order gradients taken with
+create_graph=True, then the gradients of a random projection of them. Several passes print
+their pass rates side by side.
+
     python -m tools.opdb_sweep --samples 1 --every 10
     python -m tools.opdb_sweep --ops add,nn.functional.conv2d --json /tmp/opdb.json
+    python -m tools.opdb_sweep --pass static,double_backward --samples 1 --every 4
 """
 
 from __future__ import annotations
@@ -104,6 +110,15 @@ FAILURE_RULES: tuple[tuple[str, str], ...] = (
     (r"data is not allocated yet", "data-dependent: a kernel reads tensor data at trace time"),
     (r"(?i)\bsparse\b.*\btensors?\b", "unsupported: sparse tensors"),
     (r"to view \w+ as \w+ \(different element sizes\)", "regenerate_view: dtype-changing view"),
+    (r"double backward .* draws random numbers", "refused: double backward of a random op"),
+    (r"double backward .* branches on tensor values", "refused: double backward, data-dependent"),
+    (r"double backward .* would not record the autograd history",
+     "refused: double backward, history a replay would not record"),
+    (r"linalg_eig_backward: The eigenvectors in the complex case",
+     "eig's phase check: the replay's and the forward's gradients arrive apart"),
+    (r"double backward .* custom autograd.Function",
+     "refused: double backward of a custom Function"),
+    (r"double backward .* mutates input", "refused: double backward, old value of a mutated input"),
 )
 
 # ---- results -------------------------------------------------------------------------------
@@ -125,6 +140,7 @@ class SweepResult:
     results: tuple[OpResult, ...]
     samples: int
     backend: str
+    pass_name: str = "static"
 
     def with_status(self, status: str) -> list[OpResult]:
         return [r for r in self.results if r.status == status]
@@ -140,12 +156,17 @@ class SweepResult:
         """Skips per category: the reason up to its first colon."""
         return collections.Counter(r.reason.split(":")[0] for r in self.with_status(SKIPPED))
 
+    def pass_rate(self) -> str:
+        passed = len(self.with_status(PASSED))
+        run = len(self.results) - len(self.with_status(SKIPPED))
+        return f"{passed} / {run} ({100 * passed / max(run, 1):.1f}%)"
+
     def summary(self) -> str:
         passed, failed = len(self.with_status(PASSED)), len(self.with_status(FAILED))
         run = passed + failed
         skips = ", ".join(f"{k} {n}" for k, n in self.skip_counts().most_common())
-        lines = [f"aotgrad OpInfo sweep: backend={self.backend}, samples={self.samples}, "
-                 f"ops={len(self.results)}",
+        lines = [f"aotgrad OpInfo sweep: pass={self.pass_name}, backend={self.backend}, "
+                 f"samples={self.samples}, ops={len(self.results)}",
                  f"passed {passed} / run {run} ({100 * passed / max(run, 1):.1f}%); "
                  f"skipped {len(self.results) - run} ({skips})",
                  f"failures by cause ({failed} ops in {len(self.failure_groups())} groups):"]
@@ -154,7 +175,7 @@ class SweepResult:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"samples": self.samples, "backend": self.backend,
+        return {"pass": self.pass_name, "samples": self.samples, "backend": self.backend,
                 "passed": len(self.with_status(PASSED)), "failed": len(self.with_status(FAILED)),
                 "skipped": len(self.with_status(SKIPPED)),
                 "groups": {cause: ops for cause, ops in self.failure_groups()},
@@ -244,8 +265,8 @@ def select_ops(names: Iterable[str] | None = None, every: int = 1,
 # ---- running one op ------------------------------------------------------------------------
 
 def run_sweep(ops: Iterable[str] | None = None, samples: int = 2, backend: str = "eager",
-              sample_every: int = 1, progress: Callable[[OpResult], None] | None = None
-              ) -> SweepResult:
+              sample_every: int = 1, progress: Callable[[OpResult], None] | None = None,
+              pass_name: str = "static") -> SweepResult:
     """Run every selected op (all of op_db by default) and collect the results.
 
     >>> run_sweep(["sin", "bernoulli"], samples=1).skip_counts()
@@ -253,23 +274,24 @@ def run_sweep(ops: Iterable[str] | None = None, samples: int = 2, backend: str =
     """
     results = []
     for op in select_ops(ops, sample_every):
-        results.append(run_op(op, samples, backend))
+        results.append(run_op(op, samples, backend, pass_name=pass_name))
         if progress is not None:
             progress(results[-1])
-    return SweepResult(tuple(results), samples, backend)
+    return SweepResult(tuple(results), samples, backend, pass_name)
 
 
 def run_op(op, samples: int = 2, backend: str = "eager",
-           time_limit: float | None = OP_TIME_LIMIT_S) -> OpResult:
+           time_limit: float | None = OP_TIME_LIMIT_S, pass_name: str = "static") -> OpResult:
     """One op, isolated: whatever it raises becomes a failure of this op alone."""
     name = op_id(op)
-    reason = static_skip_reason(op)
+    sweep_pass = PASSES[pass_name]
+    reason = static_skip_reason(op) or sweep_pass.skip_reason(op)
     if reason is not None:
         return OpResult(name, SKIPPED, reason)
     start = time.perf_counter()
     try:
         with _quiet(), _time_limit(time_limit), torch.random.fork_rng(), torch.enable_grad():
-            reasons = _run_samples(op, samples, backend)
+            reasons = _run_samples(op, samples, backend, sweep_pass)
     except Skip as skip:  # the sample inputs themselves could not be made
         return OpResult(name, SKIPPED, str(skip), seconds=time.perf_counter() - start)
     except (Exception, OpTimeout) as exc:
@@ -281,23 +303,23 @@ def run_op(op, samples: int = 2, backend: str = "eager",
                     seconds=seconds)
 
 
-def _run_samples(op, samples: int, backend: str) -> list[str | None]:
+def _run_samples(op, samples: int, backend: str, sweep_pass: "Pass") -> list[str | None]:
     """Per sample, None when it passed or the reason it was skipped; raises on failure."""
     reasons = []
-    for sample in first_samples(op, samples):
+    for sample in first_samples(op, samples, sweep_pass.dtype(op)):
         try:
-            check_sample(op, sample, backend)
+            sweep_pass.check(op, sample, backend)
             reasons.append(None)
         except Skip as skip:
             reasons.append(str(skip))
     return reasons
 
 
-def first_samples(op, n: int) -> list:
+def first_samples(op, n: int, dtype: torch.dtype = torch.float32) -> list:
     """The first `n` samples, the same in every run: the seed depends on the op alone."""
     torch.manual_seed(zlib.crc32(op_id(op).encode()))
     try:
-        samples = op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd)
+        samples = op.sample_inputs("cpu", dtype, requires_grad=op.supports_autograd)
         return list(itertools.islice(samples, n))
     except Exception as exc:
         raise Skip(f"sample inputs raise: {type(exc).__name__}") from exc
@@ -460,12 +482,16 @@ def compare_grads(sample, compiled: tuple, eager: tuple, tolerance) -> None:
         return
     actual = input_grads(differentiable_outputs(sample, compiled[0]), weights,
                          [t for t in compiled[1] if t.requires_grad])
+    compare_grad_lists(actual, expected, tolerance, "grad")
+
+
+def compare_grad_lists(actual: Sequence, expected: Sequence, tolerance, what: str) -> None:
     for i, (a, e) in enumerate(zip(actual, expected)):
         if (a is None) != (e is None):
-            raise Mismatch("mismatch: grad is None in one only",
+            raise Mismatch(f"mismatch: {what} is None in one only",
                            f"input {i}: {'None' if a is None else 'tensor'}, eager "
                            f"{'None' if e is None else 'tensor'}")
-    compare_values(actual, expected, tolerance, "mismatch: grad")
+    compare_values(actual, expected, tolerance, f"mismatch: {what}")
 
 
 def differentiable_outputs(sample, out: Any) -> list[torch.Tensor]:
@@ -476,15 +502,97 @@ def differentiable_outputs(sample, out: Any) -> list[torch.Tensor]:
             and (t.is_floating_point() or t.is_complex())]
 
 
-def fixed_weights(outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
+def fixed_weights(outs: Sequence[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
     return [torch.randn(o.shape, generator=gen, dtype=o.real.dtype if o.is_complex() else o.dtype)
             for o in outs]
 
 
-def input_grads(outs, weights, wrt) -> tuple:
+def input_grads(outs, weights, wrt, create_graph: bool = False) -> tuple:
     loss = sum(((o * w).real if o.is_complex() else o * w).sum() for o, w in zip(outs, weights))
-    return torch.autograd.grad(loss, wrt, allow_unused=True)
+    return torch.autograd.grad(loss, wrt, allow_unused=True, create_graph=create_graph)
+
+
+# ---- the double_backward pass --------------------------------------------------------------
+
+# float64 has no rounding worth a tolerance: the replay runs eager's kernels, though it may
+# sum gradient contributions in another order.
+DOUBLE_TOLERANCE = {torch.float64: (1e-7, 1e-7)}
+
+
+def double_backward_skip_reason(op) -> str | None:
+    if not op.supports_autograd or not op.supports_gradgrad:
+        return "no gradgrad"
+    return None
+
+
+def double_backward_dtype(op) -> torch.dtype:
+    return torch.float64 if torch.float64 in op.supported_dtypes("cpu") else torch.float32
+
+
+def check_sample_double_backward(op, sample, backend: str) -> None:
+    """First-order gradients taken with create_graph=True (values and whether they carry
+    history), then the gradients of a random projection of them, against eager."""
+    fn, tensors = sample_function(op, sample)
+    eager_inputs, compiled_inputs = copy_tensors(tensors), copy_tensors(tensors)
+    try:
+        out = fn(*eager_inputs)
+        require_comparable(out)
+        expected = second_order_grads(sample, out, eager_inputs)
+    except Skip:
+        raise
+    except Exception as exc:
+        raise Skip(f"eager raises: {type(exc).__name__}") from exc
+    if expected is None:
+        raise Skip("no differentiable output")
+    out = aotgrad.compile(fn, backend=backend)(*compiled_inputs)
+    actual = second_order_grads(sample, out, compiled_inputs)
+    if actual is None:
+        raise Mismatch("mismatch: requires_grad", "no differentiable output when compiled")
+    tolerance = DOUBLE_TOLERANCE.get(tensors[0].dtype if tensors else None, DEFAULT_TOLERANCE)
+    compare_grad_lists(actual[0], expected[0], tolerance, "create_graph grad")
+    compare_history(actual[0], expected[0])
+    compare_grad_lists(actual[1], expected[1], tolerance, "second-order grad")
+
+
+def second_order_grads(sample, out: Any, inputs: Sequence[torch.Tensor]) -> tuple | None:
+    """(first-order grads with create_graph=True, grads of a projection of those); None
+    when nothing is differentiable."""
+    outs = differentiable_outputs(sample, out)
+    wrt = [t for t in inputs if t.requires_grad]
+    if not outs or not wrt:
+        return None
+    first = input_grads(outs, fixed_weights(outs), wrt, create_graph=True)
+    diff = [g for g in first if g is not None and g.requires_grad]
+    if not diff:  # the op is linear in its inputs: no second-order term
+        return first, [None] * len(wrt)
+    return first, input_grads(diff, fixed_weights(diff, seed=1), wrt)
+
+
+@_comparison
+def compare_history(actual: Sequence, expected: Sequence) -> None:
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        if e is not None and a.requires_grad != e.requires_grad:
+            raise Mismatch("mismatch: create_graph grad requires_grad",
+                           f"input {i}: {a.requires_grad}, eager {e.requires_grad}")
+
+
+# ---- passes --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pass:
+    """What one kind of sweep checks per sample, in which dtype, and which ops it skips."""
+
+    check: Callable[[Any, Any, str], None]
+    dtype: Callable[[Any], torch.dtype]
+    skip_reason: Callable[[Any], str | None]
+
+
+PASSES: dict[str, Pass] = {
+    "static": Pass(check_sample, lambda op: torch.float32, lambda op: None),
+    "double_backward": Pass(check_sample_double_backward, double_backward_dtype,
+                            double_backward_skip_reason),
+}
 
 
 # ---- classifying failures ------------------------------------------------------------------
@@ -556,11 +664,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ops = args.ops.split(",") if args.ops else None
     progress = _print_progress if args.verbose else None
-    result = run_sweep(ops, args.samples, args.backend, args.every, progress)
-    print(result.summary())
+    results = [run_sweep(ops, args.samples, args.backend, args.every, progress, name)
+               for name in args.passes.split(",")]
+    print("\n\n".join(r.summary() for r in results))
+    if len(results) > 1:
+        print("\npass rates: " + "; ".join(f"{r.pass_name} {r.pass_rate()}" for r in results))
     if args.json:
+        data = results[0].to_json() if len(results) == 1 else {
+            r.pass_name: r.to_json() for r in results}
         with open(args.json, "w") as f:
-            json.dump(result.to_json(), f, indent=1)
+            json.dump(data, f, indent=1)
     return 0
 
 
@@ -571,6 +684,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=1, help="run every K-th op only")
     p.add_argument("--ops", help="comma-separated op names or ids (name.variant)")
     p.add_argument("--backend", default="eager", help="aotgrad backend (default eager)")
+    p.add_argument("--pass", dest="passes", default="static",
+                   help=f"comma-separated passes: {', '.join(PASSES)} (default static)")
     p.add_argument("--json", help="also write the full results to this file")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per op on stderr")
     return p

@@ -1,0 +1,325 @@
+"""Double backward (create_graph=True) through compiled functions, against eager and against
+finite differences: gradcheck/gradgradcheck through every front door, a gradient-penalty
+training step, a physics-informed second derivative, retain_graph, the inputs the forward
+holds, and the constructs that are refused with a clear error."""
+
+import copy
+import gc
+import weakref
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.autograd import gradcheck, gradgradcheck
+
+import aotgrad
+from aotgrad.compat import aot_function, aot_module, nop
+
+
+def compile_eager(target):
+    return aotgrad.compile(target, backend="eager")
+
+
+def compile_inductor(target):
+    return aotgrad.compile(target, backend="inductor")
+
+
+def compat(target):
+    return aot_module(target, nop) if isinstance(target, nn.Module) else aot_function(target, nop)
+
+
+def dynamo(target):
+    torch._dynamo.reset()
+    return torch.compile(target, backend=aotgrad.backend(backend="eager"))
+
+
+FAST_DOORS = pytest.mark.parametrize("door", [compile_eager, compat, dynamo],
+                                     ids=["compile", "compat", "dynamo"])
+
+
+def leaf(*shape):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+
+def smooth(x, w):
+    return (torch.tanh(x @ w) * x.sin()).sum(1) + F.softplus(x).prod(1)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compile_inductor, compat, dynamo],
+                         ids=["compile", "compile-inductor", "compat", "dynamo"])
+def test_gradcheck_and_gradgradcheck(door):
+    """gradgradcheck also differentiates with respect to the incoming gradients, which then
+    carry history of their own."""
+    x, w = leaf(3, 4), leaf(4, 4)
+    compiled = door(smooth)
+    assert gradcheck(compiled, (x, w))
+    assert gradgradcheck(compiled, (x, w))
+
+
+def mlp(activation=nn.Tanh) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 8), activation(), nn.Linear(8, 1)).double()
+
+
+def gradient_penalty_step(model, x):
+    """loss + ||d loss / dx||^2, backward into the parameters (WGAN-GP style)."""
+    loss = model(x).pow(2).mean()
+    (gx,) = torch.autograd.grad(loss, x, create_graph=True)
+    (loss + gx.pow(2).sum()).backward()
+    return loss.detach(), gx.detach()
+
+
+def assert_same_grads(eager: nn.Module, compiled: nn.Module):
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=lambda m: f"{name}: {m}")
+
+
+@FAST_DOORS
+def test_gradient_penalty_training_step_matches_eager(door):
+    eager = mlp()
+    target = copy.deepcopy(eager)
+    compiled = door(target)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, target)]
+    for step in range(2):  # the second step runs the cached graph with updated parameters
+        x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+        x_eager, x_compiled = x.clone().requires_grad_(), x.clone().requires_grad_()
+        for opt in optimizers:
+            opt.zero_grad()
+        expected = gradient_penalty_step(eager, x_eager)
+        actual = gradient_penalty_step(compiled, x_compiled)
+        torch.testing.assert_close(actual, expected)
+        assert_same_grads(eager, target)
+        torch.testing.assert_close(x_compiled.grad, x_eager.grad)
+        for opt in optimizers:
+            opt.step()
+
+
+def test_gradient_penalty_through_batchnorm_updates_running_stats_once():
+    """BatchNorm in training mode mutates its running statistics; the gradients do not read
+    their old values, so the replay may run on the updated ones (and updates only a copy)."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Tanh(), nn.Linear(4, 1)).double()
+    target = copy.deepcopy(eager)
+    compiled = compile_eager(target)
+    for _ in range(2):
+        x = torch.randn(6, 3, dtype=torch.float64)
+        gradient_penalty_step(eager, x.clone().requires_grad_())
+        gradient_penalty_step(compiled, x.clone().requires_grad_())
+    assert_same_grads(eager, target)
+    for name, buffer in eager.named_buffers():
+        torch.testing.assert_close(dict(target.named_buffers())[name], buffer)
+
+
+def second_derivative_residual(model, x):
+    """A physics-informed loss: u'' + u = 0 at collocation points x."""
+    u = model(x)
+    (du,) = torch.autograd.grad(u.sum(), x, create_graph=True)
+    (d2u,) = torch.autograd.grad(du.sum(), x, create_graph=True)
+    loss = (d2u + u).pow(2).mean()
+    loss.backward()
+    return u.detach(), du.detach(), d2u.detach()
+
+
+@pytest.mark.parametrize("door", [compile_eager, dynamo], ids=["compile", "dynamo"])
+def test_physics_informed_second_derivative_matches_eager(door):
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                          nn.Linear(16, 1)).double()
+    target = copy.deepcopy(eager)
+    x = torch.linspace(-1, 1, 9, dtype=torch.float64).unsqueeze(1)
+    expected = second_derivative_residual(eager, x.clone().requires_grad_())
+    actual = second_derivative_residual(door(target), x.clone().requires_grad_())
+    torch.testing.assert_close(actual, expected)
+    assert_same_grads(eager, target)
+
+
+def sin_times_x(x):
+    return x.sin() * x
+
+
+def test_create_graph_twice_with_retained_graph_then_first_order():
+    x_e = leaf(4)
+    x_c = x_e.detach().clone().requires_grad_()
+    results = []
+    for fn, x in ((sin_times_x, x_e), (compile_eager(sin_times_x), x_c)):
+        y = fn(x).sum()
+        (g1,) = torch.autograd.grad(y, x, create_graph=True)  # retain_graph defaults to True
+        (g2,) = torch.autograd.grad(y, x, create_graph=True, retain_graph=True)
+        (h,) = torch.autograd.grad(g1.sum() + g2.pow(2).sum(), x, retain_graph=True)
+        y.backward()  # first order, on the graph kept by create_graph
+        results.append((g1, g2, h, x.grad))
+    torch.testing.assert_close(results[1], results[0])
+
+
+def test_create_graph_without_retain_graph_frees_the_graph_like_eager():
+    for target in (sin_times_x, compile_eager(sin_times_x)):
+        x = leaf(4)
+        y = target(x).sum()
+        torch.autograd.grad(y, x, create_graph=True, retain_graph=False)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            torch.autograd.grad(y, x, create_graph=True)
+
+
+def test_create_graph_after_the_graph_was_freed_is_refused_even_if_nothing_was_saved():
+    """x + 1 saves nothing: eager differentiates it again after the graph was freed. The
+    compiled function released its inputs with the graph: a clear error instead."""
+    x = leaf(4)
+    y = (x + 1).sum()
+    torch.autograd.grad(y, x, create_graph=True, retain_graph=False)
+    torch.autograd.grad(y, x, create_graph=True)
+    y = compile_eager(lambda x: x + 1)(x).sum()
+    torch.autograd.grad(y, x, create_graph=True, retain_graph=False)
+    with pytest.raises(RuntimeError, match="retain_graph=True"):
+        torch.autograd.grad(y, x, create_graph=True)
+
+
+def test_input_modified_after_the_call_raises_like_eager():
+    """x.sin() saves x in eager and in the compiled forward: both refuse once x changed."""
+    for target in (torch.sin, compile_eager(torch.sin)):
+        x = leaf(3) * 1
+        y = target(x).sum()
+        with torch.no_grad():
+            x.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(y, x, create_graph=True)
+
+
+def test_unsaved_input_modified_after_the_call_is_refused():
+    """relu(x @ w) with only w requiring grad: eager and the compiled forward save x and the
+    relu's output, not w. Eager's double backward never reads w again, but the replay
+    would: after an update of w, a clear error instead of a wrong value."""
+    def f(x, w):
+        return (x @ w).relu()
+    x, w = torch.randn(3, 3, dtype=torch.float64), leaf(3, 3)
+    y = f(x, w).sum()
+    with torch.no_grad():
+        w.add_(1)
+    torch.autograd.grad(y, w, create_graph=True)
+    y = compile_eager(f)(x, w).sum()
+    with torch.no_grad():
+        w.add_(1)
+    with pytest.raises(RuntimeError, match="input 1 of the compiled function .* version"):
+        torch.autograd.grad(y, w, create_graph=True)
+
+
+def test_first_order_backward_ignores_held_inputs():
+    """Holding the inputs changes nothing for a first-order backward: an input modified
+    after the call, which the backward does not need, is fine as in eager."""
+    a = leaf(3)
+    x = a * 1
+    y = compile_eager(lambda x: x * 3)(x).sum()
+    with torch.no_grad():
+        x.add_(1)
+    y.backward()
+    torch.testing.assert_close(a.grad, torch.full_like(a, 3.0))
+
+
+def test_held_inputs_are_released_by_a_first_order_backward():
+    """The forward holds its inputs for a later create_graph backward; a backward without
+    retain_graph releases them with the saved values."""
+    compiled = compile_eager(lambda x: x * 3)
+    a = leaf(1000)
+    x = a * 1  # an activation that nothing but the compiled call holds
+    y = compiled(x).sum()
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is not None, "the forward holds its input until the backward"
+    y.backward()
+    gc.collect()
+    assert ref() is None
+
+
+def test_detach_data_and_no_grad_regions_differentiate_like_eager():
+    def f(x):
+        with torch.no_grad():
+            m = x.sum()
+            shifted = x * 1
+        y = x * 2
+        with torch.no_grad():
+            y.add_(1)  # in place on a tensor with history, unrecorded
+        return x * x.detach() * m + y.pow(2) + x * x.data + shifted * x + x.exp()
+
+    def hessian_terms(fn, x, v):
+        (g,) = torch.autograd.grad(fn(x), x, v, create_graph=True)
+        (h,) = torch.autograd.grad(g.sin().sum(), x)
+        return g, h
+
+    x, v = leaf(5), torch.randn(5, dtype=torch.float64)
+    expected = hessian_terms(f, x, v)
+    for door in (compile_eager, compat, dynamo):
+        torch.testing.assert_close(hessian_terms(door(f), x, v), expected)
+
+
+class Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+
+def mutates_input(x):
+    x.mul_(2)
+    return x.sin()
+
+
+REFUSED = {
+    "dropout": (lambda x: F.dropout(x.sin(), 0.5, training=True), r"draws random numbers"),
+    "custom_function": (lambda x: Cube.apply(x), r"custom autograd.Function"),
+    "mutated_input": (mutates_input, r"mutates input 0 .* old value"),
+}
+
+
+@FAST_DOORS
+@pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
+def test_refused_with_a_clear_error(case, door):
+    fn, message = REFUSED[case]
+    a = leaf(4)
+    y = door(fn)(a * 1).sum()
+    with pytest.raises(NotImplementedError, match=message):
+        torch.autograd.grad(y, a, create_graph=True)
+
+
+def test_refused_constructs_still_run_a_first_order_backward():
+    for fn, _ in REFUSED.values():
+        a = leaf(4)
+        compile_eager(fn)(a * 1).sum().backward()
+        assert a.grad is not None
+
+
+def test_dropout_in_eval_mode_is_supported():
+    eager = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Tanh(), nn.Linear(4, 1)).double()
+    eager.eval()
+    target = copy.deepcopy(eager)
+    x = torch.randn(5, 3, dtype=torch.float64)
+    gradient_penalty_step(eager, x.clone().requires_grad_())
+    gradient_penalty_step(compile_eager(target), x.clone().requires_grad_())
+    assert_same_grads(eager, target)
+
+
+def test_linalg_error_checks_stay_in_the_replay():
+    def f(a):
+        return torch.linalg.inv(a @ a.mT + torch.eye(3, dtype=a.dtype)).sum(0)
+    compiled = compile_eager(f)
+    a = leaf(3, 3)
+    assert gradgradcheck(compiled, (a,))
+    (call,) = compiled.entries.values()
+    targets = [n.target for n in call.double_backward.replay().gm.graph.nodes]
+    assert torch.ops.aten._linalg_check_errors.default in targets
+
+
+def test_tensor_subclass_inputs_are_refused():
+    from torch.testing._internal.two_tensor import TwoTensor
+    x = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_()
+    y = compile_eager(torch.sin)(x).sum()
+    with pytest.raises(NotImplementedError, match="tensor subclass"):
+        torch.autograd.grad(y, x, create_graph=True)
+    y = compile_eager(torch.sin)(x).sum()
+    y.backward()  # first order as before
+    assert isinstance(x.grad, TwoTensor)
