@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                           DynamicOutputShapeException, FakeTensor,
                                           FakeTensorMode)
@@ -23,6 +24,7 @@ import torch.utils._pytree as pytree
 
 from . import subclasses
 from .capture import OutputBox, functional_mode, to_functional
+from .dynamic import is_size, is_symbolic
 
 Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # size, stride, storage offset
 
@@ -66,6 +68,10 @@ class InputInfo:
         return self.version_bumps != 0
 
 
+# A symbolic size passed in by Dynamo: read, never mutated, no gradient.
+SIZE_INPUT = InputInfo(False, True, False, False, False, 0, ((), (), 0))
+
+
 @dataclass(frozen=True)
 class OutputInfo:
     kind: OutputKind
@@ -88,7 +94,7 @@ class FunctionInfo:
     # Per graph output (mutated inputs' new values, plain outputs, intermediate bases):
     # whether it is differentiable, i.e. gets a tangent in the backward.
     differentiable: tuple[bool, ...]
-    graph_output_metas: tuple[TensorMeta, ...]
+    graph_output_metas: tuple[TensorMeta | None, ...]  # None: a symbolic size, not a tensor
     grad_enabled: bool
 
     @property
@@ -123,17 +129,18 @@ class FunctionInfo:
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
             box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo:
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
-    with fake_mode, functional_mode():
+    with fake_mode, _python_dispatcher(is_symbolic(fake_args)), functional_mode():
         f_args = to_functional(fake_args)
-        before = [(a.grad_fn, _version(a), a.requires_grad) for a in f_args]
+        before = [_state(a) for a in f_args]
         with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
             outs = graph_fn(*f_args)
         versions = [_version(a) for a in f_args]
-    for a in f_args:
+    tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes
+    for a in tensors:
         for inner in subclasses.unwrap(a):
             torch._sync(inner)
-    inputs = tuple(_input_info(f, a.requires_grad, leaf, b, v)
-                   for f, a, leaf, b, v in zip(f_args, fake_args, is_leaf, before, versions))
+    inputs = tuple(_input_info(f, leaf, b, v) if isinstance(f, torch.Tensor) else SIZE_INPUT
+                   for f, leaf, b, v in zip(f_args, is_leaf, before, versions))
     outputs, num_bases = _classify_outputs(outs, f_args, box.input_aliases)
     _refuse_leaves_made_inside(outs, outputs)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
@@ -142,18 +149,26 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     hidden += [False] * (len(values) - len(hidden))
     info = dataclasses.replace(
         info,
-        differentiable=tuple(v.requires_grad and not h for v, h in zip(values, hidden)),
+        differentiable=tuple(_requires_grad(v) and not h for v, h in zip(values, hidden)),
         graph_output_metas=tuple(_tensor_meta(v) for v in values),
     )
     _check_leaf_mutations(info)
     return info
 
 
-def _tensor_meta(v: torch.Tensor) -> TensorMeta:
+def _tensor_meta(v: Any) -> TensorMeta | None:
+    if not isinstance(v, torch.Tensor):  # a symbolic size
+        return None
     subclasses.check_supported(v, "an output")
     layout = subclasses.describe(v)
     subclass = layout if isinstance(layout, subclasses.SubclassMeta) else None
     return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass)
+
+
+def _python_dispatcher(symbolic: bool):
+    """Symbolic sizes need ops decomposed by the python dispatcher (an in-place op's
+    decomposition would otherwise expand a real scalar tensor to a symbolic size)."""
+    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
 
 
 def graph_outputs(info: FunctionInfo, args: Sequence, outs: Sequence) -> list:
@@ -210,8 +225,18 @@ def _refuse(func, t: torch.Tensor, mutated: bool) -> None:
             "argument.")
 
 
-def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool, before: tuple,
-                version: int) -> InputInfo:
+def _state(a: Any) -> tuple | None:
+    """What a mutation inside the function could change, before the call."""
+    if not isinstance(a, torch.Tensor):
+        return None
+    return a.grad_fn, _version(a), a.requires_grad
+
+
+def _requires_grad(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.requires_grad
+
+
+def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int) -> InputInfo:
     grad_fn, old_version, old_requires_grad = before
     inner = [t.elem for t in subclasses.unwrap(a)]  # a subclass: each tensor it wraps
     mutates_data = any(torch._functionalize_has_data_mutation(t) for t in inner)
@@ -225,7 +250,7 @@ def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool, before: tup
             "not supported yet. Call set_ outside the compiled function (return the new "
             "tensor and set_ the input to it after the call), or copy_ the new values in.")
     return InputInfo(
-        requires_grad=requires_grad,
+        requires_grad=old_requires_grad,
         is_leaf=is_leaf,
         mutates_data=mutates_data,
         mutates_metadata=any(torch._functionalize_has_metadata_mutation(t) for t in inner),
@@ -238,13 +263,15 @@ def _input_info(a: torch.Tensor, requires_grad: bool, is_leaf: bool, before: tup
     )
 
 
-def _version(t: torch.Tensor) -> int:
+def _version(t: Any) -> int:
+    if not isinstance(t, torch.Tensor):
+        return 0
     return 0 if t.is_inference() else t._version  # inference tensors have no counter
 
 
 def _refuse_leaves_made_inside(outs: Sequence[Any], infos: Sequence[OutputInfo]) -> None:
     for o, info in zip(outs, infos):
-        if info.kind is OutputKind.PLAIN and o.requires_grad and o.is_leaf:
+        if info.kind is OutputKind.PLAIN and _requires_grad(o) and o.is_leaf:
             raise NotImplementedError(
                 "aotgrad: the function returns a leaf tensor that requires grad and was created "
                 "inside it (e.g. torch.ones(..., requires_grad=True)); create it outside and pass "
@@ -298,7 +325,9 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
     base_index: dict[int, int] = {}
     infos = []
     for i, o in enumerate(outs):
-        if not isinstance(o, torch.Tensor):
+        if is_size(o):  # symbolic: computed by the graph, like a tensor
+            infos.append(OutputInfo(OutputKind.PLAIN, None, False))
+        elif not isinstance(o, torch.Tensor):
             infos.append(OutputInfo(OutputKind.CONSTANT, None, False, constant=o))
         elif first_seen[id(o)] != i:
             infos.append(OutputInfo(OutputKind.SAME_AS_OUTPUT, first_seen[id(o)], o.requires_grad))
@@ -337,15 +366,18 @@ def _check_leaf_mutations(info: FunctionInfo) -> None:
                 "a leaf Variable that requires grad is being used in an in-place operation.")
 
 
-def regenerate_view(out: OutputInfo, base: torch.Tensor) -> torch.Tensor:
+def regenerate_view(out: OutputInfo, base: torch.Tensor,
+                    concrete: Callable[[Any], Any] | None = None) -> torch.Tensor:
     """Rebuild an aliased output from its base at run time, so that `_base`, `grad_fn` and
-    later in-place use behave as in eager."""
+    later in-place use behave as in eager. With symbolic sizes, `concrete` gives their values
+    in this call."""
     with torch.set_grad_enabled(out.requires_grad and torch.is_grad_enabled()):
         if out.replay is not None:
-            view = out.replay(base)
+            view = out.replay(base) if concrete is None else out.replay(
+                base, symint_visitor_fn=concrete)
             if view is not None:
                 return view
-        size, stride, offset = out.geometry
+        size, stride, offset = out.geometry if concrete is None else concrete(out.geometry)
         if base.dtype != out.dtype:
             base = base.view(out.dtype)
         return base.as_strided(size, stride, offset)

@@ -4,6 +4,8 @@ A compiled callable keeps one `CompiledCall` per call signature (shapes, strides
 devices, requires_grad, constants, grad mode, autocast) and compiles again when a call does
 not match any, up to a cap. Calls of flat arguments first try each entry's guard
 (`guards.py`), decided at compile time, and build the signature key only when none passes.
+With `dynamic=True` the signature leaves sizes and strides out: the calls of one signature
+share compiled graphs, each serving the calls its shape guard accepts (`dynamic.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .capture import flatten
 from .budget import budget_partition
 from .guards import global_state, make_guard, plan_guard
 from .remat import min_cut_rematerialization_partition
+from .dynamic import falls_back_to_static, warn_static_fallback
 from .pipeline import Artifact, Options, compile_call
 from .runtime import CompiledCall
 
@@ -31,8 +34,11 @@ _FLAT_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, typ
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
-def signature(flat_args) -> tuple:
-    """What a compiled graph specializes on, for one call."""
+def signature(flat_args, dynamic: bool = False) -> tuple:
+    """What a compiled graph specializes on, for one call (with `dynamic`, sizes and strides
+    are left to the shape guards)."""
+    if dynamic:
+        return _dynamic_signature(flat_args)
     seen: dict[int, int] = {}
     parts: list[Hashable] = []
     for a in flat_args:
@@ -48,6 +54,19 @@ def signature(flat_args) -> tuple:
     return tuple(parts), global_state()
 
 
+def _dynamic_signature(flat_args) -> tuple:
+    seen: dict[int, int] = {}
+    parts: list[Hashable] = []
+    for a in flat_args:
+        if isinstance(a, torch.Tensor):
+            offset = a.storage_offset() if a.layout is torch.strided else None
+            parts.append((type(a), a.dim(), offset, a.dtype, a.device, a.layout,
+                          a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
+        else:
+            parts.append(_constant_key(a))
+    return tuple(parts), global_state()
+
+
 def _constant_key(value: Any) -> Hashable:
     try:
         hash(value)
@@ -57,7 +76,8 @@ def _constant_key(value: Any) -> Hashable:
 
 
 class CompiledFunction:
-    """A function compiled ahead of time, one specialization per call signature."""
+    """A function compiled ahead of time, one specialization per call signature (with
+    dynamic shapes, several per signature, told apart by their shape guards)."""
 
     def __init__(self, fn: Callable, options: Options, max_entries: int = DEFAULT_MAX_ENTRIES):
         self.fn = fn
@@ -65,6 +85,9 @@ class CompiledFunction:
         self.max_entries = max_entries
         self.entries: dict[Hashable, CompiledCall] = {}
         self.guarded: list[tuple[Callable, CompiledCall]] = []  # entries for flat calls
+        self.dynamic_entries: dict[Hashable, list[CompiledCall]] = {}  # dynamic=True
+        # Signatures that dynamic shapes failed for, and why: compiled for static shapes.
+        self.static_only: dict[Hashable, Exception] = {}
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
@@ -83,9 +106,10 @@ class CompiledFunction:
         else:
             flat, shape = flatten((args, kwargs))
         key = (shape, signature(flat))
-        call = self.entries.get(key)
+        dynamic = self.options.dynamic
+        call = self._dynamic_call(shape, flat, key) if dynamic else self.entries.get(key)
         if call is None:
-            call = self._compile(key, shape, flat, args, kwargs)
+            call = self._compile(key, shape, flat, args, kwargs, dynamic)
             if call is None:
                 return self._over_cap(args, kwargs)
         try:
@@ -97,18 +121,54 @@ class CompiledFunction:
                 return self._over_cap(args, kwargs)
             return call.unflatten(call(flat))
 
-    def _compile(self, key, shape, flat, args, kwargs) -> CompiledCall | None:
-        if len(self.entries) >= self.max_entries:
+    def _compile(self, key, shape, flat, args, kwargs, dynamic: bool = False
+                 ) -> CompiledCall | None:
+        """Compile for this call (None over the cap): for dynamic shapes if asked, unless
+        they fail (then, with a warning, for static shapes, under `key`)."""
+        if self.num_compiles >= self.max_entries:
             return None
         spec = shape if not isinstance(shape, int) else flatten((args, {}))[1]
-        call = self.entries[key] = compile_call(self.fn, flat, spec, self.options)
+        call, failure = self._compile_dynamic(shape, flat, spec) if dynamic else (None, None)
+        if call is None:
+            static = dataclasses.replace(self.options, dynamic=False)
+            call = self.entries[key] = compile_call(self.fn, flat, spec, static)
+            if failure is not None:  # warned only now: static shapes may fail alike
+                warn_static_fallback(getattr(self.fn, "__name__", repr(self.fn)), failure)
+                self.static_only[(shape, signature(flat, dynamic=True))] = failure
         self._add_guard(flat, call, flat_call=isinstance(shape, int))
         return call
+
+    def _compile_dynamic(self, shape, flat: list, spec) -> tuple[CompiledCall | None, Any]:
+        """A graph for dynamic shapes; else None, and why they failed (None when they
+        failed for this signature before)."""
+        key = (shape, signature(flat, dynamic=True))
+        if key in self.static_only:
+            return None, None
+        try:
+            call = compile_call(self.fn, flat, spec, self.options)
+        except Exception as exc:
+            if not falls_back_to_static(exc):
+                raise
+            return None, exc
+        self.dynamic_entries.setdefault(key, []).append(call)
+        return call, None
 
     def _add_guard(self, flat: list, call: CompiledCall, flat_call: bool) -> None:
         plan = plan_guard(flat, call) if flat_call else None
         if plan is not None:
             self.guarded.append((make_guard(plan, flat), call))
+
+    def _dynamic_call(self, shape, flat: list, key: Hashable) -> CompiledCall | None:
+        """The first graph compiled for this signature whose shape guard accepts the call; then
+        one compiled for exactly these shapes (where dynamic shapes fell back to static)."""
+        for call in self.dynamic_entries.get((shape, signature(flat, dynamic=True)), ()):
+            if call.guard([flat[p] for p in call.plan.graph_input_positions]):
+                return call
+        return self.entries.get(key)
+
+    @property
+    def num_compiles(self) -> int:
+        return len(self.entries) + sum(len(calls) for calls in self.dynamic_entries.values())
 
     def _over_cap(self, args, kwargs):
         warnings.warn(f"aotgrad: {getattr(self.fn, '__name__', self.fn)} was compiled for "
@@ -119,7 +179,9 @@ class CompiledFunction:
     @property
     def artifacts(self) -> list[Artifact]:
         """What each compile produced: graphs, saved values, timings."""
-        return [c.artifact for c in self.entries.values()]
+        calls = [*self.entries.values(),
+                 *(c for cs in self.dynamic_entries.values() for c in cs)]
+        return [c.artifact for c in calls]
 
 
 class CompiledModule(torch.nn.Module):
@@ -212,12 +274,9 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     >>> torch.allclose(x.grad, 2 * x.cos())
     True
     """
-    if dynamic:
-        raise NotImplementedError("aotgrad.compile(dynamic=True): dynamic shapes are not "
-                                  "supported yet; each new shape compiles a new graph.")
     options = Options(resolve_backend(backend, decompositions),
                       choose_partitioner(partitioner, memory_budget),
-                      keep_inference_input_mutations)
+                      keep_inference_input_mutations, dynamic=dynamic)
     if isinstance(fn_or_module, torch.nn.Module):
         return CompiledModule(fn_or_module, options, max_entries)
     return CompiledFunction(fn_or_module, options, max_entries)

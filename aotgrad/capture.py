@@ -1,8 +1,9 @@
 """Stage 1, capture: from a user call to a flat function of tensors, and fake inputs for it.
 
 The user calls `fn(*args, **kwargs)` with arbitrary pytrees. Capture decides which flat
-leaves are graph inputs (tensors, each distinct tensor once) and which are constants of the
-trace (everything else), and makes the fake tensors that every later stage traces with.
+leaves are graph inputs (tensors, each distinct tensor once, and Dynamo's symbolic sizes)
+and which are constants of the trace (everything else), and makes the fake tensors that
+every later stage traces with: with symbolic sizes when compiling for dynamic shapes.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
 from . import subclasses
+from .dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
 from .effects import CheckingFunctionalMode, refuse_effectful_op
 
 
@@ -54,7 +56,7 @@ def layout_call(flat_args: Sequence[Any], in_spec: pytree.TreeSpec) -> CallLayou
     first: dict[int, int] = {}
     graph_input: list[int | None] = []
     for a in flat_args:
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, torch.Tensor) or is_size(a):
             graph_input.append(first.setdefault(id(a), len(first)))
         else:
             graph_input.append(None)
@@ -97,20 +99,40 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
 
 # ---- fake inputs -------------------------------------------------------------------------
 
-def fake_mode_for(graph_inputs: Sequence[torch.Tensor]) -> FakeTensorMode:
-    """Reuse the caller's fake mode (Dynamo's inputs are fake already), else a fresh one."""
+def fake_mode_for(graph_inputs: Sequence[torch.Tensor], dynamic: bool = False) -> FakeTensorMode:
+    """Reuse the caller's fake mode (Dynamo's inputs are fake already), else a fresh one,
+    with a ShapeEnv for symbolic sizes when `dynamic`."""
     mode = detect_fake_mode(graph_inputs)
+    if mode is not None:
+        return mode
     # Real tensors the function closes over become constants of the graph (analysis refuses
     # those that require grad: their gradient would be lost).
-    return mode if mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
+    return symbolic_fake_mode() if dynamic else FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def fake_inputs(mode: FakeTensorMode, graph_inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def fake_inputs(mode: FakeTensorMode, graph_inputs: Sequence[Any], dynamic: bool = False,
+                num_static: int = 0) -> list[Any]:
     """Fresh fake tensors with the inputs' metadata; tracing may mutate them freely.
-    A subclass input becomes the same subclass around fresh fake inner tensors."""
+    A subclass input becomes the same subclass around fresh fake inner tensors. With
+    `dynamic`, real tensors get symbolic sizes, except the first `num_static` (parameters and
+    buffers, whose sizes do not change); Dynamo's fakes keep theirs, and its symbolic sizes
+    (graph inputs too) are used as they are."""
     for i, t in enumerate(graph_inputs):
-        subclasses.check_supported(t, f"graph input {i}")
-    return [_fresh_fake(mode, t) for t in graph_inputs]
+        if not is_size(t):
+            subclasses.check_supported(t, f"graph input {i}")
+    return [_fake_input(mode, t, i, dynamic and i >= num_static)
+            for i, t in enumerate(graph_inputs)]
+
+
+def _fake_input(mode: FakeTensorMode, t: Any, index: int, dynamic: bool) -> Any:
+    if is_size(t):
+        return t
+    if dynamic and not isinstance(t, FakeTensor):
+        if subclasses.is_subclass(t):
+            raise DynamicShapesUnsupported(
+                "aotgrad: tensor subclass inputs are compiled for static shapes only.")
+        return symbolic_fake(mode, t, index)
+    return _fresh_fake(mode, t)
 
 
 def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
@@ -119,6 +141,10 @@ def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
         return fake.requires_grad_(t.requires_grad)
     with mode:
         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    # A number Dynamo passes as a 0-d tensor (a float made dynamic) knows its symbolic value,
+    # which its graph reads with .item().
+    if getattr(t, "item_memo", None) is not None:
+        fake.item_memo = t.item_memo
     return fake.requires_grad_(t.requires_grad)
 
 

@@ -2,7 +2,8 @@
 
 Switch with one import: `from aotgrad.compat import aot_function, nop`. One deliberate
 difference: a compiled function compiles again for a new call signature (shapes, dtypes,
-requires_grad, ...) instead of silently reusing the first graph.
+requires_grad, ...) instead of silently reusing the first graph; with `dynamic=True`, a
+graph traced with symbolic sizes serves every call its shape guard accepts.
 """
 
 from __future__ import annotations
@@ -45,27 +46,23 @@ default_decompositions = get_decompositions([
 
 
 def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompositions,
-             num_params_buffers=0, keep_inference_input_mutations=False) -> Options:
+             num_params_buffers=0, keep_inference_input_mutations=False,
+             dynamic=False) -> Options:
     backend = Backend(fw_compiler, bw_compiler or fw_compiler,
                       inference_compiler or fw_compiler, decompositions)
-    return Options(backend, partition_fn, keep_inference_input_mutations, num_params_buffers)
-
-
-def _refuse_dynamic(dynamic: bool) -> None:
-    if dynamic:
-        raise NotImplementedError("aotgrad.compat: dynamic=True is not supported yet; "
-                                  "each new shape compiles a new graph.")
+    return Options(backend, partition_fn, keep_inference_input_mutations, num_params_buffers,
+                   dynamic)
 
 
 def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | None = None,
                  partition_fn: Callable = default_partition, decompositions=None,
                  num_params_buffers: int = 0, keep_inference_input_mutations: bool = False,
                  inference_compiler: Callable | None = None, *, dynamic: bool = False):
-    """`fn` compiled on first call with `fw_compiler`/`bw_compiler`, as in functorch."""
-    _refuse_dynamic(dynamic)
+    """`fn` compiled on first call with `fw_compiler`/`bw_compiler`, as in functorch; with
+    `dynamic=True`, for symbolic sizes (one graph for many shapes)."""
     return CompiledFunction(fn, _options(fw_compiler, bw_compiler, inference_compiler,
                                          partition_fn, decompositions, num_params_buffers,
-                                         keep_inference_input_mutations))
+                                         keep_inference_input_mutations, dynamic))
 
 
 def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
@@ -73,9 +70,8 @@ def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
     def with_compilers(fw_compiler, bw_compiler=None, partition_fn=default_partition,
                        decompositions=None, keep_inference_input_mutations=False,
                        inference_compiler=None, *, dynamic=False):
-        _refuse_dynamic(dynamic)
         return _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
-                        decompositions, 0, keep_inference_input_mutations)
+                        decompositions, 0, keep_inference_input_mutations, dynamic)
 
     return CompiledModule(mod, with_compilers(*args, **kwargs))
 

@@ -2,6 +2,10 @@
 
 Dynamo hands over an FX graph of torch-level ops and fake example inputs (parameters first);
 it guards on everything that would change the graph, so the compiled call is used as is.
+With dynamic shapes (`torch.compile(..., dynamic=True)`, or sizes Dynamo saw change), the
+fake inputs have symbolic sizes of Dynamo's ShapeEnv and some inputs are sizes (`SymInt`s):
+aotgrad traces with them, and whatever it or its backend assumes about the sizes becomes
+part of Dynamo's guards, so one compiled graph serves every size those guards admit.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch.utils._pytree as pytree
 from .aliasing import AliasingChanged
 from .backends import resolve_backend
 from .api import CompiledFunction, choose_partitioner
+from .dynamic import falls_back_to_static, is_symbolic, warn_static_fallback
 from .pipeline import Options, compile_call
 
 
@@ -26,15 +31,18 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                       keep_inference_input_mutations)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
-        if _is_symbolic(example_inputs):
-            # Dynamo generalized some sizes. aotgrad's graphs are static: compile this graph
-            # again for each concrete signature as calls arrive (one entry per shape).
+        flat = dynamo_fakes(gm, example_inputs)
+        _, in_spec = pytree.tree_flatten((tuple(flat), {}))
+        num_params = _num_leading_parameters(example_inputs)
+        try:
+            call = compile_call(gm, flat, in_spec, replace(options, num_params_buffers=num_params))
+        except Exception as exc:
+            if not (is_symbolic(flat) and falls_back_to_static(exc)):
+                raise
+            warn_static_fallback("a graph from Dynamo", exc)
+            # Dynamo guards the sizes; compile as calls arrive, one graph per shape.
             lazy = CompiledFunction(gm, options)
             return lambda *args: lazy(*args)
-        flat = list(example_inputs)
-        _, in_spec = pytree.tree_flatten((tuple(flat), {}))
-        num_params = _num_leading_parameters(flat)
-        call = compile_call(gm, flat, in_spec, replace(options, num_params_buffers=num_params))
         run_call = call.run
         # Dynamo does not guard on how inputs alias; a call aliased differently from the
         # example inputs compiles again, as aotgrad.compile does.
@@ -52,20 +60,22 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
     return aotgrad_dynamo_backend
 
 
+def dynamo_fakes(gm: torch.fx.GraphModule, example_inputs) -> list:
+    """Dynamo's fakes of the inputs, with the symbolic sizes it chose (it passes the real
+    tensors as example inputs; its fakes are on the graph's placeholders)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fakes = [n.meta.get("example_value") for n in placeholders]
+    if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
+        return list(example_inputs)
+    return fakes
+
+
 def _num_leading_parameters(inputs) -> int:
     """Dynamo lifts parameters as the first inputs; they live across calls."""
     count = 0
     while count < len(inputs) and isinstance(inputs[count], torch.nn.Parameter):
         count += 1
     return count
-
-
-def _is_symbolic(example_inputs) -> bool:
-    for x in example_inputs:
-        sizes = tuple(x.shape) + tuple(x.stride()) if isinstance(x, torch.Tensor) else (x,)
-        if any(isinstance(s, (torch.SymInt, torch.SymFloat, torch.SymBool)) for s in sizes):
-            return True
-    return False
 
 
 aotgrad_backend = make_backend()

@@ -162,10 +162,11 @@ def _call(graph_fn: Callable, args: list) -> tuple[list, list]:
 def input_grads(outs, differentiable, primals, tangents, create_graph: bool = False) -> list:
     """One gradient (or None) per primal, of the differentiable outputs weighted by tangents."""
     diff_outs = [o for o, d in zip(outs, differentiable) if d]
-    wrt = [p for p in primals if p.requires_grad]
+    needs_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]  # not sizes
+    wrt = [p for p, n in zip(primals, needs_grad) if n]
     grads = iter(torch.autograd.grad(diff_outs, wrt, tangents, allow_unused=True,
                                      create_graph=create_graph) if wrt else ())
-    return [next(grads) if p.requires_grad else None for p in primals]
+    return [next(grads) if n else None for n in needs_grad]
 
 
 def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,

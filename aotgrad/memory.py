@@ -29,6 +29,7 @@ from typing import Callable, Hashable, Iterable, Sequence
 import torch
 from torch import fx
 
+from .dynamic import hint
 from .tables import VIEWS_IN_PRACTICE
 
 
@@ -45,8 +46,8 @@ class MemoryEstimate:
 
 
 def tensor_bytes(val) -> int:
-    if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
+    if isinstance(val, torch.Tensor):  # symbolic sizes count as in the example inputs
+        return hint(val.numel()) * val.element_size()
     if isinstance(val, (tuple, list)):
         return sum(tensor_bytes(v) for v in val)
     return 0

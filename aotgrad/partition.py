@@ -13,6 +13,11 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import free_symbols
+
+from .dynamic import DynamicShapesUnsupported, is_size
+
+aten = torch.ops.aten
 
 from .effects import checks_by_phase
 
@@ -48,6 +53,21 @@ def ancestors(roots: Iterable[fx.Node | None], stop: set[fx.Node] = frozenset())
     return seen
 
 
+def with_sizes(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
+    """Add the sizes (symbolic ints) computed from forward values alone: the forward can
+    save them for a few bytes, where the backward would need a tensor to read them from."""
+    forward = set(forward)
+    for node in joint.graph.nodes:
+        if (node not in forward and node.op == "call_function" and is_size_node(node)
+                and all(i in forward for i in node.all_input_nodes)):
+            forward.add(node)
+    return forward
+
+
+def is_size_node(node: fx.Node) -> bool:
+    return is_size(node.meta.get("val"))
+
+
 def with_tuple_elements(forward: set[fx.Node]) -> set[fx.Node]:
     """Add the `getitem`s of forward multi-output ops: a tuple cannot be saved, its elements
     can, and taking them costs nothing."""
@@ -64,7 +84,7 @@ def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_f
     """
     primals, _, _, grads = joint_parts(joint_module, num_fwd_outputs)
     fw_roots, _ = joint_roots(joint_module, num_fwd_outputs)
-    forward = with_tuple_elements(ancestors(fw_roots) | set(primals))
+    forward = with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint_module)
     read_by_backward = {
         inp for node in joint_module.graph.nodes
         if node.op == "call_function" and node not in forward
@@ -81,6 +101,7 @@ def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.
     may reorder the backward's ops (given in joint order) before its code is generated."""
     primals, tangents, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
     fw_checks, bw_checks = checks_by_phase(joint.graph)
+    saved = list(saved) + symbol_bindings(joint, primals, list(saved) + tangents)
     saved = sorted(saved, key=_is_symbolic)  # tensors first, then sizes (functorch's order)
     fw = _extract(joint, primals, fw_outs + list(saved), fw_checks)
     bw = _extract(joint, list(saved) + tangents, grads, bw_checks, backward_order)
@@ -89,6 +110,77 @@ def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.
 
 def _is_symbolic(node: fx.Node) -> bool:
     return not isinstance(node.meta.get("val"), torch.Tensor)
+
+
+# ---- symbolic sizes ------------------------------------------------------------------------
+
+def symbol_bindings(joint: fx.GraphModule, primals: Sequence[fx.Node],
+                    bw_inputs: Sequence[fx.Node]) -> list[fx.Node]:
+    """Sizes to save so that every symbol in the shapes of the backward's inputs is one of
+    its inputs, or a size or stride of one: a compiler (Inductor) binds symbols from its
+    inputs, and cannot solve `s0` from a shape such as `(2*s0,)`."""
+    vals = [n.meta.get("val") for n in bw_inputs]
+    held = {expr for v in vals for expr in _plain_symbols(v)}
+    missing = [s for s in free_symbols(vals) if s not in held]
+    if not missing:
+        return []
+    binders = _binders(joint, primals)
+    unbound = [str(s) for s in missing if s not in binders]
+    if unbound:
+        raise DynamicShapesUnsupported(
+            f"aotgrad: the backward needs sizes {unbound} that no input's size determines; "
+            "compile with dynamic=False.")
+    return [binders[s]() for s in missing]
+
+
+def _plain_symbols(val) -> list:
+    """The symbols `val` holds as itself, or as one of its sizes or strides."""
+    if is_size(val):
+        values = [val]
+    elif isinstance(val, torch.Tensor):
+        values = [*val.shape, *val.stride()]
+    else:
+        return []
+    return [v.node.expr for v in values if is_size(v) and v.node.expr.is_Symbol]
+
+
+def _binders(joint: fx.GraphModule, primals: Sequence[fx.Node]) -> dict:
+    """symbol -> a function returning a joint node that the forward can compute the symbol
+    with: a size input, an existing `sym_size` of an input, or a new one."""
+    binders: dict = {}
+    for node in joint.graph.nodes:
+        read = _size_read(node, primals)
+        if read is not None:
+            binders.setdefault(read, lambda node=node: node)
+    for primal in primals:
+        val = primal.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for op, values in ((aten.sym_size.int, val.shape), (aten.sym_stride.int, val.stride())):
+                for d, v in enumerate(values):
+                    if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol:
+                        binders.setdefault(v.node.expr, _new_read(joint, primal, op, d, v))
+    return binders
+
+
+def _size_read(node: fx.Node, primals: Sequence[fx.Node]):
+    """The symbol `node` is, if it is a size input or a size read directly off inputs (a
+    `sym_size`, or the `.item()` of a number Dynamo passes as a tensor)."""
+    val = node.meta.get("val")
+    if not is_size(val) or not val.node.expr.is_Symbol:
+        return None
+    is_input = node.op == "placeholder" and node in primals
+    reads_inputs = node.op == "call_function" and all(i in primals for i in node.all_input_nodes)
+    return val.node.expr if is_input or reads_inputs else None
+
+
+def _new_read(joint: fx.GraphModule, primal: fx.Node, op, dim: int, val) -> Callable:
+    def make() -> fx.Node:
+        last_input = [n for n in joint.graph.nodes if n.op == "placeholder"][-1]
+        with joint.graph.inserting_after(last_input):
+            node = joint.graph.call_function(op, (primal, dim))
+        node.meta["val"] = val
+        return node
+    return make
 
 
 def _extract(joint: fx.GraphModule, inputs: Sequence[fx.Node],

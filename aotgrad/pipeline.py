@@ -20,6 +20,8 @@ from . import aliasing, analysis, capture, joint, subclasses
 from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
 from .double_backward import DoubleBackward
+from .dynamic import DynamicShapesUnsupported, SizeBindings, hint, is_symbolic, shape_guard
+from .memory import tensor_bytes
 from .partition import default_partition
 from .runtime import CompiledCall, RuntimePlan
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
@@ -32,6 +34,7 @@ class Options:
     partition_fn: Callable = default_partition
     keep_inference_input_mutations: bool = False
     num_params_buffers: int = 0
+    dynamic: bool = False  # symbolic sizes for real inputs, checked by a guard per call
 
 
 @dataclass
@@ -71,8 +74,7 @@ class SavedValue:
         val = node.meta.get("val")
         op = node.op if node.op == "placeholder" else str(node.target)
         if isinstance(val, torch.Tensor):
-            return SavedValue(node.name, op, tuple(val.shape), val.dtype,
-                              val.numel() * val.element_size())
+            return SavedValue(node.name, op, tuple(val.shape), val.dtype, tensor_bytes(val))
         return SavedValue(node.name, op, (), type(val).__name__, 8)
 
 
@@ -98,19 +100,25 @@ class Captured:
 
 
 def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
-                        timer: _Timer | None = None) -> Captured:
+                        timer: _Timer | None = None, dynamic: bool = False,
+                        num_static: int = 0) -> Captured:
     timer = timer if timer is not None else _Timer()
     with timer("capture"):
         layout = capture.layout_call(flat_args, in_spec)
         inputs = layout.graph_inputs(flat_args)
-        fake_mode = capture.fake_mode_for(inputs)
-        fakes = capture.fake_inputs(fake_mode, inputs)
+        fake_mode = capture.fake_mode_for(inputs, dynamic)
+        fakes = capture.fake_inputs(fake_mode, inputs, dynamic, num_static)
         box = capture.OutputBox()
         graph_fn = capture.flat_graph_fn(fn, layout, box)
     with timer("analysis"):
-        info = analysis.analyze(graph_fn, fakes, [t.is_leaf for t in inputs], box, fake_mode)
+        is_leaf = [getattr(t, "is_leaf", True) for t in inputs]  # sizes are leaves
+        info = analysis.analyze(graph_fn, fakes, is_leaf, box, fake_mode)
         alias = aliasing.plan_aliasing(inputs, info)
         if alias is not None and alias.groups:
+            if is_symbolic(fakes):  # a group's base and members are addressed by geometry
+                raise DynamicShapesUnsupported(
+                    "aotgrad: inputs that share memory with a mutated input are compiled "
+                    "for static shapes only.")
             graph_fn, fakes, info = aliasing.analyze_merged(graph_fn, inputs, fakes, fake_mode,
                                                             box, alias)
     return Captured(graph_fn, layout, inputs, fake_mode, fakes, info, alias)
@@ -119,10 +127,13 @@ def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.
 def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
                  options: Options) -> CompiledCall:
     timer = _Timer()
-    c = capture_and_analyze(fn, flat_args, in_spec, timer)
+    c = capture_and_analyze(fn, flat_args, in_spec, timer, options.dynamic,
+                            options.num_params_buffers)
     build = _build_training if c.info.needs_autograd else _build_inference
     with compiling(getattr(fn, "__name__", type(fn).__name__)):
         call = build(c, options, timer)
+    if options.dynamic:  # last: backends add guards while compiling
+        call.guard = shape_guard(c.fake_mode, c.fakes)
     call.artifact.timings = dict(timer)
     return call
 
@@ -167,7 +178,9 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
         plan,
-        gradless_inputs=tuple(i for i, g in enumerate(grads) if all(x is None for x in g)),
+        num_saved_sizes=sum(not isinstance(v, torch.Tensor) for v in _saved_values(fw, n)),
+        gradless_inputs=tuple(i for i, g in enumerate(grads)
+                              if all(x is None for x in g) and info.inputs[i].requires_grad),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
@@ -239,22 +252,54 @@ def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) 
     saved = [n for n in bw.graph.nodes if n.op == "placeholder"]
     for node, stride in zip(saved, strides[num_fw_outputs:]):
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and stride is not None and tuple(stride) != val.stride():
-            node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
+        if not isinstance(val, torch.Tensor) or stride is None:
+            continue
+        # Symbolic strides compare by their value in the example inputs: no guard.
+        if tuple(hint(s) for s in val.stride()) == tuple(stride):
+            continue
+        if is_symbolic(val):  # Inductor keeps layouts under dynamic shapes; never seen
+            raise DynamicShapesUnsupported(
+                f"aotgrad: the forward's compiler chose strides {tuple(stride)} for {node.name}, "
+                "a saved value of symbolic shape; compile with dynamic=False.")
+        node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
+
+
+def _saved_values(fw: fx.GraphModule, num_fw_outputs: int) -> list:
+    return [n.meta.get("val") for n in fw.graph.output_node().args[0][num_fw_outputs:]]
 
 
 def _plan(info: analysis.FunctionInfo, c: Captured, num_fw_outputs: int,
           copied_in_graph: tuple[int, ...]) -> RuntimePlan:
+    tensors = [m is not None for m in info.graph_output_metas]
     return RuntimePlan(
         info=info,
         graph_input_positions=c.layout.first_position,
         num_fw_outputs=num_fw_outputs,
         tangent_outputs=tuple(i for i, d in enumerate(info.differentiable) if d),
-        non_differentiable=tuple(i for i, d in enumerate(info.differentiable) if not d),
+        non_differentiable=tuple(i for i, d in enumerate(info.differentiable)
+                                 if not d and tensors[i]),
         copied_in_graph=copied_in_graph,
         disable_autocast=torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"),
         aliasing=c.aliasing,
+        sizes=_runtime_sizes(info, c.fakes),
     )
+
+
+def _runtime_sizes(info: analysis.FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | None:
+    """Where the runtime finds the sizes it applies itself (metadata it restores on inputs,
+    views it rebuilds, sizes returned as constants), when they vary from call to call."""
+    geometry = [x.final_geometry for x in info.inputs if x.mutates_metadata]
+    geometry += [o.geometry for o in info.outputs if o.geometry is not None]
+    geometry += [o.constant for o in info.outputs if is_symbolic(o.constant)]
+    if not is_symbolic(geometry):
+        return None
+    sizes = SizeBindings(fakes)
+    unbound = sorted(map(str, sizes.unbound(geometry)))
+    if unbound:
+        raise DynamicShapesUnsupported(
+            f"aotgrad: an output view or an input's new metadata has sizes {unbound} that no "
+            "input's size determines; compile with dynamic=False.")
+    return sizes
 
 
 def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range) -> None:

@@ -26,7 +26,8 @@ from torch.utils.checkpoint import CheckpointPolicy
 from .flow import FlowNetwork
 from .joint import OVERWRITTEN
 from .memory import base_of, is_tuple, tensor_bytes
-from .partition import ancestors, joint_parts, joint_roots, split_joint, with_tuple_elements
+from .partition import (ancestors, joint_parts, joint_roots, split_joint, with_sizes,
+                        with_tuple_elements)
 from .tables import CHEAP_REDUCTIONS, Recompute, recompute_class, unsafe_to_recompute
 
 SOURCE, SINK = "source", "sink"
@@ -61,7 +62,7 @@ def forward_values(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
     and the elements of its tuples."""
     primals = joint_parts(joint, num_fwd_outputs)[0]
     fw_roots, _ = joint_roots(joint, num_fwd_outputs)
-    return with_tuple_elements(ancestors(fw_roots) | set(primals))
+    return with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint)
 
 
 def forward_rules(forward: set[fx.Node]) -> dict[fx.Node, str]:

@@ -19,6 +19,7 @@ from . import subclasses
 from .aliasing import InputAliasing
 from .analysis import FunctionInfo, OutputInfo, OutputKind, regenerate_view
 from .double_backward import DoubleBackward, release_inputs
+from .dynamic import ShapeGuard, SizeBindings, is_symbolic
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -39,6 +40,12 @@ class RuntimePlan:
     # The aliasing among the inputs that the graph assumes (None: no input is mutated, any
     # aliasing is fine); the graph takes one more input per group of aliased inputs.
     aliasing: InputAliasing | None = None
+    # Saved values that are sizes (symbolic ints), after the saved tensors: autograd saves
+    # only tensors, so these travel on the ctx.
+    num_saved_sizes: int = 0
+    # Where symbolic sizes the runtime applies itself (views it rebuilds, metadata it restores)
+    # are read from each call's inputs; None when nothing it applies is symbolic.
+    sizes: SizeBindings | None = None
 
     @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
@@ -57,7 +64,9 @@ class CompiledGraph(torch.autograd.Function):
         # Outputs without a gradient (mutated buffers' new values, unused outputs) get None,
         # not a zero tensor autograd would fill for each of them on every backward.
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*outs[plan.num_fw_outputs:])
+        sizes_at = len(outs) - plan.num_saved_sizes
+        ctx.save_for_backward(*outs[plan.num_fw_outputs:sizes_at])
+        ctx.saved_sizes = outs[sizes_at:]
         if call.written_in_graph:  # inputs themselves, which autograd would wrap in views
             outs = list(outs)
             for k in call.written_in_graph:
@@ -73,7 +82,7 @@ class CompiledGraph(torch.autograd.Function):
                     for i in call.plan.tangent_outputs]
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
             return (None, *call.double_backward.input_grads(ctx, tangents))
-        args = list(ctx.saved_tensors)
+        args = [*ctx.saved_tensors, *ctx.saved_sizes]
         # Drop autograd's references (unless retain_graph) so that the backward, which may
         # clear its argument list, can free each saved value after its last use.
         ctx.maybe_clear_saved_tensors()
@@ -101,6 +110,8 @@ def apply_compiled(call: "CompiledCall", args: list):
 class CompiledCall:
     """One compiled specialization: graphs plus the plan that wraps them."""
 
+    guard: ShapeGuard | None = None  # with dynamic shapes: which calls it may serve
+
     def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
                  artifact: Any = None):
         self.plan = plan
@@ -116,7 +127,7 @@ class CompiledCall:
         self.written_in_graph = tuple(data_index[i] for i in plan.copied_in_graph)
         self.non_differentiable = tuple(k for k in plan.non_differentiable
                                         if k not in self.written_in_graph)
-        self._outputs = _output_order(plan.info)
+        self._outputs = _output_order(plan.info, plan.sizes)
         self.unflatten = _unflattener(plan.info.out_spec)
         # Decided once, so that a call skips what this plan does not need.
         self._gather = _gatherer(plan.graph_input_positions)
@@ -220,7 +231,7 @@ def _plain_output_slice(info: FunctionInfo) -> slice | None:
     return slice(first, first + len(info.outputs))
 
 
-def _output_order(info: FunctionInfo) -> list[tuple[int, Callable]]:
+def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[int, Callable]]:
     """(output index, getter) with every base ahead of the views of it."""
     num_mutated = len(info.data_mutated_inputs)
     plain = {i: num_mutated + k for k, i in enumerate(info.plain_outputs)}
@@ -228,7 +239,8 @@ def _output_order(info: FunctionInfo) -> list[tuple[int, Callable]]:
     rows = []
     for i, o in enumerate(info.outputs):
         k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else plain.get(i)
-        rows.append((_RANK.get(o.kind, 0), i, _getter(o, k)))
+        get = _getter(o, k) if sizes is None else _symbolic_getter(o, k, sizes)
+        rows.append((_RANK.get(o.kind, 0), i, get))
     return [(i, get) for _, i, get in sorted(rows, key=lambda row: row[:2])]
 
 
@@ -254,6 +266,24 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     return lambda inputs, raw, outs: outs[src]  # SAME_AS_OUTPUT
 
 
+def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Callable:
+    """`_getter`, for a view or a constant (a `torch.Size`) that holds symbolic sizes: their
+    values are those of each call."""
+    if o.kind is OutputKind.CONSTANT and is_symbolic(o.constant):
+        return lambda inputs, raw, outs: sizes.concrete(inputs)(o.constant)
+    if o.kind not in _VIEWS:
+        return _getter(o, k)
+    src = o.source
+    base = {OutputKind.VIEW_OF_INPUT: lambda inputs, raw, outs: inputs[src],
+            OutputKind.VIEW_OF_INTERMEDIATE: lambda inputs, raw, outs: raw[k],
+            OutputKind.VIEW_OF_OUTPUT: lambda inputs, raw, outs: outs[src]}[o.kind]
+    return lambda inputs, raw, outs: regenerate_view(o, base(inputs, raw, outs),
+                                                     sizes.concrete(inputs))
+
+
+_VIEWS = (OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE, OutputKind.VIEW_OF_OUTPUT)
+
+
 def _unflattener(spec: pytree.TreeSpec) -> Callable[[list], Any]:
     """Rebuild the user's output structure; the common shapes skip pytree."""
     if spec.is_leaf():
@@ -270,7 +300,8 @@ def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
     data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
     for i, x in enumerate(plan.info.inputs):
         if x.mutates_metadata:
-            steps.append(_restore_metadata(i, x.final_geometry, x.mutation_hidden_from_autograd))
+            steps.append(_restore_metadata(i, x.final_geometry, x.mutation_hidden_from_autograd,
+                                           plan.sizes))
         if x.mutates_data and i not in plan.copied_in_graph:
             steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd,
                                     x.bumps_version))
@@ -304,18 +335,31 @@ def _version_setter() -> Callable[[list, list], None]:
 _set_version_counters = _version_setter()
 
 
-def _restore_metadata(i: int, geometry, hidden: bool) -> Callable:
-    size, stride, offset = geometry
-    # Elements the final geometry spans: more than the storage holds after a growing resize_.
-    extent = offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
+def _restore_metadata(i: int, geometry, hidden: bool, sizes: SizeBindings | None) -> Callable:
+    if sizes is not None:  # symbolic geometry: evaluated for each call's sizes
+        def step(inputs, raw):
+            concrete = sizes.concrete(inputs)(geometry)
+            _set_geometry(inputs[i], concrete, _extent(concrete), hidden)
+        return step
+    extent = _extent(geometry)
 
     def step(inputs, raw):
-        storage = inputs[i].untyped_storage()
-        if storage.nbytes() < extent * inputs[i].element_size():
-            storage.resize_(extent * inputs[i].element_size())  # as eager's resize_ does
-        with _grad_hidden(hidden):
-            inputs[i].as_strided_(size, stride, offset)
+        _set_geometry(inputs[i], geometry, extent, hidden)
     return step
+
+
+def _extent(geometry) -> int:
+    """Elements the geometry spans: more than the storage holds after a growing resize_."""
+    size, stride, offset = geometry
+    return offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
+
+
+def _set_geometry(t: torch.Tensor, geometry, extent: int, hidden: bool) -> None:
+    storage = t.untyped_storage()
+    if storage.nbytes() < extent * t.element_size():
+        storage.resize_(extent * t.element_size())  # as eager's resize_ does
+    with _grad_hidden(hidden):
+        t.as_strided_(*geometry)
 
 
 def _copy_back(i: int, k: int, hidden: bool, bumps_version: bool) -> Callable:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import fx
 
+from .dynamic import is_size
 from .tables import ALLOWED_INPUT_MUTATIONS
 
 
@@ -37,7 +38,8 @@ def verify_partition(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int
     for value, inp in zip(saved, bw_inputs):
         if not isinstance(value, fx.Node):
             _fail(fw, None, f"saves a non-node value {value!r}")
-        if not inp.users:
+        # A saved size may only bind a symbol of the other inputs' shapes for the compiler.
+        if not inp.users and not is_size(inp.meta.get("val")):
             _fail(bw, inp, "is saved by the forward but never read by the backward")
 
 

@@ -78,11 +78,6 @@ def test_artifacts_describe_the_compile():
     assert {"capture", "analysis", "trace", "partition"} <= set(artifact.timings)
 
 
-def test_dynamic_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="dynamic"):
-        aotgrad.compile(lambda x: x, dynamic=True)
-
-
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="unknown backend"):
         aotgrad.compile(lambda x: x, backend="tvm")

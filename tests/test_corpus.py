@@ -1,8 +1,10 @@
 """Every corpus case through every front door, compared against eager by the harness.
 
 Front doors: `aotgrad.compat` with `nop`, `aotgrad.compile` (eager and Inductor backends),
-and `torch.compile` with aotgrad as the Dynamo backend (eager and Inductor compilers).
-Inductor compiles take seconds, so the Inductor doors run only the cases tagged "inductor".
+and `torch.compile` with aotgrad as the Dynamo backend (eager and Inductor compilers); and
+with dynamic shapes, `aotgrad.compile(dynamic=True)` and `torch.compile(dynamic=True)`.
+Inductor compiles take seconds, so the Inductor doors (and Dynamo with dynamic shapes, whose
+symbolic trace is slower) run only the cases tagged "inductor".
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ def compat_nop(target: Callable) -> Callable:
     return aot_function(target, nop)
 
 
-def aotgrad_compile(backend: str) -> Callable:
-    return lambda target: aotgrad.compile(target, backend=backend)
+def aotgrad_compile(backend: str, dynamic: bool = False) -> Callable:
+    return lambda target: aotgrad.compile(target, backend=backend, dynamic=dynamic)
 
 
-def dynamo(backend_factory: Callable) -> Callable:
+def dynamo(backend_factory: Callable, dynamic: bool | None = None) -> Callable:
     def compile_with_dynamo(target: Callable) -> Callable:
         torch._dynamo.reset()  # no graph or guard left over from an earlier case
-        return torch.compile(target, backend=backend_factory())
+        return torch.compile(target, backend=backend_factory(), dynamic=dynamic)
     return compile_with_dynamo
 
 
@@ -42,6 +44,9 @@ FRONT_DOORS: dict[str, tuple[Callable, bool]] = {
     "compile-inductor": (aotgrad_compile("inductor"), True),
     "dynamo-aotgrad-eager": (dynamo(lambda: aotgrad.backend(backend="eager")), False),
     "dynamo-aotgrad-inductor": (dynamo(lambda: "aotgrad"), True),
+    # Dynamic shapes: every case through aotgrad's own door, Dynamo's on the smaller subset.
+    "compile-eager-dynamic": (aotgrad_compile("eager", dynamic=True), False),
+    "dynamo-aotgrad-eager-dynamic": (dynamo(lambda: aotgrad.backend(backend="eager"), True), True),
 }
 
 # (case name, front door) -> why it is expected to fail. Only gaps that are not aotgrad's
@@ -52,8 +57,9 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 # Cases aotgrad does not support yet, where it must refuse with a clear error instead of
 # diverging: case -> (doors where the refusal shows, pattern the error must match).
 # Dynamo splits the function around some of these and then matches eager by itself.
-PLAIN_DOORS = ("compat-nop", "compile-eager", "compile-inductor")
-WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor")
+PLAIN_DOORS = ("compat-nop", "compile-eager", "compile-inductor", "compile-eager-dynamic")
+WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor",
+                             "dynamo-aotgrad-eager-dynamic")
 REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "double_backward_custom_function": (WITH_DYNAMO, "custom autograd.Function"),
     "double_backward_dropout_train": (WITH_DYNAMO, "draws random numbers"),

@@ -8,12 +8,15 @@ filed under a cause by an ordered rule table, so the report reads as a to-do lis
 
 The `double_backward` pass instead compares second-order gradients, for the ops whose OpInfo
 supports gradgrad, in float64 where the op supports it: the first-order gradients taken with
-create_graph=True, then the gradients of a random projection of them. Several passes print
-their pass rates side by side.
+create_graph=True, then the gradients of a random projection of them. The `dynamic` pass
+compiles with `dynamic=True` and calls the same compiled function on the sample, then on the
+sample grown (`tools/opdb_grow.py`), noting whether the first graph served it or the shape
+guards asked for another. Several passes print their pass rates side by side.
 
     python -m tools.opdb_sweep --samples 1 --every 10
     python -m tools.opdb_sweep --ops add,nn.functional.conv2d --json /tmp/opdb.json
     python -m tools.opdb_sweep --pass static,double_backward --samples 1 --every 4
+    python -m tools.opdb_sweep --pass static,dynamic --samples 1 --every 10
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 import aotgrad
+from tools.opdb_grow import grow_tensors
 
 # ---- per-op knowledge ----------------------------------------------------------------------
 
@@ -133,6 +137,7 @@ class OpResult:
     reason: str = ""  # the failure group, or why the op was skipped
     detail: str = ""  # the raw message and where it was raised, for diagnosis
     seconds: float = 0.0
+    note: str = ""  # dynamic pass: what the grown sample did (SERVED, RECOMPILED, NOT_GROWN)
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,10 @@ class SweepResult:
         lines = [f"aotgrad OpInfo sweep: pass={self.pass_name}, backend={self.backend}, "
                  f"samples={self.samples}, ops={len(self.results)}",
                  f"passed {passed} / run {run} ({100 * passed / max(run, 1):.1f}%); "
-                 f"skipped {len(self.results) - run} ({skips})",
-                 f"failures by cause ({failed} ops in {len(self.failure_groups())} groups):"]
+                 f"skipped {len(self.results) - run} ({skips})"]
+        notes = collections.Counter(r.note for r in self.with_status(PASSED) if r.note)
+        lines += [f"  {note}: {n} ops" for note, n in notes.most_common()]
+        lines.append(f"failures by cause ({failed} ops in {len(self.failure_groups())} groups):")
         for cause, ops in self.failure_groups():
             lines += [f"  [{len(ops)}] {cause}", f"      {', '.join(ops)}"]
         return "\n".join(lines)
@@ -291,7 +298,7 @@ def run_op(op, samples: int = 2, backend: str = "eager",
     start = time.perf_counter()
     try:
         with _quiet(), _time_limit(time_limit), torch.random.fork_rng(), torch.enable_grad():
-            reasons = _run_samples(op, samples, backend, sweep_pass)
+            reasons, notes = _run_samples(op, samples, backend, sweep_pass)
     except Skip as skip:  # the sample inputs themselves could not be made
         return OpResult(name, SKIPPED, str(skip), seconds=time.perf_counter() - start)
     except (Exception, OpTimeout) as exc:
@@ -300,19 +307,23 @@ def run_op(op, samples: int = 2, backend: str = "eager",
     if reasons and None not in reasons:
         return OpResult(name, SKIPPED, reasons[0], seconds=seconds)
     return OpResult(name, PASSED if reasons else SKIPPED, "" if reasons else "no samples",
-                    seconds=seconds)
+                    seconds=seconds, note=min(notes, key=NOTE_ORDER.index, default=""))
 
 
-def _run_samples(op, samples: int, backend: str, sweep_pass: "Pass") -> list[str | None]:
-    """Per sample, None when it passed or the reason it was skipped; raises on failure."""
-    reasons = []
+def _run_samples(op, samples: int, backend: str, sweep_pass: "Pass"
+                 ) -> tuple[list[str | None], list[str]]:
+    """Per sample, None when it passed or the reason it was skipped (raises on failure); and
+    the notes of the samples that passed."""
+    reasons, notes = [], []
     for sample in first_samples(op, samples, sweep_pass.dtype(op)):
         try:
-            sweep_pass.check(op, sample, backend)
+            note = sweep_pass.check(op, sample, backend)
             reasons.append(None)
         except Skip as skip:
             reasons.append(str(skip))
-    return reasons
+        else:
+            notes += [note] if note else []
+    return reasons, notes
 
 
 def first_samples(op, n: int, dtype: torch.dtype = torch.float32) -> list:
@@ -329,13 +340,18 @@ def check_sample(op, sample, backend: str) -> None:
     """Eager and compiled agree on this sample, or raise `Mismatch` (or whatever aotgrad
     raised); `Skip` when eager itself raises or the outputs cannot be compared."""
     fn, tensors = sample_function(op, sample)
+    compare_call(op, sample, fn, aotgrad.compile(fn, backend=backend), tensors)
+
+
+def compare_call(op, sample, fn: Callable, compiled: Callable, tensors) -> None:
+    """One call of `compiled` against `fn` on copies of `tensors`: see `check_sample`."""
     eager_inputs, compiled_inputs = copy_tensors(tensors), copy_tensors(tensors)
     try:
         expected = fn(*eager_inputs)
     except Exception as exc:
         raise Skip(f"eager raises: {type(exc).__name__}") from exc
     require_comparable(expected)
-    actual = aotgrad.compile(fn, backend=backend)(*compiled_inputs)
+    actual = compiled(*compiled_inputs)
     tolerance = TOLERANCES.get(op_id(op), DEFAULT_TOLERANCE)
     compare_outputs(actual, expected, tolerance)
     compare_aliasing((actual, compiled_inputs), (expected, eager_inputs))
@@ -577,13 +593,48 @@ def compare_history(actual: Sequence, expected: Sequence) -> None:
                            f"input {i}: {a.requires_grad}, eager {e.requires_grad}")
 
 
+# ---- the dynamic pass ----------------------------------------------------------------------
+
+# Notes of the dynamic pass on the grown sample (`OpResult.note`); an op's note is its
+# samples' first in this order.
+SERVED, RECOMPILED, NOT_GROWN = ("grown sample served by the first graph",
+                                 "grown sample compiled again (a guard failed)",
+                                 "no grown sample (no dim >= 2, or eager refuses it)")
+NOTE_ORDER = (RECOMPILED, SERVED, NOT_GROWN)
+
+
+def check_sample_dynamic(op, sample, backend: str) -> str:
+    """`check_sample` compiled with dynamic=True, then the same compiled function on the
+    sample grown; returns whether the first graph served the grown sample."""
+    fn, tensors = sample_function(op, sample)
+    compiled = aotgrad.compile(fn, backend=backend, dynamic=True)
+    compare_call(op, sample, fn, compiled, tensors)
+    refuse_static_fallback(compiled)
+    grown = grow_tensors(tensors)
+    if grown is None:
+        return NOT_GROWN
+    try:
+        compare_call(op, sample, fn, compiled, grown)
+    except Skip:  # eager refuses the grown sample (its constants fix some sizes)
+        return NOT_GROWN
+    refuse_static_fallback(compiled)
+    return SERVED if compiled.num_compiles == 1 else RECOMPILED
+
+
+def refuse_static_fallback(compiled) -> None:
+    """A compile for dynamic shapes that fell back to static shapes fails the dynamic pass."""
+    for exc in compiled.static_only.values():
+        raise Mismatch(f"fell back to static: {classify(exc)}", describe(exc))
+
+
 # ---- passes --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Pass:
-    """What one kind of sweep checks per sample, in which dtype, and which ops it skips."""
+    """What one kind of sweep checks per sample (returning a note, or None), in which dtype,
+    and which ops it skips."""
 
-    check: Callable[[Any, Any, str], None]
+    check: Callable[[Any, Any, str], str | None]
     dtype: Callable[[Any], torch.dtype]
     skip_reason: Callable[[Any], str | None]
 
@@ -592,6 +643,7 @@ PASSES: dict[str, Pass] = {
     "static": Pass(check_sample, lambda op: torch.float32, lambda op: None),
     "double_backward": Pass(check_sample_double_backward, double_backward_dtype,
                             double_backward_skip_reason),
+    "dynamic": Pass(check_sample_dynamic, lambda op: torch.float32, lambda op: None),
 }
 
 
@@ -692,7 +744,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _print_progress(r: OpResult) -> None:
-    print(f"{r.status:7} {r.seconds:6.2f}s {r.op}  {r.reason}", file=sys.stderr, flush=True)
+    print(f"{r.status:7} {r.seconds:6.2f}s {r.op}  {r.reason}{r.note}", file=sys.stderr,
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,278 @@
+"""Dynamic shapes: one compiled graph serves many sizes, through every front door, and behaves
+like eager at each: outputs, gradients, inputs after the call. A size that breaks a guard
+compiles again; what cannot be traced symbolically falls back to static shapes, warning."""
+
+import warnings
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad.compat import aot_function, nop
+from aotgrad.dynamic import is_size
+
+
+class Counted:
+    """A front door, and how many graphs it compiled so far."""
+
+    def __init__(self, compile_fn, count):
+        self.compile_fn, self.count = compile_fn, count
+
+
+def native(backend):
+    def door(fn):
+        compiled = aotgrad.compile(fn, backend=backend, dynamic=True)
+        return Counted(compiled, lambda: compiled.num_compiles)
+    return door
+
+
+def compat(fn):
+    compiled = aot_function(fn, nop, dynamic=True)
+    return Counted(compiled, lambda: compiled.num_compiles)
+
+
+def dynamo(backend):
+    def door(fn):
+        torch._dynamo.reset()
+        graphs = []
+        inner = aotgrad.backend(backend=backend)
+
+        def counting(gm, example_inputs):
+            graphs.append(gm)
+            return inner(gm, example_inputs)
+        return Counted(torch.compile(fn, backend=counting, dynamic=True), lambda: len(graphs))
+    return door
+
+
+def dynamo_registered(fn):
+    """backend="aotgrad" as registered with Dynamo (Inductor compiles the graphs)."""
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+    counters.clear()
+    compiled = torch.compile(fn, backend="aotgrad", dynamic=True)
+    return Counted(compiled, lambda: counters["stats"]["unique_graphs"])
+
+
+EAGER_DOORS = {"compile-eager": native("eager"), "compat-nop": compat,
+               "dynamo-eager": dynamo("eager")}
+INDUCTOR_DOORS = {"compile-inductor": native("inductor"), "dynamo-aotgrad": dynamo_registered}
+
+
+def check_sizes(door, fn, make_inputs, sizes, compiles=1):
+    """`fn` compiled by `door` matches eager for inputs of every size, with `compiles`
+    graphs. (Sizes avoid the other dims' sizes: Dynamo's duck sizing would guard on those.)"""
+    counted = door(fn)
+    for size in sizes:
+        torch.manual_seed(size)
+        eager_args = make_inputs(size)
+        compiled_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in eager_args]
+        expected, actual = fn(*eager_args), counted.compile_fn(*compiled_args)
+        torch.testing.assert_close(actual, expected)
+        torch.testing.assert_close(compiled_args, eager_args)  # inputs after the call
+        wrt = [a for a in eager_args if a.requires_grad]
+        if wrt:
+            torch.testing.assert_close(_grads(actual, compiled_args), _grads(expected, wrt))
+    assert counted.count() == compiles
+    return counted
+
+
+def _grads(out, args):
+    wrt = [a for a in args if a.requires_grad]
+    outs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)]
+    loss = sum((o * torch.linspace(-1, 1, o.numel()).view(o.shape)).sum() for o in outs)
+    return torch.autograd.grad(loss, wrt)
+
+
+def mlp(x, w):
+    """The backward needs sizes: view(batch, -1), a mean over a dim, an expand."""
+    h = torch.tanh(x @ w)
+    flat = h.view(h.shape[0], -1)
+    return flat.mean(0) + flat.expand(2, *flat.shape).sum(0) * x.shape[1]
+
+
+def mlp_inputs(batch):
+    return [torch.randn(batch, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True)]
+
+
+@pytest.mark.parametrize("door", list(EAGER_DOORS.values()), ids=list(EAGER_DOORS))
+def test_one_graph_serves_several_batch_sizes(door):
+    check_sizes(door, mlp, mlp_inputs, [5, 6, 9])
+
+
+@pytest.mark.parametrize("door", list(INDUCTOR_DOORS.values()), ids=list(INDUCTOR_DOORS))
+def test_one_inductor_graph_serves_several_batch_sizes(door):
+    check_sizes(door, mlp, mlp_inputs, [5, 7])
+
+
+def attention(x, w):
+    """Batch and sequence length both vary; softmax over the sequence."""
+    q = x @ w
+    scores = q @ x.transpose(1, 2) / x.shape[-1] ** 0.5
+    return (scores.softmax(-1) @ x).sum(1)
+
+
+@pytest.mark.parametrize("door", list(EAGER_DOORS.values()), ids=list(EAGER_DOORS))
+def test_batch_and_sequence_length_vary(door):
+    check_sizes(door, attention,
+                lambda n: [torch.randn(n, n + 2, 4, requires_grad=True),
+                           torch.randn(4, 4, requires_grad=True)], [5, 6, 9])
+
+
+def test_sizes_the_backward_needs_are_saved_as_ints():
+    compiled = aotgrad.compile(mlp, backend="eager", dynamic=True)
+    compiled(*mlp_inputs(5))
+    saved = compiled.artifacts[0].saved
+    sizes = [s for s in saved if s.dtype == "SymInt"]
+    assert sizes and saved[-len(sizes):] == sizes  # after the tensors: they travel on the ctx
+    bw_inputs = [n for n in compiled.artifacts[0].backward_graph.graph.nodes
+                 if n.op == "placeholder"]
+    assert any(is_size(n.meta["val"]) for n in bw_inputs)
+
+
+def mutate_and_alias(x, buf):
+    """An input mutated in place, one whose metadata changes, views of inputs and sizes out."""
+    buf.add_(x.detach().sum(0))
+    y = x * 2
+    return y, x.view(x.shape[0], -1)[:, :2], x.size()
+
+
+@pytest.mark.parametrize("door", list(EAGER_DOORS.values())[:2], ids=list(EAGER_DOORS)[:2])
+def test_mutations_views_and_sizes_follow_each_call(door):
+    counted = door(mutate_and_alias)
+    for n in (3, 6):
+        x, buf = torch.randn(n, 4, requires_grad=True), torch.zeros(4)
+        x2, buf2 = x.detach().clone().requires_grad_(), buf.clone()
+        expected, actual = mutate_and_alias(x, buf), counted.compile_fn(x2, buf2)
+        torch.testing.assert_close(actual, expected)
+        assert actual[2] == expected[2] and type(actual[2]) is torch.Size
+        assert actual[1]._base is x2 and actual[1].shape == (n, 2)
+        torch.testing.assert_close(buf2, buf)
+    assert counted.count() == 1
+
+
+def test_metadata_mutation_of_an_input_follows_each_call():
+    def f(x):
+        x.t_()
+        return x + 1
+    compiled = aotgrad.compile(f, backend="eager", dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 2)
+        out = compiled(x)
+        assert x.shape == (2, n) and x.stride() == (1, 2)
+        torch.testing.assert_close(out, x + 1)
+    assert compiled.num_compiles == 1
+
+
+def test_size_one_breaks_the_guard_and_compiles_again():
+    compiled = aotgrad.compile(lambda x: x.sum(0) * x.shape[0], backend="eager", dynamic=True)
+    for n, compiles in ((4, 1), (7, 1), (1, 2), (1, 2), (9, 2)):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x), x.sum(0) * n)
+        assert compiled.num_compiles == compiles
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.unbind(0), lambda x: torch.sgn(x) * x.sum()],
+                         ids=["unbind", "sgn"])
+def test_a_size_the_trace_specializes_is_guarded(fn):
+    """unbind makes one output per row; sgn's backward makes zeros of a concrete shape: the
+    sizes become concrete in the graph, and part of its guard."""
+    compiled = aotgrad.compile(fn, backend="eager", dynamic=True)
+    for n in (3, 4, 3):
+        x = torch.randn(n, n, requires_grad=True)
+        actual, expected = compiled(x), fn(x)
+        torch.testing.assert_close(actual, expected)
+        torch.testing.assert_close(_grads(actual, [x]), _grads(expected, [x]))
+    assert compiled.num_compiles == 2
+
+
+def test_control_flow_on_a_size_is_guarded():
+    def f(x):
+        return x * 2 if x.shape[0] > 4 else x - 1
+    compiled = aotgrad.compile(f, backend="eager", dynamic=True)
+    for n in (6, 8, 3, 2, 10):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert compiled.num_compiles == 2
+
+
+def test_module_parameters_keep_static_sizes():
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    mine = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    mine.load_state_dict(eager.state_dict())
+    compiled = aotgrad.compile(mine, backend="eager", dynamic=True)
+    for n in (5, 9):
+        x = torch.randn(n, 3)
+        eager(x).pow(2).sum().backward()
+        compiled(x).pow(2).sum().backward()
+    for a, b in zip(eager.state_dict().values(), mine.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(eager.parameters(), mine.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    assert len(compiled.artifacts) == 1
+    weight = [n for n in compiled.artifacts[0].forward_graph.graph.nodes if n.op == "placeholder"][0]
+    assert weight.meta["val"].shape == (4, 3)  # concrete, not symbols
+
+
+def test_what_cannot_be_traced_symbolically_falls_back_to_static_with_a_warning():
+    def f(x):
+        x.resize_(3, 2)  # fake tensors cannot resize an input of symbolic size
+        return x * 2
+    compiled = aotgrad.compile(f, backend="eager", dynamic=True)
+    x, expected_x = torch.randn(2, 3), None
+    expected_x = x.clone()
+    expected = f(expected_x)
+    with pytest.warns(UserWarning, match="cannot be compiled for dynamic shapes"):
+        torch.testing.assert_close(compiled(x), expected)
+    torch.testing.assert_close(x, expected_x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the signature is remembered: no second attempt
+        compiled(torch.randn(2, 3))
+
+
+def test_data_dependent_values_are_still_refused_clearly():
+    compiled = aotgrad.compile(lambda x: x * x.sum().item(), backend="eager", dynamic=True)
+    with pytest.raises(NotImplementedError, match="depends on tensor data"):
+        compiled(torch.randn(3))
+
+
+def test_dynamo_size_inputs_and_outputs():
+    def f(x, n):
+        return x * n, n * 2, x.shape[0] + 1
+    counted = dynamo("eager")(f)
+    for k in (3, 4, 7):
+        x = torch.randn(k, requires_grad=True)
+        out = counted.compile_fn(x, k)
+        torch.testing.assert_close(out, f(x, k))
+        torch.testing.assert_close(_grads(out, [x]), _grads(f(x, k), [x]))
+    assert counted.count() <= 2  # Dynamo may specialize the int at first, then generalize
+
+
+def test_dynamo_automatic_dynamic_shapes_compile_once_more_then_reuse():
+    torch._dynamo.reset()
+    graphs = []
+    inner = aotgrad.backend(backend="eager")
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return inner(gm, example_inputs)
+    compiled = torch.compile(mlp, backend=counting)
+    for batch in (5, 6, 8, 11):
+        args = mlp_inputs(batch)
+        torch.testing.assert_close(compiled(*args), mlp(*args))
+    assert len(graphs) == 2  # static at first, then one symbolic graph for the rest
+
+
+def test_backward_inputs_of_derived_shape_get_their_symbols_saved():
+    """Saved (2*s0,)-shaped values and no plain s0 among the backward's inputs: the forward
+    saves s0 too, for compilers that bind symbols from their inputs."""
+    def f(x, w):
+        return (torch.cat([x, x]) * w).exp()
+    compiled = aotgrad.compile(f, backend="eager", dynamic=True,
+                               partitioner=aotgrad.default_partition)
+    x, w = torch.randn(3), torch.randn((), requires_grad=True)
+    compiled(x, w).sum().backward()
+    torch.testing.assert_close(w.grad, (torch.cat([x, x]) * (torch.cat([x, x]) * w).exp()).sum())
+    saved = compiled.artifacts[0].saved
+    assert [str(s.shape).startswith("(2*s") for s in saved] == [True, True, False]
+    assert saved[2].dtype == "SymInt"
