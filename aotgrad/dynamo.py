@@ -61,13 +61,14 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
 
 
 def dynamo_fakes(gm: torch.fx.GraphModule, example_inputs) -> list:
-    """Dynamo's fakes of the inputs, with the symbolic sizes it chose (it passes the real
-    tensors as example inputs; its fakes are on the graph's placeholders)."""
+    """With dynamic shapes, Dynamo's fakes of the inputs, with the symbolic sizes it chose
+    (it passes the real tensors as example inputs; its fakes are on the graph's
+    placeholders). Otherwise the example inputs."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("example_value") for n in placeholders]
     if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
         return list(example_inputs)
-    return fakes
+    return fakes if is_symbolic(fakes) else list(example_inputs)
 
 
 def _num_leading_parameters(inputs) -> int:
