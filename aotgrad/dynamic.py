@@ -66,7 +66,9 @@ def hint(value: Any) -> int:
         return value
     if hasattr(symbolic_shapes, "optimization_hint"):  # torch >= 2.13
         return symbolic_shapes.optimization_hint(value, fallback=4096)
-    return symbolic_shapes.hint_int(value, fallback=4096)
+    if hasattr(symbolic_shapes, "hint_int"):
+        return symbolic_shapes.hint_int(value, fallback=4096)
+    return int(value.node.shape_env.size_hint(value.node.expr))
 
 
 # ---- symbolic fake inputs (aotgrad's own front doors) ----------------------------------------

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 pytest.importorskip("expecttest", reason="op_db needs expecttest: pip install expecttest")
 
 from tools import opdb_sweep  # noqa: E402
-from test_opdb import XFAIL as STATIC_XFAIL, KnownFailure  # noqa: E402
+from test_opdb import XFAIL as STATIC_XFAIL, KnownFailure, _param  # noqa: E402
 
 # A dynamic compile traces twice as long as a static one and each op runs twice: an eighth
 # of the ops keeps this file near a third of the static sample's time.
@@ -36,15 +36,8 @@ DYNAMIC_ONLY_FAILURES = {
 XFAIL = {**STATIC_XFAIL, **DYNAMIC_ONLY_FAILURES}
 
 
-def _param(op):
-    name = opdb_sweep.op_id(op)
-    marks = []
-    if name in XFAIL:
-        marks.append(pytest.mark.xfail(strict=False, raises=KnownFailure, reason=XFAIL[name]))
-    return pytest.param(op, id=name, marks=marks)
-
-
-SAMPLE = [_param(op) for op in opdb_sweep.select_ops(every=CI_EVERY, comparable_only=True)]
+SAMPLE = [_param(op, XFAIL)
+          for op in opdb_sweep.select_ops(every=CI_EVERY, comparable_only=True)]
 
 
 @pytest.mark.parametrize("op", SAMPLE)
