@@ -129,6 +129,19 @@ def test_sizes_the_backward_needs_are_saved_as_ints():
     assert any(is_size(n.meta["val"]) for n in bw_inputs)
 
 
+def test_min_cut_saves_sizes_not_the_tensors_they_come_from():
+    """The backward of cat(...).sum() needs only sizes: a few ints, never a tensor's bytes."""
+    compiled = aotgrad.compile(lambda x: (torch.cat([x, x]) * 2).sum(), backend="eager",
+                               dynamic=True)
+    for n in (5, 8):
+        x = torch.randn(n, requires_grad=True)
+        compiled(x).backward()
+        torch.testing.assert_close(x.grad, torch.full((n,), 4.0))
+    saved = compiled.artifacts[0].saved
+    assert saved and all(s.dtype == "SymInt" for s in saved)
+    assert compiled.num_compiles == 1
+
+
 def mutate_and_alias(x, buf):
     """An input mutated in place, one whose metadata changes, views of inputs and sizes out."""
     buf.add_(x.detach().sum(0))
