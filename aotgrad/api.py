@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
@@ -65,6 +65,14 @@ def _dynamic_signature(flat_args) -> tuple:
         else:
             parts.append(_constant_key(a))
     return tuple(parts), global_state()
+
+
+def _shape_check(call: CompiledCall) -> Callable[[Sequence[Any]], bool] | None:
+    """For an entry compiled for dynamic shapes, its shape guard over the flat arguments."""
+    if call.guard is None:
+        return None
+    guard, positions = call.guard, call.plan.graph_input_positions
+    return lambda flat: guard([flat[p] for p in positions])
 
 
 def _constant_key(value: Any) -> Hashable:
@@ -156,7 +164,7 @@ class CompiledFunction:
     def _add_guard(self, flat: list, call: CompiledCall, flat_call: bool) -> None:
         plan = plan_guard(flat, call) if flat_call else None
         if plan is not None:
-            self.guarded.append((make_guard(plan, flat), call))
+            self.guarded.append((make_guard(plan, flat, _shape_check(call)), call))
 
     def _dynamic_call(self, shape, flat: list, key: Hashable) -> CompiledCall | None:
         """The first graph compiled for this signature whose shape guard accepts the call; then

@@ -13,7 +13,9 @@ entry depends on:
   (outputs that alias them, metadata mutations) and the leaf-ness of mutated inputs (eager
   refuses in-place changes to leaves that require grad): elsewhere neither reaches the graph,
   whose fake inputs start at offset 0;
-- grad mode, inference mode and autocast (`global_state`).
+- grad mode, inference mode and autocast (`global_state`);
+- for an entry compiled for dynamic shapes, each tensor's rank instead of its sizes and
+  strides, then the entry's shape guard (`dynamic.ShapeGuard`).
 
 A guard is straight-line Python generated per entry (`GuardPlan.source`). A call it rejects
 falls back to the signature key, so a guard only needs to be sound: when it passes, the entry
@@ -104,36 +106,41 @@ def _addressed_and_mutated(call: CompiledCall) -> tuple[list[int], list[int]]:
     return [positions[i] for i in addressed], [positions[i] for i in mutated]
 
 
-def make_guard(plan: GuardPlan, flat_args: Sequence[Any]) -> Callable[[Sequence[Any]], bool]:
-    """`plan` as one boolean expression over the call's flat arguments."""
-    source, scope = _guard_source(plan, flat_args)
+def make_guard(plan: GuardPlan, flat_args: Sequence[Any],
+               shapes: Callable[[Sequence[Any]], bool] | None = None
+               ) -> Callable[[Sequence[Any]], bool]:
+    """`plan` as one boolean expression over the call's flat arguments. With `shapes` (an
+    entry for dynamic shapes), sizes and strides are left to `shapes(flat_args)`."""
+    source, scope = _guard_source(plan, flat_args, shapes)
     exec(compile(source, "<aotgrad guard>", "exec"), scope)
     guard = scope["guard"]
     guard.source = source
     return guard
 
 
-def _guard_source(plan: GuardPlan, flat_args: Sequence[Any] | None = None):
+def _guard_source(plan: GuardPlan, flat_args: Sequence[Any] | None = None,
+                  shapes: Callable | None = None):
     scope: dict[str, Any] = {"_grad": torch.is_grad_enabled,
                              "_inference": torch.is_inference_mode_enabled,
-                             "_state": global_state}
+                             "_state": global_state, "_shapes": shapes}
     terms = [f"len(a) == {plan.num_args}"]
     terms += _global_terms(plan.global_state, scope)  # first: grad mode is the usual miss
-    terms += _tensor_terms(plan, flat_args, scope)
+    terms += _tensor_terms(plan, flat_args, scope, dynamic=shapes is not None)
     terms += [f"a[{p}] is a[{q}]" for p, q in plan.same_as]
     terms += [f"a[{p}].storage_offset() == {offset}" for p, offset in plan.storage_offsets]
     terms += [f"a[{p}].is_leaf is {leaf}" for p, leaf in plan.leaves]
     terms += [_constant_term(p, value, scope) for p, value in plan.constants]
+    terms += ["_shapes(a)"] if shapes is not None else []
     body = " and\n            ".join(terms)
     return f"def guard(a):\n    return ({body})\n", scope
 
 
-def _tensor_terms(plan: GuardPlan, flat_args, scope: dict) -> list[str]:
+def _tensor_terms(plan: GuardPlan, flat_args, scope: dict, dynamic: bool = False) -> list[str]:
     if not plan.tensors:
         return []
     args = ", ".join(f"a[{p}]" for p in plan.tensors)
     if flat_args is not None:
-        scope["_tensors"] = tensor_check([flat_args[p] for p in plan.tensors])
+        scope["_tensors"] = tensor_check([flat_args[p] for p in plan.tensors], dynamic)
     return [f"_tensors({args})"]
 
 
@@ -158,28 +165,31 @@ def _global_terms(state: tuple, scope: dict) -> list[str]:
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
-def tensor_check(examples: Sequence[torch.Tensor]) -> Callable[..., bool]:
+def tensor_check(examples: Sequence[torch.Tensor], dynamic: bool = False) -> Callable[..., bool]:
     """A check that tensors are distinct and match `examples` in type, dispatch keys, dtype,
-    device, sizes, strides and requires_grad: torch's C++ TensorGuards, else Python."""
+    device, sizes (with `dynamic`, rank only), strides and requires_grad: torch's C++
+    TensorGuards, else Python."""
+    free = [[None] * t.dim() for t in examples] if dynamic else None
     try:
         from torch._C._dynamo.guards import TensorGuards
-        return TensorGuards(*examples, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+        return TensorGuards(*examples, dynamic_dims_sizes=free, dynamic_dims_strides=free).check
     except (ImportError, AttributeError, TypeError, RuntimeError):
-        return _python_tensor_check(examples)
+        return _python_tensor_check(examples, dynamic)
 
 
-def _python_tensor_check(examples: Sequence[torch.Tensor]) -> Callable[..., bool]:
-    expected = [_tensor_facts(t) for t in examples]
+def _python_tensor_check(examples: Sequence[torch.Tensor],
+                         dynamic: bool = False) -> Callable[..., bool]:
+    expected = [_tensor_facts(t, dynamic) for t in examples]
 
     def check(*tensors):
         try:
-            facts = [_tensor_facts(t) for t in tensors]
+            facts = [_tensor_facts(t, dynamic) for t in tensors]
         except AttributeError:  # not a tensor
             return False
         return facts == expected and len({id(t) for t in tensors}) == len(tensors)
     return check
 
 
-def _tensor_facts(t: torch.Tensor) -> tuple:
-    return (type(t), t.dtype, t.device, t.shape, t.stride(), t.requires_grad,
-            t.is_conj(), t.is_neg())
+def _tensor_facts(t: torch.Tensor, dynamic: bool = False) -> tuple:
+    geometry = (t.dim(),) if dynamic else (t.shape, t.stride())
+    return (type(t), t.dtype, t.device, *geometry, t.requires_grad, t.is_conj(), t.is_neg())

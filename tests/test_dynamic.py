@@ -198,6 +198,17 @@ def test_a_size_the_trace_specializes_is_guarded(fn):
     assert compiled.num_compiles == 2
 
 
+def test_the_fast_call_guard_of_a_dynamic_entry_checks_ranks_then_the_shape_guard():
+    compiled = aotgrad.compile(lambda x, y: x * y, backend="eager", dynamic=True)
+    compiled(torch.randn(4, 3), torch.randn(3))
+    ((guard, _),) = compiled.guarded
+    assert guard((torch.randn(9, 5), torch.randn(5)))  # other sizes
+    assert not guard((torch.randn(9, 5), torch.randn(4)))  # the trace's s1 == s2 fails
+    assert not guard((torch.randn(1, 5), torch.randn(5)))  # size 1 is specialized
+    assert not guard((torch.randn(9, 5, 2), torch.randn(2)))  # another rank
+    assert not guard((torch.randn(9, 5, dtype=torch.float64), torch.randn(5)))
+
+
 def test_control_flow_on_a_size_is_guarded():
     def f(x):
         return x * 2 if x.shape[0] > 4 else x - 1
