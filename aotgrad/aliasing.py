@@ -40,6 +40,15 @@ from .analysis import FunctionInfo, Geometry
 storage_key = getattr(torch._C, "_storage_address", None) or (
     lambda t: t.untyped_storage()._cdata)
 
+
+
+def storage_keys(inputs: Sequence[Any]) -> list:
+    """One storage key per input. A size input (Dynamo's SymInt, an int when called) owns no
+    memory: a key of its own, by position (negative: no address)."""
+    return [storage_key(t) if isinstance(t, torch.Tensor) else -1 - i
+            for i, t in enumerate(inputs)]
+
+
 # Exact overlap tests enumerate addresses; above this many, assume overlap (always correct:
 # a base is only slower).
 MAX_EXACT_OVERLAP_ELEMENTS = 1 << 22
@@ -103,18 +112,20 @@ class InputAliasing:
     # through their parts, with the mutated inputs).
     subclass_inputs: tuple[int, ...] = ()
     mutated: tuple[int, ...] = ()
+    has_sizes: bool = False  # some inputs are sizes (Dynamo's dynamic shapes), not tensors
 
     def graph_inputs(self, inputs: list) -> list:
         """Check this call's aliasing (one storage lookup per input) and append the groups'
         bases."""
+        keys = storage_keys(inputs) if self.has_sizes else map(storage_key, inputs)
         if not self.shared:  # the common case, compiled for inputs on distinct storages
-            if len(set(map(storage_key, inputs))) != len(inputs):
+            if len(set(keys)) != len(inputs):
                 raise AliasingChanged(_sharing(inputs))
             if self.subclass_inputs:
                 refuse_aliased_subclass_parts(inputs, self.mutated)
             return inputs
         first: dict[int, int] = {}
-        classes = tuple(first.setdefault(storage_key(t), i) for i, t in enumerate(inputs))
+        classes = tuple(first.setdefault(k, i) for i, k in enumerate(keys))
         if classes != self.storage_classes or \
                 tuple(inputs[i].storage_offset() for i in self.shared) != self.shared_offsets:
             raise AliasingChanged(_first_difference(classes, self.storage_classes))
@@ -152,7 +163,7 @@ def refuse_aliased_subclass_parts(inputs: Sequence[torch.Tensor], mutated: Seque
     within) a mutated input."""
     owners: dict[int, list[int]] = {}
     for i, t in enumerate(inputs):
-        for part in subclasses.unwrap(t):
+        for part in subclasses.unwrap(t) if isinstance(t, torch.Tensor) else ():
             owners.setdefault(storage_key(part), []).append(i)
     for group in owners.values():
         if len(group) > 1 and any(i in mutated for i in group) and \
@@ -180,12 +191,13 @@ def plan_aliasing(inputs: Sequence[torch.Tensor], info: FunctionInfo) -> InputAl
     if subs:
         refuse_aliased_subclass_parts(inputs, mutated)
     first: dict[int, int] = {}
-    classes = tuple(first.setdefault(storage_key(t), i) for i, t in enumerate(inputs))
+    classes = tuple(first.setdefault(k, i) for i, k in enumerate(storage_keys(inputs)))
     shared = tuple(i for i, c in enumerate(classes) if classes.count(c) > 1)
     groups = tuple(_group(inputs, info, members) for members in _overlapping(inputs, classes)
                    if any(info.inputs[i].mutated for i in members))
     return InputAliasing(classes, shared, tuple(inputs[i].storage_offset() for i in shared),
-                         groups, subs, mutated)
+                         groups, subs, mutated,
+                         has_sizes=not all(isinstance(t, torch.Tensor) for t in inputs))
 
 
 def _overlapping(inputs: Sequence[torch.Tensor], classes: tuple[int, ...]) -> list[list[int]]:
@@ -403,8 +415,8 @@ def _geometry(t: torch.Tensor) -> Geometry:
 def _sharing(inputs: Sequence[torch.Tensor]) -> list[int]:
     """Two inputs on one storage."""
     first: dict[int, int] = {}
-    for i, t in enumerate(inputs):
-        j = first.setdefault(storage_key(t), i)
+    for i, k in enumerate(storage_keys(inputs)):
+        j = first.setdefault(k, i)
         if j != i:
             return [j, i]
     return []
