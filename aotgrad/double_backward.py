@@ -49,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .analysis import FunctionInfo, graph_outputs
 from .capture import fake_inputs
 from .codegen import python_function
+from .dynamic import no_new_guards
 from .joint import fake_tangents, input_grads, mutable_copies
 from .tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE
 
@@ -90,7 +91,8 @@ class DoubleBackward:
         # The inputs the compiled forward does not save itself: their versions are recorded
         # at the call (save_for_backward checks the others').
         saved = set(saved_inputs)
-        self.unsaved_inputs = tuple(i for i in range(len(fakes)) if i not in saved)
+        self.unsaved_inputs = tuple(i for i in range(len(fakes)) if i not in saved
+                                    and isinstance(fakes[i], torch.Tensor))  # not sizes
         self._result: Replay | BaseException | None = None
 
     @classmethod
@@ -119,7 +121,10 @@ class DoubleBackward:
     def replay(self) -> Replay:
         if self._result is None:
             try:
-                self._result = trace_replay(*self._trace_args)
+                # With dynamic shapes the replay is traced for symbolic sizes too, and may not
+                # assume more about them than the compiled entry's guard checks.
+                with no_new_guards(self._trace_args[3], "double backward"):
+                    self._result = trace_replay(*self._trace_args)
             except Exception as error:  # the same refusal each time, without tracing again
                 self._result = error
         if isinstance(self._result, BaseException):

@@ -16,6 +16,7 @@ from the graph inputs of each call.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -139,6 +140,19 @@ def _static_value(v) -> int | None:
     """The value of a size that is concrete: from the start (0, 1), or since the trace
     specialized its symbol (branching on it, or an op needing a number: `unbind`)."""
     return v if isinstance(v, int) else v.node.maybe_as_int()
+
+
+@contextlib.contextmanager
+def no_new_guards(mode: FakeTensorMode, what: str):
+    """Refuse a trace that adds guards to the ShapeEnv of a finished compile, whose guard
+    (ours, or Dynamo's) was produced already: nothing would check them."""
+    env = getattr(mode, "shape_env", None)
+    before = None if env is None else (len(env.guards), len(env.replacements))
+    yield
+    if env is not None and (len(env.guards), len(env.replacements)) != before:
+        raise DynamicShapesUnsupported(
+            f"aotgrad: {what} assumes more about the input sizes than the compiled graphs "
+            "do, which no guard checks. Compile with dynamic=False.")
 
 
 # ---- evaluating sizes at run time ------------------------------------------------------------

@@ -300,3 +300,20 @@ def test_backward_inputs_of_derived_shape_get_their_symbols_saved():
     saved = compiled.artifacts[0].saved
     assert [str(s.shape).startswith("(2*s") for s in saved] == [True, True, False]
     assert saved[2].dtype == "SymInt"
+
+
+@pytest.mark.parametrize("door", [EAGER_DOORS["compile-eager"], EAGER_DOORS["dynamo-eager"]],
+                         ids=["compile-eager", "dynamo-eager"])
+def test_double_backward_through_a_dynamic_entry(door):
+    """The create_graph replay is traced for symbolic sizes as well: right at every size."""
+    def f(x, w):
+        return (torch.tanh(x @ w) * x.shape[0]).mean(0)
+    counted = door(f)
+
+    def second_order(fn, x, w):
+        (g,) = torch.autograd.grad(fn(x, w).sum(), w, create_graph=True)
+        return torch.autograd.grad((g * g).sum(), (x, w))
+    for n in (5, 7):
+        x, w = torch.randn(n, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+        torch.testing.assert_close(second_order(counted.compile_fn, x, w), second_order(f, x, w))
+    assert counted.count() == 1

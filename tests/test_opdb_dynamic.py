@@ -13,16 +13,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 pytest.importorskip("expecttest", reason="op_db needs expecttest: pip install expecttest")
 
+from test_opdb import XFAIL as STATIC_XFAIL, check_op, op_param  # noqa: E402
 from tools import opdb_sweep  # noqa: E402
-from test_opdb import XFAIL as STATIC_XFAIL, KnownFailure, _param  # noqa: E402
 
 # A dynamic compile traces longer than a static one and each op runs twice (~1.3x the
 # static pass's time, 2026-11-21): a sixth of the ops keeps this file near half the time of
 # the static sample (every second op).
 CI_EVERY = 6
 
-# Ops that fail the dynamic pass, by the start of their cause group: the static pass's known
-# failures, and these. Listed for every op of the full one-sample pass.
+# Ops that fail the dynamic pass, by cause group exactly as the sweep files it: the static
+# pass's known failures, and these. Listed for every op of the full one-sample pass.
 DYNAMIC_ONLY_FAILURES = {
     # With symbolic sizes, fake tensors meet the data dependence before the kernel reads data.
     "tensor_split": "refused: data-dependent value",
@@ -35,20 +35,13 @@ DYNAMIC_ONLY_FAILURES = {
     "resize_as_": "fell back to static: RuntimeError",
 }
 XFAIL = {**STATIC_XFAIL, **DYNAMIC_ONLY_FAILURES}
-
-
-SAMPLE = [_param(op, XFAIL)
+SAMPLE = [op_param(op, XFAIL)
           for op in opdb_sweep.select_ops(every=CI_EVERY, comparable_only=True)]
 
 
 @pytest.mark.parametrize("op", SAMPLE)
 def test_op_matches_eager_with_dynamic_shapes(op):
-    result = opdb_sweep.run_op(op, samples=1, backend="eager", pass_name="dynamic")
-    if result.status == opdb_sweep.SKIPPED:
-        pytest.skip(result.reason)
-    if result.status == opdb_sweep.FAILED and result.reason.startswith(XFAIL.get(result.op, "-")):
-        raise KnownFailure(result.reason)
-    assert result.status == opdb_sweep.PASSED, f"{result.reason}\n{result.detail}"
+    check_op(op, XFAIL, pass_name="dynamic")
 
 
 def test_dynamic_table_names_real_ops():
