@@ -20,7 +20,8 @@ from . import aliasing, analysis, capture, joint, subclasses
 from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
 from .double_backward import DoubleBackward
-from .dynamic import DynamicShapesUnsupported, SizeBindings, hint, is_symbolic, shape_guard
+from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
+                      shape_guard)
 from .memory import tensor_bytes
 from .partition import default_partition
 from .runtime import CompiledCall, RuntimePlan
@@ -179,8 +180,10 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     plan = dataclasses.replace(
         plan,
         num_saved_sizes=sum(not isinstance(v, torch.Tensor) for v in _saved_values(fw, n)),
+        # Every tensor without a gradient, whether it required grad here or not: Dynamo
+        # (torch 2.11) may reuse the graph once a buffer requires grad.
         gradless_inputs=tuple(i for i, g in enumerate(grads)
-                              if all(x is None for x in g) and info.inputs[i].requires_grad),
+                              if all(x is None for x in g) and not is_size(c.fakes[i])),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))

@@ -317,3 +317,18 @@ def test_double_backward_through_a_dynamic_entry(door):
         x, w = torch.randn(n, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True)
         torch.testing.assert_close(second_order(counted.compile_fn, x, w), second_order(f, x, w))
     assert counted.count() == 1
+
+
+def test_an_input_compiled_without_grad_is_detached_when_it_requires_grad_later():
+    """Dynamo (torch 2.11) may call a graph compiled for a buffer without grad once the buffer
+    requires grad: the backward must not walk into the buffer's (freed) history. Sizes
+    aside, every input without a gradient is detached when it requires grad."""
+    compiled = aotgrad.compile(lambda x, b: x * b, backend="eager")
+    x = torch.randn(3, requires_grad=True)
+    compiled(x, torch.randn(3))
+    (call,) = compiled.entries.values()
+    w = torch.randn(3, requires_grad=True)
+    b = w.sin()
+    b.sum().backward()  # frees b's history
+    call.run((x, b)).sum().backward()  # as Dynamo calls it: no signature check
+    torch.testing.assert_close(x.grad, b.detach())
