@@ -78,16 +78,6 @@ REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-# aotgrad bugs seen only on torch 2.11 (the GPU machine), open: (case, door) -> what fails.
-OPEN_BUGS_ON_2_11: dict[tuple[str, str], str] = {
-    (case, door): "torch 2.11: the second call, where the buffer now requires grad, is not "
-                  "recompiled by Dynamo and its backward reaches the first call's freed node "
-                  "(appeared with the dynamic-shapes merge; open)"
-    for case in ("buffer_updated_with_grad_value",)
-    for door in ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor")
-}
-
-
 def _params():
     for door, (_, inductor_only) in FRONT_DOORS.items():
         for case in CASES:
@@ -96,9 +86,6 @@ def _params():
             marks = []
             reason = KNOWN_GAPS.get((case.name, door))
             if reason is not None:
-                marks.append(pytest.mark.xfail(reason=reason, strict=True))
-            reason = OPEN_BUGS_ON_2_11.get((case.name, door))
-            if reason is not None and torch.__version__ < "2.13":
                 marks.append(pytest.mark.xfail(reason=reason, strict=True))
             yield pytest.param(case, door, id=f"{door}-{case.name}", marks=marks)
 
