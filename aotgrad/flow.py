@@ -38,8 +38,9 @@ class FlowNetwork:
         self.head.append(a)
         self.cap.append(0)
 
-    def min_cut(self, source: Hashable, sink: Hashable) -> tuple[int, set]:
-        """(value of a minimum cut, keys of the vertices on its source side)."""
+    def min_cut(self, source: Hashable, sink: Hashable, latest: bool = False) -> tuple[int, set]:
+        """(value of a minimum cut, keys of the vertices on its source side). Of the minimum
+        cuts, the one nearest the source, or with `latest` the one nearest the sink."""
         s, t = self.vertex(source), self.vertex(sink)
         flow = 0
         while True:
@@ -51,6 +52,9 @@ class FlowNetwork:
             while pushed:
                 flow += pushed
                 pushed = self._push(s, t, level, cursor)
+        if latest:
+            reaches_sink = self._reaching(t)
+            return flow, {key for v, key in enumerate(self.keys) if not reaches_sink[v]}
         level = self._levels(s)
         return flow, {self.keys[v] for v, lv in enumerate(level) if lv >= 0}
 
@@ -69,6 +73,21 @@ class FlowNetwork:
                     level[v] = next_level
                     queue.append(v)
         return level
+
+    def _reaching(self, t: int) -> list[bool]:
+        """Which vertices can still send flow to `t` (along edges with residual capacity)."""
+        reached = [False] * len(self.keys)
+        reached[t] = True
+        stack = [t]
+        out, head, cap = self.out, self.head, self.cap
+        while stack:
+            v = stack.pop()
+            for e in out[v]:  # e ^ 1 runs from head[e] into v
+                u = head[e]
+                if cap[e ^ 1] > 0 and not reached[u]:
+                    reached[u] = True
+                    stack.append(u)
+        return reached
 
     def _push(self, s: int, t: int, level: list[int], cursor: list[int]) -> int:
         """Send one augmenting path's worth of flow along the level graph (iteratively)."""

@@ -19,11 +19,13 @@ from torch import fx
 from . import aliasing, analysis, capture, joint, subclasses
 from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
+from .cse import eliminate_common_subexpressions
 from .double_backward import DoubleBackward
 from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
                       shape_guard)
 from .memory import tensor_bytes
 from .partition import default_partition
+from .remat import forward_values
 from .runtime import CompiledCall, RuntimePlan
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
 from .verify import verify, verify_partition
@@ -146,6 +148,7 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
         gm = joint.trace_inference(c.graph_fn, info, c.fakes, c.fake_mode,
                                    options.backend.decompositions, keep)
         gm = _backend_passes(options.backend, gm)
+        eliminate_common_subexpressions(gm)
     copied = info.data_mutated_inputs if keep else ()
     edge = _boundary(c, gm, copied)
     _attach(gm, "inference", options, _plain_range(edge, info))
@@ -161,6 +164,8 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         joint_gm = joint.trace_joint(c.graph_fn, info, c.fakes, c.fake_mode,
                                      options.backend.decompositions)
         joint_gm = _backend_passes(options.backend, joint_gm)
+        eliminate_common_subexpressions(
+            joint_gm, forward_values(joint_gm, joint_gm.meta[joint.JOINT_FW_OUTPUTS]))
         aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
         joint.snapshot_overwritten_inputs(joint_gm)
     edge = _boundary(c, joint_gm, info.mutations_in_graph)

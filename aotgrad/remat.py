@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from .dynamic import hint
 from .flow import FlowNetwork
 from .joint import OVERWRITTEN
 from .memory import base_of, is_tuple, tensor_bytes
@@ -44,6 +46,8 @@ class Rule:
     # whole input), or a value a backward matmul or convolution reads (the backward would
     # write it out again). The min-cut saves it (speed first); a memory budget may
     # recompute it.
+    # Likewise a small value that a fusible op broadcasts to many times its size: fused
+    # into that op in the backward, its recomputation would run once per element.
     MATERIALIZED = "materialized"
     SAVE = "save"  # comes from the forward: expensive, random, effectful, or policy
     RECOMPUTE = "recompute"  # recomputed: inside a selectively checkpointed region
@@ -85,7 +89,8 @@ def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
         return policy
     if kind != Recompute.CHEAP:
         return Rule.SAVE
-    if node.target in CHEAP_REDUCTIONS or _read_by_backward_kernel(node, forward):
+    if (node.target in CHEAP_REDUCTIONS or _read_by_backward_kernel(node, forward)
+            or _broadcast_by_fusible_user(node)):
         return Rule.MATERIALIZED  # a reduction's recomputation re-reads its whole input
     return Rule.CHOOSE
 
@@ -104,6 +109,39 @@ def _read_by_backward_kernel(node: fx.Node, forward: set[fx.Node]) -> bool:
         elif user not in forward and kind == Recompute.NEVER:
             return True
     return False
+
+
+# A fusible user this many times larger than a value makes recomputing it that much dearer.
+BROADCAST_FACTOR = 8
+BROADCAST_SEARCH = 32  # users looked at per value: keeps the pass linear
+
+
+def _broadcast_by_fusible_user(node: fx.Node) -> bool:
+    """Does a cheap op read this value at BROADCAST_FACTOR times its size, directly or through
+    views and smaller pointwise ops that would fuse with it? (Layer norm's statistics, labels
+    padded for a loss.) Values made from no tensor (constants, `iota`) cost nothing per element
+    and are not counted."""
+    if not node.all_input_nodes:
+        return False
+    limit = BROADCAST_FACTOR * _numel(node)
+    stack, seen = list(node.users), set()
+    while stack and len(seen) < BROADCAST_SEARCH:
+        user = stack.pop()
+        if user in seen or user.op != "call_function":
+            continue
+        seen.add(user)
+        kind = recompute_class(user.target)
+        if kind == Recompute.CHEAP and _numel(user) >= limit:
+            return True
+        if kind == Recompute.FREE or (kind == Recompute.CHEAP
+                                      and user.target not in CHEAP_REDUCTIONS):
+            stack.extend(user.users)
+    return False
+
+
+def _numel(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    return hint(val.numel()) if isinstance(val, torch.Tensor) else 0
 
 
 def _leaves_region(node: fx.Node, forward: set[fx.Node]) -> bool:
@@ -141,7 +179,8 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
     forward = forward_values(joint, num_fwd_outputs)
     rules = forward_rules(forward)
     network, infinity = _network(joint, forward, rules, set(grads))
-    value, reachable = network.min_cut(SOURCE, SINK)
+    # Of the cuts of least bytes, the latest: it leaves the backward the least to recompute.
+    value, reachable = network.min_cut(SOURCE, SINK, latest=True)
     assert value < infinity, "min-cut: the checkpoint policies and the op table conflict"
     cut = {n for n in forward if (n, "in") in reachable and (n, "out") not in reachable}
     # Zero-cost edges may be cut without being needed; keep what the backward reads.

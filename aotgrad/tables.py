@@ -24,6 +24,12 @@ ERROR_CHECKS = frozenset({
     aten._assert_async.msg,
 })
 
+# Ops that return a buffer of unspecified contents: two calls are two buffers, never merged.
+UNINITIALIZED = frozenset({
+    aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
+    aten.new_empty.default, aten.new_empty_strided.default,
+})
+
 # In-place ops a functional graph may still hold: the trailing copy into a mutated input
 # (inference graphs with keep_inference_input_mutations=True).
 ALLOWED_INPUT_MUTATIONS = frozenset({

@@ -376,18 +376,75 @@ def brute_force_min_cut(edges, n):
     return best
 
 
-@pytest.mark.parametrize("seed", range(30))
-def test_min_cut_value_matches_brute_force(seed):
+def random_network(seed, n=6):
     gen = torch.Generator().manual_seed(seed)
-    n = 6
     edges = [(u, v, int(torch.randint(0, 10, (), generator=gen)))
              for u in range(n) for v in range(n)
              if u != v and v != 0 and u != n - 1 and torch.rand((), generator=gen) < 0.5]
+    return edges, n
+
+
+def network(edges, n):
     net = FlowNetwork()
     for u, v, c in edges:
         net.add_edge(u, v, c)
     net.vertex(0), net.vertex(n - 1)
-    value, side = net.min_cut(0, n - 1)
+    return net
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_min_cut_value_matches_brute_force(seed):
+    edges, n = random_network(seed)
+    value, side = network(edges, n).min_cut(0, n - 1)
     assert value == brute_force_min_cut(edges, n)
     assert 0 in side and n - 1 not in side
     assert value == sum(c for u, v, c in edges if u in side and v not in side)
+
+
+def test_latest_min_cut_is_minimal_and_past_the_earliest():
+    for seed in range(30):
+        edges, n = random_network(seed)
+        early, late = network(edges, n), network(edges, n)
+        value, early_side = early.min_cut(0, n - 1)
+        late_value, late_side = late.min_cut(0, n - 1, latest=True)
+        assert late_value == value
+        assert late_value == sum(c for u, v, c in edges if u in late_side and v not in late_side)
+        assert early_side <= late_side and n - 1 not in late_side
+
+
+# ---- small values broadcast in the backward -------------------------------------------------
+
+def inductor_decomposed_eager():
+    from aotgrad.backends import Backend, _inductor_decompositions, eager_compiler
+    return Backend(eager_compiler, eager_compiler, eager_compiler, _inductor_decompositions())
+
+
+def normalize(x, w):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return ((x - mean) * torch.rsqrt(var + 1e-5) * w).sum()
+
+
+def shifted_label_loss(logits, labels):
+    labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+@pytest.mark.parametrize("fn, args, saved, recomputed", [
+    (normalize, lambda: (torch.randn(4, 64, requires_grad=True),
+                         torch.randn(64, requires_grad=True)), "rsqrt", "add"),
+    # The padded labels, not the labels (an input, free to save): recomputing the pad
+    # inside the loss backward's kernel would run it once per vocabulary entry.
+    (shifted_label_loss, lambda: (torch.randn(2, 8, 50, requires_grad=True),
+                                  torch.randint(0, 50, (2, 8))), "clone", "primals_2"),
+], ids=["layer_norm_statistics", "padded_labels"])
+def test_small_values_broadcast_in_the_backward_are_saved(fn, args, saved, recomputed):
+    inputs = args()
+    twins = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    compiled = aotgrad.compile(fn, backend=inductor_decomposed_eager())
+    compiled(*inputs).backward()
+    fn(*twins).backward()
+    for a, b in zip(inputs, twins):
+        torch.testing.assert_close(a.grad, b.grad)
+    names = {s.name for s in compiled.artifacts[0].saved}
+    assert saved in names and recomputed not in names

@@ -1,0 +1,73 @@
+"""Common subexpression elimination (aotgrad/cse.py): repeated pure work merges, and nothing
+that would make eager's tensors differ does."""
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+import aotgrad
+from aotgrad.cse import eliminate_common_subexpressions
+
+aten = torch.ops.aten
+
+
+def count(gm, op):
+    return sum(n.target == op for n in gm.graph.nodes)
+
+
+def test_a_mask_built_in_every_layer_is_computed_and_saved_once():
+    def layers(x, w):
+        h = x
+        for _ in range(3):
+            keep = torch.sigmoid(x @ w) > 0.5  # the same in every layer
+            h = torch.where(keep, h @ w, 0.0)
+        return h.sum()
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8, requires_grad=True)
+    compiled = aotgrad.compile(layers, backend="eager")
+    w2 = w.detach().clone().requires_grad_()
+    compiled(x, w).backward()
+    layers(x, w2).backward()
+    torch.testing.assert_close(w.grad, w2.grad)
+    art = compiled.artifacts[0]
+    assert count(art.forward_graph, aten.gt.Scalar) == 1
+    assert sum(s.op == "aten.gt.Scalar" for s in art.saved) == 1
+
+
+def test_equal_outputs_stay_distinct_tensors():
+    compiled = aotgrad.compile(lambda x: (x * 2, x * 2), backend="eager")
+    a, b = compiled(torch.randn(4, requires_grad=True))
+    assert a.data_ptr() != b.data_ptr()
+    a.detach().add_(1)
+    assert not torch.equal(a, b)
+
+
+def test_equal_gradients_stay_distinct_tensors():
+    compiled = aotgrad.compile(lambda x, y: (x * 3).sum() + (y * 3).sum(), backend="eager")
+    x, y = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    compiled(x, y).backward()
+    assert x.grad.data_ptr() != y.grad.data_ptr()
+
+
+def test_random_ops_are_never_merged():
+    compiled = aotgrad.compile(lambda x: (F.dropout(x, 0.5) - F.dropout(x, 0.5)).abs().sum(),
+                               backend="eager")
+    x = torch.ones(1000, requires_grad=True)
+    assert compiled(x) > 0  # two different masks; one merged mask would give exactly 0
+
+
+def test_signed_zeros_and_views_are_not_merged():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    pos = graph.call_function(aten.full.default, ([2], 0.0))
+    neg = graph.call_function(aten.full.default, ([2], -0.0))
+    v1 = graph.call_function(aten.view.default, (x, [2]))
+    v2 = graph.call_function(aten.view.default, (x, [2]))
+    same1 = graph.call_function(aten.mul.Tensor, (v1, pos))
+    same2 = graph.call_function(aten.mul.Tensor, (v1, pos))
+    total = graph.call_function(aten.add.Tensor, (same1, same2))
+    graph.output((graph.call_function(aten.div.Tensor, (total, neg)), v2))
+    gm = eliminate_common_subexpressions(fx.GraphModule({}, graph))
+    assert count(gm, aten.full.default) == 2
+    assert count(gm, aten.view.default) == 2
+    assert count(gm, aten.mul.Tensor) == 1
