@@ -18,6 +18,8 @@ backward part of the joint graph holds the second run of the region.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import Callable, Sequence
 
 import torch
@@ -173,11 +175,27 @@ def min_cut_rematerialization_partition(joint_module: fx.GraphModule, _joint_inp
 
 
 def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
-    """The saved values of a minimum-byte cut."""
+    """The saved values of a minimum-byte cut, among the cuts whose recomputed values stay
+    inside the backward's fused kernels."""
     _, tangents, _, grads = joint_parts(joint, num_fwd_outputs)
     _, bw_roots = joint_roots(joint, num_fwd_outputs)
     forward = forward_values(joint, num_fwd_outputs)
     rules = forward_rules(forward)
+    for _ in range(REFINEMENTS):
+        saved = _min_cut(joint, forward, rules, grads, tangents, bw_roots)
+        spanning = [n for n in recomputed_across_kernels(joint, forward, saved, tangents, bw_roots)
+                    if rules[n] == Rule.CHOOSE]  # not what a checkpoint policy decided
+        rules.update(dict.fromkeys(spanning, Rule.MATERIALIZED))
+        if not spanning:
+            break
+    return saved
+
+
+# Min cuts per partition: each marks the recomputed values that span an unfusible kernel.
+REFINEMENTS = 3
+
+
+def _min_cut(joint, forward, rules, grads, tangents, bw_roots) -> list[fx.Node]:
     network, infinity = _network(joint, forward, rules, set(grads))
     # Of the cuts of least bytes, the latest: it leaves the backward the least to recompute.
     value, reachable = network.min_cut(SOURCE, SINK, latest=True)
@@ -186,6 +204,43 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
     # Zero-cost edges may be cut without being needed; keep what the backward reads.
     needed = ancestors(bw_roots, stop=cut | set(tangents))
     return [n for n in joint.graph.nodes if n in cut and n in needed]
+
+
+def recomputed_across_kernels(joint, forward, saved, tangents, bw_roots) -> list[fx.Node]:
+    """Recomputed values that the backward would keep alive across a matmul, convolution
+    or attention. Such a value cannot fuse into its users: it is a buffer of its own, and
+    a chain of them (a residual stream, recomputed layer by layer) is rebuilt whole at the
+    backward's start. The min cut's cost, bytes saved, does not see that."""
+    stop = set(saved) | set(tangents)
+    needed = ancestors(bw_roots, stop=stop)
+    order = just_in_time_order([n for n in joint.graph.nodes if n in needed],
+                               forward.__contains__)
+    position = {n: i for i, n in enumerate(order)}
+    unfusible = list(itertools.accumulate(map(_is_unfusible, order), initial=0))
+    spanning = []
+    for node in order:
+        if node in forward and node not in stop and node.op == "call_function":
+            last = _last_use(node, position)
+            if unfusible[last] - unfusible[position[node] + 1] > 0:
+                spanning.append(node)
+    return spanning
+
+
+def _is_unfusible(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is not operator.getitem
+            and recompute_class(node.target) == Recompute.NEVER)
+
+
+def _last_use(node: fx.Node, position: dict[fx.Node, int]) -> int:
+    """The position of the last op reading `node`, directly or through views."""
+    last, stack = position[node], [node]
+    while stack:
+        for user in stack.pop().users:
+            if user in position:
+                last = max(last, position[user])
+                if user.op == "call_function" and recompute_class(user.target) == Recompute.FREE:
+                    stack.append(user)
+    return last
 
 
 def _network(joint, forward, rules, grads) -> tuple[FlowNetwork, int]:

@@ -448,3 +448,40 @@ def test_small_values_broadcast_in_the_backward_are_saved(fn, args, saved, recom
         torch.testing.assert_close(a.grad, b.grad)
     names = {s.name for s in compiled.artifacts[0].saved}
     assert saved in names and recomputed not in names
+
+
+# ---- recomputation that would outlive a kernel ----------------------------------------------
+
+def residual_stream(x, *weights):
+    """A float32 residual stream with bfloat16 layer outputs: saving each layer's output
+    (half the bytes) and re-adding the stream in the backward is the least-byte cut."""
+    h = x
+    for w in weights:
+        n = h * torch.rsqrt((h * h).sum(-1, keepdim=True))
+        h = h + (n.to(torch.bfloat16) @ w).float()
+    return h.sum()
+
+
+@pytest.mark.parametrize("refinements", [1, 3])
+def test_recomputed_values_do_not_outlive_a_backward_matmul(refinements, monkeypatch):
+    monkeypatch.setattr(aotgrad.remat, "REFINEMENTS", refinements)
+    x = torch.randn(16, 32, requires_grad=True)
+    weights = [torch.randn(32, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    twins = [t.detach().clone().requires_grad_() for t in (x, *weights)]
+    compiled = aotgrad.compile(residual_stream, backend="eager")
+    compiled(x, *weights).backward()
+    residual_stream(*twins).backward()
+    for a, b in zip((x, *weights), twins):
+        torch.testing.assert_close(a.grad, b.grad)
+    art = compiled.artifacts[0]
+    n = art.info.num_graph_outputs
+    joint, saved_names = art.joint_graph, {s.name for s in art.saved}
+    saved = [node for node in joint.graph.nodes if node.name in saved_names]
+    _, tangents, _, _ = aotgrad.partition.joint_parts(joint, n)
+    spanning = aotgrad.remat.recomputed_across_kernels(
+        joint, forward_values(joint, n), saved, tangents,
+        aotgrad.partition.joint_roots(joint, n)[1])
+    # The first layer's stream value is needed by the second layer's backward and, at the
+    # backward's start, to rebuild the last layer's: alive across the matmuls between.
+    assert bool(spanning) == (refinements == 1)
+    assert ("add" in saved_names) == (refinements > 1)
