@@ -82,12 +82,12 @@ class CompiledGraph(torch.autograd.Function):
                     for i in call.plan.tangent_outputs]
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
             return (None, *call.double_backward.input_grads(ctx, tangents))
-        args = [*ctx.saved_tensors, *ctx.saved_sizes]
-        # Drop autograd's references (unless retain_graph) so that the backward, which may
-        # clear its argument list, can free each saved value after its last use.
+        # The backward may clear this list to free each saved value after its last use: no
+        # other reference may remain, neither autograd's (unless retain_graph) nor ours.
+        args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
         ctx.maybe_clear_saved_tensors()
         release_inputs(ctx)
-        return (None, *call.backward(args + tangents))
+        return (None, *call.backward(args))
 
 
 def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Backends: the eager backend's generated code, boxing, and Inductor on one graph."""
 
 import math
+import weakref
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -57,3 +58,29 @@ def test_inductor_backend_matches_eager_on_a_training_step():
     got, w.grad = w.grad, None
     torch.nn.functional.gelu(x @ w).sum().backward()
     torch.testing.assert_close(got, w.grad)
+
+
+def test_a_boxed_backward_can_free_each_saved_value_early():
+    """Nothing but the argument list may hold the saved values: a boxed backward clears it
+    to free each one after its last use (peak memory depends on it)."""
+    from aotgrad import compat
+    alive = []
+
+    def bw_compiler(gm, example_inputs):
+        def boxed(args):
+            saved = [weakref.ref(a) for a in args[:-1]]  # the last: the loss's gradient
+            out = gm(*args)
+            args.clear()
+            alive.extend(ref() for ref in saved if ref() is not None)
+            return out
+        boxed._boxed_call = True
+        return boxed
+
+    def fn(x, w1, w2):
+        return ((x @ w1).relu() @ w2).sum()
+
+    args = [torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True),
+            torch.randn(8, 2, requires_grad=True)]
+    compat.aot_function(fn, fw_compiler=compat.nop, bw_compiler=bw_compiler)(*args).backward()
+    assert alive, "the backward saw no saved value"
+    assert all(any(t is a for a in args) for t in alive), "an activation outlived the clear"
