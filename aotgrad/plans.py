@@ -24,7 +24,7 @@ from torch import fx
 from .memory import Buffers, MemoryEstimate, TwoPhase, owners, program, tensor_bytes
 from .partition import ancestors, joint_parts, joint_roots
 from .remat import (CHOICES, Rule, forward_rules, forward_values, just_in_time_order,
-                    min_cut_saved_values)
+                    min_cut_saved_values, node_cost)
 from .tables import Recompute, recompute_class
 
 
@@ -38,14 +38,6 @@ class Plan:
     @property
     def peak_bytes(self) -> int:
         return self.memory.peak_bytes
-
-
-def node_cost(node: fx.Node) -> int:
-    """Bytes a recomputation of `node` reads and writes (nothing for a view)."""
-    if recompute_class(node.target) == Recompute.FREE:
-        return 0
-    reads = sum(tensor_bytes(i.meta.get("val")) for i in node.all_input_nodes)
-    return reads + tensor_bytes(node.meta.get("val"))
 
 
 class PlanSpace:

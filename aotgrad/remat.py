@@ -23,7 +23,9 @@ import operator
 from typing import Callable, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
+from torch.utils.flop_counter import flop_registry
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .dynamic import hint
@@ -32,7 +34,8 @@ from .joint import OVERWRITTEN
 from .memory import base_of, is_tuple, tensor_bytes
 from .partition import (ancestors, joint_parts, joint_roots, split_joint, with_sizes,
                         with_tuple_elements)
-from .tables import CHEAP_REDUCTIONS, Recompute, recompute_class, unsafe_to_recompute
+from .tables import (CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE, TF32_FLOPS_PER_BYTE, Recompute,
+                     recompute_class, unsafe_to_recompute)
 
 SOURCE, SINK = "source", "sink"
 
@@ -99,7 +102,7 @@ def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
 
 def _read_by_backward_kernel(node: fx.Node, forward: set[fx.Node]) -> bool:
     """Does a non-fusible backward op (matmul, convolution, attention) read this value,
-    directly or through views?"""
+    directly or through views, with too little arithmetic to hide a recomputation of it?"""
     stack = list(node.users)
     while stack:
         user = stack.pop()
@@ -108,9 +111,41 @@ def _read_by_backward_kernel(node: fx.Node, forward: set[fx.Node]) -> bool:
         kind = recompute_class(user.target)
         if kind == Recompute.FREE:
             stack.extend(user.users)
-        elif user not in forward and kind == Recompute.NEVER:
+        elif user not in forward and kind == Recompute.NEVER and not _hides(user, node):
             return True
     return False
+
+
+# The share of a kernel's time a recomputation of one of its inputs may take, hidden.
+HIDDEN_SHARE = 0.05
+
+
+def _hides(kernel: fx.Node, node: fx.Node) -> bool:
+    """Would recomputing `node` move fewer bytes than `kernel` does arithmetic in a
+    HIDDEN_SHARE of its time? (An MLP's float32 activations before a large matmul: yes;
+    a transformer's bfloat16 layer-norm output before a projection: no.)"""
+    formula = flop_registry.get(getattr(kernel.target, "overloadpacket", None))
+    val = kernel.meta.get("val")
+    if formula is None or not isinstance(val, torch.Tensor):
+        return False
+    args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"),
+                                        (kernel.args, kernel.kwargs))
+    flops = hint(formula(*args, **kwargs, out_val=val))
+    return node_cost(node) * _flops_per_byte(val.dtype) < HIDDEN_SHARE * flops
+
+
+def _flops_per_byte(dtype: torch.dtype) -> int:
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return TF32_FLOPS_PER_BYTE
+    return KERNEL_FLOPS_PER_BYTE.get(dtype, max(KERNEL_FLOPS_PER_BYTE.values()))
+
+
+def node_cost(node: fx.Node) -> int:
+    """Bytes a recomputation of `node` reads and writes (nothing for a view)."""
+    if recompute_class(node.target) == Recompute.FREE:
+        return 0
+    reads = sum(tensor_bytes(i.meta.get("val")) for i in node.all_input_nodes)
+    return reads + tensor_bytes(node.meta.get("val"))
 
 
 # A fusible user this many times larger than a value makes recomputing it that much dearer.

@@ -485,3 +485,23 @@ def test_recomputed_values_do_not_outlive_a_backward_matmul(refinements, monkeyp
     # backward's start, to rebuild the last layer's: alive across the matmuls between.
     assert bool(spanning) == (refinements == 1)
     assert ("add" in saved_names) == (refinements > 1)
+
+
+# ---- values a backward matmul reads ---------------------------------------------------------
+
+@pytest.mark.parametrize("share, gelu_saved", [(0.0, True), (1e6, False)])
+def test_a_matmul_input_is_recomputed_when_the_matmul_hides_it(share, gelu_saved, monkeypatch):
+    """A value a backward matmul reads is saved, unless recomputing it moves few enough bytes
+    to hide behind the matmul's arithmetic (HIDDEN_SHARE of its time)."""
+    monkeypatch.setattr(aotgrad.remat, "HIDDEN_SHARE", share)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+    twin = copy.deepcopy(model)
+    x = torch.randn(32, 64)
+    compiled = aotgrad.compile(model, backend="eager")
+    compiled(x).square().sum().backward()
+    twin(x).square().sum().backward()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+    ops_saved = saved_ops(compiled.artifacts[0])
+    assert "aten.addmm.default" in ops_saved
+    assert ("aten.gelu.default" in ops_saved) == gelu_saved
