@@ -14,7 +14,7 @@ alive then. What the model assumes, so that a measurement can be compared with i
   tangents are alive from the start of the backward until their last use;
 - saved values are alive from their op to the end of the forward and from the start of
   the backward to their last use there; values recomputed in the backward are made just
-  before their first use (`remat.just_in_time_order`);
+  before their first use (`remat.backward_schedule`);
 - allocator rounding and caching, kernel workspaces, autograd's own bookkeeping and what
   a backend fuses away (Inductor never materializes fused intermediates, so for it the
   estimate is an upper bound) are not modelled.

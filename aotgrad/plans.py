@@ -23,7 +23,7 @@ from torch import fx
 
 from .memory import Buffers, MemoryEstimate, TwoPhase, owners, program, tensor_bytes
 from .partition import ancestors, joint_parts, joint_roots
-from .remat import (CHOICES, Rule, forward_rules, forward_values, just_in_time_order,
+from .remat import (CHOICES, Rule, backward_schedule, forward_rules, forward_values,
                     min_cut_saved_values, node_cost)
 from .tables import Recompute, recompute_class
 
@@ -62,10 +62,11 @@ class PlanSpace:
         self.mincut = min_cut_saved_values(joint, num_fwd_outputs)
 
     def _fixed_backward(self) -> list[fx.Node]:
-        """The ops every backward runs: those not in the forward that the gradients need."""
+        """The ops every backward runs, those not in the forward that the gradients need, in
+        the order they run (views deferred, as in every plan's backward)."""
         needed = ancestors(self.bw_roots, stop=self.forward)
-        return [n for n in self.nodes if n in needed and n.op == "call_function"
-                and n not in self.forward]
+        return backward_schedule([n for n in self.nodes if n in needed and n.op == "call_function"
+                                  and n not in self.forward], self.forward)
 
     def _read_by_fixed(self) -> set[fx.Node]:
         reads = {i for n in self.fixed for i in n.all_input_nodes if i in self.forward}
@@ -150,7 +151,7 @@ class PlanSpace:
         ordered_saved = sorted(saved, key=lambda n: not _is_tensor(n))  # as split_joint
         bw_body = [n for n in self.nodes if n in needed and n.op != "placeholder"
                    and n not in saved_set]
-        body = just_in_time_order(bw_body, self.forward.__contains__)
+        body = backward_schedule(bw_body, self.forward)
 
         def bw_key(node):
             return node if node in saved_set else ("bw", node)

@@ -248,13 +248,14 @@ def recomputed_across_kernels(joint, forward, saved, tangents, bw_roots) -> list
     backward's start. The min cut's cost, bytes saved, does not see that."""
     stop = set(saved) | set(tangents)
     needed = ancestors(bw_roots, stop=stop)
-    order = just_in_time_order([n for n in joint.graph.nodes if n in needed],
-                               forward.__contains__)
+    # The backward's schedule: saved values are its inputs, computed by nothing in it.
+    order = backward_schedule([n for n in joint.graph.nodes if n in needed and n not in stop],
+                              forward)
     position = {n: i for i, n in enumerate(order)}
     unfusible = list(itertools.accumulate(map(_is_unfusible, order), initial=0))
     spanning = []
     for node in order:
-        if node in forward and node not in stop and node.op == "call_function":
+        if node in forward and node.op == "call_function":
             last = _last_use(node, position)
             if unfusible[last] - unfusible[position[node] + 1] > 0:
                 spanning.append(node)
@@ -322,7 +323,18 @@ def split_recomputing_late(joint: fx.GraphModule, num_fwd_outputs: int,
     use: in joint order they would all run, and be alive, at its start."""
     forward = forward_values(joint, num_fwd_outputs)
     return split_joint(joint, num_fwd_outputs, saved,
-                       lambda nodes: just_in_time_order(nodes, forward.__contains__))
+                       lambda nodes: backward_schedule(nodes, forward))
+
+
+def backward_schedule(nodes: Sequence[fx.Node], forward: set[fx.Node]) -> list[fx.Node]:
+    """The backward's ops in the order they run: recomputed forward values, and views (which
+    cost nothing), just before their first use. A view taken early (autograd's aliases of
+    saved values come first in the joint graph) would pull its recomputed base to the start."""
+    return just_in_time_order(nodes, lambda n: n in forward or _is_view(n))
+
+
+def _is_view(node: fx.Node) -> bool:
+    return node.op == "call_function" and recompute_class(node.target) == Recompute.FREE
 
 
 def just_in_time_order(nodes: Sequence[fx.Node], recomputed: Callable[[fx.Node], bool]
