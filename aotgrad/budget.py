@@ -9,9 +9,11 @@ the whole step (`memory`, not the sum of saved bytes) and by the compute they ad
 and random values) is always scored, but it need not have the lowest peak: recomputing
 everything has transients of its own.
 
-The curve is the Pareto front of the plans a solver found, computed once per graph. So by
-construction a lower budget never raises the estimated peak, and every target is met (the
-front's lowest point fits budget 0).
+The curve (`plan_curve`, what `explain` draws) is the Pareto front of the plans a solver
+found. So by construction a lower budget never raises the estimated peak, and every target
+is met (the front's lowest point fits budget 0). A compile needs one point of it: the
+partitioner (`plan_for_budget`) solves for its target alone, with the same guarantees where
+the solver is exact; its budget 0 aims at the lowest peak among the plans at the curve's ends.
 
 Solvers, by problem size (`pick_solver`): every canonical plan scored one by one (up to
 `MAX_EXHAUSTIVE` free choices); an integer program solved by SciPy's HiGHS (`ilp`), exact
@@ -53,17 +55,39 @@ class Curve:
 def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto") -> Curve:
     """The memory/compute curve of `joint`, from the least memory to the min-cut plan."""
     space = PlanSpace(joint, n)
-    mincut = space.evaluate(space.mincut)
-    everything = space.evaluate(space.saved_for(space.candidates))
-    nothing = space.evaluate(space.saved_for(()))  # the least recomputation there is
-    high = mincut.peak_bytes
+    ends = _ends(space)
+    high = ends[0].peak_bytes
+    low = min(ends[1].peak_bytes, high)
     name = pick_solver(space) if solver == "auto" else solver
-    low = min(everything.peak_bytes, high)
     found = SOLVERS[name](space, low, high)
     if name == "ilp":  # the solver has a time limit: the greedy's plans fill any gaps
         found += greedy(space, low, high)
-    plans = pareto(p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high)
+    plans = pareto(p for p in [*ends, *found] if p.peak_bytes <= high)
     return Curve(tuple(plans), plans[0].peak_bytes, high, name)
+
+
+def plan_for_budget(joint: fx.GraphModule, n: int, budget: float, solver: str = "auto") -> Plan:
+    """The plan a budget chooses, solved for its target alone: a compile needs one point,
+    not the whole curve. Budget 0's target is the lowest peak of the curve's ends (not of
+    the whole front, which only the curve computes)."""
+    space = PlanSpace(joint, n)
+    ends = _ends(space)
+    high = ends[0].peak_bytes
+    low = min(min(p.peak_bytes for p in ends), high)
+    target = Curve((), low, high, "").target(budget)
+    name = pick_solver(space) if solver == "auto" else solver
+    found = ilp.solve_point(space, target) if name == "ilp" else []
+    if name != "ilp" or not any(p.peak_bytes <= target for p in found):
+        found += SOLVERS["exhaustive" if name == "exhaustive" else "greedy"](space, low, high)
+    plans = pareto(p for p in [*ends, *found] if p.peak_bytes <= high)
+    return choose(Curve(tuple(plans), low, high, name), budget)
+
+
+def _ends(space: PlanSpace) -> list[Plan]:
+    """The min-cut plan, the plan recomputing every free choice, and the plan recomputing
+    none of them (the least recomputation there is)."""
+    return [space.evaluate(space.mincut), space.evaluate(space.saved_for(space.candidates)),
+            space.evaluate(space.saved_for(()))]
 
 
 def pick_solver(space: PlanSpace) -> str:
@@ -96,7 +120,7 @@ def budget_partition(memory_budget: float, solver: str = "auto") -> Callable:
         raise ValueError(f"memory_budget must be in [0, 1], got {memory_budget}")
 
     def partition(joint_module, _joint_inputs=None, *, num_fwd_outputs, **_):
-        plan = choose(plan_curve(joint_module, num_fwd_outputs, solver), memory_budget)
+        plan = plan_for_budget(joint_module, num_fwd_outputs, memory_budget, solver)
         by_name = {node.name: node for node in joint_module.graph.nodes}
         saved = [by_name[s] for s in plan.saved]
         return split_recomputing_late(joint_module, num_fwd_outputs, saved)

@@ -74,17 +74,33 @@ def exact_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
 
 
 def grid_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
-    plans = []
-    for target in sorted({low + (high - low) * j // GRID for j in range(GRID + 1)}):
-        aim = target
-        for _ in range(3):
-            plan = program.solve(aim, [], gap=1e-3)
-            if plan is None:
-                break
-            plans.append(plan)
-            if plan.peak_bytes <= target:
-                break
-            aim -= plan.peak_bytes - target
+    targets = sorted({low + (high - low) * j // GRID for j in range(GRID + 1)})
+    return [plan for target in targets for plan in _aimed(program, target)]
+
+
+def solve_point(space: PlanSpace, target: int) -> list[Plan]:
+    """Plans for one target: the cheapest that fits, exactly when the problem is small."""
+    if not space.reachable:
+        return []
+    program = PeakProgram(space)
+    if len(space.candidates) <= MAX_EXACT:
+        plan = program.cheapest_fitting(target, [])
+        return [] if plan is None else [plan]
+    return _aimed(program, target)
+
+
+def _aimed(program: "PeakProgram", target: int) -> list[Plan]:
+    """Solve for `target`, lowering the aim by the overshoot when the solution's real peak
+    (the rows bound it from below) does not fit."""
+    plans, aim = [], target
+    for _ in range(3):
+        plan = program.solve(aim, [], gap=1e-3)
+        if plan is None:
+            break
+        plans.append(plan)
+        if plan.peak_bytes <= target:
+            break
+        aim -= plan.peak_bytes - target
     return plans
 
 

@@ -9,6 +9,7 @@ The random graphs are Python functions (chains and DAGs of pointwise ops, matmul
 reduction) compiled with the eager backend, so that they go through the real pipeline."""
 
 import functools
+import math
 import random
 
 import hypothesis.strategies as st
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import aotgrad
 from aotgrad import budget, ilp
-from aotgrad.budget import Curve, choose, pareto, plan_curve
+from aotgrad.budget import Curve, choose, pareto, plan_curve, plan_for_budget
 from aotgrad.memory import MemoryEstimate, estimate_peak
 from aotgrad.plans import Plan, PlanSpace
 from aotgrad.remat import split_recomputing_late
@@ -158,6 +159,29 @@ def test_c_ilp_matches_exhaustive_search_on_a_three_point_curve():
     for b in BUDGETS:
         assert point(choose(solved, b)) == point(choose(exact, b))
     assert len({point(choose(exact, b)) for b in BUDGETS}) == 3  # every point is chosen
+
+
+@pytest.mark.parametrize("solver", ["exhaustive", pytest.param("ilp", marks=needs_scipy),
+                                    "greedy"])
+@SETTINGS
+@given(ops=programs())
+def test_d_a_compile_solving_for_its_budget_alone_keeps_the_guarantees(solver, ops):
+    """What a compile uses (`plan_for_budget`: one target, not the curve): a lower budget
+    never raises the peak, each target is met when a plan fits it, and the integer program
+    agrees with exhaustive search point by point."""
+    assume(small(ops))
+    joint, n = joint_of(ops)
+    chosen = [plan_for_budget(joint, n, b, solver) for b in BUDGETS]
+    peaks = [p.peak_bytes for p in chosen]
+    assert peaks == sorted(peaks)
+    exact = [plan_for_budget(joint, n, b, "exhaustive") for b in BUDGETS]
+    every = curve_of(ops, "exhaustive")
+    low = min(p.peak_bytes for p in every.plans)
+    for b, plan, best in zip(BUDGETS, chosen, exact):
+        target = low + math.floor(b * (every.high_bytes - low))
+        assert best.peak_bytes <= max(target, plan.peak_bytes)
+        if solver != "greedy":
+            assert point(plan) == point(best)
 
 
 @SETTINGS
