@@ -188,7 +188,7 @@ def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool) -> _
 
 
 def _refuse_mutations_and_aliases(info: analysis.FunctionInfo) -> None:
-    if any(x.mutated for x in info.inputs):
+    if any(x.mutated or x.storage_swap is not None for x in info.inputs):
         raise RuntimeError("aot_export_joint_simple: the function mutates an input; "
                            "export graphs must be functional. Return the new value instead.")
     if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
