@@ -98,6 +98,9 @@ class FunctionInfo:
     differentiable: tuple[bool, ...]
     graph_output_metas: tuple[TensorMeta | None, ...]  # None: a symbolic size, not a tensor
     grad_enabled: bool
+    # Differentiable graph outputs whose backward reads a saved value the function then
+    # modified in place: they get no tangent, and a backward through them raises (stale.py).
+    stale_outputs: tuple[int, ...] = ()
 
     @property
     def data_mutated_inputs(self) -> tuple[int, ...]:
@@ -126,6 +129,11 @@ class FunctionInfo:
         """Inputs set_() to a tensor made inside: the graph returns it, last (swaps.py)."""
         return tuple(i for i, x in enumerate(self.inputs)
                      if x.storage_swap is not None and x.storage_swap.source is None)
+
+    @property
+    def gets_tangent(self) -> tuple[bool, ...]:
+        """Per graph output: whether the backward graph takes a tangent for it."""
+        return tuple(d and k not in self.stale_outputs for k, d in enumerate(self.differentiable))
 
     @property
     def needs_autograd(self) -> bool:

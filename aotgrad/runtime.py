@@ -20,6 +20,7 @@ from .aliasing import InputAliasing
 from .analysis import FunctionInfo, InputInfo, OutputInfo, OutputKind, regenerate_view
 from .double_backward import DoubleBackward, release_inputs
 from .dynamic import ShapeGuard, SizeBindings, is_symbolic
+from .stale import StaleBackward
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -59,6 +60,8 @@ class CompiledGraph(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: "CompiledCall", *inputs):
         call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
+        if call.stale is not None:
+            call.stale.hold(ctx, inputs)
         outs = call.forward(list(inputs))
         plan = call.plan
         ctx.call = call
@@ -79,6 +82,8 @@ class CompiledGraph(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
+        if call.stale is not None:  # eager's error, where eager's backward would raise it
+            call.stale.check(ctx, grads)
         tangents = [_tangent(grads[i], call.plan.info.graph_output_metas[i])
                     for i in call.plan.tangent_outputs]
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
@@ -112,6 +117,7 @@ class CompiledCall:
     """One compiled specialization: graphs plus the plan that wraps them."""
 
     guard: ShapeGuard | None = None  # with dynamic shapes: which calls it may serve
+    stale: StaleBackward | None = None  # outputs whose backward raises (stale.py)
 
     def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
                  artifact: Any = None):
