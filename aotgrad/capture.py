@@ -173,8 +173,9 @@ def functional_mode():
             raise
         raise NotImplementedError(
             "aotgrad: tracing lost a tensor's storage, as PyTorch's functionalization does "
-            "when a view of a tensor grown by resize_() inside the function is taken "
-            f"({e}). Resize the tensor before calling the compiled function.") from e
+            "when a view of a tensor grown by resize_() inside the function is taken, or on "
+            f"set_() to a storage rather than a tensor ({e}). Resize the tensor before "
+            "calling the compiled function; set_() it to a tensor (x.set_(y)).") from e
 
 
 def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:

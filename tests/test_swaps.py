@@ -192,3 +192,12 @@ def test_falls_back_to_static_shapes_with_dynamic():
         out = f(x, y)
     torch.testing.assert_close(out, set_to_intermediate(ex, ey))
     assert geometry((x, y)) == geometry((ex, ey))
+
+
+@AOT_DOORS
+def test_set_to_a_storage_is_refused_clearly(door):
+    def f(x, y):
+        x.set_(y.untyped_storage(), 0, (6,), (1,))
+        return x * 2
+    with pytest.raises(NotImplementedError, match=r"set_\(\) to a storage rather than a tensor"):
+        door(f)(const(2, 3), const(8))
