@@ -184,7 +184,10 @@ def alias_pattern(inputs: Sequence[torch.Tensor]) -> tuple:
 def plan_aliasing(inputs: Sequence[torch.Tensor], info: FunctionInfo) -> InputAliasing | None:
     """The aliasing a compiled entry assumes; None when no input is mutated (then aliasing
     cannot change the result, and calls are not checked)."""
-    mutated = tuple(i for i, x in enumerate(info.inputs) if x.mutated)
+    # An input set_() to another input's storage is addressed through that input: its
+    # storage and offset must be those of this call too.
+    mutated = tuple(i for i, x in enumerate(info.inputs)
+                    if x.mutated or x.storage_swap is not None)
     if not mutated:
         return None
     subs = tuple(i for i, t in enumerate(inputs) if subclasses.is_subclass(t))
@@ -194,7 +197,7 @@ def plan_aliasing(inputs: Sequence[torch.Tensor], info: FunctionInfo) -> InputAl
     classes = tuple(first.setdefault(k, i) for i, k in enumerate(storage_keys(inputs)))
     shared = tuple(i for i, c in enumerate(classes) if classes.count(c) > 1)
     groups = tuple(_group(inputs, info, members) for members in _overlapping(inputs, classes)
-                   if any(info.inputs[i].mutated for i in members))
+                   if any(info.inputs[i].mutated for i in members))  # not by set_ alone
     return InputAliasing(classes, shared, tuple(inputs[i].storage_offset() for i in shared),
                          groups, subs, mutated,
                          has_sizes=not all(isinstance(t, torch.Tensor) for t in inputs))
@@ -252,6 +255,8 @@ def _group(inputs: Sequence[torch.Tensor], info: FunctionInfo, members: list[int
         if info.inputs[i].mutates_metadata:
             raise aliased_mutation_error(members, "changing the shape or strides of one "
                                          "(t_, resize_, as_strided_...) is not supported.")
+        if info.inputs[i].storage_swap is not None:
+            raise aliased_mutation_error(members, "set_() on one is not supported.")
     roots = [_root(inputs[i]) for i in members]
     if any(r is not roots[0] for r in roots):
         return _storage_group(inputs, info, members)

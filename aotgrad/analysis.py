@@ -22,7 +22,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
-from . import subclasses
+from . import subclasses, swaps
 from .capture import OutputBox, functional_mode, to_functional
 from .dynamic import is_size, is_symbolic
 
@@ -58,6 +58,8 @@ class InputInfo:
     mutation_hidden_from_autograd: bool
     version_bumps: int  # how much eager's version counter advances: 0 for .data mutations
     final_geometry: Geometry
+    # set_() inside the function: the storage it ends on (then neither mutates_* is set).
+    storage_swap: swaps.StorageSwap | None = None
 
     @property
     def mutated(self) -> bool:
@@ -96,6 +98,9 @@ class FunctionInfo:
     differentiable: tuple[bool, ...]
     graph_output_metas: tuple[TensorMeta | None, ...]  # None: a symbolic size, not a tensor
     grad_enabled: bool
+    # Differentiable graph outputs whose backward reads a saved value the function then
+    # modified in place: they get no tangent, and a backward through them raises (stale.py).
+    stale_outputs: tuple[int, ...] = ()
 
     @property
     def data_mutated_inputs(self) -> tuple[int, ...]:
@@ -120,6 +125,17 @@ class FunctionInfo:
                      and not self.differentiable[k[i]])
 
     @property
+    def storages_from_graph(self) -> tuple[int, ...]:
+        """Inputs set_() to a tensor made inside: the graph returns it, last (swaps.py)."""
+        return tuple(i for i, x in enumerate(self.inputs)
+                     if x.storage_swap is not None and x.storage_swap.source is None)
+
+    @property
+    def gets_tangent(self) -> tuple[bool, ...]:
+        """Per graph output: whether the backward graph takes a tangent for it."""
+        return tuple(d and k not in self.stale_outputs for k, d in enumerate(self.differentiable))
+
+    @property
     def needs_autograd(self) -> bool:
         # Not `grad_enabled and ...`: an enable_grad() region inside a no_grad call still
         # produces outputs that require grad.
@@ -129,9 +145,10 @@ class FunctionInfo:
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
             box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo:
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
-    with fake_mode, _python_dispatcher(is_symbolic(fake_args)), functional_mode():
+    with fake_mode, _python_dispatcher(is_symbolic(fake_args)), functional_mode() as mode:
         f_args = to_functional(fake_args)
         before = [_state(a) for a in f_args]
+        originals = swaps.originals(f_args)
         with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
             outs = graph_fn(*f_args)
         versions = [_version(a) for a in f_args]
@@ -139,8 +156,9 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     for a in tensors:
         for inner in subclasses.unwrap(a):
             torch._sync(inner)
-    inputs = tuple(_input_info(f, leaf, b, v) if isinstance(f, torch.Tensor) else SIZE_INPUT
-                   for f, leaf, b, v in zip(f_args, is_leaf, before, versions))
+    swapped = _swaps(f_args, before, originals, mode.set_calls)
+    inputs = tuple(_input_info(f, leaf, b, v, s) if isinstance(f, torch.Tensor) else SIZE_INPUT
+                   for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
     outputs, num_bases = _classify_outputs(outs, f_args, box.input_aliases)
     _refuse_leaves_made_inside(outs, outputs)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
@@ -173,10 +191,12 @@ def _python_dispatcher(symbolic: bool):
 
 def graph_outputs(info: FunctionInfo, args: Sequence, outs: Sequence) -> list:
     """What the forward graph returns: new values of data-mutated inputs, plain user
-    outputs, then the intermediate bases of outputs that are views."""
+    outputs, the intermediate bases of outputs that are views, then the tensors inputs
+    were set_() to."""
     mutated = [args[i] for i in info.data_mutated_inputs]
     plain = [outs[i] for i in info.plain_outputs]
-    return mutated + plain + _intermediate_bases(info, outs)
+    swapped = [args[i] for i in info.storages_from_graph]
+    return mutated + plain + _intermediate_bases(info, outs) + swapped
 
 
 def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
@@ -236,19 +256,24 @@ def _requires_grad(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.requires_grad
 
 
-def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int) -> InputInfo:
+def _swaps(f_args: Sequence[Any], before: Sequence, originals: Sequence,
+           set_calls: swaps.SetCalls) -> list[swaps.StorageSwap | None]:
+    """Per input: the storage it ends on, if the function swapped it (set_)."""
+    return [swaps.find_swap(i, f_args, originals, set_calls, b[2])
+            if isinstance(a, torch.Tensor) and swaps.was_swapped(subclasses.unwrap(a)) else None
+            for i, (a, b) in enumerate(zip(f_args, before))]
+
+
+def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
+                swap: swaps.StorageSwap | None) -> InputInfo:
     grad_fn, old_version, old_requires_grad = before
-    inner = [t.elem for t in subclasses.unwrap(a)]  # a subclass: each tensor it wraps
+    # A subclass: each tensor it wraps. A swapped input takes its new storage as it is.
+    inner = [t.elem for t in subclasses.unwrap(a)] if swap is None else []
     mutates_data = any(torch._functionalize_has_data_mutation(t) for t in inner)
     if a.requires_grad != old_requires_grad and not mutates_data:
         raise NotImplementedError(
             "aotgrad: the function changes requires_grad of an input (requires_grad_()); "
             "set it before calling the compiled function.")
-    if any(torch._functionalize_was_storage_changed(t) for t in inner):
-        raise NotImplementedError(
-            "aotgrad: the function calls set_() on an input; swapping an input's storage is "
-            "not supported yet. Call set_ outside the compiled function (return the new "
-            "tensor and set_ the input to it after the call), or copy_ the new values in.")
     return InputInfo(
         requires_grad=old_requires_grad,
         is_leaf=is_leaf,
@@ -260,6 +285,7 @@ def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int) -> 
         # running statistics), leave the version counter alone.
         version_bumps=version - old_version,
         final_geometry=_geometry(a),
+        storage_swap=swap,
     )
 
 

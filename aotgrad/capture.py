@@ -173,8 +173,9 @@ def functional_mode():
             raise
         raise NotImplementedError(
             "aotgrad: tracing lost a tensor's storage, as PyTorch's functionalization does "
-            "when a view of a tensor grown by resize_() inside the function is taken "
-            f"({e}). Resize the tensor before calling the compiled function.") from e
+            "when a view of a tensor grown by resize_() inside the function is taken, or on "
+            f"set_() to a storage rather than a tensor ({e}). Resize the tensor before "
+            "calling the compiled function; set_() it to a tensor (x.set_(y)).") from e
 
 
 def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
@@ -184,11 +185,20 @@ def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
 def _unpack(saved: tuple[torch.Tensor, int | None]) -> torch.Tensor:
     t, version = saved
     if version is not None and t._version != version:
-        raise RuntimeError(
+        raise StaleSavedValue(t, version)
+    return t
+
+
+class StaleSavedValue(RuntimeError):
+    """A value saved for the backward was modified in place before the backward read it
+    (eager raises at that backward: stale.py)."""
+
+    def __init__(self, t: torch.Tensor, saved_version: int):
+        super().__init__(
             "one of the variables needed for gradient computation has been modified by an "
             f"inplace operation: a tensor of shape {list(t.shape)} is at version {t._version}; "
-            f"expected version {version} instead.")
-    return t
+            f"expected version {saved_version} instead.")
+        self.tensor, self.saved_version = t, saved_version
 
 
 def to_functional(args: Sequence[Any]) -> list[Any]:

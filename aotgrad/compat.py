@@ -22,7 +22,8 @@ from .backends import (Backend, compilation_context, make_boxed_compiler,
                        make_boxed_func, nop)
 from .partition import default_partition
 from .remat import min_cut_rematerialization_partition
-from .pipeline import Options, capture_and_analyze, compile_call
+from .dynamo import compile_dynamo_graph, dynamo_fakes
+from .pipeline import Options, capture_and_analyze
 from .verify import verify
 
 __all__ = [
@@ -91,13 +92,17 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
 
     options = _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
                        decompositions, len(state), keep_inference_input_mutations)
-    flat_args = [*state, *args]
-    _, in_spec = pytree.tree_flatten((tuple(flat_args), {}))
-    call = compile_call(flat_forward, flat_args, in_spec, options)
-    out_spec = call.plan.info.out_spec
+    # From Dynamo with dynamic shapes: its fakes, with symbolic sizes, for one graph.
+    example = dynamo_fakes(mod, args) if isinstance(mod, fx.GraphModule) else list(args)
+    call = compile_dynamo_graph(flat_forward, [*state, *example], options)
+    if call is None:  # one graph per shape, as calls arrive (Dynamo guards the sizes)
+        lazy = CompiledFunction(flat_forward, options)
 
-    def forward(*runtime_args):
-        return pytree.tree_unflatten(call([*state, *runtime_args]), out_spec)
+        def forward(*runtime_args):
+            return lazy(*state, *runtime_args)
+    else:
+        def forward(*runtime_args):
+            return call.run([*state, *runtime_args])
 
     forward.zero_grad = mod.zero_grad
     forward.named_parameters = mod.named_parameters
@@ -188,7 +193,7 @@ def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool) -> _
 
 
 def _refuse_mutations_and_aliases(info: analysis.FunctionInfo) -> None:
-    if any(x.mutated for x in info.inputs):
+    if any(x.mutated or x.storage_swap is not None for x in info.inputs):
         raise RuntimeError("aot_export_joint_simple: the function mutates an input; "
                            "export graphs must be functional. Return the new value instead.")
     if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):

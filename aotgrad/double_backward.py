@@ -180,7 +180,7 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
             args = mutable_copies(info, primals)
             outs = graph_outputs(info, args, graph_fn(*args))
             refuse_custom_functions(outs)
-            grads = input_grads(outs, info.differentiable, primals, tangents, create_graph=True)
+            grads = input_grads(outs, info.gets_tangent, primals, tangents, create_graph=True)
         eager_history.append(autograd_fingerprint(grads))
         return grads
 

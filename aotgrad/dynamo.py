@@ -21,6 +21,7 @@ from .backends import resolve_backend
 from .api import CompiledFunction, choose_partitioner
 from .dynamic import falls_back_to_static, is_symbolic, warn_static_fallback
 from .pipeline import Options, compile_call
+from .runtime import CompiledCall
 
 
 def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,
@@ -31,16 +32,10 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                       keep_inference_input_mutations)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
-        flat = dynamo_fakes(gm, example_inputs)
-        _, in_spec = pytree.tree_flatten((tuple(flat), {}))
         num_params = _num_leading_parameters(example_inputs)
-        try:
-            call = compile_call(gm, flat, in_spec, replace(options, num_params_buffers=num_params))
-        except Exception as exc:
-            if not (is_symbolic(flat) and falls_back_to_static(exc)):
-                raise
-            warn_static_fallback("a graph from Dynamo", exc)
-            # Dynamo guards the sizes; compile as calls arrive, one graph per shape.
+        call = compile_dynamo_graph(gm, dynamo_fakes(gm, example_inputs),
+                                    replace(options, num_params_buffers=num_params))
+        if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
             lazy = CompiledFunction(gm, options)
             return lambda *args: lazy(*args)
         run_call = call.run
@@ -58,6 +53,20 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         return run
 
     return aotgrad_dynamo_backend
+
+
+def compile_dynamo_graph(fn: Callable, flat: list, options: Options) -> CompiledCall | None:
+    """`fn` compiled once for Dynamo's flat inputs, symbolic sizes included (guards land in
+    Dynamo's). None, after a warning, where it cannot be compiled for symbolic sizes: the
+    caller then compiles per shape."""
+    _, in_spec = pytree.tree_flatten((tuple(flat), {}))
+    try:
+        return compile_call(fn, flat, in_spec, options)
+    except Exception as exc:
+        if not (is_symbolic(flat) and falls_back_to_static(exc)):
+            raise
+        warn_static_fallback("a graph from Dynamo", exc)
+        return None
 
 
 def dynamo_fakes(gm: torch.fx.GraphModule, example_inputs) -> list:

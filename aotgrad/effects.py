@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
+from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
 from .tables import ERROR_CHECKS
 
 PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BACKWARD
@@ -45,13 +46,20 @@ keep_when_unused()
 
 class CheckingFunctionalMode(FunctionalTensorMode):
     """Functionalization that lets error checks through as they are: they neither mutate
-    nor alias, so they need no functional form, and once tagged they need no token."""
+    nor alias, so they need no functional form, and once tagged they need no token. It also
+    records `set_()` calls and gives their target the metadata eager would (swaps.py)."""
 
     def __init__(self):
         super().__init__()
         self.phase = FORWARD  # the joint trace sets BACKWARD while it takes the gradients
+        self.set_calls = SetCalls()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is SET_FROM_TENSOR:
+            self.set_calls.record(args)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            mirror_set_on_wrapper(args)
+            return out
         if func not in ERROR_CHECKS:
             return super().__torch_dispatch__(func, types, args, kwargs)
         args, kwargs = pytree.tree_map_only(

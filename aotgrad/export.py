@@ -27,6 +27,9 @@ def export_module(mod: torch.nn.Module, args: Sequence[Any], decompositions,
     flat_args, in_spec = pytree.tree_flatten((tuple(flat), {}))
     c = capture_and_analyze(forward, flat_args, in_spec)
     info = c.info
+    if any(x.storage_swap is not None for x in info.inputs):
+        raise NotImplementedError("aot_export_module: the module calls set_() on an input; "
+                                  "an exported graph cannot swap storages. Return the tensor.")
     if c.aliasing is not None and c.aliasing.groups:
         raise NotImplementedError("aot_export_module: inputs that share memory are mutated; "
                                   "an exported graph takes independent inputs. Pass clones.")

@@ -60,7 +60,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
             args = mutable_copies(info, f_primals)
             outs = graph_outputs(info, *_call(graph_fn, args))
             mode.phase = BACKWARD
-            grads = input_grads(outs, info.differentiable, f_primals, f_tangents)
+            grads = input_grads(outs, info.gets_tangent, f_primals, f_tangents)
         outs = [from_functional(o) for o in outs + grads]
         for i, k in in_graph.items():  # the forward output is then the updated input itself
             outs[k] = primals[i].copy_(outs[k])
@@ -76,7 +76,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
 def fake_tangents(info: FunctionInfo, fake_mode: FakeTensorMode) -> list[torch.Tensor]:
     """One fake gradient per differentiable graph output."""
     with fake_mode:
-        return [_tangent(m) for m, d in zip(info.graph_output_metas, info.differentiable) if d]
+        return [_tangent(m) for m, d in zip(info.graph_output_metas, info.gets_tangent) if d]
 
 
 def _tangent(meta) -> torch.Tensor:
@@ -165,8 +165,8 @@ def input_grads(outs, differentiable, primals, tangents, create_graph: bool = Fa
     needs_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]  # not sizes
     wrt = [p for p, n in zip(primals, needs_grad) if n]
     grads = iter(torch.autograd.grad(diff_outs, wrt, tangents, allow_unused=True,
-                                     create_graph=create_graph) if wrt else ())
-    return [next(grads) if n else None for n in needs_grad]
+                                     create_graph=create_graph) if wrt and diff_outs else ())
+    return [next(grads, None) if n else None for n in needs_grad]
 
 
 def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,

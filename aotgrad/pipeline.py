@@ -27,6 +27,7 @@ from .memory import tensor_bytes
 from .partition import default_partition
 from .remat import forward_values
 from .runtime import CompiledCall, RuntimePlan
+from .stale import StaleBackward, find_stale_outputs
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
 from .verify import verify, verify_partition
 
@@ -100,6 +101,7 @@ class Captured:
     fakes: list
     info: analysis.FunctionInfo
     aliasing: aliasing.InputAliasing | None = None  # the graph takes a base per alias group
+    stale: StaleBackward | None = None  # outputs whose backward raises as eager's would
 
 
 def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
@@ -159,15 +161,14 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
 
 
 def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
-    info = c.info
     with timer("trace"):
-        joint_gm = joint.trace_joint(c.graph_fn, info, c.fakes, c.fake_mode,
-                                     options.backend.decompositions)
+        c, joint_gm = _trace_joint(c, options)
         joint_gm = _backend_passes(options.backend, joint_gm)
         eliminate_common_subexpressions(
             joint_gm, forward_values(joint_gm, joint_gm.meta[joint.JOINT_FW_OUTPUTS]))
         aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
         joint.snapshot_overwritten_inputs(joint_gm)
+    info = c.info
     edge = _boundary(c, joint_gm, info.mutations_in_graph)
     n = joint_gm.meta[joint.JOINT_FW_OUTPUTS]  # plain forward outputs
     with timer("partition"):
@@ -186,14 +187,32 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         plan,
         num_saved_sizes=sum(not isinstance(v, torch.Tensor) for v in _saved_values(fw, n)),
         # Every tensor without a gradient, whether it required grad here or not: Dynamo
-        # (torch 2.11) may reuse the graph once a buffer requires grad.
+        # (torch 2.11) may reuse the graph once a buffer requires grad. Stale outputs must
+        # stay connected to the inputs, to require grad as in eager.
         gradless_inputs=tuple(i for i, g in enumerate(grads)
-                              if all(x is None for x in g) and not is_size(c.fakes[i])),
+                              if all(x is None for x in g) and not is_size(c.fakes[i])
+                              and c.stale is None),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
     call.double_backward = _double_backward(c, edge, fw, n)
+    call.stale = c.stale
     return _with_subclasses(edge, call)
+
+
+def _trace_joint(c: Captured, options: Options) -> tuple[Captured, fx.GraphModule]:
+    """The joint graph, without the outputs whose backward reads a saved value the function
+    modified in place (stale.py)."""
+    def trace(c: Captured) -> fx.GraphModule:
+        return joint.trace_joint(c.graph_fn, c.info, c.fakes, c.fake_mode,
+                                 options.backend.decompositions)
+    try:
+        return c, trace(c)
+    except capture.StaleSavedValue:
+        stale = find_stale_outputs(c.graph_fn, c.info, c.fakes, c.fake_mode)
+        c = dataclasses.replace(c, info=dataclasses.replace(c.info, stale_outputs=stale.outputs),
+                                stale=stale)
+        return c, trace(c)
 
 
 def _double_backward(c: Captured, edge: subclasses.Boundary, fw: fx.GraphModule,
@@ -283,7 +302,7 @@ def _plan(info: analysis.FunctionInfo, c: Captured, num_fw_outputs: int,
         info=info,
         graph_input_positions=c.layout.first_position,
         num_fw_outputs=num_fw_outputs,
-        tangent_outputs=tuple(i for i, d in enumerate(info.differentiable) if d),
+        tangent_outputs=tuple(i for i, d in enumerate(info.gets_tangent) if d),
         non_differentiable=tuple(i for i, d in enumerate(info.differentiable)
                                  if not d and tensors[i]),
         copied_in_graph=copied_in_graph,

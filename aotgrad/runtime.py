@@ -15,11 +15,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from . import subclasses
+from . import subclasses, swaps
 from .aliasing import InputAliasing
-from .analysis import FunctionInfo, OutputInfo, OutputKind, regenerate_view
+from .analysis import FunctionInfo, InputInfo, OutputInfo, OutputKind, regenerate_view
 from .double_backward import DoubleBackward, release_inputs
 from .dynamic import ShapeGuard, SizeBindings, is_symbolic
+from .stale import StaleBackward
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -49,7 +50,8 @@ class RuntimePlan:
 
     @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
-        return tuple(i for i, x in enumerate(self.info.inputs) if x.mutated)
+        return tuple(i for i, x in enumerate(self.info.inputs)
+                     if x.mutated or x.storage_swap is not None)
 
 
 class CompiledGraph(torch.autograd.Function):
@@ -58,6 +60,8 @@ class CompiledGraph(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: "CompiledCall", *inputs):
         call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
+        if call.stale is not None:
+            call.stale.hold(ctx, inputs)
         outs = call.forward(list(inputs))
         plan = call.plan
         ctx.call = call
@@ -78,6 +82,8 @@ class CompiledGraph(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
+        if call.stale is not None:  # eager's error, where eager's backward would raise it
+            call.stale.check(ctx, grads)
         tangents = [_tangent(grads[i], call.plan.info.graph_output_metas[i])
                     for i in call.plan.tangent_outputs]
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
@@ -111,6 +117,7 @@ class CompiledCall:
     """One compiled specialization: graphs plus the plan that wraps them."""
 
     guard: ShapeGuard | None = None  # with dynamic shapes: which calls it may serve
+    stale: StaleBackward | None = None  # outputs whose backward raises (stale.py)
 
     def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
                  artifact: Any = None):
@@ -295,8 +302,9 @@ def _unflattener(spec: pytree.TreeSpec) -> Callable[[list], Any]:
 
 
 def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
-    """One step per mutated input: restore its metadata, then copy its new data in."""
-    steps = []
+    """One step per mutated input: restore its metadata, then copy its new data in. Inputs
+    set_() to another storage go first, while their sources keep their geometry."""
+    steps = _swap_steps(plan.info)
     data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
     for i, x in enumerate(plan.info.inputs):
         if x.mutates_metadata:
@@ -306,6 +314,27 @@ def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
             steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd,
                                     x.bumps_version))
     return steps
+
+
+def _swap_steps(info: FunctionInfo) -> list[Callable]:
+    from_graph = info.storages_from_graph
+    first = info.num_graph_outputs - len(from_graph)  # the graph returns them last
+    return [_swap_storage(i, x, first + from_graph.index(i) if i in from_graph else None)
+            for i, x in enumerate(info.inputs) if x.storage_swap is not None]
+
+
+def _swap_storage(i: int, x: InputInfo, k: int | None) -> Callable:
+    """`set_()` input i to its new storage: another input's, or graph output k."""
+    swap, bumps = x.storage_swap, x.version_bumps
+    j = swap.source
+    source = (lambda inputs, raw: raw[k]) if j is None else (lambda inputs, raw: inputs[j])
+
+    def step(inputs, raw):
+        version = inputs[i]._version
+        swaps.set_storage(inputs[i], swap, source(inputs, raw))
+        if bumps != 1:  # one per set_, and per in-place op on it after
+            _set_version_counters([inputs[i]], [version + bumps])
+    return step
 
 
 def _set_versions(inputs, versioned: tuple[tuple[int, int], ...],

@@ -299,7 +299,7 @@ def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, info:
     n = info.num_graph_outputs
     subs = frozenset(i for i, f in enumerate(fakes) if is_subclass(f))
     tangents = tuple(tangent_layout(m)
-                     for m, d in zip(info.graph_output_metas, info.differentiable) if d)
+                     for m, d in zip(info.graph_output_metas, info.gets_tangent) if d)
     return Boundary(subs, tuple(traced[:n]), tangents, tuple(traced[n:]),
                     bumped=tuple(i for i in copied_in_graph if i in subs),
                     mutated=tuple(i for i in subs if info.inputs[i].mutated))

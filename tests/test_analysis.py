@@ -5,6 +5,7 @@ import torch
 
 import aotgrad
 from aotgrad.analysis import OutputKind
+from aotgrad.swaps import StorageSwap
 
 
 def info_of(fn, *args):
@@ -100,12 +101,18 @@ def test_leaf_mutation_raises_like_eager():
         aotgrad.compile(f, backend="eager")(leaf(2))
 
 
-def test_set_on_an_input_is_refused_clearly():
-    def f(x, y):
+def test_set_on_an_input_is_recorded_as_a_storage_swap():
+    def f(x, y, z):
         x.set_(y)
+        z.set_(y * 2)
         return x + 1
-    with pytest.raises(NotImplementedError, match="set_"):
-        aotgrad.compile(f, backend="eager")(torch.randn(2), torch.randn(2))
+    f = aotgrad.compile(f, backend="eager")
+    f(torch.randn(2), torch.randn(2), torch.randn(3))
+    info = f.artifacts[0].info
+    swaps = [x.storage_swap for x in info.inputs]
+    assert swaps == [StorageSwap(1), None, StorageSwap(None)]
+    assert not any(x.mutates_data or x.mutates_metadata for x in info.inputs)
+    assert info.storages_from_graph == (2,)
 
 
 def test_closed_over_constant_is_baked_in():

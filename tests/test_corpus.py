@@ -68,13 +68,8 @@ REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "closure_over_grad_tensor": (PLAIN_DOORS, "not an input of the compiled function"),
     "item_float_output": (PLAIN_DOORS, "depends on tensor data"),
     "data_dependent_shape": (PLAIN_DOORS, "depends on tensor data"),
-    "set_on_input": (PLAIN_DOORS, "set_"),
     "resize_grows_input_then_view_written": (PLAIN_DOORS, "resize_"),
     "buffer_reassigned": (PLAIN_DOORS, "assigns a new tensor"),
-    # The joint graph runs autograd while compiling, so eager's error at .backward() comes
-    # earlier, at the call.
-    "mutate_saved_nonleaf_backward_raises": (WITH_DYNAMO, "modified by an inplace operation"),
-    "mutate_input_after_saving_its_view": (WITH_DYNAMO, "modified by an inplace operation"),
 }
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad.compat import aot_function, nop
+from aotgrad.compat import aot_function, aot_module_simplified, make_boxed_compiler, nop
 from aotgrad.dynamic import is_size
 
 
@@ -44,6 +44,24 @@ def dynamo(backend):
     return door
 
 
+def dynamo_simplified(fn, calls=None):
+    """A Dynamo backend built on `aot_module_simplified`, as functorch users write them;
+    counts the forward graphs compiled."""
+    torch._dynamo.reset()
+    calls = {"fw": 0, "bw": 0} if calls is None else calls
+
+    def counting(kind):
+        def compiler(gm, example_inputs):
+            calls[kind] += 1
+            return gm
+        return make_boxed_compiler(compiler)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=counting("fw"),
+                                     bw_compiler=counting("bw"))
+    return Counted(torch.compile(fn, backend=backend, dynamic=True), lambda: calls["fw"])
+
+
 def dynamo_registered(fn):
     """backend="aotgrad" as registered with Dynamo (Inductor compiles the graphs)."""
     torch._dynamo.reset()
@@ -54,7 +72,7 @@ def dynamo_registered(fn):
 
 
 EAGER_DOORS = {"compile-eager": native("eager"), "compat-nop": compat,
-               "dynamo-eager": dynamo("eager")}
+               "dynamo-eager": dynamo("eager"), "dynamo-aot_module_simplified": dynamo_simplified}
 INDUCTOR_DOORS = {"compile-inductor": native("inductor"), "dynamo-aotgrad": dynamo_registered}
 
 
@@ -102,6 +120,12 @@ def test_one_graph_serves_several_batch_sizes(door):
 @pytest.mark.parametrize("door", list(INDUCTOR_DOORS.values()), ids=list(INDUCTOR_DOORS))
 def test_one_inductor_graph_serves_several_batch_sizes(door):
     check_sizes(door, mlp, mlp_inputs, [5, 7])
+
+
+def test_aot_module_simplified_compiles_one_forward_and_one_backward_for_dynamos_sizes():
+    calls = {"fw": 0, "bw": 0}
+    check_sizes(lambda fn: dynamo_simplified(fn, calls), mlp, mlp_inputs, [5, 6, 9])
+    assert calls == {"fw": 1, "bw": 1}
 
 
 def attention(x, w):

@@ -152,3 +152,96 @@ def test_batchnorm_statistics_are_written_in_graph_with_eager_version_counters(b
         torch.testing.assert_close(mine, theirs)
     (call,) = compiled.compiled.entries.values()
     assert len(call.written_in_graph) == 3  # no copies after the graph
+
+
+# ---- a saved value modified in place: eager raises at the backward (stale.py) --------------
+
+def nonleaf(*shape):
+    return torch.randn(*shape, requires_grad=True) * 1
+
+
+def saved_input_then_mutated(x):
+    y = x.sin()  # saves x
+    x.mul_(3)
+    return y + x
+
+
+def saved_view_then_base_mutated(x, w):
+    z = (x[0] * w).sum()  # saves the view x[0]
+    x.mul_(2)
+    return z
+
+
+def saved_intermediate_then_mutated(x):
+    a = x * 2
+    b = a.sin()  # saves a
+    a.mul_(2)
+    return b, a  # a's backward does not read the old a: only b's raises
+
+
+def saved_input_for_one_output(x, w):
+    a = x * w  # saves x for w's gradient
+    x.add_(1)
+    return a, w * 2
+
+
+STALE = [
+    (saved_input_then_mutated, lambda: (nonleaf(4),), [0]),
+    (saved_view_then_base_mutated, lambda: (torch.randn(3, 4), torch.randn(4, requires_grad=True)), [0]),
+    (saved_intermediate_then_mutated, lambda: (nonleaf(4),), [0]),
+    (saved_intermediate_then_mutated, lambda: (nonleaf(4),), [1]),
+    (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [0]),
+    (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [1]),
+]
+
+
+def _run_to_backward(fn, make, outputs):
+    """Outputs, inputs after the call, then the backward's error (or the gradients) for the
+    sum of `outputs`, on inputs seeded alike."""
+    torch.manual_seed(0)
+    args = make()
+    out = fn(*args)
+    outs = out if isinstance(out, tuple) else (out,)
+    state = [o.detach().clone() for o in outs] + [a.detach().clone() for a in args]
+    facts = [(o.requires_grad, o.grad_fn is not None) for o in outs]
+    try:
+        sum(outs[k].sum() for k in outputs).backward()
+    except RuntimeError as e:
+        return state, facts, str(e)
+    return state, facts, [a.grad for a in args if a.is_leaf and a.requires_grad]
+
+
+@DOORS
+@pytest.mark.parametrize("fn, make, outputs", STALE,
+                         ids=[f"{f.__name__}-out{o[0]}" for f, _, o in STALE])
+def test_saved_value_modified_in_place_raises_at_the_backward_as_eager(fn, make, outputs, door):
+    """The forward runs (outputs, inputs as eager's); a backward raises eager's error exactly
+    when it reads the modified value, and otherwise returns eager's gradients."""
+    e_state, e_facts, e_after = _run_to_backward(fn, make, outputs)
+    c_state, c_facts, c_after = _run_to_backward(door(fn), make, outputs)
+    torch.testing.assert_close(c_state, e_state)
+    assert c_facts == e_facts
+    if isinstance(e_after, str):
+        assert c_after == e_after  # eager's message, word for word
+    else:
+        torch.testing.assert_close(c_after, e_after)
+
+
+@DOORS
+def test_saved_value_modified_in_place_without_backward_does_not_raise(door):
+    compiled = door(saved_input_then_mutated)
+    x = nonleaf(4)
+    ex = x.detach().clone()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), saved_input_then_mutated(ex))
+    out = compiled(x)  # a backward through it would raise; none runs
+    assert out.requires_grad
+    torch.testing.assert_close(x, ex * 3)  # once per call, as eager's would be
+
+
+def test_saved_value_modified_in_place_with_inductor():
+    fn, make, outputs = STALE[1]
+    e = _run_to_backward(fn, make, outputs)
+    c = _run_to_backward(aotgrad.compile(fn, backend="inductor"), make, outputs)
+    torch.testing.assert_close(c[0], e[0])
+    assert c[2] == e[2]
