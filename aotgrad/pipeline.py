@@ -23,7 +23,7 @@ from .cse import eliminate_common_subexpressions
 from .double_backward import DoubleBackward
 from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
                       shape_guard)
-from .memory import tensor_bytes
+from .memory import base_of, tensor_bytes
 from .partition import default_partition
 from .remat import forward_values
 from .runtime import CompiledCall, RuntimePlan
@@ -265,9 +265,38 @@ def _backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
     if backend.graph_passes is None:
         return gm
     meta = dict(gm.meta)
+    fresh = [shared is None for shared in _shared_storages(gm)]
     gm = backend.graph_passes(gm)
     gm.meta.update(meta)
+    _keep_outputs_fresh(gm, fresh)
     return verify(gm)
+
+
+def _keep_outputs_fresh(gm: fx.GraphModule, fresh: Sequence[bool]) -> None:
+    """Copy the outputs that a backend's rewrites made share memory with an input or an
+    earlier output (Inductor simplifies `zeros(4) + y[:4]` to `y[:4]`): eager returns a
+    tensor of their own, which the caller may write to."""
+    output = gm.graph.output_node()
+    outs = list(output.args[0])
+    for i, shared in enumerate(_shared_storages(gm)):
+        if shared is not None and fresh[i]:
+            with gm.graph.inserting_before(output):
+                copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],))
+            copy.meta["val"] = outs[i].meta["val"].clone()
+            outs[i] = copy
+    output.args = (type(output.args[0])(outs),)
+    gm.recompile()
+
+
+def _shared_storages(gm: fx.GraphModule) -> list[fx.Node | None]:
+    """Per graph output: the graph input or earlier output whose memory it is a view of."""
+    seen = set(gm.graph.find_nodes(op="placeholder"))
+    shared = []
+    for out in gm.graph.output_node().args[0]:
+        base = base_of(out) if isinstance(out, fx.Node) else None
+        shared.append(base if base in seen else None)
+        seen.add(base)
+    return shared
 
 
 def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:

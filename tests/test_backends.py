@@ -84,3 +84,16 @@ def test_a_boxed_backward_can_free_each_saved_value_early():
     compat.aot_function(fn, fw_compiler=compat.nop, bw_compiler=bw_compiler)(*args).backward()
     assert alive, "the backward saw no saved value"
     assert all(any(t is a for a in args) for t in alive), "an activation outlived the clear"
+
+
+def test_an_output_inductors_rewrites_make_a_view_of_an_input_is_still_its_own_tensor():
+    """Inductor's joint-graph passes simplify `zeros(4) + y[:4]` to `y[:4]`: the output must
+    not become a view of the input (writing to it would change the caller's tensor)."""
+    compiled = aotgrad.compile(lambda y: torch.zeros(4) + y[:4], backend="inductor")
+    for requires_grad in (False, True):
+        y = torch.randn(6, requires_grad=requires_grad)
+        out = compiled(y)
+        assert out.data_ptr() != y.data_ptr() and out._base is None
+        before = y.detach().clone()
+        out.detach().add_(1)
+        assert torch.equal(y.detach(), before)
