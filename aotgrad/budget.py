@@ -9,11 +9,10 @@ the whole step (`memory`, not the sum of saved bytes) and by the compute they ad
 and random values) is always scored, but it need not have the lowest peak: recomputing
 everything has transients of its own.
 
-The curve (`plan_curve`, what `explain` draws) is the Pareto front of the plans a solver
-found. So by construction a lower budget never raises the estimated peak, and every target
-is met (the front's lowest point fits budget 0). A compile needs one point of it: the
-partitioner (`plan_for_budget`) solves for its target alone, with the same guarantees where
-the solver is exact; its budget 0 aims at the lowest peak among the plans at the curve's ends.
+The curve is the Pareto front of the plans a solver found, computed once per graph. So by
+construction a lower budget never raises the estimated peak, and every target is met (the
+front's lowest point fits budget 0). Budget 1 needs no curve: its target is the min-cut
+plan's peak (`plan_for_budget`).
 
 Solvers, by problem size (`pick_solver`): every canonical plan scored one by one (up to
 `MAX_EXHAUSTIVE` free choices); an integer program solved by SciPy's HiGHS (`ilp`), exact
@@ -52,42 +51,40 @@ class Curve:
         return self.low_bytes + math.floor(budget * (self.high_bytes - self.low_bytes))
 
 
-def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto") -> Curve:
+def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto",
+               space: PlanSpace | None = None) -> Curve:
     """The memory/compute curve of `joint`, from the least memory to the min-cut plan."""
-    space = PlanSpace(joint, n)
-    ends = _ends(space)
-    high = ends[0].peak_bytes
-    low = min(ends[1].peak_bytes, high)
+    space = space or PlanSpace(joint, n)
+    mincut, everything, nothing = _ends(space)
+    high = mincut.peak_bytes
     name = pick_solver(space) if solver == "auto" else solver
+    low = min(everything.peak_bytes, high)
     found = SOLVERS[name](space, low, high)
     if name == "ilp":  # the solver has a time limit: the greedy's plans fill any gaps
         found += greedy(space, low, high)
-    plans = pareto(p for p in [*ends, *found] if p.peak_bytes <= high)
+    plans = pareto(p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high)
     return Curve(tuple(plans), plans[0].peak_bytes, high, name)
 
 
 def plan_for_budget(joint: fx.GraphModule, n: int, budget: float, solver: str = "auto") -> Plan:
-    """The plan a budget chooses, solved for its target alone: a compile needs one point,
-    not the whole curve. Budget 0's target is the lowest peak of the curve's ends (not of
-    the whole front, which only the curve computes)."""
+    """The plan a budget chooses. Budget 1's target is the min-cut plan's peak, whatever the
+    curve's other end: with the integer program a compile solves for it alone, instead of
+    for the whole curve (20 s on GPT-2, the solver's time limit)."""
     space = PlanSpace(joint, n)
-    ends = _ends(space)
-    high = ends[0].peak_bytes
-    low = min(min(p.peak_bytes for p in ends), high)
-    target = Curve((), low, high, "").target(budget)
     name = pick_solver(space) if solver == "auto" else solver
-    found = ilp.solve_point(space, target) if name == "ilp" else []
-    if name != "ilp" or not any(p.peak_bytes <= target for p in found):
-        found += SOLVERS["exhaustive" if name == "exhaustive" else "greedy"](space, low, high)
-    plans = pareto(p for p in [*ends, *found] if p.peak_bytes <= high)
-    return choose(Curve(tuple(plans), low, high, name), budget)
+    if budget == 1.0 and name == "ilp":
+        ends = _ends(space)
+        high = ends[0].peak_bytes
+        fitting = [p for p in [*ends, *ilp.solve_point(space, high)] if p.peak_bytes <= high]
+        return min(fitting, key=lambda p: (p.recompute_cost, p.peak_bytes))
+    return choose(plan_curve(joint, n, name, space), budget)
 
 
-def _ends(space: PlanSpace) -> list[Plan]:
+def _ends(space: PlanSpace) -> tuple[Plan, Plan, Plan]:
     """The min-cut plan, the plan recomputing every free choice, and the plan recomputing
     none of them (the least recomputation there is)."""
-    return [space.evaluate(space.mincut), space.evaluate(space.saved_for(space.candidates)),
-            space.evaluate(space.saved_for(()))]
+    return (space.evaluate(space.mincut), space.evaluate(space.saved_for(space.candidates)),
+            space.evaluate(space.saved_for(())))
 
 
 def pick_solver(space: PlanSpace) -> str:
