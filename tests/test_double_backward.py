@@ -270,8 +270,8 @@ def mutates_input(x):
 
 
 REFUSED = {
-    "dropout": (lambda x: F.dropout(x.sin(), 0.5, training=True), r"draws random numbers"),
-    "custom_function": (lambda x: Cube.apply(x), r"custom autograd.Function"),
+    # rrelu's output depends on the slopes it draws: no table says how to recompute it.
+    "rrelu": (lambda x: F.rrelu(x.sin(), training=True), r"draws random numbers .*rrelu"),
     "mutated_input": (mutates_input, r"mutates input 0 .* old value"),
 }
 
