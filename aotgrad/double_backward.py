@@ -14,21 +14,30 @@ the gradients instead, the way eager computes them:
   forward held (they carry their autograd history) and the incoming gradients (they may
   carry history too). Autograd records the replay as it records eager's ops, so the
   gradients differentiate like eager's. No decomposition: eager's kernels and formulas.
+- Random ops do not draw again: the replay takes their values from the compiled forward,
+  which saves them (random_values.py; dropout's mask is saved anyway).
+- A custom autograd.Function is called, not replayed as its ops: the replay applies it and
+  runs autograd on that application with create_graph=True, so that its backward is the
+  user's, differentiable or `once_differentiable`, as in eager (custom_functions.py).
 - The replay is checked once, on fake values, against the autograd graph the trace itself
   recorded (node by node, edge by edge); where they differ, it is refused, never silently
   different.
 
-Refused with an error naming the construct: random ops (a replay draws new numbers),
-custom autograd.Functions (their forward runs outside autograd), gradients that read the
-old value of an input the function mutates, backward formulas that branch on values.
+Refused with an error naming the construct: random ops whose other outputs depend on their
+draw in a way not tabled (rrelu's slopes, attention's dropout) or that run in a backward,
+custom Functions that Dynamo captured (it traces their backward under no_grad, losing what
+eager would record), modify an input in place or draw random numbers, gradients that read
+the old value of an input the function mutates, backward formulas that branch on values.
 
 Cost: the forward holds a reference to its inputs until a backward without `retain_graph`
 releases them with the saved values. Parameters, buffers and the caller's own tensors are
 alive anyway and cost nothing; an activation that nothing else keeps alive (its producer
 saved nothing of it) lives until the backward. The forward also records the version
 counters of the inputs it does not save (a fraction of a microsecond each), so that a
-replay refuses an input modified in place since. The first-order backward is unchanged:
-the compiled graph, saved values freed early.
+replay refuses an input modified in place since. A graph with random ops also saves the
+drawn values its backward does not read (noise added to an activation; not dropout's
+mask, which it reads). The first-order backward is otherwise unchanged: the compiled
+graph, saved values freed early.
 """
 
 from __future__ import annotations
