@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -79,6 +80,7 @@ class FunctionCalls:
         self.nodes: set = set()  # the autograd nodes the calls made
         self._depth = 0  # inside a call: a nested one is part of it
         self._patches = contextlib.ExitStack()
+        self._thread = threading.get_ident()  # the patches serve other threads unchanged
 
     def __enter__(self):
         calls = self
@@ -106,7 +108,7 @@ class FunctionCalls:
                 run: Callable):
         """`run()`, the application of a Function to `args`, noted unless nested (or
         refused, with no way to `reapply` it)."""
-        if self._depth:
+        if self._depth or threading.get_ident() != self._thread:
             return run()
         start, grad_enabled = _last(self.graph), torch.is_grad_enabled()
         self._depth += 1
@@ -117,7 +119,7 @@ class FunctionCalls:
         node = _function_node(out)
         if node is not None and reapply is None:
             raise CustomFunctionUnsupported(name)
-        if node is not None and node not in self.nodes:
+        if node is not None:
             if any(o is a for o in _outputs(out) for a in args):  # ctx.mark_dirty
                 raise _unsupported(f"{name}, which modifies an input in place")
             call = FunctionCall(name, reapply, *_leaves(args, kwargs), grad_enabled, start)
@@ -184,6 +186,8 @@ def _leaves(args: tuple, kwargs: dict) -> tuple:
 
 
 def _leaf_node(x):
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise _unsupported("a Function given a symbolic size (dynamic=True)")
     if not isinstance(x, torch.Tensor):
         return x
     node = _node_of(x)
@@ -218,41 +222,51 @@ def _since(graph: fx.Graph, start: fx.Node) -> list[fx.Node]:
 def call_functions(graph: fx.Graph, calls: list[FunctionCall], grad_mode_key: str) -> None:
     """Replace each noted forward and backward by a call of the Function and of autograd
     on it; then drop the nodes they traced (`grad_mode_key`: node.meta's grad mode)."""
-    traced = {n for call in calls for n in call.forward_nodes + call.backward_nodes}
     for call in calls:
         if any(is_random(n.target) for n in call.forward_nodes):
             raise _unsupported(f"{call.name}, which draws random numbers")
-        application = _replace_forward(graph, call, grad_mode_key)
-        if call.backward_start is not None:
-            _replace_backward(graph, call, application, traced)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    traced = {n for call in calls for n in call.forward_nodes + call.backward_nodes}
+    env: dict[fx.Node, fx.Node] = {}  # a traced value -> the node that stands for it now
+    applications = [_replace_forward(graph, call, env, grad_mode_key) for call in calls]
+    backwards = [(c, a) for c, a in zip(calls, applications) if c.backward_start is not None]
+    for call, application in sorted(backwards, key=lambda ca: order[ca[0].backward_start]):
+        _replace_backward(graph, call, application, env)
     for node in reversed([n for n in graph.nodes if n in traced]):
         if any(user not in traced for user in node.users):
             raise _unsupported(f"a Function whose value {node.name} is used outside it")
         graph.erase_node(node)
 
 
-def _replace_forward(graph: fx.Graph, call: FunctionCall, grad_mode_key: str) -> fx.Node:
-    inputs = [x for x in call.leaves if isinstance(x, fx.Node)]
+def _replace_forward(graph: fx.Graph, call: FunctionCall, env: dict,
+                     grad_mode_key: str) -> fx.Node:
+    inputs = [env.get(x, x) for x in call.leaves if isinstance(x, fx.Node)]
     with graph.inserting_after(call.start):
         application = graph.call_function(_applier(call), tuple(inputs))
     application.meta[grad_mode_key] = call.grad_enabled
-    inside = set(call.forward_nodes)
     for k, out in enumerate(call.outputs):
         if out is not None:
-            element = _element(graph, application, k, call.grad_enabled, grad_mode_key)
-            out.replace_all_uses_with(element, delete_user_cb=lambda u: u not in inside)
+            env[out] = _element(graph, application, k, call.grad_enabled, grad_mode_key)
+            _replace_outside(out, env[out], call.forward_nodes)
     return application
 
 
 def _replace_backward(graph: fx.Graph, call: FunctionCall, application: fx.Node,
-                      traced: set) -> None:
+                      env: dict) -> None:
+    grad_outputs = [env.get(g, g) for g in call.grad_outputs]
     with graph.inserting_after(call.backward_start):
-        node = graph.call_function(_differentiator(call), (application, *call.grad_outputs))
+        node = graph.call_function(_differentiator(call), (application, *grad_outputs))
     inside = set(call.backward_nodes)
     for k, grad in enumerate(call.grad_inputs):
         if grad in inside:  # else the backward passed a gradient on as it came
-            element = _element(graph, node, k, True, None)
-            grad.replace_all_uses_with(element, delete_user_cb=lambda u: u not in traced)
+            env[grad] = _element(graph, node, k, True, None)
+            _replace_outside(grad, env[grad], inside)
+
+
+def _replace_outside(node: fx.Node, new: fx.Node, region) -> None:
+    """Uses of `node` by nodes outside `region` now read `new`."""
+    region = set(region)
+    node.replace_all_uses_with(new, delete_user_cb=lambda user: user not in region)
 
 
 def _element(graph: fx.Graph, node: fx.Node, k: int, grad_enabled: bool, key) -> fx.Node:

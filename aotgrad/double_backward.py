@@ -215,7 +215,8 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
         call_functions(gm.graph, functions, GRAD_ENABLED)
     gm.graph._codegen = fx.graph.CodeGen()  # flat arguments, as the backward passes them
     if tuple(random_ops) != random.ops:
-        raise _random_refusal("random ops other than the compiled forward's")
+        raise _random_refusal("random ops a replay would not call as the compiled forward "
+                              "did")
     drop_autograd_copies(gm.graph)
     remove_unused(gm.graph)
     random_values = take_random_values(gm.graph, random)
