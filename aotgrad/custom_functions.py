@@ -6,10 +6,10 @@ which eager records op by op when the backward runs with create_graph=True (or w
 error node, when it is `once_differentiable`). So the replay calls the Function as eager
 does:
 
-- While the replay is traced, `FunctionCalls` notes each `Function.apply` (and each of
-  Dynamo's `autograd_function_apply`) that makes an autograd node: the graph nodes its
-  forward added, its inputs and outputs. Hooks on that node note the graph nodes its
-  backward added, between the gradients it received and the ones it returned.
+- While the replay is traced, `FunctionCalls` notes each `Function.apply` that makes an
+  autograd node: the graph nodes its forward added, its inputs and outputs. Hooks on that
+  node note the graph nodes its backward added, between the gradients it received and the
+  ones it returned.
 - `call_functions` replaces each forward's nodes with one node that applies the Function
   again (to aliases of its inputs), and each backward's with one node that runs autograd
   on that application alone, with create_graph=True: autograd's engine calls the user's
@@ -18,6 +18,10 @@ does:
 
 The aliases keep the gradients autograd returns for the inputs to the Function's own: an
 input that is computed from another would otherwise collect that one's gradient too.
+
+A Function that Dynamo captured (its `autograd_function_apply`) is refused: Dynamo traces
+its backward with grad mode off and drops the grad mode switches inside it, so whether eager
+would record the backward (not if `once_differentiable`, nor its `no_grad` regions) is lost.
 """
 
 from __future__ import annotations
@@ -53,10 +57,11 @@ def _unsupported(what: str) -> CustomFunctionUnsupported:
 
 @dataclass
 class FunctionCall:
-    """One application of a custom Function in a replay's trace."""
+    """One application of a custom Function in a replay's trace, filled in as the trace
+    reaches its forward and its backward."""
 
     name: str
-    apply: Callable  # (args, kwargs) -> the Function applied to them
+    apply: Callable  # (*args, **kwargs) -> the Function applied to them
     spec: pytree.TreeSpec  # of (args, kwargs)
     leaves: list  # of (args, kwargs): a graph node for each traced tensor
     direct: list[int]  # the leaves that are positional tensor arguments: the node's inputs
@@ -72,7 +77,8 @@ class FunctionCall:
 
 class FunctionCalls:
     """While a replay is traced: note each custom Function application that makes an
-    autograd node (Function.apply is patched meanwhile; so is Dynamo's operator)."""
+    autograd node (Function.apply is patched meanwhile; so is Dynamo's operator, to refuse
+    it)."""
 
     def __init__(self, graph: fx.Graph):
         self.graph = graph

@@ -208,6 +208,8 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
 
     # The joint graph was traced under the python dispatcher, which calls some composite
     # ops differently (dropout: native_dropout); for the same random ops, so is the replay.
+    # (Eager's dropout on CPU multiplies by a bernoulli_ draw instead: the same values, but
+    # half-precision second-order gradients round differently, by about an ulp.)
     dispatcher = enable_python_dispatcher() if random.ops else contextlib.nullcontext()
     with fake_mode, torch.set_grad_enabled(info.grad_enabled), _autocast_as(autocast), \
             _explain_data_dependence(), _explain_custom_functions(), dispatcher:
