@@ -191,6 +191,24 @@ def _add_backward_input(bw: fx.GraphModule, position: int, value: fx.Node) -> No
     bw.recompile()
 
 
+def without_held_values(backward: Callable, bw: fx.GraphModule) -> Callable:
+    """The compiled (boxed) `backward`, dropping the values held for a replay from its
+    arguments first: a first-order backward frees them at its start, as it frees the
+    forward's inputs, not when it returns (a compiled graph keeps its unused inputs)."""
+    placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    held = [i for i, n in enumerate(placeholders) if n.meta.get(HELD_FOR_REPLAY)]
+    if not held:
+        return backward
+
+    def run(args: list):
+        for i in held:
+            args[i] = None
+        return backward(args)
+
+    run._boxed_call = True
+    return run
+
+
 # ---- the replay: take the values -----------------------------------------------------------
 
 class NotTakenFromForward(Exception):

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd import gradcheck, gradgradcheck
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import aotgrad
 from aotgrad.compat import aot_function, aot_module, nop
@@ -418,6 +419,31 @@ def test_the_forward_saves_more_only_for_random_values_the_backward_does_not_rea
     dropout(x, w), noise(x, w)
     assert held_for_replay(dropout) == []  # dropout's backward reads its mask anyway
     assert len(held_for_replay(noise)) == 1  # the noise: its backward reads x @ w + noise
+
+
+class FirstOpSees(TorchDispatchMode):
+    """Whether `ref` was dead when each op ran."""
+
+    def __init__(self, ref):
+        super().__init__()
+        self.ref, self.dead = ref, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.dead.append(self.ref() is None)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_first_order_backward_frees_the_held_values_first():
+    x, w = leaf(5, 4), leaf(4, 4)
+    compiled = compile_eager(RANDOM["noise"])
+    loss = compiled(x, w)
+    (call,) = compiled.entries.values()
+    node = loss.grad_fn
+    ((_, position),) = call.double_backward._trace_args[-1].saved_at  # the noise
+    ref = weakref.ref(node.saved_tensors[position])
+    with FirstOpSees(ref) as mode:
+        loss.backward()
+    assert all(mode.dead[1:])  # from the compiled backward's first op on (0: the engine's)
 
 
 def test_random_ops_with_dynamic_shapes():
