@@ -66,10 +66,10 @@ class FunctionCall:
     leaves: list  # of (args, kwargs): a graph node for each traced tensor
     direct: list[int]  # the leaves that are positional tensor arguments: the node's inputs
     grad_enabled: bool
-    start: fx.Node  # the last node before the forward's
+    start: fx.Node  # the last node before the forward's (while tracing)
     forward_nodes: list[fx.Node] = field(default_factory=list)
     outputs: list = field(default_factory=list)  # a node per tensor output, else None
-    backward_start: fx.Node | None = None
+    backward_start: fx.Node | None = None  # the last node before the backward's, once run
     backward_nodes: list[fx.Node] = field(default_factory=list)
     grad_outputs: list = field(default_factory=list)  # a node (or None) per output
     grad_inputs: list = field(default_factory=list)  # a node (or None) per input
@@ -215,6 +215,8 @@ def _last(graph: fx.Graph) -> fx.Node:
 
 def _since(graph: fx.Graph, start: fx.Node) -> list[fx.Node]:
     """The nodes after `start`, in order."""
+    if start._erased:  # the tracer dropped it meanwhile: where the nodes begin is lost
+        raise _unsupported("a Function whose trace could not be delimited")
     nodes = []
     for node in reversed(graph.nodes):
         if node is start:
@@ -229,14 +231,14 @@ def call_functions(graph: fx.Graph, calls: list[FunctionCall], grad_mode_key: st
     """Replace each noted forward and backward by a call of the Function and of autograd
     on it; then drop the nodes they traced (`grad_mode_key`: node.meta's grad mode)."""
     for call in calls:
-        if any(is_random(n.target) for n in call.forward_nodes):
-            raise _unsupported(f"{call.name}, which draws random numbers")
+        _check(call)
     order = {n: i for i, n in enumerate(graph.nodes)}
     traced = {n for call in calls for n in call.forward_nodes + call.backward_nodes}
     env: dict[fx.Node, fx.Node] = {}  # a traced value -> the node that stands for it now
     applications = [_replace_forward(graph, call, env, grad_mode_key) for call in calls]
-    backwards = [(c, a) for c, a in zip(calls, applications) if c.backward_start is not None]
-    for call, application in sorted(backwards, key=lambda ca: order[ca[0].backward_start]):
+    backwards = [(c, a) for c, a in zip(calls, applications)
+                 if any(g in c.backward_nodes for g in c.grad_inputs)]  # else nothing to do
+    for call, application in sorted(backwards, key=lambda ca: order[ca[0].backward_nodes[0]]):
         _replace_backward(graph, call, application, env)
     for node in reversed([n for n in graph.nodes if n in traced]):
         if any(user not in traced for user in node.users):
@@ -244,10 +246,21 @@ def call_functions(graph: fx.Graph, calls: list[FunctionCall], grad_mode_key: st
         graph.erase_node(node)
 
 
+def _check(call: FunctionCall) -> None:
+    """Refuse a forward that draws (its application would draw again); forget the nodes the
+    tracer dropped after they were noted (sizes no op used)."""
+    if any(is_random(n.target) for n in call.forward_nodes):
+        raise _unsupported(f"{call.name}, which draws random numbers")
+    call.forward_nodes = [n for n in call.forward_nodes if not n._erased]
+    call.backward_nodes = [n for n in call.backward_nodes if not n._erased]
+    if not call.forward_nodes:
+        raise _unsupported(f"{call.name}, whose forward computes nothing traced")
+
+
 def _replace_forward(graph: fx.Graph, call: FunctionCall, env: dict,
                      grad_mode_key: str) -> fx.Node:
     inputs = [env.get(x, x) for x in call.leaves if isinstance(x, fx.Node)]
-    with graph.inserting_after(call.start):
+    with graph.inserting_before(call.forward_nodes[0]):
         application = graph.call_function(_applier(call), tuple(inputs))
     application.meta[grad_mode_key] = call.grad_enabled
     for k, out in enumerate(call.outputs):
@@ -260,7 +273,7 @@ def _replace_forward(graph: fx.Graph, call: FunctionCall, env: dict,
 def _replace_backward(graph: fx.Graph, call: FunctionCall, application: fx.Node,
                       env: dict) -> None:
     grad_outputs = [env.get(g, g) for g in call.grad_outputs]
-    with graph.inserting_after(call.backward_start):
+    with graph.inserting_before(call.backward_nodes[0]):
         node = graph.call_function(_differentiator(call), (application, *grad_outputs))
     inside = set(call.backward_nodes)
     for k, grad in enumerate(call.grad_inputs):
