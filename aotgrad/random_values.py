@@ -257,8 +257,11 @@ def _output_val(node: fx.Node, j: int):
 def forward_values_for(op) -> Callable:
     """`op`, taking its drawn outputs from its first argument instead of drawing them."""
     def take(values, *args, **kwargs):
-        with _ForwardValues(op, values):
-            return op(*args, **kwargs)
+        with _ForwardValues(op, values) as mode:
+            out = op(*args, **kwargs)
+        if not mode.handed_out:  # it drew below autograd under another name: never silently
+            raise RuntimeError(f"aotgrad: the replay's {op} did not take the forward's values")
+        return out
     take.__name__ = f"{op.__name__.replace('.', '_')}_from_forward"
     return take
 
@@ -271,11 +274,13 @@ class _ForwardValues(TorchDispatchMode):
         super().__init__()
         self.op = op
         self.values = values
+        self.handed_out = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not self.op:  # not reached: `op` is the first op below autograd
+        if func is not self.op:  # not reached: the trace saw `op` itself below autograd
             return func(*args, **kwargs)
+        self.handed_out = True
         written = _written(func, args, kwargs)
         if written is not None:  # bernoulli_, uniform_, out=: one output, the tensor written
             return written.copy_(self.values[0])
