@@ -14,21 +14,30 @@ the gradients instead, the way eager computes them:
   forward held (they carry their autograd history) and the incoming gradients (they may
   carry history too). Autograd records the replay as it records eager's ops, so the
   gradients differentiate like eager's. No decomposition: eager's kernels and formulas.
+- Random ops do not draw again: the replay takes their values from the compiled forward,
+  which saves them (random_values.py; dropout's mask is saved anyway).
+- A custom autograd.Function is called, not replayed as its ops: the replay applies it and
+  runs autograd on that application with create_graph=True, so that its backward is the
+  user's, differentiable or `once_differentiable`, as in eager (custom_functions.py).
 - The replay is checked once, on fake values, against the autograd graph the trace itself
   recorded (node by node, edge by edge); where they differ, it is refused, never silently
   different.
 
-Refused with an error naming the construct: random ops (a replay draws new numbers),
-custom autograd.Functions (their forward runs outside autograd), gradients that read the
-old value of an input the function mutates, backward formulas that branch on values.
+Refused with an error naming the construct: random ops whose other outputs depend on their
+draw in a way not tabled (rrelu's slopes, attention's dropout) or that run in a backward,
+custom Functions that Dynamo captured (it traces their backward under no_grad, losing what
+eager would record), modify an input in place or draw random numbers, gradients that read
+the old value of an input the function mutates, backward formulas that branch on values.
 
 Cost: the forward holds a reference to its inputs until a backward without `retain_graph`
 releases them with the saved values. Parameters, buffers and the caller's own tensors are
 alive anyway and cost nothing; an activation that nothing else keeps alive (its producer
 saved nothing of it) lives until the backward. The forward also records the version
 counters of the inputs it does not save (a fraction of a microsecond each), so that a
-replay refuses an input modified in place since. The first-order backward is unchanged:
-the compiled graph, saved values freed early.
+replay refuses an input modified in place since. A graph with random ops also saves the
+drawn values its backward does not read (noise added to an activation; not dropout's
+mask, which it reads). The first-order backward is otherwise unchanged: the compiled
+graph, saved values freed early.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.overrides import TorchFunctionMode
@@ -49,8 +59,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .analysis import FunctionInfo, graph_outputs
 from .capture import fake_inputs
 from .codegen import python_function
+from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
 from .dynamic import no_new_guards
 from .joint import fake_tangents, input_grads, mutable_copies
+from .random_values import (RANDOM_OP, ForwardRandomValues, NotTakenFromForward,
+                            draw_from_forward, is_random)
 from .tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE
 
 GRAD_ENABLED = "aotgrad_grad_enabled"  # node.meta key: the grad mode the op ran under
@@ -74,6 +87,9 @@ class Replay:
     gm: fx.GraphModule  # grad mode switches included (`switch_grad_modes`)
     inputs_read: frozenset[int]  # primals the graph reads: their versions are checked
     fn: Callable[[list], list]  # the graph as straight-line Python (codegen.py)
+    # The forward's saved tensors (by position) that the graph takes after the tangents:
+    # the values of its random ops (random_values.py).
+    random_values: tuple[int, ...] = ()
 
     def run(self, args: Sequence[torch.Tensor]) -> list:
         # The trace holds the call's autocast casts; the graph ends in the mode it began in.
@@ -86,8 +102,9 @@ class DoubleBackward:
     training never asks, and the trace costs about as much as the joint graph's."""
 
     def __init__(self, graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
-                 fake_mode: Any, saved_inputs: Sequence[int]):
-        self._trace_args = (graph_fn, info, list(fakes), fake_mode, _autocast_state())
+                 fake_mode: Any, saved_inputs: Sequence[int],
+                 random: ForwardRandomValues = ForwardRandomValues()):
+        self._trace_args = (graph_fn, info, list(fakes), fake_mode, _autocast_state(), random)
         # The inputs the compiled forward does not save itself: their versions are recorded
         # at the call (save_for_backward checks the others').
         saved = set(saved_inputs)
@@ -138,11 +155,12 @@ class DoubleBackward:
         primals = ctx.primals
         if primals is None:
             raise RuntimeError(_FREED)
-        ctx.saved_tensors  # noqa: B018  (checks the versions of the inputs the forward saved)
+        saved = ctx.saved_tensors  # (checks the versions of the inputs the forward saved)
         self._check_versions(primals, ctx.primal_versions, replay.inputs_read)
-        ctx.maybe_clear_saved_tensors()  # the replay needs none of the saved values
+        random_values = [saved[i].detach() for i in replay.random_values]
+        ctx.maybe_clear_saved_tensors()  # the replay needs no other saved value
         release_inputs(ctx)
-        return replay.run(list(primals) + list(tangents))
+        return replay.run(list(primals) + list(tangents) + random_values)
 
     def _check_versions(self, primals: Sequence[torch.Tensor], versions: Sequence[int],
                         read: frozenset[int]) -> None:
@@ -169,28 +187,41 @@ _FREED = (
 # ---- tracing -------------------------------------------------------------------------------
 
 def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
-                 fake_mode: Any, autocast: tuple) -> Replay:
+                 fake_mode: Any, autocast: tuple, random: ForwardRandomValues) -> Replay:
     """Trace `graph_fn` and its create_graph gradients, refusing what a replay would get
-    wrong; primals + tangents -> one gradient (or None) per primal."""
-    eager_history = []
+    wrong; primals + tangents + the forward's random values -> one gradient (or None) per
+    primal."""
+    eager_history, random_ops, functions = [], [], []
 
     def grads_of(primals, tangents):
-        tags = _GradModeTags(get_proxy_mode().tracer.graph)
-        with tags, _DataReads(tags), _no_saved_tensor_hooks():
+        tags = _GradModeTags(get_proxy_mode().tracer.graph, random_ops)
+        calls = FunctionCalls(tags.graph)
+        with tags, _DataReads(tags), _no_saved_tensor_hooks(), calls:
             args = mutable_copies(info, primals)
             outs = graph_outputs(info, args, graph_fn(*args))
-            refuse_custom_functions(outs)
+            refuse_custom_functions(outs, calls.nodes)
+            tags.random_ops = None  # the forward's random ops only
             grads = input_grads(outs, info.gets_tangent, primals, tangents, create_graph=True)
         eager_history.append(autograd_fingerprint(grads))
+        functions.extend(calls.calls)
         return grads
 
+    # The joint graph was traced under the python dispatcher, which calls some composite
+    # ops differently (dropout: native_dropout); for the same random ops, so is the replay.
+    # (Eager's dropout on CPU multiplies by a bernoulli_ draw instead: the same values, but
+    # half-precision second-order gradients round differently, by about an ulp.)
+    dispatcher = enable_python_dispatcher() if random.ops else contextlib.nullcontext()
     with fake_mode, torch.set_grad_enabled(info.grad_enabled), _autocast_as(autocast), \
-            _explain_data_dependence():
+            _explain_data_dependence(), _explain_custom_functions(), dispatcher:
         gm = make_fx(grads_of)(fake_inputs(fake_mode, fakes), fake_tangents(info, fake_mode))
+        call_functions(gm.graph, functions, GRAD_ENABLED)
     gm.graph._codegen = fx.graph.CodeGen()  # flat arguments, as the backward passes them
+    if tuple(random_ops) != random.ops:
+        raise _random_refusal("random ops a replay would not call as the compiled forward "
+                              "did")
     drop_autograd_copies(gm.graph)
     remove_unused(gm.graph)
-    refuse_random_ops(gm.graph)
+    random_values = take_random_values(gm.graph, random)
     refuse_old_values_of_mutated_inputs(gm.graph, info)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     # A mutated input's value is not read (refused above otherwise), only cloned: the
@@ -199,31 +230,39 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
                      if p.users and not x.mutated)
     switch_grad_modes(gm.graph)
     gm.recompile()
-    replay = Replay(gm, read, python_function(gm))
+    replay = Replay(gm, read, python_function(gm), random_values)
     with fake_mode:
         args = fake_inputs(fake_mode, fakes) + fake_tangents(info, fake_mode)
+    args += [p.meta["val"] for p in placeholders[len(args):]]  # the random values
     refuse_other_history(replay, args, fake_mode, eager_history[0])
     return replay
 
 
 class _GradModeTags(TorchDispatchMode):
-    """Tags each node the tracer records with the grad mode its op ran under, and marks the
-    shallow copies autograd makes of the values it saves for backward."""
+    """Tags each node the tracer records with the grad mode its op ran under, marks the
+    shallow copies autograd makes of the values it saves for backward, and numbers the
+    random ops (while `random_ops`, the list of them, is not None)."""
 
-    def __init__(self, graph: fx.Graph):
+    def __init__(self, graph: fx.Graph, random_ops: list | None):
         super().__init__()
         self.graph = graph
         self.reading_data = False  # inside a `.data` read: a user's detach
+        self.random_ops = random_ops
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         enabled = torch.is_grad_enabled()
         copy = func is aten.detach.default and self._autograd_copy()
         out = func(*args, **(kwargs or {}))
+        numbered = self.random_ops is not None and is_random(func)
         for node in reversed(self.graph.nodes):  # the nodes this op added, newest first
             if GRAD_ENABLED in node.meta:
                 break
             node.meta[GRAD_ENABLED] = enabled
             node.meta[AUTOGRAD_COPY] = copy and node.target is func
+            if numbered and node.target is func:
+                node.meta[RANDOM_OP] = len(self.random_ops)
+        if numbered:
+            self.random_ops.append(func)
         return out
 
     def _autograd_copy(self) -> bool:
@@ -339,16 +378,25 @@ def _autocast_as(state: tuple):
 
 # ---- what a replay would get wrong ---------------------------------------------------------
 
-def refuse_custom_functions(outs: Sequence[Any]) -> None:
-    """A custom autograd.Function's forward runs under no_grad: its outputs would replay
-    without the history its backward gives them in eager."""
+@contextlib.contextmanager
+def _explain_custom_functions():
+    try:
+        yield
+    except CustomFunctionUnsupported as e:
+        raise NotImplementedError(
+            f"aotgrad: double backward (create_graph=True) through a compiled function that "
+            f"calls a custom autograd.Function is not supported for {e}.") from None
+
+
+def refuse_custom_functions(outs: Sequence[Any], replayed: set) -> None:
+    """A custom autograd.Function the replay does not call itself (`replayed`: one whose
+    class overrides `apply`) would replay as its forward's ops, run outside autograd:
+    without the history its backward gives its outputs in eager."""
     for node in autograd_nodes(outs):
-        if isinstance(node, torch.autograd.function.BackwardCFunction):
-            raise NotImplementedError(
-                f"aotgrad: double backward (create_graph=True) through a compiled function "
-                f"that calls the custom autograd.Function {node._forward_cls.__name__} is not "
-                "supported: its forward runs outside autograd, so a replay cannot "
-                "differentiate its gradients. Call it outside the compiled function.")
+        if isinstance(node, torch.autograd.function.BackwardCFunction) and node not in replayed:
+            raise CustomFunctionUnsupported(f"{node._forward_cls.__name__}, whose class "
+                                            "overrides apply. Call it outside the compiled "
+                                            "function")
 
 
 def refuse_other_history(replay: Replay, fake_args: list, fake_mode: Any,
@@ -376,7 +424,8 @@ def autograd_fingerprint(tensors: Sequence[Any]) -> tuple:
 
     Clones are seen through: the clone that materializes a conjugate (or negative) view is
     an op of the trace but not an autograd node in eager, and a clone's gradient is the
-    identity either way."""
+    identity either way. So are aliases: the replay applies a custom Function to aliases
+    of its inputs (custom_functions.py)."""
     roots = tuple(_names([t.grad_fn]) if isinstance(t, torch.Tensor) else () for t in tensors)
     edges = collections.Counter(
         (node.name(), _names(f for f, _ in node.next_functions))
@@ -384,7 +433,7 @@ def autograd_fingerprint(tensors: Sequence[Any]) -> tuple:
     return roots, edges
 
 
-_IDENTITIES = frozenset({"CloneBackward0"})
+_IDENTITIES = frozenset({"CloneBackward0", "AliasBackward0"})
 
 
 def _names(nodes) -> tuple[str, ...]:
@@ -413,22 +462,27 @@ def autograd_nodes(tensors: Sequence[Any]):
 
 def remove_unused(graph: fx.Graph) -> None:
     """Dead code elimination that keeps in-place ops (the graph is not functional) and error
-    checks, and drops unused random ops (they must not draw numbers in a replay)."""
+    checks, and drops unused random ops (a replay draws nothing)."""
     for node in reversed(list(graph.nodes)):
         if node.op == "call_function" and not node.users and not _mutates(node) \
                 and node.target not in ERROR_CHECKS:
             graph.erase_node(node)
 
 
-def refuse_random_ops(graph: fx.Graph) -> None:
-    for node in graph.nodes:
-        if _is_random(node.target):
-            raise NotImplementedError(
-                f"aotgrad: double backward (create_graph=True) through a compiled function "
-                f"that draws random numbers ({node.target}, e.g. dropout) is not supported: "
-                "re-deriving the gradients would draw new ones. Use eval mode (no dropout) "
-                "for the gradient penalty, or call the random op outside the compiled "
-                "function.")
+def take_random_values(graph: fx.Graph, random: ForwardRandomValues) -> tuple[int, ...]:
+    """The replay's random ops take the compiled forward's values (random_values.py)."""
+    try:
+        return draw_from_forward(graph, random)
+    except NotTakenFromForward as e:
+        raise _random_refusal(f"the random op {e}") from None
+
+
+def _random_refusal(what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"aotgrad: double backward (create_graph=True) through a compiled function that "
+        f"draws random numbers is not supported for {what}: a replay would draw new ones. "
+        "Call the random op outside the compiled function, or use eval mode for the "
+        "gradient penalty.")
 
 
 def refuse_old_values_of_mutated_inputs(graph: fx.Graph, info: FunctionInfo) -> None:
@@ -514,7 +568,3 @@ def _written_args(node: fx.Node) -> list[fx.Node]:
 def _mutates(node: fx.Node) -> bool:
     return isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
 
-
-def _is_random(target) -> bool:
-    return (isinstance(target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in target.tags)

@@ -16,7 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
-from . import aliasing, analysis, capture, joint, subclasses
+from . import aliasing, analysis, capture, joint, random_values, subclasses
 from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
                        set_graph_being_compiled)
 from .cse import eliminate_common_subexpressions
@@ -162,10 +162,9 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
 
 def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
     with timer("trace"):
-        c, joint_gm = _trace_joint(c, options)
-        joint_gm = _backend_passes(options.backend, joint_gm)
-        eliminate_common_subexpressions(
-            joint_gm, forward_values(joint_gm, joint_gm.meta[joint.JOINT_FW_OUTPUTS]))
+        random_ops = random_values.RandomValueTags()  # for a double backward's replay
+        c, joint_gm = _trace_joint(c, options, random_ops)
+        joint_gm = random_values.through_passes(joint_gm, lambda gm: _joint_passes(options, gm))
         aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
         joint.snapshot_overwritten_inputs(joint_gm)
     info = c.info
@@ -173,6 +172,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     n = joint_gm.meta[joint.JOINT_FW_OUTPUTS]  # plain forward outputs
     with timer("partition"):
         fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
+        held = random_values.hold_random_values(fw, bw, n, random_ops.ops)
         verify_partition(fw, bw, n)
     _attach(fw, "forward", options, _plain_range(edge, info))
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
@@ -180,7 +180,8 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         compiled_fw = _compile(options.backend.fw_compiler, fw)
     restride_saved(fw, bw, n)
     with timer("compile_backward"):
-        compiled_bw = _compile(options.backend.bw_compiler, bw)
+        compiled_bw = random_values.without_held_values(
+            _compile(options.backend.bw_compiler, bw), bw)
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
@@ -195,16 +196,17 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
-    call.double_backward = _double_backward(c, edge, fw, n)
+    call.double_backward = _double_backward(c, edge, fw, n, held)
     call.stale = c.stale
     return _with_subclasses(edge, call)
 
 
-def _trace_joint(c: Captured, options: Options) -> tuple[Captured, fx.GraphModule]:
+def _trace_joint(c: Captured, options: Options, random_ops: random_values.RandomValueTags
+                 ) -> tuple[Captured, fx.GraphModule]:
     """The joint graph, without the outputs whose backward reads a saved value the function
-    modified in place (stale.py)."""
+    modified in place (stale.py); `random_ops` tags the random values (random_values.py)."""
     def trace(c: Captured) -> fx.GraphModule:
-        return joint.trace_joint(c.graph_fn, c.info, c.fakes, c.fake_mode,
+        return joint.trace_joint(random_ops.wrap(c.graph_fn), c.info, c.fakes, c.fake_mode,
                                  options.backend.decompositions)
     try:
         return c, trace(c)
@@ -216,11 +218,12 @@ def _trace_joint(c: Captured, options: Options) -> tuple[Captured, fx.GraphModul
 
 
 def _double_backward(c: Captured, edge: subclasses.Boundary, fw: fx.GraphModule,
-                     num_fw_outputs: int) -> DoubleBackward:
+                     num_fw_outputs: int, held: random_values.ForwardRandomValues
+                     ) -> DoubleBackward:
     if not edge.is_plain:  # the replay would have to split and rebuild subclasses too
         return DoubleBackward.refused("tensor subclass inputs or outputs")
     return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode,
-                          saved_inputs(fw, num_fw_outputs))
+                          saved_inputs(fw, num_fw_outputs), held)
 
 
 def saved_inputs(fw: fx.GraphModule, num_fw_outputs: int) -> list[int]:
@@ -258,6 +261,13 @@ def _is_zero_fill(grad) -> bool:
 def _fills_zero(node: fx.Node) -> bool:
     value = node.args[1] if node.target in FILLS_WITH_VALUE else 0
     return value == 0
+
+
+def _joint_passes(options: Options, gm: fx.GraphModule) -> fx.GraphModule:
+    """The backend's passes, then one node per repeated pure computation (cse.py)."""
+    gm = _backend_passes(options.backend, gm)
+    forward = forward_values(gm, gm.meta[joint.JOINT_FW_OUTPUTS])
+    return eliminate_common_subexpressions(gm, forward)
 
 
 def _backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:

@@ -30,6 +30,20 @@ UNINITIALIZED = frozenset({
     aten.new_empty.default, aten.new_empty_strided.default,
 })
 
+# Random ops (by overload packet) whose every output is drawn: values that depend on the
+# inputs only through the distribution, so that a double backward's replay may take them
+# from the compiled forward instead of drawing (random_values.py, which also tables the
+# ops that compute from their inputs too, such as native_dropout). Other random ops are
+# refused there.
+DRAWN_OPS = frozenset({
+    aten.rand, aten.rand_like, aten.randn, aten.randn_like, aten.randint, aten.randint_like,
+    aten.randperm, aten.bernoulli, aten.bernoulli_, aten.uniform, aten.uniform_,
+    aten.normal, aten.normal_, aten.exponential, aten.exponential_, aten.geometric,
+    aten.geometric_, aten.cauchy, aten.cauchy_, aten.log_normal, aten.log_normal_,
+    aten.random, aten.random_, aten.multinomial, aten.poisson, aten.binomial,
+    aten._standard_gamma, aten._sample_dirichlet,
+})
+
 # In-place ops a functional graph may still hold: the trailing copy into a mutated input
 # (inference graphs with keep_inference_input_mutations=True).
 ALLOWED_INPUT_MUTATIONS = frozenset({

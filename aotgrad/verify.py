@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import fx
 
 from .dynamic import is_size
+from .random_values import HELD_FOR_REPLAY
 from .tables import ALLOWED_INPUT_MUTATIONS
 
 
@@ -38,8 +39,10 @@ def verify_partition(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int
     for value, inp in zip(saved, bw_inputs):
         if not isinstance(value, fx.Node):
             _fail(fw, None, f"saves a non-node value {value!r}")
-        # A saved size may only bind a symbol of the other inputs' shapes for the compiler.
-        if not inp.users and not is_size(inp.meta.get("val")):
+        # A saved size may only bind a symbol of the other inputs' shapes for the compiler;
+        # a random value may be saved for a double backward's replay alone.
+        if not inp.users and not is_size(inp.meta.get("val")) \
+                and not inp.meta.get(HELD_FOR_REPLAY):
             _fail(bw, inp, "is saved by the forward but never read by the backward")
 
 

@@ -218,7 +218,8 @@ def custom_autograd_function(x):
 
 @case(lambda: call(leaf(4)), tags={"double_backward"})
 def double_backward_custom_function(x):
-    # Refused: the Function's forward runs outside autograd, so a replay loses its history.
+    # The replay applies the Function and runs its backward with create_graph=True (refused
+    # through Dynamo, which traces that backward under no_grad).
     return StraightThroughRound.apply(x * 3) * x
 
 
@@ -1218,7 +1219,7 @@ module_case("double_backward_tanh_mlp", _tanh_mlp, lambda: call(leaf(3, 4)),
 # BatchNorm in training mode mutates its running statistics; the gradients do not read them.
 module_case("double_backward_batchnorm_train", _batchnorm_mlp, lambda: call(leaf(6, 3)),
             tags=("double_backward",))
-# Refused: a replay would draw a new dropout mask.
+# The replay takes the mask the compiled forward drew.
 module_case("double_backward_dropout_train", _dropout_mlp, lambda: call(leaf(6, 3)),
             tags=("double_backward",))
 # Module state that changes between the two calls, as in a training loop.

@@ -240,10 +240,11 @@ def is_random(name: str) -> bool:
     return name in RANDOM_OPS or any(part in name for part in RANDOM_NAME_PARTS)
 
 
-def static_skip_reason(op) -> str | None:
-    """Why the op cannot be compared at all, decided before running it; None if it can."""
+def static_skip_reason(op, seeded_random: bool = False) -> str | None:
+    """Why the op cannot be compared at all, decided before running it; None if it can.
+    With `seeded_random`, random ops can: eager and compiled draw alike from one seed."""
     name = op_id(op)
-    if is_random(name):
+    if is_random(name) and not seeded_random:
         return "random output"
     if name in UNINITIALIZED_OPS:
         return "uninitialized output"
@@ -292,7 +293,8 @@ def run_op(op, samples: int = 2, backend: str = "eager",
     """One op, isolated: whatever it raises becomes a failure of this op alone."""
     name = op_id(op)
     sweep_pass = PASSES[pass_name]
-    reason = static_skip_reason(op) or sweep_pass.skip_reason(op)
+    seeded_random = sweep_pass.seeds_random_ops and backend == "eager"
+    reason = static_skip_reason(op, seeded_random) or sweep_pass.skip_reason(op)
     if reason is not None:
         return OpResult(name, SKIPPED, reason)
     start = time.perf_counter()
@@ -534,6 +536,8 @@ def input_grads(outs, weights, wrt, create_graph: bool = False) -> tuple:
 # float64 has no rounding worth a tolerance: the replay runs eager's kernels, though it may
 # sum gradient contributions in another order.
 DOUBLE_TOLERANCE = {torch.float64: (1e-7, 1e-7)}
+# The seed of both runs of a sample: random ops (OpInfo reseeds most of them itself, to 42).
+RANDOM_OP_SEED = 42
 
 
 def double_backward_skip_reason(op) -> str | None:
@@ -552,6 +556,7 @@ def check_sample_double_backward(op, sample, backend: str) -> None:
     fn, tensors = sample_function(op, sample)
     eager_inputs, compiled_inputs = copy_tensors(tensors), copy_tensors(tensors)
     try:
+        torch.manual_seed(RANDOM_OP_SEED)
         out = fn(*eager_inputs)
         require_comparable(out)
         expected = second_order_grads(sample, out, eager_inputs)
@@ -561,8 +566,12 @@ def check_sample_double_backward(op, sample, backend: str) -> None:
         raise Skip(f"eager raises: {type(exc).__name__}") from exc
     if expected is None:
         raise Skip("no differentiable output")
+    torch.manual_seed(RANDOM_OP_SEED)  # compiling draws nothing: tracing runs on fakes
     out = aotgrad.compile(fn, backend=backend)(*compiled_inputs)
+    state = torch.get_rng_state()
     actual = second_order_grads(sample, out, compiled_inputs)
+    if not torch.equal(torch.get_rng_state(), state):
+        raise Mismatch("mismatch: double backward draws", "the generator moved on")
     if actual is None:
         raise Mismatch("mismatch: requires_grad", "no differentiable output when compiled")
     tolerance = DOUBLE_TOLERANCE.get(tensors[0].dtype if tensors else None, DEFAULT_TOLERANCE)
@@ -637,12 +646,15 @@ class Pass:
     check: Callable[[Any, Any, str], str | None]
     dtype: Callable[[Any], torch.dtype]
     skip_reason: Callable[[Any], str | None]
+    # Runs random ops too, eager and compiled from one seed: the eager backend draws the
+    # numbers eager draws, and a double backward must draw nothing more.
+    seeds_random_ops: bool = False
 
 
 PASSES: dict[str, Pass] = {
     "static": Pass(check_sample, lambda op: torch.float32, lambda op: None),
     "double_backward": Pass(check_sample_double_backward, double_backward_dtype,
-                            double_backward_skip_reason),
+                            double_backward_skip_reason, seeds_random_ops=True),
     "dynamic": Pass(check_sample_dynamic, lambda op: torch.float32, lambda op: None),
 }
 
