@@ -29,7 +29,7 @@ OUTPUT_STRIDES = "aotgrad_output_strides"
 @dataclass(frozen=True)
 class GraphInfo:
     role: str  # "forward", "backward" or "inference"
-    num_static_inputs: int  # leading inputs that live across calls (parameters, buffers)
+    static_inputs: tuple[int, ...]  # inputs that live across calls (parameters, buffers)
     user_outputs: range  # outputs the user sees, whose strides must match eager
 
 
@@ -121,7 +121,7 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
         with TracingContext.report_output_strides() as strides:
             compiled = compile_fx_inner(
                 body, example_inputs,
-                static_input_idxs=list(range(info.num_static_inputs)),
+                static_input_idxs=list(info.static_inputs),
                 is_backward=info.role == "backward",
                 is_inference=info.role == "inference",
             )

@@ -32,16 +32,17 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                       keep_inference_input_mutations)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
-        num_params = _num_leading_parameters(example_inputs)
-        call = compile_dynamo_graph(gm, dynamo_fakes(gm, example_inputs),
-                                    replace(options, num_params_buffers=num_params))
+        graph_options = replace(options,
+                                num_params_buffers=_num_leading_parameters(example_inputs),
+                                static_inputs=_static_inputs(gm, example_inputs))
+        call = compile_dynamo_graph(gm, dynamo_fakes(gm, example_inputs), graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
-            lazy = CompiledFunction(gm, options)
+            lazy = CompiledFunction(gm, graph_options)
             return lambda *args: lazy(*args)
         run_call = call.run
         # Dynamo does not guard on how inputs alias; a call aliased differently from the
         # example inputs compiles again, as aotgrad.compile does.
-        realiased = CompiledFunction(gm, options)
+        realiased = CompiledFunction(gm, graph_options)
 
         def run(*args):
             try:
@@ -86,6 +87,15 @@ def _num_leading_parameters(inputs) -> int:
     while count < len(inputs) and isinstance(inputs[count], torch.nn.Parameter):
         count += 1
     return count
+
+
+def _static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:
+    """The inputs Dynamo marks as living across calls: parameters and buffers, interleaved
+    among the others in the order the modules use them."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    return tuple(i for i, (node, x) in enumerate(zip(placeholders, inputs))
+                 if isinstance(x, torch.nn.Parameter)
+                 or node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type"))
 
 
 aotgrad_backend = make_backend()

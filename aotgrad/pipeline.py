@@ -38,6 +38,9 @@ class Options:
     partition_fn: Callable = default_partition
     keep_inference_input_mutations: bool = False
     num_params_buffers: int = 0
+    # Flat argument positions of other inputs that live across calls: Dynamo's parameters
+    # and buffers, which it interleaves as modules use them.
+    static_inputs: tuple[int, ...] = ()
     dynamic: bool = False  # symbolic sizes for real inputs, checked by a guard per call
 
 
@@ -153,7 +156,7 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
         eliminate_common_subexpressions(gm)
     copied = info.data_mutated_inputs if keep else ()
     edge = _boundary(c, gm, copied)
-    _attach(gm, "inference", options, _plain_range(edge, info))
+    _attach(gm, "inference", options, _plain_range(edge, info), c.layout)
     with timer("compile_forward"):
         compiled = _compile(options.backend.inference_compiler, gm)
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=copied)
@@ -174,7 +177,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
         held = random_values.hold_random_values(fw, bw, n, random_ops.ops)
         verify_partition(fw, bw, n)
-    _attach(fw, "forward", options, _plain_range(edge, info))
+    _attach(fw, "forward", options, _plain_range(edge, info), c.layout)
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
     with timer("compile_forward"):
         compiled_fw = _compile(options.backend.fw_compiler, fw)
@@ -368,9 +371,23 @@ def _runtime_sizes(info: analysis.FunctionInfo, fakes: Sequence[Any]) -> SizeBin
     return sizes
 
 
-def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range) -> None:
-    static = options.num_params_buffers if role != "backward" else 0
+def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range,
+            layout: capture.CallLayout | None = None) -> None:
+    static = _static_graph_inputs(gm, options, layout) if role != "backward" else ()
     gm.meta[GRAPH_INFO] = GraphInfo(role, static, user_outputs)
+
+
+def _static_graph_inputs(gm: fx.GraphModule, options: Options,
+                         layout: capture.CallLayout) -> tuple[int, ...]:
+    """The graph inputs that live across calls. Inductor skips its per-call checks (address
+    alignment) for them. Positions beyond the leading parameters are mapped only where the
+    graph takes the call's inputs one for one (no subclass split, no synthetic base)."""
+    leading = tuple(range(options.num_params_buffers))
+    if not options.static_inputs or len(gm.graph.find_nodes(op="placeholder")) != \
+            layout.num_graph_inputs:
+        return leading
+    flat = set(options.static_inputs)
+    return tuple(g for g, p in enumerate(layout.first_position) if g < len(leading) or p in flat)
 
 
 def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:

@@ -97,3 +97,27 @@ def test_an_output_inductors_rewrites_make_a_view_of_an_input_is_still_its_own_t
         before = y.detach().clone()
         out.detach().add_(1)
         assert torch.equal(y.detach(), before)
+
+
+def test_dynamo_parameters_and_buffers_reach_the_compiler_as_static_inputs():
+    """Dynamo interleaves parameters and buffers with the other inputs; every one of them is
+    static for the compiler (Inductor then skips its per-call alignment checks on them)."""
+    from torch import nn
+    from aotgrad.backends import GRAPH_INFO
+    from aotgrad.dynamo import make_backend
+    seen = []
+
+    def recording(gm, example_inputs):
+        info = gm.meta[GRAPH_INFO]
+        if info.role == "forward":
+            image = [i for i, v in enumerate(example_inputs) if tuple(v.shape) == (2, 3, 8, 8)]
+            seen.append((info.static_inputs, len(example_inputs), image))
+        return gm
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3),
+                          nn.BatchNorm2d(2))
+    torch.compile(model, backend=make_backend(backend=recording))(
+        torch.randn(2, 3, 8, 8)).sum().backward()
+    (static, count, image), = seen
+    assert set(static) == set(range(count)) - set(image) and len(image) == 1
