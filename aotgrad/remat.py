@@ -47,12 +47,12 @@ class Rule:
     OVERWRITTEN = "overwritten"  # an input the runtime overwrites: never saved
     FREE = "free"  # a view or tuple element: recomputed from its base at no cost
     CHOOSE = "choose"  # cheap: saved or recomputed, whichever the plan prefers
-    # Cheap, but recomputing it costs a kernel of its own: a reduction (it re-reads its
-    # whole input), or a value a backward matmul or convolution reads (the backward would
-    # write it out again). The min-cut saves it (speed first); a memory budget may
-    # recompute it.
-    # Likewise a small value that a fusible op broadcasts to many times its size: fused
-    # into that op in the backward, its recomputation would run once per element.
+    # Cheap, but recomputing it costs more than a fused pass: a reduction (it re-reads its
+    # whole input); a value a backward matmul or convolution reads with too little
+    # arithmetic to hide its recomputation (the backward would write it out again); a
+    # small value a fusible op broadcasts (recomputed once per element of the larger one);
+    # a value the backward would keep alive across a matmul (min_cut_saved_values). The
+    # min cut saves it (speed first); a memory budget may recompute it.
     MATERIALIZED = "materialized"
     SAVE = "save"  # comes from the forward: expensive, random, effectful, or policy
     RECOMPUTE = "recompute"  # recomputed: inside a selectively checkpointed region
@@ -96,7 +96,7 @@ def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
         return Rule.SAVE
     if (node.target in CHEAP_REDUCTIONS or _read_by_backward_kernel(node, forward)
             or _broadcast_by_fusible_user(node)):
-        return Rule.MATERIALIZED  # a reduction's recomputation re-reads its whole input
+        return Rule.MATERIALIZED
     return Rule.CHOOSE
 
 
@@ -130,7 +130,10 @@ def _hides(kernel: fx.Node, node: fx.Node) -> bool:
         return False
     args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"),
                                         (kernel.args, kernel.kwargs))
-    flops = hint(formula(*args, **kwargs, out_val=val))
+    try:
+        flops = hint(formula(*args, **kwargs, out_val=val))
+    except Exception:  # a formula that cannot read these arguments: assume nothing hides
+        return False
     return node_cost(node) * _flops_per_byte(val.dtype) < HIDDEN_SHARE * flops
 
 
