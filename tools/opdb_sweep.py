@@ -11,7 +11,8 @@ supports gradgrad, in float64 where the op supports it: the first-order gradient
 create_graph=True, then the gradients of a random projection of them. The `dynamic` pass
 compiles with `dynamic=True` and calls the same compiled function on the sample, then on the
 sample grown (`tools/opdb_grow.py`), noting whether the first graph served it or the shape
-guards asked for another. Several passes print their pass rates side by side.
+guards asked for another. Several passes print their pass rates side by side. Per-op
+knowledge lives in `tools/opdb_tables.py`, the comparisons in `tools/opdb_compare.py`.
 
     python -m tools.opdb_sweep --samples 1 --every 10
     python -m tools.opdb_sweep --ops add,nn.functional.conv2d --json /tmp/opdb.json
@@ -41,89 +42,16 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.utils._pytree as pytree
-from torch.multiprocessing.reductions import StorageWeakRef
 
 import aotgrad
+from tools.opdb_compare import (Skip, Mismatch, comparison, require_comparable, compare_outputs,
+                                compare_values, compare_aliasing, compare_strides, compare_grads,
+                                compare_grad_lists, differentiable_outputs, fixed_weights,
+                                input_grads)
 from tools.opdb_grow import grow_tensors
-
-# ---- per-op knowledge ----------------------------------------------------------------------
-
-# Substrings of op names whose outputs are random: eager and compiled draw different numbers,
-# so comparing them says nothing about aotgrad.
-RANDOM_NAME_PARTS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform",
-                     "exponential", "geometric", "cauchy", "log_normal")
-
-# Names that contain a part above but compute a deterministic function.
-NOT_RANDOM = frozenset({
-    "__rand__",  # reflected bitwise and
-    "nn.functional.normalize",  # x / ||x||
-    "masked.normalize",
-    "signal.windows.exponential",  # a fixed window
-    "native_dropout_backward",  # grad * mask * scale, with the mask given
-    "nn.functional.feature_alpha_dropout.without_train",  # the identity
-})
-
-# Random ops whose names do not say so. OpInfo reseeds these (`wrapper_set_seed`) so that eager
-# repeats itself, but the reseed happens at trace time, not in the compiled graph. Found by
-# calling each op twice with the reseeding disabled.
-RANDOM_OPS = frozenset({
-    "nn.functional.rrelu",  # random negative slopes in training mode
-    "nn.functional.fractional_max_pool2d",  # random pooling regions
-    "nn.functional.fractional_max_pool3d",
-    "nn.functional.scaled_dot_product_attention",  # dropout_p > 0 in some samples
-    "nn.functional.multi_head_attention_forward",  # dropout in training mode
-    "svd_lowrank",  # random projection
-    "pca_lowrank",
-})
-
-# Ops whose outputs are uninitialized memory: two calls may differ.
-UNINITIALIZED_OPS = frozenset({
-    "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
-})
-
-# Ops that take too long for a sweep (op id -> why); the per-op time limit catches the rest.
-SLOW_OPS: dict[str, str] = {}
-
-OP_TIME_LIMIT_S = 120.0
-
-# (rtol, atol) for float32; assert_close's own defaults. The eager backend runs the same
-# kernels as eager, so a difference beyond rounding is a bug, not noise.
-DEFAULT_TOLERANCE = (1.3e-6, 1e-5)
-
-# Ops whose compiled graph computes the same math through a different kernel (a decomposed
-# composite, another reduction order), so rounding differs: op id -> (rtol, atol). Empty for
-# now: with the eager backend, and inductor on every third op, all ops match at the default.
-TOLERANCES: dict[str, tuple[float, float]] = {}
-
-# How failures group by cause: the first rule whose pattern matches "ExceptionType: message"
-# names the group. Anything unmatched groups by its type and normalized first line.
-FAILURE_RULES: tuple[tuple[str, str], ...] = (
-    (r"^OpTimeout", "timeout"),
-    (r"^SweepError", "sweep error (a bug in tools/opdb_sweep.py)"),
-    (r"depends on tensor data", "refused: data-dependent value"),
-    (r"^DataDependentOutputException", "DataDependentOutputException"),
-    (r"^DynamicOutputShapeException", "DynamicOutputShapeException"),
-    (r"share memory and at least one of them is mutated", "unsupported: aliased mutated inputs"),
-    (r"calls set_\(\) on an input", "unsupported: set_ on an input"),
-    (r"^GraphInvariantError: .* mutates its input", "verify: graph not functional"),
-    (r"^GraphInvariantError: .* has no meta\['val'\]", "verify: node without meta['val']"),
-    (r"^GraphInvariantError: .* never read by the backward", "verify: saved value unused"),
-    (r"derivative for .* is not implemented", "NotImplementedError: derivative not implemented"),
-    (r"Could not find a token for effect|op with ordered side effects",
-     "unsupported: effectful op (no effect tokens)"),
-    (r"data is not allocated yet", "data-dependent: a kernel reads tensor data at trace time"),
-    (r"(?i)\bsparse\b.*\btensors?\b", "unsupported: sparse tensors"),
-    (r"to view \w+ as \w+ \(different element sizes\)", "regenerate_view: dtype-changing view"),
-    (r"double backward .* draws random numbers", "refused: double backward of a random op"),
-    (r"double backward .* branches on tensor values", "refused: double backward, data-dependent"),
-    (r"double backward .* would not record the autograd history",
-     "refused: double backward, history a replay would not record"),
-    (r"linalg_eig_backward: The eigenvectors in the complex case",
-     "eig's phase check: the replay's and the forward's gradients arrive apart"),
-    (r"double backward .* custom autograd.Function",
-     "refused: double backward of a custom Function"),
-    (r"double backward .* mutates input", "refused: double backward, old value of a mutated input"),
-)
+from tools.opdb_tables import (RANDOM_NAME_PARTS, NOT_RANDOM, RANDOM_OPS, UNINITIALIZED_OPS,
+                               SLOW_OPS, OP_TIME_LIMIT_S, DEFAULT_TOLERANCE, TOLERANCES,
+                               FAILURE_RULES)
 
 # ---- results -------------------------------------------------------------------------------
 
@@ -187,35 +115,6 @@ class SweepResult:
                 "skipped": len(self.with_status(SKIPPED)),
                 "groups": {cause: ops for cause, ops in self.failure_groups()},
                 "results": [dataclasses.asdict(r) for r in self.results]}
-
-
-class Skip(Exception):
-    """The sample cannot be compared; the message says why."""
-
-
-class Mismatch(AssertionError):
-    """Compiled and eager disagree; `group` names what differs."""
-
-    def __init__(self, group: str, detail: str):
-        super().__init__(f"{group}: {detail}")
-        self.group = group
-
-
-class SweepError(Exception):
-    """The sweep's own comparison code broke: a bug here, not in aotgrad."""
-
-
-def _comparison(compare: Callable) -> Callable:
-    """Keep the sweep's own bugs out of aotgrad's failure groups."""
-    @functools.wraps(compare)
-    def checked(*args, **kwargs):
-        try:
-            return compare(*args, **kwargs)
-        except Mismatch:
-            raise
-        except Exception as exc:
-            raise SweepError(f"{compare.__name__}: {type(exc).__name__}: {exc}") from exc
-    return checked
 
 
 class OpTimeout(BaseException):
@@ -397,140 +296,6 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     return copy.requires_grad_(t.requires_grad)
 
 
-# ---- comparing -----------------------------------------------------------------------------
-
-# Non-tensor output leaves compared with ==.
-_PLAIN_LEAVES = (bool, int, float, complex, str, type(None), torch.Size, torch.dtype,
-                 torch.device)
-
-
-def require_comparable(out: Any) -> None:
-    for leaf in pytree.tree_leaves(out):
-        if isinstance(leaf, torch.Tensor):
-            if leaf.layout != torch.strided:
-                raise Skip(f"output not comparable: {leaf.layout}")
-        elif not isinstance(leaf, _PLAIN_LEAVES):
-            raise Skip(f"output not comparable: {type(leaf).__name__}")
-
-
-@_comparison
-def compare_outputs(actual: Any, expected: Any, tolerance) -> None:
-    a_leaves, a_spec = pytree.tree_flatten(actual)
-    e_leaves, e_spec = pytree.tree_flatten(expected)
-    if a_spec != e_spec:
-        raise Mismatch("mismatch: output structure", f"{a_spec} != {e_spec}")
-    compare_values(a_leaves, e_leaves, tolerance, "mismatch: forward")
-    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
-        if isinstance(e, torch.Tensor) and a.requires_grad != e.requires_grad:
-            raise Mismatch("mismatch: requires_grad",
-                           f"output {i}: {a.requires_grad}, eager {e.requires_grad}")
-
-
-@_comparison
-def compare_values(actual: Sequence, expected: Sequence, tolerance, group: str) -> None:
-    rtol, atol = tolerance
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        try:
-            if isinstance(e, torch.Tensor) or isinstance(a, torch.Tensor):
-                torch.testing.assert_close(_plain(a), _plain(e), rtol=rtol, atol=atol,
-                                           equal_nan=True)
-            elif a != e and not (isinstance(e, float) and e != e and a != a):  # NaN == NaN
-                raise AssertionError(f"{a!r} != {e!r}")
-        except (AssertionError, TypeError, ValueError) as err:
-            raise Mismatch(group, f"leaf {i}: {err}") from None
-
-
-def _plain(t: Any) -> Any:
-    return t.detach() if isinstance(t, torch.Tensor) else t
-
-
-@_comparison
-def compare_aliasing(compiled: tuple, eager: tuple) -> None:
-    """Each output shares memory with the same inputs and earlier outputs as in eager: views
-    stay views, fresh tensors stay fresh."""
-    actual, expected = alias_pattern(*compiled), alias_pattern(*eager)
-    if actual != expected:
-        raise Mismatch("mismatch: aliasing", f"{actual}, eager {expected}")
-
-
-def alias_pattern(out: Any, inputs: Sequence[torch.Tensor]) -> list[tuple]:
-    """Per tensor output, (inputs it shares storage with, earlier outputs it does)."""
-    input_storages = [_storage(t) for t in inputs]
-    seen: list = []
-    pattern = []
-    for t in pytree.tree_leaves(out):
-        if isinstance(t, torch.Tensor):
-            s = _storage(t)
-            pattern.append((tuple(i for i, x in enumerate(input_storages) if _same(x, s)),
-                            tuple(j for j, x in enumerate(seen) if _same(x, s))))
-            seen.append(s)
-    return pattern
-
-
-def _storage(t: torch.Tensor):
-    """The storage's identity; None for empty or storage-less tensors, which alias nothing."""
-    if t.layout != torch.strided or t.untyped_storage().nbytes() == 0:
-        return None
-    return StorageWeakRef(t.untyped_storage())
-
-
-def _same(a, b) -> bool:
-    return a is not None and b is not None and a == b
-
-
-@_comparison
-def compare_strides(actual: Any, expected: Any) -> None:
-    """Last: a stride difference matters only once the values agree."""
-    for i, (a, e) in enumerate(zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected))):
-        if isinstance(e, torch.Tensor) and e.numel() > 1 and a.stride() != e.stride():
-            raise Mismatch("mismatch: strides", f"output {i}: {a.stride()}, eager {e.stride()}")
-
-
-def compare_grads(sample, compiled: tuple, eager: tuple, tolerance) -> None:
-    """Gradients of sum(out * w) over the differentiable outputs, w fixed and random.
-    Nothing to compare when no output is differentiable or eager's backward raises."""
-    outs = differentiable_outputs(sample, eager[0])
-    wrt = [t for t in eager[1] if t.requires_grad]
-    if not outs or not wrt:
-        return
-    weights = fixed_weights(outs)
-    try:
-        expected = input_grads(outs, weights, wrt)
-    except Exception:
-        return
-    actual = input_grads(differentiable_outputs(sample, compiled[0]), weights,
-                         [t for t in compiled[1] if t.requires_grad])
-    compare_grad_lists(actual, expected, tolerance, "grad")
-
-
-def compare_grad_lists(actual: Sequence, expected: Sequence, tolerance, what: str) -> None:
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        if (a is None) != (e is None):
-            raise Mismatch(f"mismatch: {what} is None in one only",
-                           f"input {i}: {'None' if a is None else 'tensor'}, eager "
-                           f"{'None' if e is None else 'tensor'}")
-    compare_values(actual, expected, tolerance, f"mismatch: {what}")
-
-
-def differentiable_outputs(sample, out: Any) -> list[torch.Tensor]:
-    """Floating outputs that require grad, after the sample's own output post-processing
-    (which drops gauge-dependent parts, such as the phases of eigenvectors)."""
-    return [t for t in pytree.tree_leaves(sample.output_process_fn_grad(out))
-            if isinstance(t, torch.Tensor) and t.requires_grad
-            and (t.is_floating_point() or t.is_complex())]
-
-
-def fixed_weights(outs: Sequence[torch.Tensor], seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(o.shape, generator=gen, dtype=o.real.dtype if o.is_complex() else o.dtype)
-            for o in outs]
-
-
-def input_grads(outs, weights, wrt, create_graph: bool = False) -> tuple:
-    loss = sum(((o * w).real if o.is_complex() else o * w).sum() for o, w in zip(outs, weights))
-    return torch.autograd.grad(loss, wrt, allow_unused=True, create_graph=create_graph)
-
-
 # ---- the double_backward pass --------------------------------------------------------------
 
 # float64 has no rounding worth a tolerance: the replay runs eager's kernels, though it may
@@ -594,7 +359,7 @@ def second_order_grads(sample, out: Any, inputs: Sequence[torch.Tensor]) -> tupl
     return first, input_grads(diff, fixed_weights(diff, seed=1), wrt)
 
 
-@_comparison
+@comparison
 def compare_history(actual: Sequence, expected: Sequence) -> None:
     for i, (a, e) in enumerate(zip(actual, expected)):
         if e is not None and a.requires_grad != e.requires_grad:
