@@ -38,10 +38,10 @@ class Options:
     partition_fn: Callable = default_partition
     keep_inference_input_mutations: bool = False
     num_params_buffers: int = 0
+    dynamic: bool = False  # symbolic sizes for real inputs, checked by a guard per call
     # Flat argument positions of other inputs that live across calls: Dynamo's parameters
     # and buffers, which it interleaves as modules use them.
     static_inputs: tuple[int, ...] = ()
-    dynamic: bool = False  # symbolic sizes for real inputs, checked by a guard per call
 
 
 @dataclass
