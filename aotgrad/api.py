@@ -32,6 +32,11 @@ DEFAULT_MAX_ENTRIES = 8
 # Argument types that are pytree leaves: a call made of these alone skips pytree.
 _FLAT_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, type(None)})
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+# True while Dynamo or export traces (Dynamo folds the call to a constant; in eager it costs
+# ~70 ns): a compiled callable then runs the user's code, so that an outer torch.compile
+# traces the original ops, as it does through a module that is already torch.compile'd,
+# instead of graph-breaking in aotgrad's runtime.
+_tracing = torch.compiler.is_compiling
 
 
 def signature(flat_args, dynamic: bool = False) -> tuple:
@@ -99,6 +104,8 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
+        if _tracing():
+            return self.fn(*args, **kwargs)
         if not kwargs:
             for guard, call in self.guarded:
                 if guard(args):
@@ -226,6 +233,8 @@ class CompiledModule(torch.nn.Module):
                     "be lost. Update it in place instead (e.g. self.buf.copy_(...) or add_).")
 
     def forward(self, *args, **kwargs):
+        if _tracing():  # an outer torch.compile or export traces the module itself
+            return self.orig_module(*args, **kwargs)
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
         return self.compiled(*self._read_state(), *training_flags, *args, **kwargs)

@@ -174,3 +174,106 @@ def test_export_module_signature():
         "inner.1.num_batches_tracked", "inner.1.running_mean", "inner.1.running_var"]
     assert sorted(sig.backward_signature.gradients_to_parameters.values()) == sorted(sig.parameters)
     assert len(sig.user_inputs) == 1
+
+
+# ---- an outer torch.compile over an aotgrad-compiled callable ---------------------------
+
+class _Recording:
+    """A Dynamo backend that keeps each graph it is given and runs it as is."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+    def targets(self) -> set[str]:
+        return {getattr(n.target, "__name__", str(n.target))
+                for gm in self.graphs for n in gm.graph.nodes if n.op in ("call_function",
+                                                                          "call_method")}
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.GELU(),
+                               torch.nn.Linear(8, 2))
+
+
+def _fn(x, w):
+    return (x.sin() @ w).relu().sum()
+
+
+_WRAPPERS = {
+    "compile_fn": lambda: (aotgrad.compile(_fn, backend="eager"), _fn),
+    "compile_module": lambda: (aotgrad.compile(_mlp(), backend="eager"), _mlp()),
+    "aot_function": lambda: (compat.aot_function(_fn, compat.nop), _fn),
+    "aot_module": lambda: (compat.aot_module(_mlp(), compat.nop), _mlp()),
+}
+
+
+def _inputs(name: str) -> tuple:
+    torch.manual_seed(1)
+    if name.endswith("module"):
+        return (torch.randn(3, 4, requires_grad=True),)
+    return torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+
+
+@pytest.mark.parametrize("name", _WRAPPERS)
+def test_outer_torch_compile_traces_the_original_in_one_graph(name):
+    torch._dynamo.reset()
+    compiled, original = _WRAPPERS[name]()
+    recording = _Recording()
+    outer = torch.compile(compiled, backend=recording)
+    args = _inputs(name)
+    expected_args = [a.detach().clone().requires_grad_() for a in args]
+    out, expected = outer(*args), original(*expected_args)
+    outer(*args)  # the guards hold: no second graph
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    for a, e in zip(args, expected_args):
+        torch.testing.assert_close(a.grad, e.grad)
+    assert len(recording.graphs) == 1
+    assert ({"linear", "gelu"} if name.endswith("module") else {"sin", "relu"}) <= \
+        recording.targets()
+    assert not compiled.artifacts, "aotgrad compiled inside the outer torch.compile"
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", aotgrad.backend(backend="eager")],
+                         ids=["eager", "aot_eager", "aotgrad"])
+def test_outer_torch_compile_has_no_graph_break(backend):
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(aotgrad.compile(_mlp(), backend="eager"))(
+        torch.randn(3, 4))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    torch._dynamo.reset()
+    model, eager = _mlp(), _mlp()
+    outer = torch.compile(aotgrad.compile(model, backend="eager"), backend=backend)
+    x = torch.randn(3, 4, requires_grad=True)
+    x_eager = x.detach().clone().requires_grad_()
+    outer(x).sum().backward()
+    eager(x_eager).sum().backward()
+    torch.testing.assert_close(x.grad, x_eager.grad)
+    for p, p_eager in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, p_eager.grad)
+    torch.testing.assert_close(model[1].running_mean, eager[1].running_mean)  # updated once
+
+
+def test_eager_calls_still_run_compiled_after_an_outer_torch_compile():
+    torch._dynamo.reset()
+    compiled = aotgrad.compile(_fn, backend="eager")
+    args = _inputs("compile_fn")
+    torch.compile(compiled, backend="eager")(*args)
+    torch.testing.assert_close(compiled(*args), _fn(*args))
+    assert len(compiled.artifacts) == 1
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
+def test_torch_export_traces_the_original_module(strict):
+    model = _mlp().eval()
+    exported = torch.export.export(aotgrad.compile(model, backend="eager"),
+                                   (torch.randn(3, 4),), strict=strict)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(exported.module()(x), model(x))
+    assert torch.ops.aten.gelu.default in {n.target for n in exported.graph.nodes}
