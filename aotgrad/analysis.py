@@ -145,11 +145,11 @@ class FunctionInfo:
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
             box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo:
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
-    with fake_mode, _python_dispatcher(is_symbolic(fake_args)), functional_mode() as mode:
+    with fake_mode, python_dispatcher(is_symbolic(fake_args)), functional_mode() as mode:
         f_args = to_functional(fake_args)
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)
-        with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
+        with user_code_checks():
             outs = graph_fn(*f_args)
         versions = [_version(a) for a in f_args]
     tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes
@@ -159,10 +159,17 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     swapped = _swaps(f_args, before, originals, mode.set_calls)
     inputs = tuple(_input_info(f, leaf, b, v, s) if isinstance(f, torch.Tensor) else SIZE_INPUT
                    for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
-    outputs, num_bases = _classify_outputs(outs, f_args, box.input_aliases)
+    return describe(inputs, f_args, outs, box)
+
+
+def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[Any],
+             box: OutputBox) -> FunctionInfo:
+    """The call's facts, from what it did to its inputs and the outputs it returned (`args`:
+    the inputs as the function saw them)."""
+    outputs, num_bases = _classify_outputs(outs, args, box.input_aliases)
     _refuse_leaves_made_inside(outs, outputs)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
-    values = graph_outputs(info, f_args, outs)
+    values = graph_outputs(info, args, outs)
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
     hidden += [False] * (len(values) - len(hidden))
     info = dataclasses.replace(
@@ -183,7 +190,14 @@ def _tensor_meta(v: Any) -> TensorMeta | None:
     return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass)
 
 
-def _python_dispatcher(symbolic: bool):
+@contextlib.contextmanager
+def user_code_checks():
+    """Around the user's code: refuse closed-over state, explain what tracing cannot see."""
+    with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
+        yield
+
+
+def python_dispatcher(symbolic: bool):
     """Symbolic sizes need ops decomposed by the python dispatcher (an in-place op's
     decomposition would otherwise expand a real scalar tensor to a symbolic size)."""
     return enable_python_dispatcher() if symbolic else contextlib.nullcontext()

@@ -45,7 +45,7 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[
                 outs[k] = primals[i].copy_(outs[k])
         return outs
 
-    return _trace(inference, (list(fake_args),), fake_mode, decompositions)
+    return trace(inference, (list(fake_args),), fake_mode, decompositions)
 
 
 def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
@@ -67,8 +67,8 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
         return outs
 
     tangents = fake_tangents(info, fake_mode)
-    gm = _trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
-    gm.meta[JOINT_FW_OUTPUTS] = _num_forward_outputs(gm, info)
+    gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
+    gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     mark_overwritten_inputs(gm, info, fake_args)
     return gm
 
@@ -85,7 +85,7 @@ def _tangent(meta) -> torch.Tensor:
     return torch.empty(meta.shape, dtype=meta.dtype, device=meta.device)
 
 
-def _num_forward_outputs(gm: torch.fx.GraphModule, info: FunctionInfo) -> int:
+def num_forward_outputs(gm: torch.fx.GraphModule, info: FunctionInfo) -> int:
     """How many of the graph's (plain) outputs are the forward's."""
     return subclasses.num_plain(gm.meta[subclasses.TRACED_OUTPUTS][:info.num_graph_outputs])
 
@@ -144,8 +144,8 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
             values = graph_outputs(info, args, outs) + list(grads)
         return [from_functional(v) for v in values]
 
-    gm = _trace(loss_joint, (list(fake_args),), fake_mode, decompositions)
-    gm.meta[JOINT_FW_OUTPUTS] = _num_forward_outputs(gm, info)
+    gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions)
+    gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     return gm
 
 
@@ -169,8 +169,8 @@ def input_grads(outs, differentiable, primals, tangents, create_graph: bool = Fa
     return [next(grads, None) if n else None for n in needs_grad]
 
 
-def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
-           decompositions: Mapping | None) -> torch.fx.GraphModule:
+def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
+          decompositions: Mapping | None) -> torch.fx.GraphModule:
     # The graph holds plain tensors only: subclass arguments are split into their inner
     # tensors here and rebuilt inside, so that their __torch_dispatch__ is traced through.
     plain_fn, plain_args, traced_outputs = subclasses.plain_function(fn, args)
@@ -179,11 +179,21 @@ def _trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     # Preserving node metadata carries each op's checkpoint policy onto its nodes (torch 2.11
     # tags them only this way) and the ATen op each node came from (Inductor names kernels
     # after it).
+    # The code of the graph is generated when first read or run: the joint graph is only
+    # partitioned, and its code was generated three times over.
     with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective(), \
-            fx_traceback.preserve_node_meta():
+            fx_traceback.preserve_node_meta(), _lazy_graph_modules():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     gm.meta[subclasses.TRACED_OUTPUTS] = tuple(traced_outputs)
     return cleanup(gm)
+
+
+def _lazy_graph_modules():
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:  # then the code is generated at once
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
 
 
 @contextlib.contextmanager

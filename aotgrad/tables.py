@@ -141,3 +141,20 @@ def unsafe_to_recompute(target) -> bool:
         return True
     return (torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable
             or target in ERROR_CHECKS)
+
+
+def needs_functionalization(target) -> bool:
+    """Tracing must functionalize a function that runs this op (pure.py): it mutates, has an
+    effect ordered by tokens, is an error check (tagged by the functional mode), or is not a
+    plain ATen op (a higher-order op: what it runs inside is unknown)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return True
+    return target._schema.is_mutable or target in ERROR_CHECKS or _has_effect(target)
+
+
+def _has_effect(op) -> bool:
+    from torch._higher_order_ops.effects import has_effects
+    try:
+        return has_effects(op)
+    except TypeError:  # older torch: has_effects(op, args, kwargs)
+        return has_effects(op, (), {})
