@@ -44,10 +44,12 @@ class _StopAtImpureOps(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def plain_mode():
-    """`capture.functional_mode` without functionalization: every op is checked, and the
-    caller's saved-tensor hooks are shadowed (they are for the compiled forward's values)."""
-    with torch.autograd.graph.saved_tensors_hooks(_same, _same), _StopAtImpureOps():
+def plain_mode(checked: bool = True):
+    """`capture.functional_mode` without functionalization: every op is checked (unless
+    `checked` is False), and the caller's saved-tensor hooks are shadowed (they are for the
+    compiled forward's values)."""
+    stop = _StopAtImpureOps() if checked else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(_same, _same), stop:
         yield
 
 
@@ -105,8 +107,11 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Te
                 fake_mode: FakeTensorMode, decompositions: Mapping | None) -> fx.GraphModule:
     """`joint.trace_joint`, without functionalization where the trace allows it."""
     def plain_joint(primals, tangents):
-        with plain_mode():
+        # The analysis ran the forward under the check already (a mode costs ~5 us an op);
+        # the backward's ops are new. The graph is checked whole after.
+        with plain_mode(checked=False):
             outs = graph_outputs(info, primals, graph_fn(*primals))
+        with plain_mode():
             return outs + joint.input_grads(outs, info.gets_tangent, primals, tangents)
 
     tangents = joint.fake_tangents(info, fake_mode)
@@ -124,7 +129,7 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torc
     """`joint.trace_inference`, without functionalization where the trace allows it (no
     input is mutated: `keep_input_mutations` changes nothing then)."""
     def plain_inference(primals):
-        with plain_mode():
+        with plain_mode(checked=False):  # the analysis ran it under the check already
             return graph_outputs(info, primals, graph_fn(*primals))
 
     gm = _trace_plain(plain_inference, (list(fakes),), fake_mode, decompositions)
