@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                           DynamicOutputShapeException, FakeTensor,
                                           FakeTensorMode)
 from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
@@ -149,6 +150,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         f_args = to_functional(fake_args)
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)
+        held = storages(f_args)
         with user_code_checks():
             outs = graph_fn(*f_args)
         versions = [_version(a) for a in f_args]
@@ -157,6 +159,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         for inner in subclasses.unwrap(a):
             torch._sync(inner)
     swapped = _swaps(f_args, before, originals, mode.set_calls)
+    _refuse_data_assignment(held, storages(f_args), swapped)
     inputs = tuple(_input_info(f, leaf, b, v, s) if isinstance(f, torch.Tensor) else SIZE_INPUT
                    for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
     return describe(inputs, f_args, outs, box)
@@ -195,6 +198,30 @@ def user_code_checks():
     """Around the user's code: refuse closed-over state, explain what tracing cannot see."""
     with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
         yield
+
+
+def storages(args: Sequence[Any]) -> list:
+    """Each tensor argument's storage, as a weak reference (None for others)."""
+    refs = []
+    for a in args:
+        try:
+            refs.append(StorageWeakRef(a.untyped_storage()) if isinstance(a, torch.Tensor)
+                        else None)
+        except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage
+            refs.append(None)
+    return refs
+
+
+def _refuse_data_assignment(before: list, after: list, swapped: Sequence) -> None:
+    """`x.data = y` swaps an input's tensor without an op (unlike `set_`): no graph would
+    hold it, and the compiled function would silently use the old value."""
+    changed = [i for i, (b, a, s) in enumerate(zip(before, after, swapped))
+               if b != a and s is None]
+    if changed:
+        raise NotImplementedError(
+            f"aotgrad: the function assigns `.data` of input {changed[0]}, which tracing cannot "
+            "follow. Assign it outside the compiled function, or write the new values with "
+            "`x.copy_(new)` (or `x.set_(new)`) inside it.")
 
 
 def python_dispatcher(symbolic: bool):

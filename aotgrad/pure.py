@@ -63,7 +63,7 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
             box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo | None:
     """`analysis.analyze` for a function that mutates nothing; None for any other."""
     requires_grad = [getattr(f, "requires_grad", False) for f in fakes]
-    geometry = [_geometry(f) for f in fakes]
+    geometry, held = [_geometry(f) for f in fakes], analysis.storages(fakes)
     try:
         with fake_mode, analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
                 analysis.user_code_checks():
@@ -71,8 +71,8 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
     except Exception:  # noqa: BLE001 - the functionalized analysis raises it again, explained
         _restore_requires_grad(fakes, requires_grad)
         return None
-    if [_geometry(f) for f in fakes] != geometry:  # .data or .set_ swapped, unseen by modes
-        return None
+    if [_geometry(f) for f in fakes] != geometry or analysis.storages(fakes) != held:
+        return None  # .data assigned, unseen by modes: the functionalized analysis refuses it
     inputs = tuple(_input_info(f, leaf, rg) for f, leaf, rg in zip(fakes, is_leaf, requires_grad))
     return analysis.describe(inputs, fakes, outs, box)
 

@@ -245,3 +245,29 @@ def test_saved_value_modified_in_place_with_inductor():
     c = _run_to_backward(aotgrad.compile(fn, backend="inductor"), make, outputs)
     torch.testing.assert_close(c[0], e[0])
     assert c[2] == e[2]
+
+
+def assign_data(x):
+    x.data = torch.zeros(5)
+    return x * 2
+
+
+def assign_data_new_shape(x):
+    x.data = torch.zeros(3)
+    return x * 2
+
+
+@DOORS
+@pytest.mark.parametrize("fn", [assign_data, assign_data_new_shape])
+def test_assigning_an_inputs_data_is_refused_or_matches_eager(door, fn):
+    """`x.data = y` swaps the tensor without an op, which no trace sees: refused, never
+    silently the old value."""
+    x, twin = torch.ones(5), torch.ones(5)
+    expected = fn(twin)
+    try:
+        out = door(fn)(x)
+    except Exception as e:  # noqa: BLE001 - Dynamo wraps it in BackendCompilerFailed
+        assert "assigns `.data` of input" in str(e)
+        return
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, twin)
