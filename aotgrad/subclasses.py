@@ -208,7 +208,6 @@ class Boundary:
     tangents: tuple["PlainMeta | SubclassMeta", ...]  # per differentiable forward output
     grads: tuple[Layout, ...]  # per graph input: the gradient the backward returns
     bumped: tuple[int, ...] = ()  # subclass inputs the graph itself copies new values into
-    mutated: tuple[int, ...] = ()  # subclass inputs the call mutates
 
     @property
     def is_plain(self) -> bool:
@@ -231,8 +230,6 @@ class Boundary:
         """The compiled forward (or inference graph) taking and returning the caller's
         tensors; the saved values after the outputs stay plain."""
         def forward(inputs: list) -> list:
-            if self.mutated:
-                _refuse_aliased_parts(inputs, self.mutated)
             plain = compiled(self.unwrap_inputs(inputs))
             it = iter(plain)
             outs = [wrap(m, it) for m in self.outputs]
@@ -255,20 +252,6 @@ class Boundary:
             it = iter(compiled(plain))
             return [wrap(m, it) for m in self.grads]
         return backward
-
-
-def _refuse_aliased_parts(inputs: Sequence, mutated: Sequence[int]) -> None:
-    """The graph was compiled for a mutated subclass whose parts alias nothing else (the
-    call's signature tells apart parts that are the same tensor, not views of one base)."""
-    from .aliasing import aliased_mutation_error
-    owner: dict[int, int] = {}
-    for i, t in enumerate(inputs):
-        for p in unwrap(t):
-            base = id(p._base if p._base is not None else p)
-            j = owner.get(base)
-            if j is not None and (i in mutated or j in mutated):
-                raise aliased_mutation_error(sorted({i, j}))
-            owner[base] = i
 
 
 def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any) -> list:
@@ -301,8 +284,7 @@ def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, info:
     tangents = tuple(tangent_layout(m)
                      for m, d in zip(info.graph_output_metas, info.gets_tangent) if d)
     return Boundary(subs, tuple(traced[:n]), tangents, tuple(traced[n:]),
-                    bumped=tuple(i for i in copied_in_graph if i in subs),
-                    mutated=tuple(i for i in subs if info.inputs[i].mutated))
+                    bumped=tuple(i for i in copied_in_graph if i in subs))
 
 
 def tangent_layout(meta) -> "PlainMeta | SubclassMeta":
