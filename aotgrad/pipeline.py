@@ -310,14 +310,17 @@ def _keep_outputs_fresh(gm: fx.GraphModule, fresh: Sequence[bool]) -> None:
     """Copy the outputs that a backend's rewrites made share memory with an input or an
     earlier output (Inductor simplifies `zeros(4) + y[:4]` to `y[:4]`): eager returns a
     tensor of their own, which the caller may write to."""
+    aliased = [i for i, shared in enumerate(_shared_storages(gm))
+               if shared is not None and fresh[i]]
+    if not aliased:
+        return
     output = gm.graph.output_node()
     outs = list(output.args[0])
-    for i, shared in enumerate(_shared_storages(gm)):
-        if shared is not None and fresh[i]:
-            with gm.graph.inserting_before(output):
-                copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],))
-            copy.meta["val"] = outs[i].meta["val"].clone()
-            outs[i] = copy
+    for i in aliased:
+        with gm.graph.inserting_before(output):
+            copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],))
+        copy.meta["val"] = outs[i].meta["val"].clone()
+        outs[i] = copy
     output.args = (type(output.args[0])(outs),)
     gm.recompile()
 
