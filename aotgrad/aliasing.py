@@ -33,7 +33,8 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import analysis, subclasses
-from .analysis import FunctionInfo, Geometry
+from .analysis import FunctionInfo
+from .dynamic import Geometry, geometry
 
 # Which storage a tensor uses: the address of its StorageImpl, in one C call where torch has
 # one (a storage object is built otherwise).
@@ -95,7 +96,7 @@ class AliasGroup:
             raise AliasingChanged(sorted(m.input for m in self.members))
         if self.kind is BaseKind.ROOT_SPAN:
             return root.as_strided(*self.base_geometry)
-        if _geometry(root) != self.base_geometry:
+        if geometry(root) != self.base_geometry:
             raise AliasingChanged(sorted(m.input for m in self.members))
         return root
 
@@ -265,7 +266,7 @@ def _group(inputs: Sequence[torch.Tensor], info: FunctionInfo, members: list[int
 
 def _member(inputs, info: FunctionInfo, i: int) -> Member:
     t, x = inputs[i], info.inputs[i]
-    return Member(i, t.dtype, _geometry(t), t.requires_grad, x.mutates_data,
+    return Member(i, t.dtype, geometry(t), t.requires_grad, x.mutates_data,
                   x.mutation_hidden_from_autograd, x.version_bumps)
 
 
@@ -280,7 +281,7 @@ def _root_group(inputs, info: FunctionInfo, members: list[int], root) -> AliasGr
                            "in-place operation.")
     if root.storage_offset() == 0 and root.is_contiguous() and \
             max(_byte_range(inputs[i])[1] for i in members) <= _byte_range(root)[1]:
-        return AliasGroup(ms, BaseKind.ROOT, _geometry(root), root.dtype,
+        return AliasGroup(ms, BaseKind.ROOT, geometry(root), root.dtype,
                           root.requires_grad, root.is_leaf)
     span = _span_geometry(inputs, members, root.dtype, root.untyped_storage().nbytes())
     return AliasGroup(ms, BaseKind.ROOT_SPAN, span, root.dtype, root.requires_grad, False)
@@ -411,10 +412,6 @@ def mark_bases_overwritten(gm: torch.fx.GraphModule, aliasing: InputAliasing | N
 
 def _root(t: torch.Tensor) -> torch.Tensor:
     return t._base if t._base is not None else t
-
-
-def _geometry(t: torch.Tensor) -> Geometry:
-    return analysis._geometry(t)
 
 
 def _sharing(inputs: Sequence[torch.Tensor]) -> list[int]:

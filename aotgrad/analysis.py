@@ -25,9 +25,8 @@ import torch.utils._pytree as pytree
 
 from . import subclasses, swaps
 from .capture import OutputBox, functional_mode, to_functional
-from .dynamic import is_size, is_symbolic
+from .dynamic import Geometry, geometry, is_size, is_symbolic
 
-Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # size, stride, storage offset
 
 
 class OutputKind(enum.Enum):
@@ -153,7 +152,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         held = storages(f_args)
         with user_code_checks():
             outs = graph_fn(*f_args)
-        versions = [_version(a) for a in f_args]
+        versions = [version_of(a) for a in f_args]
     tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes
     for a in tensors:
         for inner in subclasses.unwrap(a):
@@ -290,7 +289,7 @@ def _state(a: Any) -> tuple | None:
     """What a mutation inside the function could change, before the call."""
     if not isinstance(a, torch.Tensor):
         return None
-    return a.grad_fn, _version(a), a.requires_grad
+    return a.grad_fn, version_of(a), a.requires_grad
 
 
 def _requires_grad(v: Any) -> bool:
@@ -325,12 +324,12 @@ def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
         # Mutations through .data, and kernels that update an argument themselves (BatchNorm's
         # running statistics), leave the version counter alone.
         version_bumps=version - old_version,
-        final_geometry=_geometry(a),
+        final_geometry=geometry(a),
         storage_swap=swap,
     )
 
 
-def _version(t: Any) -> int:
+def version_of(t: Any) -> int:
     if not isinstance(t, torch.Tensor):
         return 0
     return 0 if t.is_inference() else t._version  # inference tensors have no counter
@@ -372,10 +371,6 @@ def _explain_opaque_subclass():
             "tensor subclass that is not a traceable wrapper subclass (x.as_subclass(C) with "
             "C lacking __tensor_flatten__/__tensor_unflatten__). Make C a traceable wrapper "
             "subclass, or build it outside the compiled function.") from e
-
-
-def _geometry(t: torch.Tensor) -> Geometry:
-    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
 
 def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Sequence = ()):
@@ -420,7 +415,7 @@ def _view_source(base, input_index, plain_index, base_index, bases):
 
 
 def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
-    return OutputInfo(kind, source, o.requires_grad, _geometry(o), o.dtype, o._view_func_unsafe)
+    return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, o._view_func_unsafe)
 
 
 def _check_leaf_mutations(info: FunctionInfo) -> None:

@@ -177,7 +177,7 @@ class CompiledFunction:
         """The first graph compiled for this signature whose shape guard accepts the call; then
         one compiled for exactly these shapes (where dynamic shapes fell back to static)."""
         for call in self.dynamic_entries.get((shape, signature(flat, dynamic=True)), ()):
-            if call.guard([flat[p] for p in call.plan.graph_input_positions]):
+            if _shape_check(call)(flat):
                 return call
         return self.entries.get(key)
 

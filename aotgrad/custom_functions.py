@@ -31,7 +31,7 @@ import functools
 import operator
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree

@@ -56,7 +56,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .analysis import FunctionInfo, graph_outputs
+from .analysis import FunctionInfo, graph_outputs, version_of
 from .capture import fake_inputs
 from .codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
@@ -133,7 +133,7 @@ class DoubleBackward:
         try:
             ctx.primal_versions = [inputs[i]._version for i in self.unsaved_inputs]
         except RuntimeError:  # inference tensors have no version counter
-            ctx.primal_versions = [_version(inputs[i]) for i in self.unsaved_inputs]
+            ctx.primal_versions = [version_of(inputs[i]) for i in self.unsaved_inputs]
 
     def replay(self) -> Replay:
         if self._result is None:
@@ -165,17 +165,13 @@ class DoubleBackward:
     def _check_versions(self, primals: Sequence[torch.Tensor], versions: Sequence[int],
                         read: frozenset[int]) -> None:
         for i, version in zip(self.unsaved_inputs, versions):
-            if i in read and _version(primals[i]) != version:
+            if i in read and version_of(primals[i]) != version:
                 raise RuntimeError(
                     "one of the variables needed for gradient computation has been modified "
                     f"by an inplace operation: input {i} of the compiled function "
                     f"({primals[i].dtype}{list(primals[i].shape)}) is at version "
-                    f"{_version(primals[i])}; expected version {version} instead. (A backward "
+                    f"{version_of(primals[i])}; expected version {version} instead. (A backward "
                     "with create_graph=True re-runs the compiled function on its inputs.)")
-
-
-def _version(t: torch.Tensor) -> int:
-    return 0 if t.is_inference() else t._version
 
 
 _FREED = (

@@ -60,6 +60,13 @@ def is_symbolic(value: Any) -> bool:
         return False
 
 
+Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # size, stride, storage offset
+
+
+def geometry(t: torch.Tensor) -> Geometry:
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+
+
 def hint(value: Any) -> int:
     """A concrete value for an integer that may be symbolic (its value in the example
     inputs), for estimates only: reading it adds no guard."""

@@ -21,11 +21,10 @@ from typing import Iterable, Sequence
 import torch
 from torch import fx
 
-from .memory import Buffers, MemoryEstimate, TwoPhase, owners, program, tensor_bytes
+from .memory import Buffers, MemoryEstimate, TwoPhase, owners, program
 from .partition import ancestors, joint_parts, joint_roots
 from .remat import (CHOICES, Rule, backward_schedule, forward_rules, forward_values,
                     min_cut_saved_values, node_cost)
-from .tables import Recompute, recompute_class
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import analysis, joint
 from .analysis import SIZE_INPUT, FunctionInfo, InputInfo, graph_outputs
 from .capture import OutputBox
-from .dynamic import is_symbolic
+from .dynamic import Geometry, geometry, is_symbolic
 from .tables import needs_functionalization
 
 _needs_functionalization = functools.cache(needs_functionalization)
@@ -63,7 +63,7 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
             box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo | None:
     """`analysis.analyze` for a function that mutates nothing; None for any other."""
     requires_grad = [getattr(f, "requires_grad", False) for f in fakes]
-    geometry, held = [_geometry(f) for f in fakes], analysis.storages(fakes)
+    geometry, held = [_geometry_of(f) for f in fakes], analysis.storages(fakes)
     try:
         with fake_mode, analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
                 analysis.user_code_checks():
@@ -71,7 +71,7 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
     except Exception:  # noqa: BLE001 - the functionalized analysis raises it again, explained
         _restore_requires_grad(fakes, requires_grad)
         return None
-    if [_geometry(f) for f in fakes] != geometry or analysis.storages(fakes) != held:
+    if [_geometry_of(f) for f in fakes] != geometry or analysis.storages(fakes) != held:
         return None  # .data assigned, unseen by modes: the functionalized analysis refuses it
     inputs = tuple(_input_info(f, leaf, rg) for f, leaf, rg in zip(fakes, is_leaf, requires_grad))
     return analysis.describe(inputs, fakes, outs, box)
@@ -86,13 +86,11 @@ def _input_info(fake: Any, is_leaf: bool, requires_grad: bool) -> InputInfo:
             "set it before calling the compiled function.")
     return InputInfo(requires_grad=requires_grad, is_leaf=is_leaf, mutates_data=False,
                      mutates_metadata=False, mutation_hidden_from_autograd=True,
-                     version_bumps=0, final_geometry=_geometry(fake))
+                     version_bumps=0, final_geometry=geometry(fake))
 
 
-def _geometry(t: Any):
-    if not isinstance(t, torch.Tensor):
-        return None
-    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+def _geometry_of(a: Any) -> Geometry | None:
+    return geometry(a) if isinstance(a, torch.Tensor) else None  # None: a size input
 
 
 def _restore_requires_grad(fakes: Sequence[Any], requires_grad: Sequence[bool]) -> None:

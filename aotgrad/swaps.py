@@ -27,9 +27,7 @@ from typing import Any, Sequence
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from .dynamic import DynamicShapesUnsupported, is_symbolic
-
-Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # size, stride, storage offset
+from .dynamic import DynamicShapesUnsupported, Geometry, geometry, is_symbolic
 
 SET_FROM_TENSOR = torch.ops.aten.set_.source_Tensor
 
@@ -77,7 +75,7 @@ class Original:
 
 
 def originals(tensors: Sequence[Any]) -> list[Original | None]:
-    return [Original(t.untyped_storage()._cdata, _geometry(t))
+    return [Original(t.untyped_storage()._cdata, geometry(t))
             if isinstance(t, torch.Tensor) else None for t in tensors]
 
 
@@ -96,7 +94,7 @@ def find_swap(i: int, f_args: Sequence[Any], before: Sequence[Original | None],
         return StorageSwap(None)
     if source != i and torch._functionalize_was_storage_changed(f_args[source].elem):
         raise _refusal(i, f"to input {source}, which the function also calls set_() on")
-    return StorageSwap(source, _relative_geometry(_geometry(a), before[source].geometry))
+    return StorageSwap(source, _relative_geometry(geometry(a), before[source].geometry))
 
 
 def _source(i: int, storage: int, before: Sequence[Original | None]) -> int | None:
@@ -123,10 +121,6 @@ def _relative_geometry(geometry: Geometry, source: Geometry) -> Geometry | None:
         return None
     size, stride, offset = geometry
     return size, stride, offset - source[2]
-
-
-def _geometry(t: torch.Tensor) -> Geometry:
-    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
 
 def _refusal(i: int, what: str) -> NotImplementedError:
