@@ -5,9 +5,11 @@ estimated peak, 0 the lowest estimated peak found. The budget picks the cheapest
 peak fits its target: at 1 the min-cut plan, unless a plan matches its peak with less
 recomputation (and so beats it on both counts). Plans are scored by the estimated peak of
 the whole step (`memory`, not the sum of saved bytes) and by the compute they add
-(`plans.node_cost`). The plan that saves only what cannot be recomputed (inputs, expensive
-and random values) is always scored, but it need not have the lowest peak: recomputing
-everything has transients of its own.
+(`plans.node_cost`: a matmul's or convolution's arithmetic counts, as the bytes that move
+in its time). Below budget 1 plans may recompute matmuls and convolutions (`Rule.COSTLY`);
+budget 1, like the min cut, does not. The plan that saves only what cannot be recomputed
+(inputs, attention, random values) is always scored, but it need not have the lowest peak:
+recomputing everything has transients of its own, and the greedy's plans go lower.
 
 The curve is the Pareto front of the plans a solver found, computed once per graph. So by
 construction a lower budget never raises the estimated peak, and every target is met (the
@@ -58,10 +60,11 @@ def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto",
     mincut, everything, nothing = _ends(space)
     high = mincut.peak_bytes
     name = pick_solver(space) if solver == "auto" else solver
-    low = min(everything.peak_bytes, high)
-    found = SOLVERS[name](space, low, high)
-    if name == "ilp":  # the solver has a time limit: the greedy's plans fill any gaps
-        found += greedy(space, low, high)
+    # The integer program aims at targets down to the lowest peak known. The greedy's plans
+    # (fast) reach lower than recomputing everything, and fill the gaps a time limit leaves.
+    seeds = greedy(space, 0, high) if name == "ilp" else []
+    low = min(p.peak_bytes for p in [everything, mincut, *seeds])
+    found = seeds + SOLVERS[name](space, low, high)
     plans = pareto(p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high)
     return Curve(tuple(plans), plans[0].peak_bytes, high, name)
 
@@ -69,8 +72,9 @@ def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto",
 def plan_for_budget(joint: fx.GraphModule, n: int, budget: float, solver: str = "auto") -> Plan:
     """The plan a budget chooses. Budget 1's target is the min-cut plan's peak, whatever the
     curve's other end: with the integer program a compile solves for it alone, instead of
-    for the whole curve (20 s on GPT-2, the solver's time limit)."""
-    space = PlanSpace(joint, n)
+    for the whole curve (20 s on GPT-2, the solver's time limit). Budget 1 recomputes no
+    matmul or convolution, as the min cut does not."""
+    space = PlanSpace(joint, n, kernels=budget < 1.0)
     name = pick_solver(space) if solver == "auto" else solver
     if budget == 1.0 and name == "ilp":
         ends = _ends(space)

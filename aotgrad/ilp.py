@@ -41,6 +41,9 @@ MAX_EXACT_SOLVES = 120  # then the rest of the front on the grid (each solve is 
 MAX_VALUES = 20_000  # forward values: beyond, the greedy
 MAX_ROW_ENTRIES = 400_000  # backward rows kept: the most loaded steps first
 GRID = 12  # targets between the curve's ends, for large problems
+# Aimed solves stop within 1% of the cheapest plan: on ResNet-50 the same plans as 0.1%,
+# found 4-15x faster (0.5-0.7 s a solve instead of 2.4-10 s).
+GRID_GAP = 0.01
 TIME_LIMIT_S = 10.0  # per solve
 TOTAL_TIME_S = 20.0  # all solves of one curve: a compile must not stall on the curve
 
@@ -74,8 +77,28 @@ def exact_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
 
 
 def grid_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
-    targets = sorted({low + (high - low) * j // GRID for j in range(GRID + 1)})
-    return [plan for target in targets for plan in _aimed(program, target)]
+    """Plans aimed at a grid of targets, taken coarse to fine (the middle, the quarters, ...)
+    and each given an equal share of the time left: when time runs out, the gaps left in
+    the curve are narrow ones."""
+    targets = spread(sorted({low + (high - low) * j // GRID for j in range(GRID + 1)}))
+    plans = []
+    for i, target in enumerate(targets):
+        share = (program.deadline - time.monotonic()) / (len(targets) - i)
+        plans += _aimed(program, target, share)
+    return plans
+
+
+def spread(items: list) -> list:
+    """`items` reordered coarse to fine: each next item is the one farthest (by index) from
+    those already taken."""
+    order, taken = [], []
+    for _ in items:
+        best = max((i for i in range(len(items)) if i not in taken),
+                   key=lambda i: (min((abs(i - t) for t in taken), default=len(items)),
+                                  -abs(2 * i - len(items) + 1)))
+        taken.append(best)
+        order.append(items[best])
+    return order
 
 
 def solve_point(space: PlanSpace, target: int) -> list[Plan]:
@@ -89,12 +112,13 @@ def solve_point(space: PlanSpace, target: int) -> list[Plan]:
     return _aimed(program, target)
 
 
-def _aimed(program: "PeakProgram", target: int) -> list[Plan]:
+def _aimed(program: "PeakProgram", target: int, seconds: float = TIME_LIMIT_S) -> list[Plan]:
     """Solve for `target`, lowering the aim by the overshoot when the solution's real peak
-    (the rows bound it from below) does not fit."""
+    (the rows bound it from below) does not fit; within about `seconds`."""
     plans, aim = [], target
+    deadline = time.monotonic() + seconds
     for _ in range(3):
-        plan = program.solve(aim, [], gap=1e-3)
+        plan = program.solve(aim, [], gap=GRID_GAP, seconds=deadline - time.monotonic())
         if plan is None:
             break
         plans.append(plan)
@@ -229,8 +253,9 @@ class PeakProgram:
             cuts.append(chosen)
         return None
 
-    def solve(self, target: int, cuts: list[frozenset], gap: float) -> Plan | None:
-        chosen = self._solve(target, cuts, gap)
+    def solve(self, target: int, cuts: list[frozenset], gap: float,
+              seconds: float = TIME_LIMIT_S) -> Plan | None:
+        chosen = self._solve(target, cuts, gap, seconds)
         return None if chosen is None else self.plan(chosen)
 
     def plan(self, chosen: frozenset) -> Plan:
@@ -239,9 +264,10 @@ class PeakProgram:
             self.evaluated[chosen] = space.evaluate(space.saved_for(chosen))
         return self.evaluated[chosen]
 
-    def _solve(self, target: int, cuts: list[frozenset], gap: float) -> frozenset | None:
+    def _solve(self, target: int, cuts: list[frozenset], gap: float,
+               seconds: float = TIME_LIMIT_S) -> frozenset | None:
         self.solves += 1
-        remaining = self.deadline - time.monotonic()
+        remaining = min(seconds, self.deadline - time.monotonic())
         if remaining <= 0:
             return None
         constants = np.array([c for _, c in self.memory], dtype=float)

@@ -42,7 +42,8 @@ class Plan:
 class PlanSpace:
     """Everything the plans of one joint graph share."""
 
-    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int):
+    def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int, kernels: bool = True):
+        """`kernels`: may plans recompute matmuls and convolutions (`Rule.COSTLY`)?"""
         self.joint, self.num_fwd_outputs = joint, num_fwd_outputs
         self.primals, self.tangents, self.fw_outs, self.grads = joint_parts(joint,
                                                                             num_fwd_outputs)
@@ -51,6 +52,8 @@ class PlanSpace:
         self.position = {node: i for i, node in enumerate(self.nodes)}
         self.forward = forward_values(joint, num_fwd_outputs)
         self.rules = forward_rules(self.forward)
+        if not kernels:
+            self.rules.update((n, Rule.SAVE) for n, r in self.rules.items() if r == Rule.COSTLY)
         self.base_forward = ancestors(self.fw_roots) | set(self.primals)
         self.fixed = self._fixed_backward()
         self.read_by_fixed = self._read_by_fixed()

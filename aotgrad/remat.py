@@ -34,8 +34,8 @@ from .joint import OVERWRITTEN
 from .memory import base_of, is_tuple, tensor_bytes
 from .partition import (ancestors, joint_parts, joint_roots, split_joint, with_sizes,
                         with_tuple_elements)
-from .tables import (CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE, TF32_FLOPS_PER_BYTE, Recompute,
-                     recompute_class, unsafe_to_recompute)
+from .tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE,
+                     TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
 
 SOURCE, SINK = "source", "sink"
 
@@ -54,6 +54,9 @@ class Rule:
     # a value the backward would keep alive across a matmul (min_cut_saved_values). The
     # min cut saves it (speed first); a memory budget may recompute it.
     MATERIALIZED = "materialized"
+    # Expensive (a matmul or convolution, `tables.BUDGETED_KERNELS`): the min cut saves it; a
+    # memory budget below 1 may recompute it, at its arithmetic's cost (`node_cost`).
+    COSTLY = "costly"
     SAVE = "save"  # comes from the forward: expensive, random, effectful, or policy
     RECOMPUTE = "recompute"  # recomputed: inside a selectively checkpointed region
 
@@ -93,7 +96,7 @@ def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
     if policy == Rule.SAVE or (policy == Rule.RECOMPUTE and not _leaves_region(node, forward)):
         return policy
     if kind != Recompute.CHEAP:
-        return Rule.SAVE
+        return Rule.COSTLY if node.target in BUDGETED_KERNELS else Rule.SAVE
     if (node.target in CHEAP_REDUCTIONS or _read_by_backward_kernel(node, forward)
             or _broadcast_by_fusible_user(node)):
         return Rule.MATERIALIZED
@@ -124,17 +127,24 @@ def _hides(kernel: fx.Node, node: fx.Node) -> bool:
     """Would recomputing `node` move fewer bytes than `kernel` does arithmetic in a
     HIDDEN_SHARE of its time? (An MLP's float32 activations before a large matmul: yes;
     a transformer's bfloat16 layer-norm output before a projection: no.)"""
+    flops = kernel_flops(kernel)
+    return flops is not None and (
+        node_cost(node) * _flops_per_byte(kernel.meta["val"].dtype) < HIDDEN_SHARE * flops)
+
+
+def kernel_flops(kernel: fx.Node) -> int | None:
+    """The floating-point operations of a matmul, convolution or attention (None for an op
+    without a formula)."""
     formula = flop_registry.get(getattr(kernel.target, "overloadpacket", None))
     val = kernel.meta.get("val")
     if formula is None or not isinstance(val, torch.Tensor):
-        return False
+        return None
     args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"),
                                         (kernel.args, kernel.kwargs))
     try:
-        flops = hint(formula(*args, **kwargs, out_val=val))
-    except Exception:  # a formula that cannot read these arguments: assume nothing hides
-        return False
-    return node_cost(node) * _flops_per_byte(val.dtype) < HIDDEN_SHARE * flops
+        return hint(formula(*args, **kwargs, out_val=val))
+    except Exception:  # a formula that cannot read these arguments
+        return None
 
 
 def _flops_per_byte(dtype: torch.dtype) -> int:
@@ -144,11 +154,16 @@ def _flops_per_byte(dtype: torch.dtype) -> int:
 
 
 def node_cost(node: fx.Node) -> int:
-    """Bytes a recomputation of `node` reads and writes (nothing for a view)."""
+    """What recomputing `node` costs, in bytes moved: the bytes it reads and writes (nothing
+    for a view), and for a matmul or convolution the bytes that move in the time of its
+    arithmetic."""
     if recompute_class(node.target) == Recompute.FREE:
         return 0
     reads = sum(tensor_bytes(i.meta.get("val")) for i in node.all_input_nodes)
-    return reads + tensor_bytes(node.meta.get("val"))
+    moved = reads + tensor_bytes(node.meta.get("val"))
+    if node.target in BUDGETED_KERNELS:
+        moved += (kernel_flops(node) or 0) // _flops_per_byte(node.meta["val"].dtype)
+    return moved
 
 
 # A fusible user this many times larger than a value makes recomputing it that much dearer.
@@ -291,7 +306,7 @@ def _network(joint, forward, rules, grads) -> tuple[FlowNetwork, int]:
             continue
         rule = rules[node]
         net.add_edge((node, "in"), (node, "out"), _save_cost(node, rule, infinity))
-        if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE, Rule.MATERIALIZED):
+        if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE, Rule.COSTLY, Rule.MATERIALIZED):
             net.add_edge(SOURCE, (node, "in"), infinity)
         for user in node.users:
             if user in forward:
@@ -303,8 +318,8 @@ def _network(joint, forward, rules, grads) -> tuple[FlowNetwork, int]:
     return net, infinity
 
 
-TIE_BREAK = {Rule.CHOOSE: 0, Rule.MATERIALIZED: 0, Rule.SAVE: 1, Rule.FREE: 2}
-CHOICES = (Rule.CHOOSE, Rule.MATERIALIZED)  # the rules a memory budget may decide
+TIE_BREAK = {Rule.CHOOSE: 0, Rule.MATERIALIZED: 0, Rule.COSTLY: 1, Rule.SAVE: 1, Rule.FREE: 2}
+CHOICES = (Rule.CHOOSE, Rule.MATERIALIZED, Rule.COSTLY)  # the rules a memory budget may decide
 
 
 def _save_cost(node: fx.Node, rule: str, infinity: int) -> int:

@@ -95,6 +95,14 @@ KERNEL_FLOPS_PER_BYTE = {torch.bfloat16: 200, torch.float16: 200, torch.float32:
                          torch.float64: 7}
 TF32_FLOPS_PER_BYTE = 100  # float32 when torch.get_float32_matmul_precision() allows TF32
 
+# Expensive ops that a memory budget below 1 may recompute, at the cost of their arithmetic
+# (the min cut never does): deterministic, one output, a FLOP formula. Attention is left
+# out: its outputs are tuples that carry random state.
+BUDGETED_KERNELS = frozenset({
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+    aten.convolution.default,
+})
+
 # Ops without the pointwise tag that cost no more than one pointwise pass.
 CHEAP_OTHERS = frozenset({
     aten._to_copy.default, aten.clone.default, aten.copy.default, aten.where.self,

@@ -314,3 +314,57 @@ def test_larger_problems_use_the_ilp_on_a_grid_of_targets():
 def test_memory_budget_is_validated_up_front():
     with pytest.raises(ValueError, match="memory_budget"):
         aotgrad.compile(lambda x: x.sin().sum(), backend="eager", memory_budget=2.0)
+
+
+# ---- matmuls and convolutions: recomputed under a budget, never by the min cut ---------------
+
+def wide_mlp(x, *ws):
+    """Four blocks, each widening 8 to 512 and back: their hidden layers dwarf the narrow
+    values between blocks, and only recomputing the widening matmul frees one."""
+    for up, down in zip(ws[::2], ws[1::2]):
+        x = (x @ up).relu() @ down
+    return x.sum()
+
+
+def wide_mlp_args():
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(*shape, generator=gen, requires_grad=True)
+               for _ in range(4) for shape in ((8, 512), (512, 8))]
+    return (torch.randn(128, 8, generator=gen), *weights)
+
+
+def recomputed_kernels(plan: Plan) -> list[str]:
+    return [name for name in plan.recomputed if name.startswith(("mm", "convolution"))]
+
+
+@pytest.mark.parametrize("solver", ["exhaustive", pytest.param("ilp", marks=needs_scipy),
+                                    "greedy"])
+def test_a_low_budget_recomputes_a_matmul_and_budget_one_does_not(solver):
+    compiled = aotgrad.compile(wide_mlp, backend="eager")
+    compiled(*wide_mlp_args())
+    art = compiled.artifacts[0]
+    joint, n = art.joint_graph, art.info.num_graph_outputs
+    low, top = (plan_for_budget(joint, n, b, solver) for b in (0.0, 1.0))
+    assert recomputed_kernels(low) and not recomputed_kernels(top)
+    assert low.peak_bytes < top.peak_bytes
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_recomputed_matmuls_give_eager_gradients(backend):
+    args = wide_mlp_args()
+    expected = torch.autograd.grad(wide_mlp(*args), args[1:])
+    mms = []
+    for b in (0.0, 1.0):
+        compiled = aotgrad.compile(wide_mlp, backend=backend, memory_budget=b)
+        actual = torch.autograd.grad(compiled(*args), args[1:])
+        for e, a in zip(expected, actual):
+            torch.testing.assert_close(a, e)
+        bw = compiled.artifacts[0].backward_graph
+        mms.append(sum(n.target == torch.ops.aten.mm.default for n in bw.graph.nodes))
+    assert mms[0] > mms[1]  # budget 0 runs widening matmuls again
+
+
+def test_grid_targets_go_coarse_to_fine():
+    order = ilp.spread(list(range(13)))
+    assert sorted(order) == list(range(13)) and order[0] == 6
+    assert set(order[:5]) == {0, 3, 6, 9, 12}  # the halves and quarters before the rest
