@@ -107,7 +107,9 @@ def snapshot_overwritten_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModul
 
     The trace reads such inputs through a clone; a backend's passes may drop that clone as a
     no-op and read the input itself, which the partitioner then can neither save (the
-    runtime overwrites it) nor recompute from. A fresh clone restores the snapshot."""
+    runtime overwrites it) nor recompute from. A fresh clone restores the snapshot. Reads of
+    its sizes and strides stay on the input: an overwrite keeps them, and the forward can
+    save them (through a clone only the backward reads, the backward would need the input)."""
     graph = gm.graph
     for node in [n for n in graph.nodes if n.op == "placeholder" and n.meta.get(OVERWRITTEN)]:
         readers = [u for u in node.users if not _snapshots_or_writes(u, node)]
@@ -124,9 +126,14 @@ def snapshot_overwritten_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModul
 
 
 def _snapshots_or_writes(user: torch.fx.Node, node: torch.fx.Node) -> bool:
-    """A clone of `node`, or the graph's own copy of a new value into it."""
-    return user.target is torch.ops.aten.clone.default or (
+    """A clone of `node`, the graph's own copy of a new value into it, or a read of its
+    geometry."""
+    return user.target in (torch.ops.aten.clone.default, *GEOMETRY_READS) or (
         user.target in ALLOWED_INPUT_MUTATIONS and user.args[0] is node)
+
+
+GEOMETRY_READS = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                  torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default)
 
 
 def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],

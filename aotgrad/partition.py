@@ -64,6 +64,37 @@ def with_sizes(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
     return forward
 
 
+def with_masks(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
+    """Add the boolean masks the backward computes from forward values alone (a relu's
+    `x <= 0`), and the views they read: the forward can save a mask at a byte per element,
+    where the backward would need the value it tests, at two or four."""
+    forward = set(forward)
+    views: set[fx.Node] = set()  # backward views of forward values
+    for node in joint.graph.nodes:
+        if node in forward or node.op != "call_function":
+            continue
+        if all(i in forward or i in views for i in node.all_input_nodes):
+            if _is_view(node):
+                views.add(node)
+            elif _is_mask(node):
+                forward |= ancestors([node], stop=forward)
+    return forward
+
+
+def _is_view(node: fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+
+
+def _is_mask(node: fx.Node) -> bool:
+    """A pointwise op making booleans from a tensor that is not."""
+    val = node.meta.get("val")
+    return (isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.pointwise in node.target.tags
+            and isinstance(val, torch.Tensor) and val.dtype == torch.bool
+            and any(isinstance(i.meta.get("val"), torch.Tensor)
+                    and i.meta["val"].dtype != torch.bool for i in node.all_input_nodes))
+
+
 def is_size_node(node: fx.Node) -> bool:
     return is_size(node.meta.get("val"))
 

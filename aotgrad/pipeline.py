@@ -26,7 +26,7 @@ from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_
                       shape_guard)
 from .memory import base_of, tensor_bytes
 from .partition import default_partition
-from .remat import forward_values
+from .remat import forward_values, hoist_masks
 from .runtime import CompiledCall, RuntimePlan
 from .stale import StaleBackward, find_stale_outputs
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
@@ -288,8 +288,9 @@ def _fills_zero(node: fx.Node) -> bool:
 
 
 def _joint_passes(options: Options, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, then one node per repeated pure computation (cse.py)."""
-    gm = _backend_passes(options.backend, gm)
+    """The backend's passes, masks moved next to what they test, then one node per repeated
+    pure computation (cse.py)."""
+    gm = hoist_masks(_backend_passes(options.backend, gm), gm.meta[joint.JOINT_FW_OUTPUTS])
     forward = forward_values(gm, gm.meta[joint.JOINT_FW_OUTPUTS])
     return eliminate_common_subexpressions(gm, forward)
 

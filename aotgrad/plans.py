@@ -148,7 +148,10 @@ class PlanSpace:
         """The forward and backward programs of a plan, over shared buffers."""
         buffers = Buffers()
         saved_set = set(saved)
-        fw_nodes = [n for n in self.nodes if n in self.base_forward or n in saved_set]
+        # What the forward runs: its outputs' ancestors, and the saved values with theirs (a
+        # tuple's element, a mask the backward would have computed).
+        computed = self.base_forward | ancestors(saved, stop=self.base_forward)
+        fw_nodes = [n for n in self.nodes if n in computed]
         forward = program(fw_nodes, buffers)
         ordered_saved = sorted(saved, key=lambda n: not _is_tensor(n))  # as split_joint
         bw_body = [n for n in self.nodes if n in needed and n.op != "placeholder"

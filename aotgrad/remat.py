@@ -32,8 +32,8 @@ from .dynamic import hint
 from .flow import FlowNetwork
 from .joint import OVERWRITTEN
 from .memory import base_of, is_tuple, tensor_bytes
-from .partition import (ancestors, joint_parts, joint_roots, split_joint, with_sizes,
-                        with_tuple_elements)
+from .partition import (ancestors, joint_parts, joint_roots, split_joint, with_masks,
+                        with_sizes, with_tuple_elements)
 from .tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE,
                      TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
 
@@ -71,10 +71,52 @@ CHECKPOINT_POLICY_RULES = {
 
 def forward_values(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
     """The values the forward computes (or may save): inputs, ancestors of its outputs,
-    and the elements of its tuples."""
+    the elements of its tuples, and the sizes and boolean masks the backward computes from
+    them (cheaper to save than what they are computed from)."""
     primals = joint_parts(joint, num_fwd_outputs)[0]
     fw_roots, _ = joint_roots(joint, num_fwd_outputs)
-    return with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint)
+    forward = with_tuple_elements(ancestors(fw_roots) | set(primals))
+    return with_masks(with_sizes(forward, joint), joint)
+
+
+def hoist_masks(joint: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
+    """Move each mask the backward computes from forward values (and the views it reads) to
+    just after what it reads: a forward that saves it computes it there, while the value it
+    tests is alive anyway, not at its end."""
+    primals = joint_parts(joint, num_fwd_outputs)[0]
+    fw_roots, _ = joint_roots(joint, num_fwd_outputs)
+    forward = with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint)
+    masked = with_masks(forward, joint) - forward
+    if masked:
+        order = as_early_as_possible(list(joint.graph.nodes), masked)
+        for before, node in zip(order, order[1:]):
+            before.append(node)
+        joint.recompile()
+    return joint
+
+
+def as_early_as_possible(nodes: Sequence[fx.Node], early: set[fx.Node]) -> list[fx.Node]:
+    """`nodes` (topologically ordered) with each of `early` moved up to just after the last
+    of its inputs; the others keep their order."""
+    missing = {node: len(set(node.all_input_nodes)) for node in early}
+    readers: dict[fx.Node, list[fx.Node]] = {}
+    for node in early:
+        for i in set(node.all_input_nodes):
+            readers.setdefault(i, []).append(node)
+    order: list[fx.Node] = []
+    for node in nodes:
+        if node in early:
+            continue
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            order.append(current)
+            for reader in readers.get(current, ()):
+                missing[reader] -= 1
+                if not missing[reader]:
+                    stack.append(reader)
+    assert len(order) == len(nodes), "as_early_as_possible: an early node reads no node"
+    return order
 
 
 def forward_rules(forward: set[fx.Node]) -> dict[fx.Node, str]:

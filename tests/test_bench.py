@@ -109,3 +109,16 @@ def test_overhead_bench_writes_ratios(tmp_path):
         [(c, m) for c in ("function", "module") for m in ("fwd+bwd", "no_grad")]
     assert all(r["ratio_to_eager"]["aotgrad"] > 0 for r in data["rows"])
     assert "| function | fwd+bwd |" in (tmp_path / "overhead_cpu.md").read_text()
+
+
+def test_interleaved_steps_run_end_to_end_on_cpu(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "interleaved.py"), "--small", "--device", "cpu",
+         "--models", "tiny", "--modes", "eager,aotgrad_compile_eager", "--rounds", "2",
+         "--steps", "1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "interleaved.json").read_text())
+    assert row["model"] == "tiny" and row["eager"]["step"] > 0
+    assert row["aotgrad_compile_eager"]["host"] > 0
+    assert "| tiny | 1.0 |" in (tmp_path / "interleaved.md").read_text()

@@ -356,3 +356,25 @@ def test_an_input_compiled_without_grad_is_detached_when_it_requires_grad_later(
     b.sum().backward()  # frees b's history
     call.run((x, b)).sum().backward()  # as Dynamo calls it: no signature check
     torch.testing.assert_close(x.grad, b.detach())
+
+
+def sgd_step(w, x):
+    """An optimizer-like update of an input under no_grad: the runtime overwrites `w`, and
+    the backward needs its sizes."""
+    g = w * 2
+    with torch.no_grad():
+        w.add_(-0.1 * g)
+    return (w * x).sum()
+
+
+def sgd_inputs(batch):
+    return [torch.randn(batch, 3, requires_grad=True), torch.randn(batch, 3)]
+
+
+@pytest.mark.parametrize("door", list(EAGER_DOORS.values()), ids=list(EAGER_DOORS))
+def test_an_overwritten_input_compiles_for_dynamic_shapes(door):
+    """Its sizes are read off the input, not off the snapshot the backward alone reads
+    (which made the min cut fail, and the compile fall back to static shapes)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        check_sizes(door, sgd_step, sgd_inputs, [5, 6, 9])

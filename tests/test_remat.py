@@ -450,6 +450,27 @@ def test_small_values_broadcast_in_the_backward_are_saved(fn, args, saved, recom
     assert saved in names and recomputed not in names
 
 
+# ---- boolean masks the backward computes --------------------------------------------------
+
+def relu_then_mean(x, w):
+    """The backward of the relu needs only where its output is positive: a mask, a byte per
+    element, where the output (nothing else in the backward reads it) takes four."""
+    return torch.relu(x @ w).mean()
+
+
+def test_a_relus_mask_is_saved_instead_of_its_output():
+    x, w = torch.randn(64, 8), torch.randn(8, 128, requires_grad=True)
+    compiled = aotgrad.compile(relu_then_mean, backend=inductor_decomposed_eager())
+    (grad,) = torch.autograd.grad(compiled(x, w), w)
+    torch.testing.assert_close(grad, torch.autograd.grad(relu_then_mean(x, w), w)[0])
+    saved = {s.name: s for s in compiled.artifacts[0].saved}
+    (mask,) = [s for s in saved.values() if s.op == "aten.le.Scalar"]
+    assert mask.dtype == torch.bool and "relu" not in saved
+    # The forward computes it next to the relu, while the relu's output is alive anyway.
+    order = [n.name for n in compiled.artifacts[0].forward_graph.graph.nodes]
+    assert order.index(mask.name) < order.index("mean")
+
+
 # ---- recomputation that would outlive a kernel ----------------------------------------------
 
 def residual_stream(x, *weights):
