@@ -1,9 +1,11 @@
 """A memory budget: trade recomputation for a lower estimated peak, on a fixed curve.
 
-`memory_budget` in [0, 1] places a target peak between two ends: 1 is the min-cut plan's
-estimated peak, 0 the lowest estimated peak found. The budget picks the cheapest plan whose
-peak fits its target: at 1 the min-cut plan, unless a plan matches its peak with less
-recomputation (and so beats it on both counts). Plans are scored by the estimated peak of
+`memory_budget` in [0, 1] sets a target peak: the min-cut plan's estimated peak, less the
+share `1 - budget` of the activation memory that plan saves (`Curve.target`). At 1 that is the
+min-cut plan's peak; at 0 nothing saved is left in it, which only saving just the inputs could
+reach, so budgets below the lowest estimated peak found aim at that. The budget picks the
+cheapest plan whose peak fits its target: at 1 the min-cut plan, unless a plan matches its
+peak with less recomputation (and so beats it on both counts). Plans are scored by the estimated peak of
 the whole step (`memory`, not the sum of saved bytes) and by the compute they add
 (`plans.node_cost`: a matmul's or convolution's arithmetic counts, as the bytes that move
 in its time). Below budget 1 plans may recompute matmuls and convolutions (`Rule.COSTLY`);
@@ -43,14 +45,20 @@ class Curve:
     """The memory/compute trade-offs of one joint graph."""
 
     plans: tuple[Plan, ...]  # the Pareto front: increasing peak, decreasing cost
-    low_bytes: int  # the target of budget 0: the lowest peak found
+    low_bytes: int  # the lowest peak found: no budget aims below it
     high_bytes: int  # the target of budget 1: the min-cut plan's peak
+    saved_bytes: int  # what the min-cut plan saves for the backward
     solver: str
 
     def target(self, budget: float) -> int:
+        """The min-cut plan's peak, less the share `1 - budget` of what it saves: budget 0.5
+        keeps half the min cut's activation memory in the peak (as PyTorch's
+        `activation_memory_budget` keeps half its saved bytes), but counted at the peak.
+        Budgets the curve cannot reach aim at its lowest point."""
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"memory_budget must be in [0, 1], got {budget}")
-        return self.low_bytes + math.floor(budget * (self.high_bytes - self.low_bytes))
+        return max(self.low_bytes,
+                   self.high_bytes - math.floor((1.0 - budget) * self.saved_bytes))
 
 
 def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto",
@@ -66,7 +74,7 @@ def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto",
     low = min(p.peak_bytes for p in [everything, mincut, *seeds])
     found = seeds + SOLVERS[name](space, low, high)
     plans = pareto(p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high)
-    return Curve(tuple(plans), plans[0].peak_bytes, high, name)
+    return Curve(tuple(plans), plans[0].peak_bytes, high, mincut.memory.saved_bytes, name)
 
 
 def plan_for_budget(joint: fx.GraphModule, n: int, budget: float, solver: str = "auto") -> Plan:

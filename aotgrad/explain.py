@@ -69,8 +69,9 @@ class Explanation:
 
     def _curve_lines(self):
         c = self.curve
-        yield (f"memory/compute curve ({c.solver}; budget 0 -> {format_bytes(c.low_bytes)}, "
-               f"1 -> {format_bytes(c.high_bytes)}), budget {self.memory_budget}:")
+        yield (f"memory/compute curve ({c.solver}; peaks {format_bytes(c.low_bytes)} to "
+               f"{format_bytes(c.high_bytes)}; budget b aims at the top less (1 - b) x "
+               f"{format_bytes(c.saved_bytes)} saved), budget {self.memory_budget}:")
         yield from (f"  {'*' if p == self.chosen else ' '} peak {format_bytes(p.peak_bytes):>10}"
                     f"  recompute {format_bytes(p.recompute_cost):>10}" for p in c.plans)
 
