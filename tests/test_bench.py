@@ -122,3 +122,16 @@ def test_interleaved_steps_run_end_to_end_on_cpu(tmp_path):
     assert row["model"] == "tiny" and row["eager"]["step"] > 0
     assert row["aotgrad_compile_eager"]["host"] > 0
     assert "| tiny | 1.0 |" in (tmp_path / "interleaved.md").read_text()
+
+
+def test_peak_snapshot_finds_the_blocks_alive_at_the_peak():
+    spec = importlib.util.spec_from_file_location("peak_snapshot",
+                                                  REPO / "bench" / "peak_snapshot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    events = [{"action": "alloc", "addr": 1, "size": 10}, {"action": "alloc", "addr": 2, "size": 5},
+              {"action": "free_completed", "addr": 1}, {"action": "alloc", "addr": 3, "size": 8}]
+    assert module.alive_at_peak(events) == [(10, "?"), (5, "?")]
+    rows = [{"mode": "a", "blocks": [(10, "x"), (5, "y")]}, {"mode": "b", "blocks": [(10, "x")]}]
+    (line,) = module.differing_sizes(rows)
+    assert "a 1, b 0" in line
