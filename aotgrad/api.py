@@ -212,7 +212,7 @@ class CompiledModule(torch.nn.Module):
         self._slots = [_slot(module, n) for n in self._names]
         self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())
-        options = dataclasses.replace(options, num_params_buffers=len(self._names))
+        options = dataclasses.replace(options, static_inputs=tuple(range(len(self._names))))
         self.compiled = CompiledFunction(self._functional_forward, options, max_entries)
 
     def _functional_forward(self, *flat, **kwargs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -111,16 +111,16 @@ def fake_mode_for(graph_inputs: Sequence[torch.Tensor], dynamic: bool = False) -
 
 
 def fake_inputs(mode: FakeTensorMode, graph_inputs: Sequence[Any], dynamic: bool = False,
-                num_static: int = 0) -> list[Any]:
+                static: Collection[int] = ()) -> list[Any]:
     """Fresh fake tensors with the inputs' metadata; tracing may mutate them freely.
     A subclass input becomes the same subclass around fresh fake inner tensors. With
-    `dynamic`, real tensors get symbolic sizes, except the first `num_static` (parameters and
-    buffers, whose sizes do not change); Dynamo's fakes keep theirs, and its symbolic sizes
-    (graph inputs too) are used as they are."""
+    `dynamic`, real tensors get symbolic sizes, except those at the positions `static`
+    (parameters and buffers, whose sizes do not change); Dynamo's fakes keep theirs, and its
+    symbolic sizes (graph inputs too) are used as they are."""
     for i, t in enumerate(graph_inputs):
         if not is_size(t):
             subclasses.check_supported(t, f"graph input {i}")
-    return [_fake_input(mode, t, i, dynamic and i >= num_static)
+    return [_fake_input(mode, t, i, dynamic and i not in static)
             for i, t in enumerate(graph_inputs)]
 
 

@@ -51,8 +51,8 @@ def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompo
              dynamic=False) -> Options:
     backend = Backend(fw_compiler, bw_compiler or fw_compiler,
                       inference_compiler or fw_compiler, decompositions)
-    return Options(backend, partition_fn, keep_inference_input_mutations,
-                   num_params_buffers=num_params_buffers, dynamic=dynamic)
+    return Options(backend, partition_fn, keep_inference_input_mutations, dynamic=dynamic,
+                   static_inputs=tuple(range(num_params_buffers)))
 
 
 def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | None = None,

@@ -32,9 +32,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                       keep_inference_input_mutations)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
-        graph_options = replace(options,
-                                num_params_buffers=_num_leading_parameters(example_inputs),
-                                static_inputs=_static_inputs(gm, example_inputs))
+        graph_options = replace(options, static_inputs=_static_inputs(gm, example_inputs))
         call = compile_dynamo_graph(gm, dynamo_fakes(gm, example_inputs), graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
             lazy = CompiledFunction(gm, graph_options)
@@ -79,14 +77,6 @@ def dynamo_fakes(gm: torch.fx.GraphModule, example_inputs) -> list:
     if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
         return list(example_inputs)
     return fakes if is_symbolic(fakes) else list(example_inputs)
-
-
-def _num_leading_parameters(inputs) -> int:
-    """Dynamo lifts parameters as the first inputs; they live across calls."""
-    count = 0
-    while count < len(inputs) and isinstance(inputs[count], torch.nn.Parameter):
-        count += 1
-    return count
 
 
 def _static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:

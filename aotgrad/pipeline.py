@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,10 +39,11 @@ class Options:
     backend: Backend
     partition_fn: Callable = default_partition
     keep_inference_input_mutations: bool = False
-    num_params_buffers: int = 0
     dynamic: bool = False  # symbolic sizes for real inputs, checked by a guard per call
-    # Flat argument positions of other inputs that live across calls: Dynamo's parameters
-    # and buffers, which it interleaves as modules use them.
+    # Flat argument positions of the inputs that live across calls (parameters, buffers):
+    # their sizes stay static, and Inductor skips its per-call checks of them. A module's
+    # come first (functorch's `num_params_buffers`); Dynamo interleaves them as modules use
+    # them.
     static_inputs: tuple[int, ...] = ()
 
 
@@ -111,13 +113,14 @@ class Captured:
 
 def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
                         timer: _Timer | None = None, dynamic: bool = False,
-                        num_static: int = 0) -> Captured:
+                        static_inputs: Sequence[int] = ()) -> Captured:
     timer = timer if timer is not None else _Timer()
     with timer("capture"):
         layout = capture.layout_call(flat_args, in_spec)
         inputs = layout.graph_inputs(flat_args)
         fake_mode = capture.fake_mode_for(inputs, dynamic)
-        fakes = capture.fake_inputs(fake_mode, inputs, dynamic, num_static)
+        static = {g for g, p in enumerate(layout.first_position) if p in set(static_inputs)}
+        fakes = capture.fake_inputs(fake_mode, inputs, dynamic, static)
         box = capture.OutputBox()
         graph_fn = capture.flat_graph_fn(fn, layout, box)
     with timer("analysis"):
@@ -156,7 +159,7 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
                  options: Options) -> CompiledCall:
     timer = _Timer()
     c = capture_and_analyze(fn, flat_args, in_spec, timer, options.dynamic,
-                            options.num_params_buffers)
+                            options.static_inputs)
     build = _build_training if c.info.needs_autograd else _build_inference
     with compiling(getattr(fn, "__name__", type(fn).__name__)):
         call = build(c, options, timer)
@@ -405,14 +408,13 @@ def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range
 def _static_graph_inputs(gm: fx.GraphModule, options: Options,
                          layout: capture.CallLayout) -> tuple[int, ...]:
     """The graph inputs that live across calls. Inductor skips its per-call checks (address
-    alignment) for them. Positions beyond the leading parameters are mapped only where the
-    graph takes the call's inputs one for one (no subclass split, no synthetic base)."""
-    leading = tuple(range(options.num_params_buffers))
-    if not options.static_inputs or len(gm.graph.find_nodes(op="placeholder")) != \
-            layout.num_graph_inputs:
-        return leading
+    alignment) for them. Where the graph does not take the call's inputs one for one (a
+    subclass split, a synthetic base), only the leading ones are mapped: a module's state."""
     flat = set(options.static_inputs)
-    return tuple(g for g, p in enumerate(layout.first_position) if g < len(leading) or p in flat)
+    static = [p in flat for p in layout.first_position]
+    if len(gm.graph.find_nodes(op="placeholder")) != layout.num_graph_inputs:
+        return tuple(itertools.takewhile(static.__getitem__, range(len(static))))
+    return tuple(g for g, is_static in enumerate(static) if is_static)
 
 
 def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
