@@ -67,7 +67,8 @@ def with_sizes(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
 def with_masks(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
     """Add the boolean masks the backward computes from forward values alone (a relu's
     `x <= 0`), and the views they read: the forward can save a mask at a byte per element,
-    where the backward would need the value it tests, at two or four."""
+    where the backward would need the value it tests, at two or four. Not for values in a
+    checkpointed region (tagged "recompute"): the region is recomputed as a whole."""
     forward = set(forward)
     views: set[fx.Node] = set()  # backward views of forward values
     for node in joint.graph.nodes:
@@ -77,7 +78,9 @@ def with_masks(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
             if _is_view(node):
                 views.add(node)
             elif _is_mask(node):
-                forward |= ancestors([node], stop=forward)
+                added = ancestors([node], stop=forward)
+                if not any(n.meta.get("recompute") is not None for n in added & forward):
+                    forward |= added
     return forward
 
 

@@ -471,6 +471,23 @@ def test_a_relus_mask_is_saved_instead_of_its_output():
     assert order.index(mask.name) < order.index("mean")
 
 
+def checkpointed_relus(x, w1, w2):
+    return checkpoint(lambda *a: torch.relu(torch.relu(a[0] @ a[1]) @ a[2]), x, w1, w2,
+                      use_reentrant=False).sum()
+
+
+def test_a_checkpointed_region_saves_no_mask_of_its_values():
+    """The region is recomputed as a whole: a mask of one of its values, saved by the
+    forward, would keep part of it (and made its relu a value read after the region)."""
+    x, w1, w2 = torch.randn(64, 32), torch.randn(32, 128), torch.randn(128, 32)
+    weights = [w.requires_grad_() for w in (w1, w2)]
+    compiled = aotgrad.compile(checkpointed_relus, backend=inductor_decomposed_eager())
+    grads = torch.autograd.grad(compiled(x, *weights), weights)
+    expected = torch.autograd.grad(checkpointed_relus(x, *weights), weights)
+    torch.testing.assert_close(grads, expected)
+    assert saved_ops(compiled.artifacts[0]) == {"placeholder"}
+
+
 # ---- recomputation that would outlive a kernel ----------------------------------------------
 
 def residual_stream(x, *weights):
