@@ -95,30 +95,6 @@ def hoist_masks(joint: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
     return joint
 
 
-def as_early_as_possible(nodes: Sequence[fx.Node], early: set[fx.Node]) -> list[fx.Node]:
-    """`nodes` (topologically ordered) with each of `early` moved up to just after the last
-    of its inputs; the others keep their order."""
-    missing = {node: len(set(node.all_input_nodes)) for node in early}
-    readers: dict[fx.Node, list[fx.Node]] = {}
-    for node in early:
-        for i in set(node.all_input_nodes):
-            readers.setdefault(i, []).append(node)
-    order: list[fx.Node] = []
-    for node in nodes:
-        if node in early:
-            continue
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            order.append(current)
-            for reader in readers.get(current, ()):
-                missing[reader] -= 1
-                if not missing[reader]:
-                    stack.append(reader)
-    assert len(order) == len(nodes), "as_early_as_possible: an early node reads no node"
-    return order
-
-
 def forward_rules(forward: set[fx.Node]) -> dict[fx.Node, str]:
     """The `Rule` of every forward value."""
     return {node: rule_of(node, forward) for node in forward}
@@ -430,3 +406,28 @@ def _place(node: fx.Node, late: set, placed: set, order: list) -> None:
         stack.append((current, True))
         stack.extend((i, False) for i in reversed(current.all_input_nodes)
                      if i in late and i not in placed)
+
+
+def as_early_as_possible(nodes: Sequence[fx.Node], early: set[fx.Node]) -> list[fx.Node]:
+    """`nodes` (topologically ordered) with each of `early` moved up to just after the last
+    of its inputs; the others keep their order."""
+    missing = {node: len(set(node.all_input_nodes)) for node in early}
+    readers: dict[fx.Node, list[fx.Node]] = {}
+    for node in nodes:  # in graph order, not the set's: the order made is deterministic
+        if node in early:
+            for i in dict.fromkeys(node.all_input_nodes):
+                readers.setdefault(i, []).append(node)
+    order: list[fx.Node] = []
+    for node in nodes:
+        if node in early:
+            continue
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            order.append(current)
+            for reader in readers.get(current, ()):
+                missing[reader] -= 1
+                if not missing[reader]:
+                    stack.append(reader)
+    assert len(order) == len(nodes), "as_early_as_possible: an early node reads no node"
+    return order

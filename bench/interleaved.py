@@ -1,7 +1,8 @@
 """Two modes' training steps in one process, taking turns: step time without process noise.
 
     python bench/interleaved.py --models gpt2,resnet50 --out bench/results/DIR
-    python bench/interleaved.py --small --device cpu --models mlp --modes eager,aotgrad_compile_eager
+    python bench/interleaved.py --small --device cpu --models mlp \
+        --modes eager,aotgrad_compile_eager
 
 `run.py` gives each row a process of its own. A host-bound step (ResNet-50 at batch 64
 launches ~560 kernels for 11 ms of GPU work) then varies by several percent from one

@@ -17,8 +17,8 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
 import aotgrad
 from aotgrad.flow import FlowNetwork
 from aotgrad.partition import default_partition
-from aotgrad.remat import (Rule, forward_rules, forward_values, just_in_time_order,
-                           min_cut_rematerialization_partition)
+from aotgrad.remat import (Rule, as_early_as_possible, forward_rules, forward_values,
+                           just_in_time_order, min_cut_rematerialization_partition)
 from aotgrad.verify import verify_partition
 
 aten = torch.ops.aten
@@ -221,6 +221,20 @@ def test_just_in_time_order_keeps_the_others_in_order():
     assert just_in_time_order(nodes, {a, b}.__contains__) == [b, c, a, d]
     assert just_in_time_order(nodes, lambda n: False) == nodes
     assert just_in_time_order([a, b], {a, b}.__contains__) == [a, b]  # only outputs read them
+
+
+def test_as_early_as_possible_moves_nodes_up_to_their_last_input():
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    a = g.call_function(aten.sin.default, (x,))
+    b = g.call_function(aten.cos.default, (y,))
+    c = g.call_function(aten.neg.default, (a,))
+    d = g.call_function(aten.le.Scalar, (a, 0))  # early: right after `a`
+    e = g.call_function(aten.logical_not.default, (d,))  # early, reading an early node
+    f = g.call_function(aten.mul.Tensor, (a, b))  # early: after `b`, its last input
+    nodes = [x, y, a, b, c, d, e, f]
+    assert as_early_as_possible(nodes, {d, e, f}) == [x, y, a, d, e, b, f, c]
+    assert as_early_as_possible(nodes, set()) == nodes
 
 
 # ---- activation checkpointing ---------------------------------------------------------------
