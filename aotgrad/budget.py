@@ -7,8 +7,7 @@ reach, so budgets below the lowest estimated peak found aim at that. The budget 
 cheapest plan whose peak fits its target: at 1 the min-cut plan, unless a plan matches its
 peak with less recomputation (and so beats it on both counts). Plans are scored by the
 estimated peak of the whole step (`memory`, not the sum of saved bytes) and by the compute they
-add
-(`plans.node_cost`: a matmul's or convolution's arithmetic counts, as the bytes that move
+add (`plans.node_cost`: a matmul's or convolution's arithmetic counts, as the bytes that move
 in its time). Below budget 1 plans may recompute matmuls and convolutions (`Rule.COSTLY`);
 budget 1, like the min cut, does not. The plan that saves only what cannot be recomputed
 (inputs, attention, random values) is always scored, but it need not have the lowest peak:
