@@ -157,7 +157,16 @@ def needs_functionalization(target) -> bool:
     plain ATen op (a higher-order op: what it runs inside is unknown)."""
     if not isinstance(target, torch._ops.OpOverload):
         return True
-    return target._schema.is_mutable or target in ERROR_CHECKS or _has_effect(target)
+    return (target._schema.is_mutable or target in UNMARKED_MUTATIONS or target in ERROR_CHECKS
+            or _has_effect(target))
+
+
+# Ops that update arguments in place although their schemas do not mark it: batch norm's
+# kernels, in training mode, write the running statistics they are given.
+UNMARKED_MUTATIONS = frozenset({
+    aten.native_batch_norm.default, aten.cudnn_batch_norm.default,
+    aten.miopen_batch_norm.default,
+})
 
 
 def _has_effect(op) -> bool:

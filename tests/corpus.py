@@ -741,6 +741,17 @@ def sgd_step_under_no_grad(w, x):
     return (w * x).sum()
 
 
+def _running_stats():
+    return call(leaf(6, 3, 5), const(3), const(3).abs() + 0.5, leaf(3), leaf(3))
+
+
+@case(_running_stats)
+def functional_batch_norm_updates_running_stats(x, mean, var, w, b):
+    """The kernel writes `mean` and `var` although its schema does not say so: no in-place op
+    in sight, yet the function mutates its inputs."""
+    return F.batch_norm(x, mean, var, w, b, training=True, momentum=0.3).tanh()
+
+
 @case(lambda: call(nonleaf(3, 4), leaf(4)))
 def mutate_input_after_saving_its_view(x, w):
     # mul saves the view x[0]; the mutation of x changes it: eager's backward raises.
