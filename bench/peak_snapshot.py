@@ -1,6 +1,7 @@
 """What is alive at the peak of a training step, for two compilers side by side.
 
-    python bench/peak_snapshot.py resnet50 [--modes torch_compile,aotgrad_dynamo] [--out DIR]
+    python bench/peak_snapshot.py resnet50 [--modes torch_compile,aotgrad_dynamo]
+        [--budget 0.2] [--out DIR]
 
 Each mode runs in its own process (as in run.py): it compiles, warms up, then records the
 caching allocator's trace over one step. Replaying the trace finds the moment most memory
@@ -51,12 +52,16 @@ def alive_at_peak(events: list[dict]) -> list[tuple[int, str]]:
     return sorted(at_best.values(), key=lambda block: -block[0])
 
 
-def snapshot_row(model_name: str, mode_name: str) -> dict:
-    job = bench.Job(model_name, mode_name, None, False, "cuda", 3, 1)
+def snapshot_row(model_name: str, mode_name: str, budget: float | None) -> dict:
+    job = bench.Job(model_name, mode_name, budget, False, "cuda", 3, 1)
     torch.manual_seed(0)
     model, batch, use_autocast = bench.prepare(job)
-    step = bench.make_step(model, bench.MODES[mode_name].compile(model, None, []), batch,
-                           use_autocast)
+    mode = bench.MODES[mode_name]
+    compiled_step = bench.make_step(model, mode.compile(model, budget, []), batch, use_autocast)
+
+    def step():  # PyTorch reads its budget when it partitions, at the first call
+        with mode.config(budget):
+            return compiled_step()
     for _ in range(job.warmup):
         step()
     torch.cuda.synchronize()
@@ -86,16 +91,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model", nargs="?", default="resnet50")
     parser.add_argument("--modes", default="torch_compile,aotgrad_dynamo")
+    parser.add_argument("--budget", type=float, default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:  # one mode, in a process of its own
-        print(json.dumps(snapshot_row(args.model, args.modes)))
+        print(json.dumps(snapshot_row(args.model, args.modes, args.budget)))
         return
     rows = []
     for mode in args.modes.split(","):
-        proc = subprocess.run([sys.executable, __file__, args.model, "--modes", mode, "--worker"],
-                              capture_output=True, text=True, check=True)
+        budget = [] if args.budget is None else ["--budget", str(args.budget)]
+        proc = subprocess.run([sys.executable, __file__, args.model, "--modes", mode, "--worker",
+                               *budget], capture_output=True, text=True, check=True)
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
