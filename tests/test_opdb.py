@@ -50,9 +50,9 @@ def op_param(op, xfail: dict[str, str]):
     return pytest.param(op, id=name, marks=marks)
 
 
-def check_op(op, xfail: dict[str, str], pass_name: str = "static") -> None:
+def check_op(op, xfail: dict[str, str], pass_name: str = "static", backend="eager") -> None:
     """One sample of `op` through the sweep's pass; a failure for its listed cause is known."""
-    result = opdb_sweep.run_op(op, samples=1, backend="eager", pass_name=pass_name)
+    result = opdb_sweep.run_op(op, samples=1, backend=backend, pass_name=pass_name)
     if result.status == opdb_sweep.SKIPPED:
         pytest.skip(result.reason)  # the sweep's verdict: eager raises, or not comparable
     if result.status == opdb_sweep.FAILED and result.reason == xfail.get(result.op):
@@ -68,6 +68,17 @@ SAMPLE = [op_param(op, XFAIL)
 @pytest.mark.parametrize("op", SAMPLE)
 def test_op_matches_eager(op):
     check_op(op, XFAIL)
+
+
+# Budget 0 on the graphs Inductor would get: matmuls and convolutions recomputed, boolean
+# masks saved, the most the partitioner can change. An eighth of the ops, ~10 s.
+BUDGET_SAMPLE = [op_param(op, XFAIL)
+                 for op in opdb_sweep.select_ops(every=8, comparable_only=True)]
+
+
+@pytest.mark.parametrize("op", BUDGET_SAMPLE)
+def test_op_matches_eager_at_budget_zero_with_inductors_decompositions(op):
+    check_op(op, XFAIL, backend=opdb_sweep.decomposed(memory_budget=0.0))
 
 
 # ---- the sweep's own tables stay true to op_db -----------------------------------------------

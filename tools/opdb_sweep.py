@@ -18,6 +18,7 @@ knowledge lives in `tools/opdb_tables.py`, the comparisons in `tools/opdb_compar
     python -m tools.opdb_sweep --ops add,nn.functional.conv2d --json /tmp/opdb.json
     python -m tools.opdb_sweep --pass static,double_backward --samples 1 --every 4
     python -m tools.opdb_sweep --pass static,dynamic --samples 1 --every 10
+    python -m tools.opdb_sweep --decomposed --budget 0 --samples 1   # recomputing the most
 """
 
 from __future__ import annotations
@@ -184,7 +185,23 @@ def run_sweep(ops: Iterable[str] | None = None, samples: int = 2, backend: str =
         results.append(run_op(op, samples, backend, pass_name=pass_name))
         if progress is not None:
             progress(results[-1])
-    return SweepResult(tuple(results), samples, backend, pass_name)
+    return SweepResult(tuple(results), samples, describe_backend(backend), pass_name)
+
+
+def describe_backend(backend: str | dict) -> str:
+    if isinstance(backend, str):
+        return backend
+    name = backend["backend"]
+    name = name if isinstance(name, str) else "eager with Inductor's decompositions"
+    return f"{name}, memory_budget={backend.get('memory_budget')}"
+
+
+def decomposed(memory_budget: float | None = None) -> dict:
+    """Compile options: the eager backend with Inductor's decompositions (the graphs Inductor
+    partitions, run eagerly) and a memory budget."""
+    from aotgrad.backends import Backend, _inductor_decompositions, eager_compiler
+    backend = Backend(eager_compiler, eager_compiler, eager_compiler, _inductor_decompositions())
+    return {"backend": backend, "memory_budget": memory_budget}
 
 
 def run_op(op, samples: int = 2, backend: str = "eager",
@@ -241,7 +258,14 @@ def check_sample(op, sample, backend: str) -> None:
     """Eager and compiled agree on this sample, or raise `Mismatch` (or whatever aotgrad
     raised); `Skip` when eager itself raises or the outputs cannot be compared."""
     fn, tensors = sample_function(op, sample)
-    compare_call(op, sample, fn, aotgrad.compile(fn, backend=backend), tensors)
+    compare_call(op, sample, fn, compile_with(fn, backend), tensors)
+
+
+def compile_with(fn: Callable, backend: str | dict, **options) -> Callable:
+    """`aotgrad.compile(fn)`: `backend` is a backend's name, or the compile's keyword
+    arguments (a backend, a memory budget)."""
+    given = dict(backend) if isinstance(backend, dict) else {"backend": backend}
+    return aotgrad.compile(fn, **given, **options)
 
 
 def compare_call(op, sample, fn: Callable, compiled: Callable, tensors) -> None:
@@ -332,7 +356,7 @@ def check_sample_double_backward(op, sample, backend: str) -> None:
     if expected is None:
         raise Skip("no differentiable output")
     torch.manual_seed(RANDOM_OP_SEED)  # compiling draws nothing: tracing runs on fakes
-    out = aotgrad.compile(fn, backend=backend)(*compiled_inputs)
+    out = compile_with(fn, backend)(*compiled_inputs)
     state = torch.get_rng_state()
     actual = second_order_grads(sample, out, compiled_inputs)
     if not torch.equal(torch.get_rng_state(), state):
@@ -381,7 +405,7 @@ def check_sample_dynamic(op, sample, backend: str) -> str:
     """`check_sample` compiled with dynamic=True, then the same compiled function on the
     sample grown; returns whether the first graph served the grown sample."""
     fn, tensors = sample_function(op, sample)
-    compiled = aotgrad.compile(fn, backend=backend, dynamic=True)
+    compiled = compile_with(fn, backend, dynamic=True)
     compare_call(op, sample, fn, compiled, tensors)
     refuse_static_fallback(compiled)
     grown = grow_tensors(tensors)
@@ -493,7 +517,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ops = args.ops.split(",") if args.ops else None
     progress = _print_progress if args.verbose else None
-    results = [run_sweep(ops, args.samples, args.backend, args.every, progress, name)
+    backend = decomposed(args.budget) if args.decomposed else args.backend
+    if args.budget is not None and not args.decomposed:
+        backend = {"backend": args.backend, "memory_budget": args.budget}
+    results = [run_sweep(ops, args.samples, backend, args.every, progress, name)
                for name in args.passes.split(",")]
     print("\n\n".join(r.summary() for r in results))
     if len(results) > 1:
@@ -513,6 +540,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=1, help="run every K-th op only")
     p.add_argument("--ops", help="comma-separated op names or ids (name.variant)")
     p.add_argument("--backend", default="eager", help="aotgrad backend (default eager)")
+    p.add_argument("--decomposed", action="store_true",
+                   help="the eager backend with Inductor's decompositions")
+    p.add_argument("--budget", type=float, help="memory_budget (default: the min cut)")
     p.add_argument("--pass", dest="passes", default="static",
                    help=f"comma-separated passes: {', '.join(PASSES)} (default static)")
     p.add_argument("--json", help="also write the full results to this file")
