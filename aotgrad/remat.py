@@ -73,19 +73,21 @@ def forward_values(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
     """The values the forward computes (or may save): inputs, ancestors of its outputs,
     the elements of its tuples, and the sizes and boolean masks the backward computes from
     them (cheaper to save than what they are computed from)."""
+    return with_masks(_computed_forward(joint, num_fwd_outputs), joint)
+
+
+def _computed_forward(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    """The forward values but the masks: what the forward computes for its outputs."""
     primals = joint_parts(joint, num_fwd_outputs)[0]
     fw_roots, _ = joint_roots(joint, num_fwd_outputs)
-    forward = with_tuple_elements(ancestors(fw_roots) | set(primals))
-    return with_masks(with_sizes(forward, joint), joint)
+    return with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint)
 
 
 def hoist_masks(joint: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
     """Move each mask the backward computes from forward values (and the views it reads) to
     just after what it reads: a forward that saves it computes it there, while the value it
     tests is alive anyway, not at its end."""
-    primals = joint_parts(joint, num_fwd_outputs)[0]
-    fw_roots, _ = joint_roots(joint, num_fwd_outputs)
-    forward = with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint)
+    forward = _computed_forward(joint, num_fwd_outputs)
     masked = with_masks(forward, joint) - forward
     if masked:
         order = as_early_as_possible(list(joint.graph.nodes), masked)
