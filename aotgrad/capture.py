@@ -44,6 +44,11 @@ class CallLayout:
     def graph_inputs(self, flat_args: Sequence[Any]) -> list[torch.Tensor]:
         return [flat_args[p] for p in self.first_position]
 
+    def graph_positions(self, flat_positions: Sequence[int]) -> tuple[int, ...]:
+        """The graph inputs that are the flat arguments at `flat_positions`, in order."""
+        wanted = set(flat_positions)
+        return tuple(g for g, p in enumerate(self.first_position) if p in wanted)
+
     def rebuild(self, graph_inputs: Sequence[Any]) -> list[Any]:
         """The flat argument list, from graph inputs plus the baked constants."""
         return [

@@ -119,8 +119,8 @@ def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.
         layout = capture.layout_call(flat_args, in_spec)
         inputs = layout.graph_inputs(flat_args)
         fake_mode = capture.fake_mode_for(inputs, dynamic)
-        static = {g for g, p in enumerate(layout.first_position) if p in set(static_inputs)}
-        fakes = capture.fake_inputs(fake_mode, inputs, dynamic, static)
+        fakes = capture.fake_inputs(fake_mode, inputs, dynamic,
+                                    set(layout.graph_positions(static_inputs)))
         box = capture.OutputBox()
         graph_fn = capture.flat_graph_fn(fn, layout, box)
     with timer("analysis"):
@@ -410,11 +410,10 @@ def _static_graph_inputs(gm: fx.GraphModule, options: Options,
     """The graph inputs that live across calls. Inductor skips its per-call checks (address
     alignment) for them. Where the graph does not take the call's inputs one for one (a
     subclass split, a synthetic base), only the leading ones are mapped: a module's state."""
-    flat = set(options.static_inputs)
-    static = [p in flat for p in layout.first_position]
+    static = layout.graph_positions(options.static_inputs)
     if len(gm.graph.find_nodes(op="placeholder")) != layout.num_graph_inputs:
-        return tuple(itertools.takewhile(static.__getitem__, range(len(static))))
-    return tuple(g for g, is_static in enumerate(static) if is_static)
+        return tuple(itertools.takewhile(lambda k: static[k] == k, range(len(static))))
+    return static
 
 
 def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
