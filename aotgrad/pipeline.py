@@ -419,4 +419,8 @@ def _static_graph_inputs(gm: fx.GraphModule, options: Options,
 def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
     example_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     set_graph_being_compiled(gm.meta[GRAPH_INFO].role)
-    return as_boxed(compiler(gm, example_inputs))
+    # The graph holds autocast's casts already. A call's autocast must not reach the compiler:
+    # Inductor retraces its pattern replacements (attention, for one), and autocast would
+    # recast them against the graph's dtypes.
+    with torch._C._DisableAutocast():
+        return as_boxed(compiler(gm, example_inputs))

@@ -121,3 +121,22 @@ def test_dynamo_parameters_and_buffers_reach_the_compiler_as_static_inputs():
         torch.randn(2, 3, 8, 8)).sum().backward()
     (static, count, image), = seen
     assert set(static) == set(range(count)) - set(image) and len(image) == 1
+
+
+def test_inductor_compiles_outside_the_calls_autocast():
+    """The graph holds autocast's casts; Inductor retraces its attention-with-dropout pattern,
+    and under the caller's autocast that retrace would cast against the graph's dtypes."""
+    def attend(q, k, v, w):
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             dropout_p=0.1)
+        return a.transpose(1, 2).flatten(2) @ w
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    w = torch.randn(32, 8, requires_grad=True)
+    compiled = aotgrad.compile(attend)
+    # A cached artifact compiled right would hide the fault.
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = compiled(q, k, v, w), attend(q, k, v, w)
+    assert (out.dtype, out.shape) == (expected.dtype, expected.shape)
+    out.float().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == t.dtype for t in (q, k, v, w))
