@@ -7,6 +7,7 @@ front doors (`api`, `compat`, `dynamo`) add pytrees, caching and modules around 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import itertools
 import time
@@ -206,8 +207,8 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         compiled_fw = _compile(options.backend.fw_compiler, fw)
     restride_saved(fw, bw, n)
     with timer("compile_backward"):
-        compiled_bw = random_values.without_held_values(
-            _compile(options.backend.bw_compiler, bw), bw)
+        compiled_bw = random_values.compile_without_held_values(
+            functools.partial(_compile, options.backend.bw_compiler), bw)
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(

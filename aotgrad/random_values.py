@@ -13,8 +13,8 @@ forward's is exact.
   `rand_like(x) > p`). `through_passes` carries the tags through the backend's graph passes.
 - After partitioning, `hold_random_values` makes each such value a saved value of the
   forward. Most already are (dropout's backward reads its mask); one the backward does not
-  read (noise added to an activation) is saved anyway, passed to the backward unused and
-  freed with the others by a first-order backward.
+  read (noise added to an activation) is saved anyway; a first-order backward drops it
+  from its arguments, and its compiled graph does not take it.
 - The replay is traced with the same ops (under the python dispatcher, as the joint is) and
   `draw_from_forward` makes each random op run under `_ForwardValues`: a dispatch mode,
   below autograd, that hands out the forward's values instead of drawing. Autograd records
@@ -191,18 +191,29 @@ def _add_backward_input(bw: fx.GraphModule, position: int, value: fx.Node) -> No
     bw.recompile()
 
 
-def without_held_values(backward: Callable, bw: fx.GraphModule) -> Callable:
-    """The compiled (boxed) `backward`, dropping the values held for a replay from its
-    arguments first: a first-order backward frees them at its start, as it frees the
-    forward's inputs, not when it returns (a compiled graph keeps its unused inputs)."""
+def compile_without_held_values(compile: Callable[[fx.GraphModule], Callable],
+                                bw: fx.GraphModule) -> Callable:
+    """`compile(bw)`, but the compiler gets a copy of `bw` without the inputs held for a
+    replay, and the compiled (boxed) backward drops them from its arguments. A first-order
+    backward so frees them at its start, as it frees the forward's inputs (a compiled graph
+    keeps its unused inputs to the end), and the compiler never sees an input it does not
+    read (Inductor checks each input's address; a placeholder given None fails there)."""
     placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
     held = [i for i, n in enumerate(placeholders) if n.meta.get(HELD_FOR_REPLAY)]
     if not held:
-        return backward
+        return compile(bw)
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(bw.graph, {}))
+    for node in graph.find_nodes(op="placeholder"):
+        if node.meta.get(HELD_FOR_REPLAY):
+            graph.erase_node(node)
+    stripped = fx.GraphModule(bw, graph)
+    stripped.meta.update(bw.meta)
+    backward = compile(stripped)
 
     def run(args: list):
-        for i in held:
-            args[i] = None
+        for i in reversed(held):
+            del args[i]
         return backward(args)
 
     run._boxed_call = True
