@@ -421,6 +421,23 @@ def test_the_forward_saves_more_only_for_random_values_the_backward_does_not_rea
     assert len(held_for_replay(noise)) == 1  # the noise: its backward reads x @ w + noise
 
 
+def test_the_compiled_backward_takes_no_held_value():
+    """The compiler never sees an input the backward does not read: Inductor checks every
+    input's address on CUDA, and the runner frees the held values by dropping them."""
+    seen = []
+
+    def compiler(gm, example_inputs):
+        seen.append([n.name for n in gm.graph.find_nodes(op="placeholder")])
+        return gm
+
+    x, w = leaf(5, 4), leaf(4, 4)
+    compiled = aotgrad.compile(RANDOM["noise"], backend=compiler)
+    compiled(x, w).backward()
+    (held,) = held_for_replay(compiled)
+    _, backward_inputs = seen
+    assert held not in backward_inputs and x.grad is not None and w.grad is not None
+
+
 class FirstOpSees(TorchDispatchMode):
     """Whether `ref` was dead when each op ran."""
 
