@@ -117,12 +117,7 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
         i for i in info.user_outputs if isinstance(outputs[i], fx.Node)]
     body, checks = split_checks(gm)  # Inductor would drop or reorder them
     fake_mode = detect_fake_mode(example_inputs)
-    # The graph's order is aotgrad's memory schedule (recomputation just in time, masks next
-    # to what they test), which the peak estimate assumes. Inductor's own reordering by its
-    # peak estimate moved GPT-2's weight-gradient matmuls to the end of the backward, so
-    # every layer's activation gradients stayed alive to the end.
-    with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)), \
-            torch._inductor.config.patch(reorder_for_peak_memory=False):
+    with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
         with TracingContext.report_output_strides() as strides:
             compiled = compile_fx_inner(
                 body, example_inputs,
