@@ -20,6 +20,7 @@ from .dynamic import DynamicShapesUnsupported, is_size
 aten = torch.ops.aten
 
 from .effects import checks_by_phase
+from .memory import is_alias
 
 
 def joint_parts(joint: fx.GraphModule, num_fwd_outputs: int):
@@ -75,17 +76,13 @@ def with_masks(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
         if node in forward or node.op != "call_function":
             continue
         if all(i in forward or i in views for i in node.all_input_nodes):
-            if _is_view(node):
+            if is_alias(node):
                 views.add(node)
             elif _is_mask(node):
                 added = ancestors([node], stop=forward)
                 if not any(n.meta.get("recompute") is not None for n in added & forward):
                     forward |= added
     return forward
-
-
-def _is_view(node: fx.Node) -> bool:
-    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
 
 
 def _is_mask(node: fx.Node) -> bool:
