@@ -24,6 +24,9 @@ GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
 # gm.meta key where a backend reports the strides its outputs really have, when it chose a
 # layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.
 OUTPUT_STRIDES = "aotgrad_output_strides"
+# node.meta key on a backward's placeholder: a saved value that nothing else holds when the
+# backward runs. The compiler may free it early or write into its memory (Inductor does).
+DONATED = "aotgrad_donated"
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,15 @@ def make_boxed_compiler(compiler: Callable) -> Callable:
     return boxed_compiler
 
 
+def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` whose nodes and their meta dicts may be changed freely."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    copy = fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    return copy
+
+
 def as_boxed(compiled: Callable) -> Callable:
     return compiled if getattr(compiled, "_boxed_call", False) else make_boxed_func(compiled)
 
@@ -117,7 +129,11 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
         i for i in info.user_outputs if isinstance(outputs[i], fx.Node)]
     body, checks = split_checks(gm)  # Inductor would drop or reorder them
     fake_mode = detect_fake_mode(example_inputs)
-    with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
+    context = TracingContext(fake_mode)
+    donated = donated_inputs(gm) if info.role == "backward" else None
+    if donated is not None:
+        context.fw_metadata = _InductorBackwardMeta(donated)
+    with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated):
         with TracingContext.report_output_strides() as strides:
             compiled = compile_fx_inner(
                 body, example_inputs,
@@ -129,6 +145,30 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     if checks is None:
         return compiled
     return run_checks_after(as_boxed(compiled), checks, len(outputs))
+
+
+def donated_inputs(gm: fx.GraphModule) -> list[int]:
+    return [i for i, n in enumerate(gm.graph.find_nodes(op="placeholder")) if n.meta.get(DONATED)]
+
+
+@dataclass(frozen=True)
+class _InductorBackwardMeta:
+    """The one field of AOTAutograd's metadata that `compile_fx_inner` reads for a backward:
+    the inputs it may reuse the memory of (`DonatedBuffer`s)."""
+
+    bw_donated_idxs: list[int]
+
+
+def _cache_key_tag(donated: list[int] | None):
+    """Inductor's FX graph cache keys a graph by its code, not by which inputs it may write
+    into. A backward compiled to reuse a saved value's memory must never be served where that
+    value is still held elsewhere (an input, or a `retain_graph` backward): the donated inputs
+    go into the key. All of aotgrad's backwards are tagged, so none shares an entry with a
+    backward that torch's AOTAutograd compiled with its own donations."""
+    if donated is None:
+        return contextlib.nullcontext()
+    tag = torch.compiler.config.cache_key_tag
+    return torch.compiler.config.patch(cache_key_tag=f"{tag}|aotgrad backward donates {donated}")
 
 
 def inductor_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:

@@ -6,6 +6,7 @@ front doors (`api`, `compat`, `dynamo`) add pytrees, caching and modules around 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import gc
@@ -18,10 +19,11 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import aliasing, analysis, capture, joint, pure, random_values, subclasses
-from .backends import (GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed, compiling,
-                       set_graph_being_compiled)
+from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed,
+                       compiling, copy_graph, set_graph_being_compiled)
 from .cse import eliminate_common_subexpressions
 from .double_backward import DoubleBackward
 from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
@@ -29,7 +31,7 @@ from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_
 from .memory import base_of, tensor_bytes
 from .partition import default_partition
 from .remat import forward_values, hoist_masks
-from .runtime import CompiledCall, RuntimePlan
+from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan
 from .stale import StaleBackward, find_stale_outputs
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
 from .verify import verify, verify_partition
@@ -201,14 +203,16 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
         held = random_values.hold_random_values(fw, bw, n, random_ops.ops)
         verify_partition(fw, bw, n)
+        mark_donated(fw, bw, n)
     _attach(fw, "forward", options, _plain_range(edge, info), c.layout)
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
     with timer("compile_forward"):
         compiled_fw = _compile(options.backend.fw_compiler, fw)
     restride_saved(fw, bw, n)
+    compile_bw = functools.partial(random_values.compile_without_held_values,
+                                   functools.partial(_compile, options.backend.bw_compiler))
     with timer("compile_backward"):
-        compiled_bw = random_values.compile_without_held_values(
-            functools.partial(_compile, options.backend.bw_compiler), bw)
+        compiled_bw = compile_bw(bw)
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
@@ -225,6 +229,9 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
     call.double_backward = _double_backward(c, edge, fw, n, held)
     call.stale = c.stale
+    if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
+        call.backward_keeping_saved = CompiledOnFirstCall(
+            lambda: compile_bw(_without_donations(bw)))
     return _with_subclasses(edge, call)
 
 
@@ -277,6 +284,8 @@ def _with_subclasses(edge: subclasses.Boundary, call: CompiledCall) -> CompiledC
         call.forward = edge.wrap_forward(call.forward)
         if call.backward is not None:
             call.backward = edge.wrap_backward(call.backward)
+        if call.backward_keeping_saved is not None:
+            call.backward_keeping_saved = edge.wrap_backward(call.backward_keeping_saved)
     return call
 
 
@@ -360,6 +369,50 @@ def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) 
                 f"aotgrad: the forward's compiler chose strides {tuple(stride)} for {node.name}, "
                 "a saved value of symbolic shape; compile with dynamic=False.")
         node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
+
+
+def mark_donated(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:
+    """Mark the backward's inputs whose memory nothing but the backward holds: saved values
+    that are no input's, no other output's, and that no gradient is a view of. The compiler
+    may free them early or reuse their memory; the runtime gives them up to the backward
+    (CompiledGraph.backward says when it cannot)."""
+    if _swaps_storage(fw) or _swaps_storage(bw):  # the traced storages are not the real ones
+        return
+    outputs = list(fw.graph.output_node().args[0])
+    # Each holder of a memory counts once: the inputs, and every output (one listed twice is
+    # held twice).
+    holders = [*fw.graph.find_nodes(op="placeholder"), *outputs]
+    memory = collections.Counter(key for node in holders for key in _memory_keys(node))
+    returned = {base_of(g) for g in bw.graph.output_node().args[0] if isinstance(g, fx.Node)}
+    for value, inp in zip(outputs[num_fw_outputs:], bw.graph.find_nodes(op="placeholder")):
+        keys = _memory_keys(value)
+        if keys and all(memory[k] == 1 for k in keys) and inp not in returned \
+                and not inp.meta.get(random_values.HELD_FOR_REPLAY):
+            inp.meta[DONATED] = True
+
+
+def _without_donations(bw: fx.GraphModule) -> fx.GraphModule:
+    keeping = copy_graph(bw)
+    for node in keeping.graph.find_nodes(op="placeholder"):
+        node.meta.pop(DONATED, None)
+    return keeping
+
+
+def _memory_keys(node) -> tuple:
+    """Who owns a value's memory, as the graph says (its base node) and as the trace saw it
+    (its storage); none where unknown, which donates nothing."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
+        return ()
+    return base_of(node), StorageWeakRef(val.untyped_storage())
+
+
+def _swaps_storage(gm: fx.GraphModule) -> bool:
+    return any(getattr(n.target, "overloadpacket", None) in _STORAGE_SWAPS
+               for n in gm.graph.nodes)
+
+
+_STORAGE_SWAPS = (torch.ops.aten.set_, torch.ops.aten.resize_, torch.ops.aten.resize_as_)
 
 
 def _saved_values(fw: fx.GraphModule, num_fw_outputs: int) -> list:

@@ -37,6 +37,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .backends import copy_graph
 from .tables import DRAWN_OPS
 
 RANDOM_VALUE = "aotgrad_random_value"  # node.meta key: (random op index, output index)
@@ -202,13 +203,11 @@ def compile_without_held_values(compile: Callable[[fx.GraphModule], Callable],
     held = [i for i, n in enumerate(placeholders) if n.meta.get(HELD_FOR_REPLAY)]
     if not held:
         return compile(bw)
-    graph = fx.Graph()
-    graph.output(graph.graph_copy(bw.graph, {}))
-    for node in graph.find_nodes(op="placeholder"):
+    stripped = copy_graph(bw)
+    for node in stripped.graph.find_nodes(op="placeholder"):
         if node.meta.get(HELD_FOR_REPLAY):
-            graph.erase_node(node)
-    stripped = fx.GraphModule(bw, graph)
-    stripped.meta.update(bw.meta)
+            stripped.graph.erase_node(node)
+    stripped.recompile()
     backward = compile(stripped)
 
     def run(args: list):

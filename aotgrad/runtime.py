@@ -65,6 +65,9 @@ class CompiledGraph(torch.autograd.Function):
         outs = call.forward(list(inputs))
         plan = call.plan
         ctx.call = call
+        if call.backward_keeping_saved is not None:  # the backward may write into saved values
+            # which a saved-tensor hook (checkpoint's, the caller's own) may still hold
+            ctx.hooked = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
         # Outputs without a gradient (mutated buffers' new values, unused outputs) get None,
         # not a zero tensor autograd would fill for each of them on every backward.
         ctx.set_materialize_grads(False)
@@ -93,7 +96,26 @@ class CompiledGraph(torch.autograd.Function):
         args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
         ctx.maybe_clear_saved_tensors()
         release_inputs(ctx)
-        return (None, *call.backward(args))
+        backward = call.backward
+        if call.backward_keeping_saved is not None and (
+                ctx.hooked or torch._C._autograd._get_current_graph_task_keep_graph()):
+            backward = call.backward_keeping_saved  # retain_graph: a later backward reads them
+        return (None, *backward(args))
+
+
+class CompiledOnFirstCall:
+    """A boxed compiled graph that is compiled only if it is ever called."""
+
+    _boxed_call = True
+
+    def __init__(self, compile: Callable[[], Callable]):
+        self._compile = compile
+        self._compiled: Callable | None = None
+
+    def __call__(self, args: list):
+        if self._compiled is None:
+            self._compiled = self._compile()
+        return self._compiled(args)
 
 
 def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:
@@ -118,6 +140,10 @@ class CompiledCall:
 
     guard: ShapeGuard | None = None  # with dynamic shapes: which calls it may serve
     stale: StaleBackward | None = None  # outputs whose backward raises (stale.py)
+    # Where the backward may write into saved values (pipeline.mark_donated): one that
+    # does not, for the calls whose saved values outlive the backward. Compiled when first
+    # called.
+    backward_keeping_saved: Callable | None = None
 
     def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
                  artifact: Any = None):

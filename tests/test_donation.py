@@ -1,0 +1,100 @@
+"""Donated saved values: the backward may write into the memory of a saved value that only it
+holds (Inductor reuses it for a gradient), and nothing else may ever see that write."""
+
+import torch
+
+import aotgrad
+from aotgrad.backends import DONATED
+
+
+def donated_names(compiled) -> set[str]:
+    bw = compiled.artifacts[0].backward_graph
+    return {n.name for n in bw.graph.find_nodes(op="placeholder") if n.meta.get(DONATED)}
+
+
+def two_products(x, w):
+    out = x @ w  # a user output, which the square's backward reads
+    h = x @ w.t()  # read by sin's backward alone
+    return out, (out * out + h.sin()).sum()
+
+
+def test_only_values_nothing_else_holds_are_donated():
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    compiled = aotgrad.compile(two_products, backend="eager")
+    compiled(x, w)
+    art = compiled.artifacts[0]
+    fw_outputs = art.forward_graph.graph.output_node().args[0]
+    saved = {s.name: s.op for s in art.saved}
+    out = fw_outputs[0].name
+    assert out in saved and "placeholder" in saved.values()  # the cases to refuse are there
+    donated = donated_names(compiled)
+    assert len(donated) == 1 and saved[donated.pop()] == "aten.mm.default"
+
+
+def grads_of_two_backwards(fn, *args, **backward_kwargs):
+    for a in args:
+        a.grad = None
+    out = fn(*args)
+    out.backward(retain_graph=True, **backward_kwargs)
+    first = [a.grad.clone() for a in args]
+    for a in args:
+        a.grad = None
+    out.backward()
+    return first, [a.grad for a in args]
+
+
+def exp_of_product(x, w):
+    # The backward multiplies the gradient (3) by the saved exp(x @ w), and Inductor writes
+    # the product into exp's donated buffer.
+    return (x @ w).exp().sum() * 3
+
+
+def test_a_retained_graph_keeps_its_saved_values():
+    """`retain_graph=True` keeps the saved values for a second backward, so that backward
+    runs a compile that writes into none of them."""
+    args = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    compiled = aotgrad.compile(exp_of_product)
+    got = grads_of_two_backwards(compiled, *args)
+    assert donated_names(compiled), "nothing was donated: the test tests nothing"
+    expected = grads_of_two_backwards(exp_of_product, *args)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def exp_of_product_returned(x, w):
+    e = (x @ w).exp()
+    return e.detach(), e.sum() * 3  # the same backward, but `e` is the caller's
+
+
+def test_a_donating_backward_is_never_served_from_the_cache_to_one_that_may_not():
+    """Inductor's FX graph cache keys a graph by its code: the two functions' backwards are
+    the same code, and only the first may write into `e`."""
+    fresh_cache = getattr(torch._inductor.utils, "fresh_cache", None) or \
+        torch._inductor.utils.fresh_inductor_cache
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=True):
+        torch.compile(exp_of_product, backend="aotgrad")(x, w).backward()
+        e, loss = torch.compile(exp_of_product_returned, backend="aotgrad")(x, w)
+        before = e.clone()
+        loss.backward()
+    assert torch.equal(e, before)
+
+
+def test_a_saved_tensor_hook_never_sees_a_donated_value_change():
+    """A pack hook may keep the tensor it is given (to inspect it later): the backward must
+    not reuse its memory."""
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    compiled = aotgrad.compile(exp_of_product)
+    kept = []
+
+    def pack(t):
+        kept.append((t, t.clone()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = compiled(x, w)
+    loss.backward()
+    assert donated_names(compiled) and kept
+    assert all(torch.equal(t, before) for t, before in kept)
+    expected = torch.autograd.grad(exp_of_product(x, w), x)[0]
+    torch.testing.assert_close(x.grad, expected)
