@@ -1,10 +1,14 @@
 """Donated saved values: the backward may write into the memory of a saved value that only it
 holds (Inductor reuses it for a gradient), and nothing else may ever see that write."""
 
+import pytest
 import torch
 
 import aotgrad
 from aotgrad.backends import DONATED
+
+# Inductor writes into donated buffers on either device; on a GPU machine both run.
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 def donated_names(compiled) -> set[str]:
@@ -49,10 +53,12 @@ def exp_of_product(x, w):
     return (x @ w).exp().sum() * 3
 
 
-def test_a_retained_graph_keeps_its_saved_values():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_retained_graph_keeps_its_saved_values(device):
     """`retain_graph=True` keeps the saved values for a second backward, so that backward
     runs a compile that writes into none of them."""
-    args = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    args = (torch.randn(8, 8, device=device, requires_grad=True),
+            torch.randn(8, 8, device=device, requires_grad=True))
     compiled = aotgrad.compile(exp_of_product)
     got = grads_of_two_backwards(compiled, *args)
     assert donated_names(compiled), "nothing was donated: the test tests nothing"
@@ -66,12 +72,14 @@ def exp_of_product_returned(x, w):
     return e.detach(), e.sum() * 3  # the same backward, but `e` is the caller's
 
 
-def test_a_donating_backward_is_never_served_from_the_cache_to_one_that_may_not():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_donating_backward_is_never_served_from_the_cache_to_one_that_may_not(device):
     """Inductor's FX graph cache keys a graph by its code: the two functions' backwards are
     the same code, and only the first may write into `e`."""
     fresh_cache = getattr(torch._inductor.utils, "fresh_cache", None) or \
         torch._inductor.utils.fresh_inductor_cache
-    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(8, 8, device=device, requires_grad=True)
+    w = torch.randn(8, 8, device=device, requires_grad=True)
     with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=True):
         torch.compile(exp_of_product, backend="aotgrad")(x, w).backward()
         e, loss = torch.compile(exp_of_product_returned, backend="aotgrad")(x, w)
@@ -80,10 +88,12 @@ def test_a_donating_backward_is_never_served_from_the_cache_to_one_that_may_not(
     assert torch.equal(e, before)
 
 
-def test_a_saved_tensor_hook_never_sees_a_donated_value_change():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_saved_tensor_hook_never_sees_a_donated_value_change(device):
     """A pack hook may keep the tensor it is given (to inspect it later): the backward must
     not reuse its memory."""
-    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(8, 8, device=device, requires_grad=True)
+    w = torch.randn(8, 8, device=device, requires_grad=True)
     compiled = aotgrad.compile(exp_of_product)
     kept = []
 
