@@ -28,6 +28,7 @@ from torch import fx
 from .memory import base_of, is_tuple, simulate, tensor_bytes
 from .plans import Plan, PlanSpace, node_cost
 from .remat import Rule
+from .tables import fuses_into_readers
 
 try:
     import numpy as np
@@ -191,7 +192,8 @@ class PeakProgram:
 
     def _forward_rows(self) -> None:
         """At each step of the forward that keeps nothing for the backward, the values
-        saved (born before it, dead by then otherwise) are alive as well. Exact."""
+        saved (born before it, dead by then otherwise, or fused away) are alive as well. A
+        lower bound: saving a fused value may let what it reads die sooner."""
         space, own = self.space, self._own_buffers()
         nodes, steps, buffers, inputs, outputs = space.forward_base()
         trace: list[int] = []
@@ -211,7 +213,8 @@ class PeakProgram:
             coeffs = {}
             for v, nbytes in own.items():
                 if v in step_of:
-                    extra = step_of[v] <= i and death[buffers.owner[v]] < i
+                    b = buffers.owner[v]
+                    extra = step_of[v] <= i and (b < 0 or death[b] < i)
                 else:
                     extra = space.position[v] < space.position[nodes[i]]
                 if extra and nbytes:
@@ -222,7 +225,8 @@ class PeakProgram:
     def _backward_rows(self) -> None:
         """At the start of the backward every saved value is alive; at each backward op, a
         saved value with a reader at or after it, and a recomputed value with readers on
-        both sides of it. A lower bound."""
+        both sides of it, unless it may be fused into its readers (then it owns no
+        buffer: `memory.fused_in_kernels`). A lower bound."""
         space, own = self.space, self._own_buffers()
         start, steps = space.backward_floor()
         first, last = _fixed_readers(space, own)
@@ -235,7 +239,8 @@ class PeakProgram:
             for v, lo in first.items():
                 if last[v] >= k and own[v]:
                     coeffs[self.need(v)] = own[v]
-                    coeffs[self.redo(v)] = 0 if lo <= k else -own[v]
+                    kept = lo <= k and not fuses_into_readers(v.target)
+                    coeffs[self.redo(v)] = 0 if kept else -own[v]
             self.memory.append((coeffs, live))
 
     # ---- solving -----------------------------------------------------------------------

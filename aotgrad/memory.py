@@ -15,9 +15,13 @@ alive then. What the model assumes, so that a measurement can be compared with i
 - saved values are alive from their op to the end of the forward and from the start of
   the backward to their last use there; values recomputed in the backward are made just
   before their first use (`remat.backward_schedule`);
-- allocator rounding and caching, kernel workspaces, autograd's own bookkeeping and what
-  a backend fuses away (Inductor never materializes fused intermediates, so for it the
-  estimate is an upper bound) are not modelled.
+- a value made by a fusible op and read only by fusible ops (through views), and neither
+  returned nor saved, owns no buffer: a fusing backend (Inductor) computes it inside the
+  kernels that read it, so its readers read what it reads (`fused_in_kernels`). A dropout
+  mask recomputed from its seed, a GELU from its input, a loss's float32 upcast of the
+  logits cost no memory of their own;
+- allocator rounding and caching, kernel workspaces and autograd's own bookkeeping are not
+  modelled.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 from torch import fx
 
 from .dynamic import hint
-from .tables import VIEWS_IN_PRACTICE
+from .tables import VIEWS_IN_PRACTICE, Recompute, fuses_into_readers, recompute_class
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,19 @@ class Buffers:
     Values are named by keys: the nodes themselves for one graph, or (phase, node) pairs
     when one joint graph's node is computed in both the forward and the backward."""
 
-    def __init__(self):
+    def __init__(self, read_through_fused: bool = True):
         self.owner: dict[Hashable, int] = {}
         self.size: list[int] = []
+        self.fused: dict[Hashable, frozenset[int]] = {}  # fused value -> the buffers it reads
+        # False: a fused value's readers read nothing of it, so its inputs die at their own
+        # last reader (a lower bound on any plan's liveness: the budget's forward rows).
+        self.read_through_fused = read_through_fused
+
+    def read_by(self, key: Hashable) -> frozenset[int]:
+        """The buffers a reader of this value reads."""
+        if key in self.fused:
+            return self.fused[key] if self.read_through_fused else frozenset()
+        return frozenset((self.owner[key],)) - {-1}
 
     def new(self, key: Hashable, nbytes: int) -> int:
         self.owner[key] = len(self.size)
@@ -96,19 +110,53 @@ Step = tuple[int, tuple[int, ...]]  # (the buffer the op allocates or -1, the bu
 Key = Callable[[fx.Node], Hashable]
 
 
-def program(nodes: Sequence[fx.Node], buffers: Buffers, key: Key = lambda n: n) -> list[Step]:
+def program(nodes: Sequence[fx.Node], buffers: Buffers, key: Key = lambda n: n,
+            fused: frozenset = frozenset()) -> list[Step]:
     """Assign buffers to the values of `nodes` (in execution order) and list the steps.
-    Values whose key already has a buffer (inputs carried over) allocate nothing."""
+    Values whose key already has a buffer (inputs carried over) allocate nothing, nor do
+    the `fused` values and their views."""
     steps = []
-    owner = buffers.owner
     for node in nodes:
         made = -1
         k = key(node)
-        if k not in owner and node.op != "output":
-            made = _assign(node, k, buffers, key)
-        reads = tuple({owner[key(i)] for i in node.all_input_nodes} - {-1})
-        steps.append((made, reads))
+        reads = frozenset().union(*(buffers.read_by(key(i)) for i in node.all_input_nodes))
+        if k not in buffers.owner and node.op != "output":
+            if node in fused or _views_fused(node, buffers, key):
+                buffers.owner[k] = -1
+                buffers.fused[k] = reads if buffers.read_through_fused else frozenset()
+            else:
+                made = _assign(node, k, buffers, key)
+        steps.append((made, tuple(reads)))
     return steps
+
+
+def _views_fused(node: fx.Node, buffers: Buffers, key: Key) -> bool:
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    return first is not None and key(first) in buffers.fused and (
+        is_alias(node) or node.target is operator.getitem)
+
+
+def fused_in_kernels(nodes: Sequence[fx.Node], kept: Iterable[fx.Node] = ()) -> frozenset:
+    """The values of `nodes` a fusing backend computes inside the kernels that read them:
+    made by a fusible op, read (directly or through views) only by fusible ops among
+    `nodes`, and not `kept` (an `output` node among `nodes` keeps what it returns)."""
+    members, kept = set(nodes), set(kept)
+    return frozenset(n for n in nodes if n.op == "call_function" and n not in kept
+                     and fuses_into_readers(n.target) and _read_in_kernels(n, members, kept))
+
+
+def _read_in_kernels(node: fx.Node, members: set, kept: set) -> bool:
+    stack = [node]
+    while stack:
+        for user in stack.pop().users:
+            if user not in members:
+                continue
+            kind = recompute_class(user.target) if user.op == "call_function" else None
+            if kind == Recompute.FREE and user not in kept:
+                stack.append(user)
+            elif kind != Recompute.CHEAP:
+                return False
+    return True
 
 
 def _assign(node: fx.Node, k: Hashable, buffers: Buffers, key: Key) -> int:
@@ -190,14 +238,15 @@ def estimate_peak(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -
 def two_phase(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> TwoPhase:
     buffers = Buffers()
     fw_nodes = list(fw.graph.nodes)
-    forward = program(fw_nodes, buffers)
+    forward = program(fw_nodes, buffers, fused=fused_in_kernels(fw_nodes))
     owner = buffers.owner
     outs = [o for o in fw.graph.output_node().args[0]]
     saved_outs = outs[num_fw_outputs:]
     bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     for ph, value in zip(bw_inputs, saved_outs):
         owner[ph] = owner[value]
-    backward = program(list(bw.graph.nodes), buffers)
+    bw_nodes = list(bw.graph.nodes)
+    backward = program(bw_nodes, buffers, fused=fused_in_kernels(bw_nodes))
     return TwoPhase(
         buffers, forward, backward,
         inputs=owners(owner, [n for n in fw_nodes if n.op == "placeholder"]),

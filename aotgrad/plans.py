@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import fx
 
-from .memory import Buffers, MemoryEstimate, TwoPhase, owners, program
+from .memory import Buffers, MemoryEstimate, TwoPhase, fused_in_kernels, owners, program
 from .partition import ancestors, joint_parts, joint_roots
 from .remat import (CHOICES, Rule, backward_schedule, forward_rules, forward_values,
                     min_cut_saved_values, node_cost)
@@ -117,11 +117,12 @@ class PlanSpace:
                     two_phase.estimate(), sum(map(node_cost, recomputed)))
 
     def forward_base(self) -> tuple[list[fx.Node], list, Buffers, frozenset, frozenset]:
-        """The forward program when nothing is saved: (nodes, steps, buffers, input
-        buffers, output buffers); the last step is the output."""
-        buffers = Buffers()
+        """The forward program when nothing is saved, its fused values extending no input's
+        life: (nodes, steps, buffers, input buffers, output buffers); the last step is the
+        output."""
+        buffers = Buffers(read_through_fused=False)
         nodes = [n for n in self.nodes if n in self.base_forward]
-        steps = program(nodes, buffers)
+        steps = program(nodes, buffers, fused=fused_in_kernels(nodes, kept=self.fw_outs))
         steps.append((-1, tuple(owners(buffers.owner, self.fw_outs))))
         return (nodes, steps, buffers, owners(buffers.owner, self.primals),
                 owners(buffers.owner, self.fw_outs))
@@ -152,7 +153,8 @@ class PlanSpace:
         # tuple's element, a mask the backward would have computed).
         computed = self.base_forward | ancestors(saved, stop=self.base_forward)
         fw_nodes = [n for n in self.nodes if n in computed]
-        forward = program(fw_nodes, buffers)
+        forward = program(fw_nodes, buffers, fused=fused_in_kernels(fw_nodes,
+                                                                   kept=[*self.fw_outs, *saved]))
         ordered_saved = sorted(saved, key=lambda n: not _is_tensor(n))  # as split_joint
         bw_body = [n for n in self.nodes if n in needed and n.op != "placeholder"
                    and n not in saved_set]
@@ -161,7 +163,9 @@ class PlanSpace:
         def bw_key(node):
             return node if node in saved_set else ("bw", node)
         # Saved values come in as placeholders: in the forward's buffers, reading nothing.
-        bw_steps = [(-1, ())] * len(saved) + program(self.tangents + body, buffers, bw_key)
+        bw_nodes = self.tangents + body
+        bw_steps = [(-1, ())] * len(saved) + program(
+            bw_nodes, buffers, bw_key, fused_in_kernels(bw_nodes, kept=self.grads))
         owner = buffers.owner
         # Each output step reads what its graph returns.
         bw_steps.append((-1, tuple(owners(owner, self.grads, bw_key))))

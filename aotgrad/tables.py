@@ -113,6 +113,11 @@ CHEAP_OTHERS = frozenset({
     aten.embedding.default, aten.slice_scatter.default, aten.select_scatter.default,
 })
 
+# Cheap ops whose results a fusing compiler (Inductor) writes to a buffer even when only
+# fusible ops read them: reductions and concatenations. Every other cheap op is computed
+# inside the kernels that read it (`fuses_into_readers`).
+WRITTEN_OUT = CHEAP_REDUCTIONS | {aten.cat.default, aten.stack.default}
+
 # Ops that only reinterpret their input's memory although their schema does not say so.
 VIEWS_IN_PRACTICE = frozenset({
     aten._unsafe_view.default,
@@ -137,6 +142,12 @@ def recompute_class(target) -> str:
     if torch.Tag.pointwise in tags or target in CHEAP_REDUCTIONS or target in CHEAP_OTHERS:
         return Recompute.CHEAP
     return Recompute.NEVER
+
+
+def fuses_into_readers(target) -> bool:
+    """Does a fusing compiler compute this op's value inside the kernels that read it, when
+    they are all fusible (cheap), instead of writing it to memory?"""
+    return recompute_class(target) == Recompute.CHEAP and target not in WRITTEN_OUT
 
 
 def unsafe_to_recompute(target) -> bool:

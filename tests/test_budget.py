@@ -102,9 +102,8 @@ def point(plan: Plan) -> tuple[int, int]:
 
 
 # A program whose curve has three points (found by the strategy above).
-THREE_POINTS = (("binary", "mul", 0, 0), ("binary", "mul", 1, 0), ("binary", "mul", 0, 1),
-                ("unary", 0, 3), ("unary", 3, 4), ("unary", 3, 5), ("unary", 3, 4),
-                ("binary", "mul", 6, 5), ("matmul", 8))
+THREE_POINTS = (("unary", 0, 0), ("matmul", 1), ("matmul", 2), ("binary", "add", 1, 3),
+                ("unary", 3, 4))
 
 
 # ---- the guarantees -------------------------------------------------------------------------
@@ -168,8 +167,11 @@ def test_d_budget_one_solved_alone_is_the_curves_choice(ops):
     """A compile at budget 1 solves for the min-cut plan's peak alone, not the curve."""
     assume(small(ops))
     joint, n = joint_of(ops)
-    assert point(plan_for_budget(joint, n, 1.0, "ilp")) == \
-        point(choose(curve_of(ops, "exhaustive"), 1.0))
+    alone, chosen = plan_for_budget(joint, n, 1.0, "ilp"), choose(curve_of(ops, "exhaustive"), 1.0)
+    # As cheap, and fitting the same target; of plans equally cheap, the solver may return
+    # any (the integer program's objective is the cost alone).
+    assert alone.recompute_cost == chosen.recompute_cost
+    assert alone.peak_bytes <= curve_of(ops, "exhaustive").target(1.0)
 
 
 @SETTINGS

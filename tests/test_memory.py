@@ -51,14 +51,43 @@ def backward(g, v):
 
 def test_peak_matches_hand_computation():
     fw, bw = graph_module(forward), graph_module(backward)
-    # forward: x 400 alive; sin +400 = 800; mul +400 = 1200; sum +4 = 1204 (peak), then b
-    # is freed (its last reader ran) -> 804; a and s are outputs, kept.
+    # forward: x 400 alive; sin +400 = 800 (a is saved: written out); b = a * 2 is read
+    # only by the sum, which computes it inside (no allocation); sum +4 = 804 (peak).
     # backward: starts with x 400 + s 4 (user output) + a 400 + t 4 = 808; expand is a view
-    # of t (no allocation); g1 +400 = 1208, then t is freed -> 1204; c +400 = 1604 (peak),
-    # then a is freed -> 1204; grad +400 = 1604 (peak again), then g1 and c -> 804.
+    # of t (no allocation); g1 and c are read only by the pointwise grad, which a fusing
+    # backend computes them inside (no allocation); grad +400 = 1208 (peak), reading t and a
+    # through them, which are then freed -> 804.
     assert estimate_peak(fw, bw, 1) == MemoryEstimate(
-        input_bytes=400, saved_bytes=400, forward_peak_bytes=1204, backward_peak_bytes=1604)
-    assert estimate_peak(fw, bw, 1).peak_bytes == 1604
+        input_bytes=400, saved_bytes=400, forward_peak_bytes=804, backward_peak_bytes=1208)
+    assert estimate_peak(fw, bw, 1).peak_bytes == 1208
+
+
+def test_a_backward_value_a_matmul_reads_has_a_buffer():
+    """Fusion stops at an op that is no pointwise op or reduction: c = cos(a) is written out
+    for the matmul that reads it, and g1 is still fused into grad."""
+    def bw_build(g, v):
+        a = placeholder(g, "sin", torch.empty(10, 10))
+        t = placeholder(g, "tangents_1", v(1))
+        e = node(g, aten.expand.default, (t, [10, 10]), torch.empty(1).expand(10, 10))
+        g1 = node(g, aten.mul.Tensor, (e, 2), torch.empty(10, 10))
+        c = node(g, aten.cos.default, (a,), torch.empty(10, 10))
+        m = node(g, aten.mm.default, (c, c), torch.empty(10, 10))
+        grad = node(g, aten.mul.Tensor, (g1, m), torch.empty(10, 10))
+        g.output([grad])
+
+    def fw_build(g, v):
+        x = placeholder(g, "primals_1", torch.empty(10, 10))
+        a = node(g, aten.sin.default, (x,), torch.empty(10, 10))
+        s = node(g, aten.sum.default, (a,), v(1))
+        g.output([s, a])
+    m = estimate_peak(graph_module(fw_build), graph_module(bw_build), 1)
+    # backward: x 400 + s 4 + a 400 + t 4 = 808; c +400 = 1208, then a is freed -> 808;
+    # m +400 = 1208, then c -> 808; grad +400 = 1208 (g1 fused into it).
+    assert m.backward_peak_bytes == 1208
+    bw = graph_module(bw_build)
+    fused = aotgrad.memory.fused_in_kernels(list(bw.graph.nodes))
+    # g1 = e * 2 alone: c (cos) is read by the matmul, grad is returned
+    assert [n.args[0].target for n in fused] == [aten.expand.default]
 
 
 def test_a_saved_view_keeps_its_whole_base_alive():
@@ -106,7 +135,7 @@ def test_estimate_of_a_compiled_function():
     a = compiled.artifacts[0]
     m = estimate_peak(a.forward_graph, a.backward_graph, a.info.num_graph_outputs)
     assert m.input_bytes == tensor_bytes(x) == 400
-    # the forward holds x and two 400-byte temporaries at most, plus the 4-byte loss
-    assert 800 <= m.forward_peak_bytes <= 1204
+    # the forward holds x and the 4-byte loss: sin(x) * 2 is computed inside the sum
+    assert m.forward_peak_bytes == 404
     # the backward ends holding x, the loss and x's gradient
     assert m.backward_peak_bytes >= 400 + 4 + 400
