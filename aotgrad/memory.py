@@ -230,6 +230,18 @@ class TwoPhase:
                               fw_peak, bw_peak)
 
 
+def chain_peak(estimates: Sequence[MemoryEstimate]) -> int:
+    """The peak of graphs that run one after another (a model Dynamo split at graph breaks):
+    the forwards in order, then the backwards in reverse. While a graph runs, the graphs
+    before it hold their inputs and saved values; what it returns to the next is counted in
+    both (its user outputs, the next one's inputs) only from the next one's start."""
+    held, peak = 0, 0
+    for estimate in estimates:
+        peak = max(peak, held + estimate.peak_bytes)
+        held += estimate.input_bytes + estimate.saved_bytes
+    return peak
+
+
 def estimate_peak(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> MemoryEstimate:
     """Estimated peak bytes of one forward+backward with this partition."""
     return two_phase(fw, bw, num_fw_outputs).estimate()

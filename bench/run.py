@@ -333,14 +333,14 @@ def compile_facts(sink, mode: str) -> dict:
 
 
 def _estimated_peak_mb(artifacts) -> float | None:
-    """aotgrad's own peak estimate, to set against the measured peak (one graph only: with
-    graph breaks the graphs' peaks do not add up to the step's)."""
-    from aotgrad.memory import estimate_peak
+    """aotgrad's own peak estimate, to set against the measured peak: with graph breaks, of
+    the graphs in the order they were compiled (the order of the first step's forwards)."""
+    from aotgrad.memory import chain_peak, estimate_peak
     training = [a for a in artifacts if a.backward_graph is not None]
-    if len(training) != 1:
+    if not training:
         return None
-    a = training[0]
-    return estimate_peak(a.forward_graph, a.backward_graph, a.info.num_graph_outputs).peak_bytes / 2**20
+    return chain_peak([estimate_peak(a.forward_graph, a.backward_graph, a.info.num_graph_outputs)
+                       for a in training]) / 2**20
 
 
 def _sum_timings(timings) -> dict:

@@ -139,3 +139,17 @@ def test_estimate_of_a_compiled_function():
     assert m.forward_peak_bytes == 404
     # the backward ends holding x, the loss and x's gradient
     assert m.backward_peak_bytes >= 400 + 4 + 400
+
+
+def test_a_chain_of_graphs_holds_what_the_earlier_ones_keep():
+    """A model split at a graph break: the second graph runs (forward and backward) while
+    the first holds its inputs and saved values."""
+    first = MemoryEstimate(input_bytes=400, saved_bytes=400, forward_peak_bytes=1204,
+                           backward_peak_bytes=1604)
+    small = MemoryEstimate(input_bytes=100, saved_bytes=50, forward_peak_bytes=300,
+                           backward_peak_bytes=500)
+    large = MemoryEstimate(input_bytes=100, saved_bytes=50, forward_peak_bytes=300,
+                           backward_peak_bytes=1500)
+    assert aotgrad.memory.chain_peak([first]) == 1604
+    assert aotgrad.memory.chain_peak([first, small]) == 1604  # the first's backward
+    assert aotgrad.memory.chain_peak([first, large]) == 400 + 400 + 1500
