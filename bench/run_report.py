@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -158,14 +160,41 @@ def write_plots(out: Path, rows: list[dict]) -> list[str]:
     except ImportError:
         return ["plots skipped: matplotlib is not installed"]
     notes = []
-    for name, metric, ylabel in PLOTS:
-        ok = [r for r in rows if r["status"] == "ok" and r.get(metric) is not None]
+    charts = [(name, functools.partial(bar_chart, metric=metric, ylabel=ylabel), (metric,))
+              for name, metric, ylabel in PLOTS]
+    charts.append(("tradeoff.png", tradeoff_chart, ("step_ms", "peak_mb")))
+    for name, chart, metrics in charts:
+        ok = [r for r in rows if r["status"] == "ok" and all(r.get(m) is not None
+                                                             for m in metrics)]
         try:
             if ok:
-                bar_chart(plt, ok, metric, ylabel, out / name)
+                chart(plt, ok, path=out / name)
         except Exception as e:  # a plot is a nicety: it must not cost the tables
             notes.append(f"plot {name} failed: {type(e).__name__}: {e}")
     return notes
+
+
+def tradeoff_chart(plt, rows: list[dict], path: Path) -> None:
+    """The memory/time curve: one panel per model, peak memory against step time, one line
+    per mode through its budgets (each point labelled with its budget)."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for mode in dict.fromkeys(r["mode"] for r in rows if r["model"] == model):
+            mine = sorted((r for r in rows if r["model"] == model and r["mode"] == mode),
+                          key=lambda r: -(r.get("budget") if r.get("budget") is not None else 2))
+            ax.plot([r["step_ms"] for r in mine], [r["peak_mb"] for r in mine], "o-",
+                    label=mode)
+            for r in mine:
+                ax.annotate(_num(r.get("budget"), "g"), (r["step_ms"], r["peak_mb"]),
+                            textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_title(model)
+        ax.set_xlabel("step time (ms)")
+        ax.set_ylabel("peak memory (MB)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def bar_chart(plt, rows: list[dict], metric: str, ylabel: str, path: Path) -> None:
@@ -182,3 +211,25 @@ def bar_chart(plt, rows: list[dict], metric: str, ylabel: str, path: Path) -> No
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main() -> None:
+    """Redraw the tables and plots of one or more runs' results.json, merged (the rows of a
+    later file replace those of an earlier one for the same model, mode and budget)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("results", type=Path, nargs="+")
+    args = parser.parse_args()
+    merged, meta = {}, {}
+    for path in args.results:
+        data = json.loads(path.read_text())
+        meta = {**data["meta"], **meta}  # the first file's settings
+        for row in data["results"]:
+            if row["status"] != "skipped":
+                merged[row["model"], row["mode"], row.get("budget")] = row
+    meta["merged_from"] = [str(p) for p in args.results]
+    write_outputs(args.out, meta, list(merged.values()))
+
+
+if __name__ == "__main__":
+    main()

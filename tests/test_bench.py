@@ -135,3 +135,31 @@ def test_peak_snapshot_finds_the_blocks_alive_at_the_peak():
     rows = [{"mode": "a", "blocks": [(10, "x"), (5, "y")]}, {"mode": "b", "blocks": [(10, "x")]}]
     (line,) = module.differing_sizes(rows)
     assert "a 1, b 0" in line
+
+
+def test_run_report_merges_runs_and_draws_the_memory_time_curve(tmp_path):
+    """`run_report.py OUT a.json b.json`: b's rows replace a's for the same model, mode and
+    budget, a's skipped rows do not count, and the curve is drawn where matplotlib is."""
+    def row(mode, budget, status="ok", step=10.0, peak=100.0):
+        return {"model": "mlp", "mode": mode, "budget": budget, "status": status,
+                "step_ms": step, "peak_mb": peak, "error": "out of time"}
+    meta = {"date": "d", "torch": "t", "device": "cpu", "python": "3", "versions": {},
+            "settings": {}}
+    first = {"meta": meta, "results": [
+        row("torch_compile", 1.0), row("aotgrad_dynamo", 1.0, peak=90.0),
+        row("aotgrad_dynamo", 0.5, status="skipped")]}
+    second = {"meta": {**meta, "date": "e"},
+              "results": [row("aotgrad_dynamo", 0.5, step=12.0, peak=70.0)]}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, [first, second]):
+        path.write_text(json.dumps(data))
+    out = tmp_path / "merged"
+    subprocess.run([sys.executable, str(REPO / "bench" / "run_report.py"), str(out),
+                    *map(str, paths)], check=True, cwd=REPO, timeout=120)
+    merged = json.loads((out / "results.json").read_text())
+    assert merged["meta"]["date"] == "d"
+    assert [(r["mode"], r["budget"], r["peak_mb"]) for r in merged["results"]] == [
+        ("torch_compile", 1.0, 100.0), ("aotgrad_dynamo", 1.0, 90.0),
+        ("aotgrad_dynamo", 0.5, 70.0)]
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    assert (out / "tradeoff.png").exists() == has_matplotlib
