@@ -28,7 +28,7 @@ from torch import fx
 from .memory import base_of, is_tuple, simulate, tensor_bytes
 from .plans import Plan, PlanSpace, node_cost
 from .remat import Rule
-from .tables import fuses_into_readers
+from .tables import Recompute, fuses_into_readers, recompute_class
 
 try:
     import numpy as np
@@ -228,8 +228,10 @@ class PeakProgram:
         both sides of it, unless it may be fused into its readers (then it owns no
         buffer: `memory.fused_in_kernels`). A lower bound."""
         space, own = self.space, self._own_buffers()
-        start, steps = space.backward_floor()
-        first, last = _fixed_readers(space, own)
+        start, steps, readers = space.backward_floor()
+        first, last = _fixed_readers(space, own, readers)
+        _read_through_recomputation(space, own, first, last)
+        fused = _may_fuse(space, own)
         self.memory.append(({**{self.need(v): b for v, b in own.items()},
                              **{self.redo(v): -b for v, b in own.items()}}, start))
         width = max(1, len(first))
@@ -239,7 +241,7 @@ class PeakProgram:
             for v, lo in first.items():
                 if last[v] >= k and own[v]:
                     coeffs[self.need(v)] = own[v]
-                    kept = lo <= k and not fuses_into_readers(v.target)
+                    kept = lo <= k and v not in fused
                     coeffs[self.redo(v)] = 0 if kept else -own[v]
             self.memory.append((coeffs, live))
 
@@ -303,13 +305,15 @@ class PeakProgram:
                                 [hi for _, _, hi in rows])
 
 
-def _fixed_readers(space: PlanSpace, own: dict) -> tuple[dict, dict]:
+def _fixed_readers(space: PlanSpace, own: dict, readers: list[frozenset]
+                   ) -> tuple[dict, dict]:
     """Per value with its own buffer: the first and last backward op (by index among the
-    backward's own ops) reading its buffer, directly or through a view."""
+    backward's own ops) reading its buffer, directly, through a view, or through a value
+    fused into the op (`readers`, from `PlanSpace.backward_floor`)."""
     first, last = {}, {}
     end = len(space.fixed)
-    for k, node in enumerate(space.fixed):
-        for i in node.all_input_nodes:
+    for k, values in enumerate(readers):
+        for i in values:
             v = base_of(i)
             if v in own:
                 first.setdefault(v, k)
@@ -319,6 +323,33 @@ def _fixed_readers(space: PlanSpace, own: dict) -> tuple[dict, dict]:
             first.setdefault(base_of(g), end)
             last[base_of(g)] = end
     return first, last
+
+
+def _read_through_recomputation(space: PlanSpace, own: dict, first: dict, last: dict) -> None:
+    """A value no backward op reads is needed only to recompute others: saved, it is alive
+    at least until the first backward op that reads one of the values made from it. Its
+    `first` lies past that `last`, so recomputed it counts nothing in the rows."""
+    earliest: dict[fx.Node, int] = {}
+    for v in reversed(space.nodes):
+        if v in space.forward:
+            made_from = [earliest[u] for u in v.users if u in earliest]
+            here = [first[v]] if v in first else []
+            if made_from or here:
+                earliest[v] = min(here + made_from)
+    for v in own:
+        if v not in first and v in earliest:
+            last[v] = earliest[v]
+            first[v] = earliest[v] + 1
+
+
+def _may_fuse(space: PlanSpace, own: dict) -> set[fx.Node]:
+    """Values that, recomputed, may be fused into their readers (`memory.fused_in_kernels`):
+    made by a fusible op, and no op every backward runs reads them unfused. A superset (a
+    recomputed reader may still need them in a buffer), so the rows stay lower bounds."""
+    fixed = set(space.fixed)
+    return {v for v in own if fuses_into_readers(v.target)
+            and all(recompute_class(u.target) in (Recompute.CHEAP, Recompute.FREE)
+                    for u in v.users if u in fixed)}
 
 
 def _matrix(rows, width: int):

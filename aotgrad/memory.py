@@ -17,9 +17,9 @@ alive then. What the model assumes, so that a measurement can be compared with i
   before their first use (`remat.backward_schedule`);
 - a value made by a fusible op and read only by fusible ops (through views), and neither
   returned nor saved, owns no buffer: a fusing backend (Inductor) computes it inside the
-  kernels that read it, so its readers read what it reads (`fused_in_kernels`). A dropout
-  mask recomputed from its seed, a GELU from its input, a loss's float32 upcast of the
-  logits cost no memory of their own;
+  kernels that read it, so its readers read what it reads (`fused_in_kernels`). A GELU
+  recomputed from its input, a loss's float32 upcast of the logits cost no memory of their
+  own. (The eager backend fuses nothing: for it the estimate is a lower bound.);
 - allocator rounding and caching, kernel workspaces and autograd's own bookkeeping are not
   modelled.
 """

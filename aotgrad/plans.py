@@ -127,9 +127,10 @@ class PlanSpace:
         return (nodes, steps, buffers, owners(buffers.owner, self.primals),
                 owners(buffers.owner, self.fw_outs))
 
-    def backward_floor(self) -> tuple[int, list[tuple[int, int]]]:
+    def backward_floor(self) -> tuple[int, list[tuple[int, int]], list[frozenset]]:
         """Live bytes in the backward not counting forward values (inputs and outputs
-        excepted): at its start, and after each allocating op `k` of `self.fixed`."""
+        excepted): at its start, and after each allocating op `k` of `self.fixed`; and the
+        forward values each op `k` reads (through the values fused into it)."""
         saved = [n for n in self.nodes if n in self.read_by_fixed]
         needed = set(self.fixed) | set(self.tangents) | set(saved)
         two_phase = self.programs(saved, needed)
@@ -143,7 +144,12 @@ class PlanSpace:
         offset = len(saved) + len(self.tangents)
         steps = [(k, trace[offset + k]) for k in range(len(self.fixed))
                  if two_phase.backward[offset + k][0] >= 0]
-        return start, steps
+        held: dict[int, list[fx.Node]] = {}  # buffer -> the saved values in it
+        for v in saved:
+            held.setdefault(two_phase.buffers.owner[v], []).append(v)
+        readers = [frozenset(v for b in two_phase.backward[offset + k][1] for v in held.get(b, ()))
+                   for k in range(len(self.fixed))]
+        return start, steps, readers
 
     def programs(self, saved: Sequence[fx.Node], needed: set) -> TwoPhase:
         """The forward and backward programs of a plan, over shared buffers."""

@@ -1,5 +1,7 @@
 """Per-op knowledge, one line per entry. Passes look ops up here instead of testing names."""
 
+import functools
+
 import torch
 
 aten = torch.ops.aten
@@ -124,6 +126,7 @@ VIEWS_IN_PRACTICE = frozenset({
 })
 
 
+@functools.lru_cache(maxsize=None)  # per op, and the memory model asks per node and plan
 def recompute_class(target) -> str:
     """How freely a value made by `target` may be recomputed (a `Recompute` constant).
 
@@ -144,6 +147,7 @@ def recompute_class(target) -> str:
     return Recompute.NEVER
 
 
+@functools.lru_cache(maxsize=None)
 def fuses_into_readers(target) -> bool:
     """Does a fusing compiler compute this op's value inside the kernels that read it, when
     they are all fusible (cheap), instead of writing it to memory?"""
