@@ -69,7 +69,7 @@ def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto",
     high = mincut.peak_bytes
     name = pick_solver(space) if solver == "auto" else solver
     # The integer program aims at targets down to the lowest peak known. The greedy's plans
-    # (fast) reach lower than recomputing everything, and fill the gaps a time limit leaves.
+    # (fast) reach lower than recomputing everything, and fill the gaps a grid leaves.
     seeds = greedy(space, 0, high) if name == "ilp" else []
     low = min(p.peak_bytes for p in [everything, mincut, *seeds])
     found = seeds + SOLVERS[name](space, low, high)
@@ -80,7 +80,7 @@ def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto",
 def plan_for_budget(joint: fx.GraphModule, n: int, budget: float, solver: str = "auto") -> Plan:
     """The plan a budget chooses. Budget 1's target is the min-cut plan's peak, whatever the
     curve's other end: with the integer program a compile solves for it alone, instead of
-    for the whole curve (20 s on GPT-2, the solver's time limit). Budget 1 recomputes no
+    for the whole curve (about 20 s on GPT-2). Budget 1 recomputes no
     matmul or convolution, as the min cut does not."""
     space = PlanSpace(joint, n, kernels=budget < 1.0)
     name = pick_solver(space) if solver == "auto" else solver

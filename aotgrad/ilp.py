@@ -45,8 +45,12 @@ GRID = 12  # targets between the curve's ends, for large problems
 # Aimed solves stop within 1% of the cheapest plan: on ResNet-50 the same plans as 0.1%,
 # found 4-15x faster (0.5-0.7 s a solve instead of 2.4-10 s).
 GRID_GAP = 0.01
-TIME_LIMIT_S = 10.0  # per solve
-TOTAL_TIME_S = 20.0  # all solves of one curve: a compile must not stall on the curve
+# Solves are bounded by branch-and-bound nodes, not by the clock, so that a compile chooses
+# the same plan however busy the machine is (most solves end at the root node; the slowest
+# seen on GPT-2 took 160 nodes, 2.7 s). The clock only guards against a pathological graph:
+# past GUARD_S for one curve, solves stop, and the plan may then differ from run to run.
+NODE_LIMIT = 500  # per solve
+GUARD_S = 120.0  # all solves of one curve
 
 
 def available() -> bool:
@@ -78,15 +82,10 @@ def exact_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
 
 
 def grid_front(program: "PeakProgram", low: int, high: int) -> list[Plan]:
-    """Plans aimed at a grid of targets, taken coarse to fine (the middle, the quarters, ...)
-    and each given an equal share of the time left: when time runs out, the gaps left in
-    the curve are narrow ones."""
+    """Plans aimed at a grid of targets, taken coarse to fine (the middle, the quarters, ...):
+    should the guard stop the solves, the gaps left in the curve are narrow ones."""
     targets = spread(sorted({low + (high - low) * j // GRID for j in range(GRID + 1)}))
-    plans = []
-    for i, target in enumerate(targets):
-        share = (program.deadline - time.monotonic()) / (len(targets) - i)
-        plans += _aimed(program, target, share)
-    return plans
+    return [plan for target in targets for plan in _aimed(program, target)]
 
 
 def spread(items: list) -> list:
@@ -113,13 +112,12 @@ def solve_point(space: PlanSpace, target: int) -> list[Plan]:
     return _aimed(program, target)
 
 
-def _aimed(program: "PeakProgram", target: int, seconds: float = TIME_LIMIT_S) -> list[Plan]:
+def _aimed(program: "PeakProgram", target: int) -> list[Plan]:
     """Solve for `target`, lowering the aim by the overshoot when the solution's real peak
-    (the rows bound it from below) does not fit; within about `seconds`."""
+    (the rows bound it from below) does not fit; three tries."""
     plans, aim = [], target
-    deadline = time.monotonic() + seconds
     for _ in range(3):
-        plan = program.solve(aim, [], gap=GRID_GAP, seconds=deadline - time.monotonic())
+        plan = program.solve(aim, [], gap=GRID_GAP)
         if plan is None:
             break
         plans.append(plan)
@@ -143,7 +141,7 @@ class PeakProgram:
         self.cost = np.array([0.0] * m + [float(node_cost(v)) for v in self.values])
         self.evaluated: dict[frozenset, Plan] = {}
         self.solves = 0
-        self.deadline = time.monotonic() + TOTAL_TIME_S
+        self.deadline = time.monotonic() + GUARD_S
         self._structure()
         self._forward_rows()
         self._backward_rows()
@@ -260,9 +258,8 @@ class PeakProgram:
             cuts.append(chosen)
         return None
 
-    def solve(self, target: int, cuts: list[frozenset], gap: float,
-              seconds: float = TIME_LIMIT_S) -> Plan | None:
-        chosen = self._solve(target, cuts, gap, seconds)
+    def solve(self, target: int, cuts: list[frozenset], gap: float) -> Plan | None:
+        chosen = self._solve(target, cuts, gap)
         return None if chosen is None else self.plan(chosen)
 
     def plan(self, chosen: frozenset) -> Plan:
@@ -271,10 +268,9 @@ class PeakProgram:
             self.evaluated[chosen] = space.evaluate(space.saved_for(chosen))
         return self.evaluated[chosen]
 
-    def _solve(self, target: int, cuts: list[frozenset], gap: float,
-               seconds: float = TIME_LIMIT_S) -> frozenset | None:
+    def _solve(self, target: int, cuts: list[frozenset], gap: float) -> frozenset | None:
         self.solves += 1
-        remaining = min(seconds, self.deadline - time.monotonic())
+        remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             return None
         constants = np.array([c for _, c in self.memory], dtype=float)
@@ -290,7 +286,8 @@ class PeakProgram:
             constraints.append(self._cut_rows(cuts))
         result = milp(self.cost, integrality=np.ones(2 * self.m), bounds=Bounds(self.lb, self.ub),
                       constraints=constraints,
-                      options={"time_limit": min(TIME_LIMIT_S, remaining), "mip_rel_gap": gap})
+                      options={"node_limit": NODE_LIMIT, "time_limit": remaining,
+                               "mip_rel_gap": gap})
         if result.x is None:
             return None
         return frozenset(c for c in self.space.candidates if result.x[self.redo(c)] > 0.5)

@@ -10,6 +10,7 @@ reduction) compiled with the eager backend, so that they go through the real pip
 
 import functools
 import random
+import time
 
 import hypothesis.strategies as st
 import pytest
@@ -312,6 +313,22 @@ def test_larger_problems_use_the_ilp_on_a_grid_of_targets():
     assert peaks == sorted(peaks)
     assert all(choose(curve, b).peak_bytes <= curve.target(b) for b in BUDGETS)
     assert curve.low_bytes <= greedy.low_bytes  # the ILP reaches at least as low
+
+
+@needs_scipy
+def test_a_slow_machine_finds_the_same_curve(monkeypatch):
+    """Solves are bounded by nodes, not by the clock: a compile on a busy machine chooses
+    the plans an idle one does."""
+    joint, n = wide_joint()
+    idle = plan_curve(joint, n)
+    solve = ilp.milp
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return solve(*args, **kwargs)
+    monkeypatch.setattr(ilp, "milp", slow)
+    busy = plan_curve(joint, n)
+    assert [p.saved for p in busy.plans] == [p.saved for p in idle.plans]
 
 
 def test_memory_budget_is_validated_up_front():
