@@ -33,7 +33,7 @@ from .partition import default_partition
 from .remat import forward_values, hoist_masks
 from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan
 from .stale import StaleBackward, find_stale_outputs
-from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
+from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
 from .verify import verify, verify_partition
 
 
@@ -408,11 +408,8 @@ def _memory_keys(node) -> tuple:
 
 
 def _swaps_storage(gm: fx.GraphModule) -> bool:
-    return any(getattr(n.target, "overloadpacket", None) in _STORAGE_SWAPS
+    return any(getattr(n.target, "overloadpacket", None) in STORAGE_SWAPS
                for n in gm.graph.nodes)
-
-
-_STORAGE_SWAPS = (torch.ops.aten.set_, torch.ops.aten.resize_, torch.ops.aten.resize_as_)
 
 
 def _saved_values(fw: fx.GraphModule, num_fw_outputs: int) -> list:

@@ -46,6 +46,11 @@ DRAWN_OPS = frozenset({
     aten._standard_gamma, aten._sample_dirichlet,
 })
 
+# Ops (by overload packet) that give a tensor other memory: in a graph holding one, the
+# storages seen while tracing are not the ones the call will have (no saved value is then
+# donated to the backward: pipeline.mark_donated).
+STORAGE_SWAPS = frozenset({aten.set_, aten.resize_, aten.resize_as_})
+
 # In-place ops a functional graph may still hold: the trailing copy into a mutated input
 # (inference graphs with keep_inference_input_mutations=True).
 ALLOWED_INPUT_MUTATIONS = frozenset({
