@@ -25,10 +25,10 @@ import time
 
 from torch import fx
 
-from .memory import base_of, is_tuple, simulate, tensor_bytes
+from .memory import base_of, is_tuple, read_only_in_kernels, simulate, tensor_bytes
 from .plans import Plan, PlanSpace, node_cost
 from .remat import Rule
-from .tables import Recompute, fuses_into_readers, recompute_class
+from .tables import fuses_into_readers
 
 try:
     import numpy as np
@@ -344,9 +344,7 @@ def _may_fuse(space: PlanSpace, own: dict) -> set[fx.Node]:
     made by a fusible op, and no op every backward runs reads them unfused. A superset (a
     recomputed reader may still need them in a buffer), so the rows stay lower bounds."""
     fixed = set(space.fixed)
-    return {v for v in own if fuses_into_readers(v.target)
-            and all(recompute_class(u.target) in (Recompute.CHEAP, Recompute.FREE)
-                    for u in v.users if u in fixed)}
+    return {v for v in own if fuses_into_readers(v.target) and read_only_in_kernels(v, fixed)}
 
 
 def _matrix(rows, width: int):

@@ -123,7 +123,7 @@ def program(nodes: Sequence[fx.Node], buffers: Buffers, key: Key = lambda n: n,
         if k not in buffers.owner and node.op != "output":
             if node in fused or _views_fused(node, buffers, key):
                 buffers.owner[k] = -1
-                buffers.fused[k] = reads if buffers.read_through_fused else frozenset()
+                buffers.fused[k] = reads
             else:
                 made = _assign(node, k, buffers, key)
         steps.append((made, tuple(reads)))
@@ -142,10 +142,12 @@ def fused_in_kernels(nodes: Sequence[fx.Node], kept: Iterable[fx.Node] = ()) -> 
     `nodes`, and not `kept` (an `output` node among `nodes` keeps what it returns)."""
     members, kept = set(nodes), set(kept)
     return frozenset(n for n in nodes if n.op == "call_function" and n not in kept
-                     and fuses_into_readers(n.target) and _read_in_kernels(n, members, kept))
+                     and fuses_into_readers(n.target) and read_only_in_kernels(n, members, kept))
 
 
-def _read_in_kernels(node: fx.Node, members: set, kept: set) -> bool:
+def read_only_in_kernels(node: fx.Node, members: set, kept: set = frozenset()) -> bool:
+    """Do only fusible ops among `members` read `node` (directly or through views not
+    `kept`)?"""
     stack = [node]
     while stack:
         for user in stack.pop().users:
