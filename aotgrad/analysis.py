@@ -309,7 +309,7 @@ def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
     grad_fn, old_version, old_requires_grad = before
     # A subclass: each tensor it wraps. A swapped input takes its new storage as it is.
     inner = [t.elem for t in subclasses.unwrap(a)] if swap is None else []
-    mutates_data = any(torch._functionalize_has_data_mutation(t) for t in inner)
+    mutates_data = writes_seen(inner)
     if a.requires_grad != old_requires_grad and not mutates_data:
         raise NotImplementedError(
             "aotgrad: the function changes requires_grad of an input (requires_grad_()); "
@@ -327,6 +327,18 @@ def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
         final_geometry=geometry(a),
         storage_swap=swap,
     )
+
+
+def writes_seen(wrappers: Sequence[torch.Tensor]) -> bool:
+    """Did functionalization see a write into any of these C++ functional wrappers?"""
+    return any(torch._functionalize_has_data_mutation(t) for t in wrappers)
+
+
+def unseen_writes(info: FunctionInfo, f_args: Sequence[Any]) -> list[int]:
+    """The inputs a trace wrote into although the analysis saw them unchanged."""
+    return [i for i, (a, x) in enumerate(zip(f_args, info.inputs))
+            if isinstance(a, torch.Tensor) and not x.mutated and x.storage_swap is None
+            and writes_seen([t.elem for t in subclasses.unwrap(a)])]
 
 
 def version_of(t: Any) -> int:

@@ -27,7 +27,7 @@ from torch import fx
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from .tables import ERROR_CHECKS
+from .tables import ERROR_CHECKS, UNMARKED_MUTATIONS
 
 PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BACKWARD
 FORWARD, BACKWARD = "forward", "backward"
@@ -47,7 +47,9 @@ keep_when_unused()
 class CheckingFunctionalMode(FunctionalTensorMode):
     """Functionalization that lets error checks through as they are: they neither mutate
     nor alias, so they need no functional form, and once tagged they need no token. It also
-    records `set_()` calls and gives their target the metadata eager would (swaps.py)."""
+    records `set_()` calls and gives their target the metadata eager would (swaps.py), and
+    runs ops that write arguments without marking it as their declared forms
+    (`tables.UNMARKED_MUTATIONS`), so that their writes are seen."""
 
     def __init__(self):
         super().__init__()
@@ -60,6 +62,10 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             out = super().__torch_dispatch__(func, types, args, kwargs)
             mirror_set_on_wrapper(args)
             return out
+        declared = UNMARKED_MUTATIONS.get(func)
+        if declared is not None:
+            with self:  # its ops are functionalized in turn
+                return declared(*args, **(kwargs or {}))
         if func not in ERROR_CHECKS:
             return super().__torch_dispatch__(func, types, args, kwargs)
         args, kwargs = pytree.tree_map_only(

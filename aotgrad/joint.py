@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import subclasses
-from .analysis import FunctionInfo, graph_outputs
+from .analysis import FunctionInfo, graph_outputs, unseen_writes
 from .capture import from_functional, functional_mode, to_functional
 from .effects import BACKWARD
 from .tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
@@ -38,7 +38,9 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[
 
     def inference(primals):
         with functional_mode():
-            outs = graph_outputs(info, *_call(graph_fn, to_functional(primals)))
+            f_primals = to_functional(primals)
+            outs = graph_outputs(info, *_call(graph_fn, f_primals))
+            refuse_unseen_writes(info, f_primals)
         outs = [from_functional(o) for o in outs]
         if keep_input_mutations:  # the output is then the updated input itself
             for k, i in enumerate(mutated):
@@ -59,6 +61,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
             f_primals, f_tangents = to_functional(primals), to_functional(tangents)
             args = mutable_copies(info, f_primals)
             outs = graph_outputs(info, *_call(graph_fn, args))
+            refuse_unseen_writes(info, f_primals)
             mode.phase = BACKWARD
             grads = input_grads(outs, info.gets_tangent, f_primals, f_tangents)
         outs = [from_functional(o) for o in outs + grads]
@@ -71,6 +74,19 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     mark_overwritten_inputs(gm, info, fake_args)
     return gm
+
+
+def refuse_unseen_writes(info: FunctionInfo, f_primals: Sequence) -> None:
+    """The analysis runs without the python dispatcher (it doubles its time), the trace with
+    it: an op whose declared form only the dispatcher's decompositions show writes an input
+    here that the analysis saw unchanged. The graph would drop that write: raise instead."""
+    unseen = unseen_writes(info, f_primals)
+    if unseen:
+        raise NotImplementedError(
+            f"aotgrad: an op writes into input {unseen[0]} without its schema saying so, and "
+            "only its decomposition shows it: the compiled function would not update the "
+            "input. Add the op with its declared form to aotgrad.tables.UNMARKED_MUTATIONS, "
+            "or make its schema mark the write (Tensor(a!)).")
 
 
 def fake_tangents(info: FunctionInfo, fake_mode: FakeTensorMode) -> list[torch.Tensor]:
@@ -145,6 +161,7 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
         with functional_mode() as mode:
             f_primals = to_functional(primals)
             args, outs = _call(graph_fn, mutable_copies(info, f_primals))
+            refuse_unseen_writes(info, f_primals)
             mode.phase = BACKWARD
             grads = torch.autograd.grad(outs[loss_output], [f_primals[i] for i in wrt],
                                         allow_unused=True)

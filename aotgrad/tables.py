@@ -182,11 +182,24 @@ def needs_functionalization(target) -> bool:
 
 
 # Ops that update arguments in place although their schemas do not mark it: batch norm's
-# kernels, in training mode, write the running statistics they are given.
-UNMARKED_MUTATIONS = frozenset({
-    aten.native_batch_norm.default, aten.cudnn_batch_norm.default,
-    aten.miopen_batch_norm.default,
-})
+# kernels, in training mode, write the running statistics they are given. Functionalization
+# cannot see such a write, so each is run as its declared form: ops computing the same
+# values whose schemas mark the writes. None: functionalization already replaces the op by
+# one (native_batch_norm by _native_batch_norm_legit). Every entry must have one; an op
+# with neither would be traced as a call that writes into the caller's tensor unseen.
+UNMARKED_MUTATIONS = {
+    aten.native_batch_norm.default: None,
+    # CUDA eager takes cuDNN's kernel for float inputs when cuDNN is on (ResNet, EfficientNet)
+    aten.cudnn_batch_norm.default: lambda *args: _torch_decomposition(aten.cudnn_batch_norm)(*args),
+    # ROCm's kernel returns what native_batch_norm does (output, mean, inverse std). Not run
+    # here: no ROCm machine.
+    aten.miopen_batch_norm.default: aten.native_batch_norm.default,
+}
+
+
+def _torch_decomposition(op):
+    from torch._decomp import decomposition_table  # lazily: import aotgrad stays light
+    return decomposition_table[op.default]
 
 
 def _has_effect(op) -> bool:

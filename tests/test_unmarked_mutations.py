@@ -1,0 +1,115 @@
+"""Ops that write their arguments without their schemas saying so (batch norm's kernels).
+
+CUDA eager runs `cudnn_batch_norm`, which updates the running statistics unmarked; a trace
+that trusts the schema drops the update and nothing warns (the loss and gradients are right).
+On CPU the mechanism is tested with an op of the same shape: `lying_ema` updates a running
+average in place and its schema says it does not; like cuDNN's, its decomposition under the
+python dispatcher (which the trace runs, and the analysis does not) is its declared form
+(`_ema`, in-place ATen ops that mark the write). `tests/test_gpu_batch_norm.py` runs cuDNN itself on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._C import DispatchKey
+
+import aotgrad
+from aotgrad import compat, tables
+
+MOMENTUM = 0.25
+_lib = torch.library.Library("aotgrad_test", "FRAGMENT")
+_lib.define("lying_ema(Tensor x, Tensor running) -> Tensor")  # writes `running` unmarked
+
+
+def _ema(x, running):
+    running.mul_(1 - MOMENTUM).add_(x.detach().mean(0), alpha=MOMENTUM)
+    return x * 2
+
+
+def _fake(x, running):
+    return torch.empty_like(x)
+
+
+_lib.impl("lying_ema", _ema, "CPU")
+_lib.impl("lying_ema", _fake, "Meta")
+torch.library.register_autograd("aotgrad_test::lying_ema", lambda ctx, grad: (grad * 2, None))
+
+ops = torch.ops.aotgrad_test
+# Like cudnn_batch_norm: only the python dispatcher's decomposition shows the write.
+ops.lying_ema.default.py_impl(DispatchKey.Autograd)(_ema)
+
+
+def fn(x, running):
+    return ops.lying_ema(x.sin(), running).cos().sum()
+
+
+def inputs():
+    torch.manual_seed(0)
+    return torch.randn(8, 4, requires_grad=True), torch.zeros(4)
+
+
+DOORS = {
+    "compile-eager": lambda fn: aotgrad.compile(fn, backend="eager"),
+    "compile-inductor": lambda fn: aotgrad.compile(fn),
+    "torch.compile": lambda fn: torch.compile(fn, backend="aotgrad", fullgraph=True),
+    "aot_function": lambda fn: compat.aot_function(fn, compat.nop),
+}
+
+
+@pytest.fixture
+def lying_ema_declared(monkeypatch):
+    monkeypatch.setitem(tables.UNMARKED_MUTATIONS, ops.lying_ema.default, _ema)
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_unmarked_write_is_applied(lying_ema_declared, door, grad):
+    compiled = DOORS[door](fn)
+    x, expected = inputs()
+    with torch.set_grad_enabled(grad):
+        eager_out = fn(x, expected)
+    x, running = inputs()
+    for call in range(2):  # the second call runs the cached graph
+        with torch.set_grad_enabled(grad):
+            out = compiled(x, running)
+        if call == 0:
+            torch.testing.assert_close(out, eager_out)
+            torch.testing.assert_close(running, expected)
+    assert not torch.equal(running, expected)  # the second call updated it again
+    if grad:
+        (g,) = torch.autograd.grad(out, x)
+        torch.testing.assert_close(g, torch.autograd.grad(fn(x, torch.zeros(4)), x)[0])
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_write_seen_only_by_the_trace_raises(grad):
+    """Outside the table, only the trace's decompositions reach the declared form: a clear
+    error, not a graph that drops the write."""
+    compiled = aotgrad.compile(fn, backend="eager")
+    x, running = inputs()
+    with pytest.raises(NotImplementedError, match="aotgrad: an op writes into input 1"):
+        with torch.set_grad_enabled(grad):
+            compiled(x, running)
+
+
+def test_every_unmarked_op_has_a_declared_form():
+    """None only where functionalization replaces the op itself (native_batch_norm)."""
+    from torch._decomp import _should_decompose_because_unsafe_op
+    for op, declared in tables.UNMARKED_MUTATIONS.items():
+        assert declared is not None or _should_decompose_because_unsafe_op(op), op
+
+
+def test_cudnn_declared_form_updates_running_stats():
+    """cuDNN's declared form computes eager's batch norm and writes the running statistics
+    through an op that marks it (run on CPU tensors: the form is device independent)."""
+    x, weight, bias = torch.randn(8, 3, 5, 5), torch.rand(3), torch.randn(3)
+    mean, var = torch.zeros(3), torch.ones(3)
+    expected_mean, expected_var = mean.clone(), var.clone()
+    expected = F.batch_norm(x, expected_mean, expected_var, weight, bias, True, 0.1, 1e-5)
+    declared = tables.UNMARKED_MUTATIONS[torch.ops.aten.cudnn_batch_norm.default]
+    out, save_mean, save_invstd, reserve = declared(x, weight, bias, mean, var, True, 0.1, 1e-5)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close((mean, var), (expected_mean, expected_var))
+    assert reserve.numel() == 0
