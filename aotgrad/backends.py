@@ -106,9 +106,9 @@ def as_boxed(compiled: Callable) -> Callable:
 
 
 @make_boxed_compiler
-def nop(gm: fx.GraphModule, _example_inputs) -> fx.GraphModule:
+def nop(fx_g: fx.GraphModule, _) -> fx.GraphModule:
     """Run the graph as it is."""
-    return gm
+    return fx_g
 
 
 def eager_compiler(gm: fx.GraphModule, example_inputs) -> Callable:

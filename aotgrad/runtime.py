@@ -54,8 +54,9 @@ class RuntimePlan:
                      if x.mutated or x.storage_swap is not None)
 
 
-class CompiledGraph(torch.autograd.Function):
-    """The compiled forward and backward as one autograd node."""
+class CompiledFunction(torch.autograd.Function):
+    """The compiled forward and backward as one autograd node. Named as torch's: tools find
+    compiled regions by `grad_fn.name() == "CompiledFunctionBackward"`."""
 
     @staticmethod
     def forward(ctx, call: "CompiledCall", *inputs):
@@ -126,6 +127,7 @@ def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:
 
 # Function.apply's Python wrapper only unwraps functorch transforms; with none active, the C++
 # entry point does the same work a few microseconds sooner.
+CompiledGraph = CompiledFunction  # the name the rest of aotgrad knows it by
 _apply_fast = torch._C._FunctionBase.__dict__["apply"].__get__(None, CompiledGraph)
 
 
