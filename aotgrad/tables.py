@@ -183,23 +183,37 @@ def needs_functionalization(target) -> bool:
 
 # Ops that update arguments in place although their schemas do not mark it: batch norm's
 # kernels, in training mode, write the running statistics they are given. Functionalization
-# cannot see such a write, so each is run as its declared form: ops computing the same
-# values whose schemas mark the writes. None: functionalization already replaces the op by
-# one (native_batch_norm by _native_batch_norm_legit). Every entry must have one; an op
-# with neither would be traced as a call that writes into the caller's tensor unseen.
+# cannot see such a write, so the functional mode runs each as its declared form: ops that
+# compute the same values and whose schemas mark the writes. (Torch's own functionalization
+# replaces native_batch_norm on some versions only; an explicit form holds on all.)
+def _batch_norm_declared(input, weight, bias, running_mean, running_var, training, momentum,
+                         eps):
+    if running_mean is None:  # batch statistics only: nothing to write
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum,
+                                                      eps)
+    if not training:  # normalizes with the running statistics, writes nothing
+        return aten._native_batch_norm_legit_no_training.default(
+            input, weight, bias, running_mean, running_var, momentum, eps)
+    return aten._native_batch_norm_legit.default(input, weight, bias, running_mean,
+                                                 running_var, training, momentum, eps)
+
+
+def _cudnn_batch_norm_declared(input, weight, bias, running_mean, running_var, training,
+                               momentum, eps):
+    """cuDNN's outputs: batch norm's three, then an empty workspace its backward ignores."""
+    reserve = input.new_empty((0,), dtype=torch.uint8)
+    return (*_batch_norm_declared(input, weight, bias, running_mean, running_var, training,
+                                  momentum, eps), reserve)
+
+
 UNMARKED_MUTATIONS = {
-    aten.native_batch_norm.default: None,
+    aten.native_batch_norm.default: _batch_norm_declared,
     # CUDA eager takes cuDNN's kernel for float inputs when cuDNN is on (ResNet, EfficientNet)
-    aten.cudnn_batch_norm.default: lambda *args: _torch_decomposition(aten.cudnn_batch_norm)(*args),
+    aten.cudnn_batch_norm.default: _cudnn_batch_norm_declared,
     # ROCm's kernel returns what native_batch_norm does (output, mean, inverse std). Not run
     # here: no ROCm machine.
-    aten.miopen_batch_norm.default: aten.native_batch_norm.default,
+    aten.miopen_batch_norm.default: _batch_norm_declared,
 }
-
-
-def _torch_decomposition(op):
-    from torch._decomp import decomposition_table  # lazily: import aotgrad stays light
-    return decomposition_table[op.default]
 
 
 def _has_effect(op) -> bool:

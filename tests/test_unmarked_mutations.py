@@ -94,22 +94,19 @@ def test_write_seen_only_by_the_trace_raises(grad):
             compiled(x, running)
 
 
-def test_every_unmarked_op_has_a_declared_form():
-    """None only where functionalization replaces the op itself (native_batch_norm)."""
-    from torch._decomp import _should_decompose_because_unsafe_op
-    for op, declared in tables.UNMARKED_MUTATIONS.items():
-        assert declared is not None or _should_decompose_because_unsafe_op(op), op
-
-
-def test_cudnn_declared_form_updates_running_stats():
-    """cuDNN's declared form computes eager's batch norm and writes the running statistics
-    through an op that marks it (run on CPU tensors: the form is device independent)."""
+@pytest.mark.parametrize("op", ["cudnn_batch_norm", "native_batch_norm", "miopen_batch_norm"])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_declared_forms_match_eager(op, training):
+    """Each declared form computes eager's batch norm and writes the running statistics
+    through an op whose schema marks it (on CPU tensors: the forms are device independent)."""
     x, weight, bias = torch.randn(8, 3, 5, 5), torch.rand(3), torch.randn(3)
     mean, var = torch.zeros(3), torch.ones(3)
     expected_mean, expected_var = mean.clone(), var.clone()
-    expected = F.batch_norm(x, expected_mean, expected_var, weight, bias, True, 0.1, 1e-5)
-    declared = tables.UNMARKED_MUTATIONS[torch.ops.aten.cudnn_batch_norm.default]
-    out, save_mean, save_invstd, reserve = declared(x, weight, bias, mean, var, True, 0.1, 1e-5)
-    torch.testing.assert_close(out, expected)
+    expected = F.batch_norm(x, expected_mean, expected_var, weight, bias, training, 0.1, 1e-5)
+    declared = tables.UNMARKED_MUTATIONS[getattr(torch.ops.aten, op).default]
+    outs = declared(x, weight, bias, mean, var, training, 0.1, 1e-5)
+    torch.testing.assert_close(outs[0], expected)
     torch.testing.assert_close((mean, var), (expected_mean, expected_var))
-    assert reserve.numel() == 0
+    assert len(outs) == len(getattr(torch.ops.aten, op).default._schema.returns)
+    writer = torch.ops.aten._native_batch_norm_legit.default
+    assert writer._schema.arguments[3].alias_info.is_write  # running_mean: marked
