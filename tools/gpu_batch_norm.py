@@ -42,25 +42,27 @@ def train_steps(m: torch.nn.Module, steps: int = 2) -> None:
         m(x).float().square().mean().backward()
 
 
-def largest_difference(eager: torch.nn.Module, compiled: torch.nn.Module) -> tuple[float, str]:
-    """The largest relative difference over every buffer (running statistics, counters)."""
-    worst, where = 0.0, ""
+def compare_buffers(initial: dict, eager: torch.nn.Module, compiled: torch.nn.Module) -> dict:
+    """Stale buffers (eager moved them, the compiled steps left them at their start: the
+    bug) and the largest difference beyond cuDNN-vs-native rounding."""
+    stale, worst, where = [], 0.0, ""
     for (name, e), (_, c) in zip(eager.named_buffers(), compiled.named_buffers()):
-        diff = ((e.double() - c.double()).abs().max() / e.double().abs().max().clamp_min(1e-6))
-        if diff.item() > worst:
-            worst, where = diff.item(), name
-    return worst, where
+        if not torch.equal(e, initial[name]) and torch.equal(c, initial[name]):
+            stale.append(name)
+        excess = ((e.double() - c.double()).abs() - 1e-3 - 1e-2 * e.double().abs()).max().item()
+        if excess > worst:
+            worst, where = excess, name
+    return {"stale_buffers": len(stale), "first_stale": stale[:1], "excess_over_tolerance": worst,
+            "worst_buffer": where, "ok": not stale and worst <= 0}
 
 
 def check(name: str, door: str) -> dict:
     eager, target = model(name), model(name)
+    initial = {n: b.clone() for n, b in target.named_buffers()}
     train_steps(eager)
     start = time.perf_counter()
     train_steps(DOORS[door](target))
-    worst, where = largest_difference(eager, target)
-    moved = sum(b.abs().sum().item() for n, b in target.named_buffers() if "running_mean" in n)
-    return {"model": name, "door": door, "max_rel_diff": worst, "worst_buffer": where,
-            "running_mean_abs_sum": moved, "ok": worst < 1e-2 and moved > 0,
+    return {"model": name, "door": door, **compare_buffers(initial, eager, target),
             "seconds": round(time.perf_counter() - start, 1)}
 
 
@@ -78,8 +80,9 @@ def main() -> None:
                 continue
             rows.append(check(name, door))
             r = rows[-1]
-            print(f"{'ok' if r['ok'] else 'WRONG':5} {name:22} {door:26} max rel diff "
-                  f"{r['max_rel_diff']:.1e} ({r['worst_buffer']}) {r['seconds']} s", flush=True)
+            print(f"{'ok' if r['ok'] else 'WRONG':5} {name:22} {door:26} stale buffers "
+                  f"{r['stale_buffers']:3} {r['first_stale']} excess {r['excess_over_tolerance']:.1e} "
+                  f"({r['worst_buffer']}) {r['seconds']} s", flush=True)
     if args.out:
         write(args.out, rows)
 
@@ -91,9 +94,12 @@ def write(out: pathlib.Path, rows: list[dict]) -> None:
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# Batch norm buffers after 2 training steps vs eager ({meta['date']}, torch "
              f"{meta['torch']}, {meta['device']}, cuDNN {meta['cudnn']})", "",
-             "| model | door | max relative difference | buffer | ok |", "|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['door']} | {r['max_rel_diff']:.1e} | {r['worst_buffer']} | "
-              f"{'yes' if r['ok'] else 'NO'} |" for r in rows]
+             "Stale: buffers eager updated that the compiled steps left at their initial value. "
+             "Excess: the largest difference beyond 1e-3 + 1e-2 x |eager| (cuDNN's batch norm "
+             "rounds differently from the native kernel a compiled graph calls).", "",
+             "| model | door | stale buffers | excess | ok |", "|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['door']} | {r['stale_buffers']} | "
+              f"{r['excess_over_tolerance']:.1e} | {'yes' if r['ok'] else 'NO'} |" for r in rows]
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
