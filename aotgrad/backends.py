@@ -65,6 +65,21 @@ def compiling(model_name: str):
         _compiling.reset(token)
 
 
+@contextlib.contextmanager
+def resumed(compilation: tuple[list[str], str, int]):
+    """Inside a compile that `current_compilation()` captured earlier: a backward compiled
+    at its first call is named as one compiled with its forward would be."""
+    token = _compiling.set(compilation)
+    try:
+        yield
+    finally:
+        _compiling.reset(token)
+
+
+def current_compilation() -> tuple[list[str], str, int]:
+    return _compiling.get()
+
+
 def set_graph_being_compiled(role: str) -> None:
     _compiling.get()[0][:] = [role]
 

@@ -48,31 +48,37 @@ default_decompositions = get_decompositions([
 
 def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompositions,
              num_params_buffers=0, keep_inference_input_mutations=False,
-             dynamic=False) -> Options:
+             dynamic=False, compile_backward="lazy") -> Options:
     backend = Backend(fw_compiler, bw_compiler or fw_compiler,
                       inference_compiler or fw_compiler, decompositions)
     return Options(backend, partition_fn, keep_inference_input_mutations, dynamic=dynamic,
-                   static_inputs=tuple(range(num_params_buffers)))
+                   static_inputs=tuple(range(num_params_buffers)),
+                   compile_backward=compile_backward)
 
 
 def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | None = None,
                  partition_fn: Callable = default_partition, decompositions=None,
                  num_params_buffers: int = 0, keep_inference_input_mutations: bool = False,
-                 inference_compiler: Callable | None = None, *, dynamic: bool = False):
-    """`fn` compiled on first call with `fw_compiler`/`bw_compiler`, as in functorch; with
-    `dynamic=True`, for symbolic sizes (one graph for many shapes)."""
+                 inference_compiler: Callable | None = None, *, dynamic: bool = False,
+                 compile_backward: str = "lazy"):
+    """`fn` compiled on first call with `fw_compiler`, as in functorch, and with
+    `bw_compiler` at its first backward (`compile_backward="ahead"`: with the forward, as
+    torch's `force_non_lazy_backward_lowering`); with `dynamic=True`, for symbolic sizes
+    (one graph for many shapes, whose backward is compiled ahead, as torch does)."""
     return CompiledFunction(fn, _options(fw_compiler, bw_compiler, inference_compiler,
                                          partition_fn, decompositions, num_params_buffers,
-                                         keep_inference_input_mutations, dynamic))
+                                         keep_inference_input_mutations, dynamic,
+                                         compile_backward))
 
 
 def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
     """`mod` with its forward compiled; parameters and buffers are lifted as inputs."""
     def with_compilers(fw_compiler, bw_compiler=None, partition_fn=default_partition,
                        decompositions=None, keep_inference_input_mutations=False,
-                       inference_compiler=None, *, dynamic=False):
+                       inference_compiler=None, *, dynamic=False, compile_backward="lazy"):
         return _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
-                        decompositions, 0, keep_inference_input_mutations, dynamic)
+                        decompositions, 0, keep_inference_input_mutations, dynamic,
+                        compile_backward)
 
     return CompiledModule(mod, with_compilers(*args, **kwargs))
 

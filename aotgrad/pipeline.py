@@ -7,6 +7,7 @@ front doors (`api`, `compat`, `dynamo`) add pytrees, caching and modules around 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -23,7 +24,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import aliasing, analysis, capture, joint, pure, random_values, subclasses
 from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed,
-                       compiling, copy_graph, set_graph_being_compiled)
+                       compiling, copy_graph, current_compilation, resumed,
+                       set_graph_being_compiled)
 from .cse import eliminate_common_subexpressions
 from .double_backward import DoubleBackward
 from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
@@ -48,6 +50,15 @@ class Options:
     # come first (functorch's `num_params_buffers`); Dynamo interleaves them as modules use
     # them.
     static_inputs: tuple[int, ...] = ()
+    # When the backward compiler runs: "lazy" at the first backward (as torch's AOTAutograd),
+    # "ahead" with the forward, at the first call. Graphs of symbolic sizes compile it ahead
+    # always: its compiler may add to the shape guard, which the first call already uses.
+    compile_backward: str = "lazy"
+
+    def __post_init__(self):
+        if self.compile_backward not in ("lazy", "ahead"):
+            raise ValueError(f"aotgrad: compile_backward={self.compile_backward!r}; use "
+                             "'lazy' (at the first backward) or 'ahead' (at the first call)")
 
 
 @dataclass
@@ -168,7 +179,7 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
         call = build(c, options, timer)
     if options.dynamic:  # last: backends add guards while compiling
         call.guard = shape_guard(c.fake_mode, c.fakes)
-    call.artifact.timings = dict(timer)
+    call.artifact.timings = timer  # the same dict: a backward compiled later adds its time
     return call
 
 
@@ -211,8 +222,9 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     restride_saved(fw, bw, n)
     compile_bw = functools.partial(random_values.compile_without_held_values,
                                    functools.partial(_compile, options.backend.bw_compiler))
-    with timer("compile_backward"):
-        compiled_bw = compile_bw(bw)
+    compiled_bw = _compile_later(lambda: compile_bw(bw), timer)
+    if options.compile_backward == "ahead" or is_symbolic(c.fakes):
+        compiled_bw = compiled_bw.compiled()
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
@@ -230,9 +242,49 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     call.double_backward = _double_backward(c, edge, fw, n, held)
     call.stale = c.stale
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
-        call.backward_keeping_saved = CompiledOnFirstCall(
-            lambda: compile_bw(_without_donations(bw)))
+        call.backward_keeping_saved = _compile_later(
+            lambda: compile_bw(_without_donations(bw)), timer)
     return _with_subclasses(edge, call)
+
+
+def _compile_later(compile: Callable[[], Callable], timer: _Timer) -> CompiledOnFirstCall:
+    """A backward compiled at its first call, maybe in autograd's engine thread, in the
+    context its forward was compiled in; its time is added to `compile_backward`."""
+    context = _ForwardCompileContext.capture()
+
+    def compile_now() -> Callable:
+        with context.resumed(), timer("compile_backward"):
+            return compile()
+    return CompiledOnFirstCall(compile_now)
+
+
+@dataclass(frozen=True)
+class _ForwardCompileContext:
+    """What a backward's compiler sees of the compile that traced it, wherever and whenever
+    it runs: the compile's name (`compat.get_aot_compilation_context`), Dynamo's tracing and
+    compile contexts (its fake mode, the compile id); grad mode off, as torch compiles a
+    backward; and no cyclic collector passes, as for the rest of the compile."""
+
+    compilation: tuple
+    tracing: Any
+    compile_id: Any
+
+    @staticmethod
+    def capture() -> "_ForwardCompileContext":
+        from torch._guards import CompileContext, TracingContext
+        return _ForwardCompileContext(current_compilation(), TracingContext.try_get(),
+                                      CompileContext.try_get())
+
+    @contextmanager
+    def resumed(self):
+        from torch._guards import TracingContext, compile_context, tracing
+        # Leaving a tracing context cleans its shape env up: not while the compile that
+        # entered it (compiling ahead, inside Dynamo's) still runs.
+        inside = self.tracing is not None and TracingContext.try_get() is self.tracing
+        with resumed(self.compilation), compile_context(self.compile_id), \
+                contextlib.nullcontext() if inside else tracing(self.tracing), \
+                torch.no_grad(), _collector_paused():
+            yield
 
 
 def _trace_joint(c: Captured, options: Options, random_ops: random_values.RandomValueTags
