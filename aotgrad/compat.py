@@ -64,7 +64,8 @@ def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | No
     """`fn` compiled on first call with `fw_compiler`, as in functorch, and with
     `bw_compiler` at its first backward (`compile_backward="ahead"`: with the forward, as
     torch's `force_non_lazy_backward_lowering`); with `dynamic=True`, for symbolic sizes
-    (one graph for many shapes, whose backward is compiled ahead, as torch does)."""
+    (one graph for many shapes; its backward is compiled ahead, as its compiler may add to
+    the shape guard)."""
     return CompiledFunction(fn, _options(fw_compiler, bw_compiler, inference_compiler,
                                          partition_fn, decompositions, num_params_buffers,
                                          keep_inference_input_mutations, dynamic,
