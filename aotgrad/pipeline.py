@@ -244,7 +244,17 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
         call.backward_keeping_saved = _compile_later(
             lambda: compile_bw(_without_donations(bw)), timer)
+    if edge.is_plain:
+        _call_directly_once_compiled(call)
     return _with_subclasses(edge, call)
+
+
+def _call_directly_once_compiled(call: CompiledCall) -> None:
+    """Once compiled, a backward runs without the lazy wrapper's frame in between."""
+    for role in ("backward", "backward_keeping_saved"):
+        lazy = getattr(call, role)
+        if isinstance(lazy, CompiledOnFirstCall):
+            lazy.then = functools.partial(setattr, call, role)
 
 
 def _compile_later(compile: Callable[[], Callable], timer: _Timer) -> CompiledOnFirstCall:

@@ -114,6 +114,8 @@ class CompiledOnFirstCall:
         self._compile = compile
         self._compiled: Callable | None = None
         self._lock = threading.Lock()
+        # Told the compiled graph once there is one: its holder may call it directly after.
+        self.then: Callable[[Callable], None] | None = None
 
     def __call__(self, args: list):
         compiled = self._compiled
@@ -127,6 +129,9 @@ class CompiledOnFirstCall:
             if self._compiled is None:
                 self._compiled = self._compile()
                 self._compile = None  # what it held (graphs, contexts) is not needed again
+                if self.then is not None:
+                    self.then(self._compiled)
+                    self.then = None
             return self._compiled
 
 

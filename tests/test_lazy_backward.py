@@ -11,6 +11,7 @@ from functorch.compile import aot_function as torch_aot_function
 
 import aotgrad
 from aotgrad import compat
+from aotgrad.runtime import CompiledOnFirstCall
 
 
 class Counting:
@@ -228,3 +229,17 @@ def test_inductor_compiles_a_backward_in_autograds_engine_thread(door):
         torch.testing.assert_close(g, p.grad, atol=2e-2, rtol=2e-2)
     if door == "compile":
         assert "compile_backward" in compiled.artifacts[0].timings
+
+
+def test_once_compiled_a_backward_is_called_without_the_lazy_wrapper():
+    f = aotgrad.compile(exp_of_product, backend="eager")
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    out = f(x, w)
+    (call,) = f.entries.values()
+    assert isinstance(call.backward, CompiledOnFirstCall)
+    assert isinstance(call.backward_keeping_saved, CompiledOnFirstCall)
+    out.backward(retain_graph=True)  # compiles only the variant that keeps saved values
+    assert isinstance(call.backward, CompiledOnFirstCall)
+    assert not isinstance(call.backward_keeping_saved, CompiledOnFirstCall)
+    out.backward()
+    assert not isinstance(call.backward, CompiledOnFirstCall)
