@@ -7,7 +7,6 @@ front doors (`api`, `compat`, `dynamo`) add pytrees, caching and modules around 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import gc
@@ -23,9 +22,8 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import aliasing, analysis, capture, joint, pure, random_values, subclasses
-from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed,
-                       compiling, copy_graph, current_compilation, resumed,
-                       set_graph_being_compiled)
+from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, CompileScope, GraphInfo,
+                       as_boxed, compiling, copy_graph, set_graph_being_compiled)
 from .cse import eliminate_common_subexpressions
 from .double_backward import DoubleBackward
 from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
@@ -260,41 +258,12 @@ def _call_directly_once_compiled(call: CompiledCall) -> None:
 def _compile_later(compile: Callable[[], Callable], timer: _Timer) -> CompiledOnFirstCall:
     """A backward compiled at its first call, maybe in autograd's engine thread, in the
     context its forward was compiled in; its time is added to `compile_backward`."""
-    context = _ForwardCompileContext.capture()
+    scope = CompileScope.capture()
 
     def compile_now() -> Callable:
-        with context.resumed(), timer("compile_backward"):
+        with scope.resumed(), _collector_paused(), timer("compile_backward"):
             return compile()
     return CompiledOnFirstCall(compile_now)
-
-
-@dataclass(frozen=True)
-class _ForwardCompileContext:
-    """What a backward's compiler sees of the compile that traced it, wherever and whenever
-    it runs: the compile's name (`compat.get_aot_compilation_context`), Dynamo's tracing and
-    compile contexts (its fake mode, the compile id); grad mode off, as torch compiles a
-    backward; and no cyclic collector passes, as for the rest of the compile."""
-
-    compilation: tuple
-    tracing: Any
-    compile_id: Any
-
-    @staticmethod
-    def capture() -> "_ForwardCompileContext":
-        from torch._guards import CompileContext, TracingContext
-        return _ForwardCompileContext(current_compilation(), TracingContext.try_get(),
-                                      CompileContext.try_get())
-
-    @contextmanager
-    def resumed(self):
-        from torch._guards import TracingContext, compile_context, tracing
-        # Leaving a tracing context cleans its shape env up: not while the compile that
-        # entered it (compiling ahead, inside Dynamo's) still runs.
-        inside = self.tracing is not None and TracingContext.try_get() is self.tracing
-        with resumed(self.compilation), compile_context(self.compile_id), \
-                contextlib.nullcontext() if inside else tracing(self.tracing), \
-                torch.no_grad(), _collector_paused():
-            yield
 
 
 def _trace_joint(c: Captured, options: Options, random_ops: random_values.RandomValueTags
