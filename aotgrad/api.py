@@ -277,12 +277,14 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
             partitioner: Callable | None = None, memory_budget: float | None = None,
             decompositions=None, dynamic: bool = False,
             keep_inference_input_mutations: bool = False,
-            max_entries: int = DEFAULT_MAX_ENTRIES):
+            max_entries: int = DEFAULT_MAX_ENTRIES, compile_backward: str = "lazy"):
     """Compile a function or module ahead of time for training and inference.
 
     `partitioner` decides what the forward saves for the backward (default: the min-cut
     rematerialization partitioner); `memory_budget` in [0, 1] trades recomputation for a
     lower estimated peak (1: the min-cut plan, 0: recompute everything recomputable).
+    `compile_backward`: "lazy" compiles a backward at its first use (a call under no_grad,
+    or one whose outputs never see backward, compiles none); "ahead" with its forward.
 
     >>> import torch, aotgrad
     >>> f = aotgrad.compile(lambda x: (x.sin() * 2).sum(), backend="eager")
@@ -293,7 +295,8 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     """
     options = Options(resolve_backend(backend, decompositions),
                       choose_partitioner(partitioner, memory_budget),
-                      keep_inference_input_mutations, dynamic=dynamic)
+                      keep_inference_input_mutations, dynamic=dynamic,
+                      compile_backward=compile_backward)
     if isinstance(fn_or_module, torch.nn.Module):
         return CompiledModule(fn_or_module, options, max_entries)
     return CompiledFunction(fn_or_module, options, max_entries)

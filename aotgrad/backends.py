@@ -65,6 +65,37 @@ def compiling(model_name: str):
         _compiling.reset(token)
 
 
+@dataclass(frozen=True)
+class CompileScope:
+    """The context of a compile, captured to compile one of its graphs later (a backward at
+    its first use, maybe in autograd's engine thread) as it would have been compiled then:
+    the compile's name (`compat.get_aot_compilation_context`), Dynamo's tracing and compile
+    contexts (its fake mode, the compile id); grad mode off, as torch compiles a backward."""
+
+    compilation: tuple[list[str], str, int]
+    tracing: Any  # torch._guards.TracingContext, or None outside Dynamo
+    dynamo_compile: Any  # torch._guards.CompileContext, or None
+
+    @staticmethod
+    def capture() -> "CompileScope":
+        from torch._guards import CompileContext, TracingContext
+        return CompileScope(_compiling.get(), TracingContext.try_get(), CompileContext.try_get())
+
+    @contextlib.contextmanager
+    def resumed(self):
+        from torch._guards import TracingContext, compile_context, tracing
+        # Leaving a tracing context cleans its shape env up: not while the compile that
+        # entered it (compiling ahead, inside Dynamo's) still runs.
+        inside = self.tracing is not None and TracingContext.try_get() is self.tracing
+        token = _compiling.set(self.compilation)
+        try:
+            with compile_context(self.dynamo_compile), torch.no_grad(), \
+                    contextlib.nullcontext() if inside else tracing(self.tracing):
+                yield
+        finally:
+            _compiling.reset(token)
+
+
 def set_graph_being_compiled(role: str) -> None:
     _compiling.get()[0][:] = [role]
 

@@ -56,11 +56,12 @@ default_decompositions = get_decompositions([
 
 def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompositions,
              num_params_buffers=0, keep_inference_input_mutations=False,
-             dynamic=False) -> Options:
+             dynamic=False, compile_backward="lazy") -> Options:
     backend = Backend(fw_compiler, bw_compiler or fw_compiler,
                       inference_compiler or fw_compiler, decompositions)
     return Options(backend, config.partitioner(partition_fn), keep_inference_input_mutations,
-                   dynamic=dynamic, static_inputs=tuple(range(num_params_buffers)))
+                   dynamic=dynamic, static_inputs=tuple(range(num_params_buffers)),
+                   compile_backward=compile_backward)
 
 
 def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | None = None,
@@ -68,9 +69,12 @@ def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | No
                  num_params_buffers: int = 0, keep_inference_input_mutations: bool = False,
                  inference_compiler: Callable | None = None, *, dynamic: bool = False,
                  enable_log: bool = True, disable_functionalization: bool = False,
-                 _disable_torch_fn_metadata_mode: bool = False):
-    """`fn` compiled on first call with `fw_compiler`/`bw_compiler`, as in functorch; with
-    `dynamic=True`, for symbolic sizes (one graph for many shapes).
+                 _disable_torch_fn_metadata_mode: bool = False, compile_backward: str = "lazy"):
+    """`fn` compiled on first call with `fw_compiler`, as in functorch, and with
+    `bw_compiler` at its first backward (`compile_backward="ahead"`: with the forward, as
+    torch's `force_non_lazy_backward_lowering`); with `dynamic=True`, for symbolic sizes
+    (one graph for many shapes; its backward is compiled ahead, as its compiler may add to
+    the shape guard).
 
     `enable_log` and `_disable_torch_fn_metadata_mode` change only torch's logging and node
     metadata. `disable_functionalization`: a function that mutates nothing is traced without
@@ -78,7 +82,8 @@ def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | No
     anyway, because the runtime applies the mutations the functional graph returns."""
     return CompiledFunction(fn, _options(fw_compiler, bw_compiler, inference_compiler,
                                          partition_fn, decompositions, num_params_buffers,
-                                         keep_inference_input_mutations, dynamic))
+                                         keep_inference_input_mutations, dynamic,
+                                         compile_backward))
 
 
 def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
@@ -86,9 +91,11 @@ def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
     def with_compilers(fw_compiler, bw_compiler=None, partition_fn=default_partition,
                        decompositions=None, keep_inference_input_mutations=False,
                        inference_compiler=None, *, dynamic=False, enable_log=True,
-                       disable_functionalization=False, _disable_torch_fn_metadata_mode=False):
+                       disable_functionalization=False, _disable_torch_fn_metadata_mode=False,
+                       compile_backward="lazy"):
         return _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
-                        decompositions, 0, keep_inference_input_mutations, dynamic)
+                        decompositions, 0, keep_inference_input_mutations, dynamic,
+                        compile_backward)
 
     refuse_fake_state(mod)
     return CompiledModule(mod, with_compilers(*args, **kwargs))

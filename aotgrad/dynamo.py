@@ -26,10 +26,11 @@ from .runtime import CompiledCall
 
 def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,
                  memory_budget: float | None = None, decompositions=None,
-                 keep_inference_input_mutations: bool = False) -> Callable:
+                 keep_inference_input_mutations: bool = False,
+                 compile_backward: str = "lazy") -> Callable:
     options = Options(resolve_backend(backend, decompositions),
                       choose_partitioner(partitioner, memory_budget),
-                      keep_inference_input_mutations)
+                      keep_inference_input_mutations, compile_backward=compile_backward)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
         graph_options = replace(options, static_inputs=_static_inputs(gm, example_inputs))

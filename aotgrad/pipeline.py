@@ -22,8 +22,8 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import aliasing, analysis, capture, joint, pure, random_values, subclasses
-from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo, as_boxed,
-                       compiling, copy_graph, set_graph_being_compiled)
+from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, CompileScope, GraphInfo,
+                       as_boxed, compiling, copy_graph, set_graph_being_compiled)
 from .cse import eliminate_common_subexpressions
 from .double_backward import DoubleBackward
 from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
@@ -48,6 +48,15 @@ class Options:
     # come first (functorch's `num_params_buffers`); Dynamo interleaves them as modules use
     # them.
     static_inputs: tuple[int, ...] = ()
+    # When the backward compiler runs: "lazy" at the first backward (as torch's AOTAutograd),
+    # "ahead" with the forward, at the first call. Graphs of symbolic sizes compile it ahead
+    # always: its compiler may add to the shape guard, which the first call already uses.
+    compile_backward: str = "lazy"
+
+    def __post_init__(self):
+        if self.compile_backward not in ("lazy", "ahead"):
+            raise ValueError(f"aotgrad: compile_backward={self.compile_backward!r}; use "
+                             "'lazy' (at the first backward) or 'ahead' (at the first call)")
 
 
 @dataclass
@@ -168,7 +177,7 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
         call = build(c, options, timer)
     if options.dynamic:  # last: backends add guards while compiling
         call.guard = shape_guard(c.fake_mode, c.fakes)
-    call.artifact.timings = dict(timer)
+    call.artifact.timings = timer  # the same dict: a backward compiled later adds its time
     return call
 
 
@@ -211,8 +220,9 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     restride_saved(fw, bw, n)
     compile_bw = functools.partial(random_values.compile_without_held_values,
                                    functools.partial(_compile, options.backend.bw_compiler))
-    with timer("compile_backward"):
-        compiled_bw = compile_bw(bw)
+    compiled_bw = _compile_later(lambda: compile_bw(bw), timer)
+    if options.compile_backward == "ahead" or is_symbolic(c.fakes):
+        compiled_bw = compiled_bw.compiled()
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
@@ -230,9 +240,30 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     call.double_backward = _double_backward(c, edge, fw, n, held)
     call.stale = c.stale
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
-        call.backward_keeping_saved = CompiledOnFirstCall(
-            lambda: compile_bw(_without_donations(bw)))
+        call.backward_keeping_saved = _compile_later(
+            lambda: compile_bw(_without_donations(bw)), timer)
+    if edge.is_plain:
+        _call_directly_once_compiled(call)
     return _with_subclasses(edge, call)
+
+
+def _call_directly_once_compiled(call: CompiledCall) -> None:
+    """Once compiled, a backward runs without the lazy wrapper's frame in between."""
+    for role in ("backward", "backward_keeping_saved"):
+        lazy = getattr(call, role)
+        if isinstance(lazy, CompiledOnFirstCall):
+            lazy.then = functools.partial(setattr, call, role)
+
+
+def _compile_later(compile: Callable[[], Callable], timer: _Timer) -> CompiledOnFirstCall:
+    """A backward compiled at its first call, maybe in autograd's engine thread, in the
+    context its forward was compiled in; its time is added to `compile_backward`."""
+    scope = CompileScope.capture()
+
+    def compile_now() -> Callable:
+        with scope.resumed(), _collector_paused(), timer("compile_backward"):
+            return compile()
+    return CompiledOnFirstCall(compile_now)
 
 
 def _trace_joint(c: Captured, options: Options, random_ops: random_values.RandomValueTags

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -105,18 +106,34 @@ class CompiledFunction(torch.autograd.Function):
 
 
 class CompiledOnFirstCall:
-    """A boxed compiled graph that is compiled only if it is ever called."""
+    """A boxed compiled graph that is compiled only if it is ever called, once: backwards
+    run in autograd's engine threads, and two may reach it at the same time."""
 
     _boxed_call = True
 
     def __init__(self, compile: Callable[[], Callable]):
         self._compile = compile
         self._compiled: Callable | None = None
+        self._lock = threading.Lock()
+        # Told the compiled graph once there is one: its holder may call it directly after.
+        self.then: Callable[[Callable], None] | None = None
 
     def __call__(self, args: list):
-        if self._compiled is None:
-            self._compiled = self._compile()
-        return self._compiled(args)
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self.compiled()
+        return compiled(args)
+
+    def compiled(self) -> Callable:
+        """The compiled graph, compiling it now if no call has yet."""
+        with self._lock:
+            if self._compiled is None:
+                self._compiled = self._compile()
+                self._compile = None  # what it held (graphs, contexts) is not needed again
+                if self.then is not None:
+                    self.then(self._compiled)
+                    self.then = None
+            return self._compiled
 
 
 def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:

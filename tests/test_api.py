@@ -129,10 +129,12 @@ def test_compilation_context_names_the_graph():
     names = []
 
     def fw_compiler(gm, _):
-        names.append(compat.get_aot_compilation_context()[0])
+        names.append(compat.get_aot_compilation_context())
         return gm
-    compat.aot_function(lambda x: x.cos(), fw_compiler)(torch.randn(2, requires_grad=True))
-    assert names == [["forward"], ["backward"]]
+    out = compat.aot_function(lambda x: x.cos(), fw_compiler)(torch.randn(2, requires_grad=True))
+    out.sum().backward()  # the backward is compiled at its first use, named as its forward
+    assert [graphs for graphs, _, _ in names] == [["forward"], ["backward"]]
+    assert names[0][1:] == names[1][1:]
 
 
 def test_export_joint_simple_matches_functorch():
