@@ -23,6 +23,7 @@ from .backends import (Backend, compilation_context, make_boxed_compiler,
 from .partition import default_partition
 from .remat import min_cut_rematerialization_partition
 from .dynamo import compile_dynamo_graph, dynamo_fakes
+from .guards import fixed_inputs_check
 from .pipeline import Options, capture_and_analyze
 from .verify import verify
 
@@ -101,8 +102,12 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
         def forward(*runtime_args):
             return lazy(*state, *runtime_args)
     else:
+        check = fixed_inputs_check([*state, *example])
+
         def forward(*runtime_args):
-            return call.run([*state, *runtime_args])
+            flat = [*state, *runtime_args]
+            check(flat)
+            return call.run(flat)
 
     forward.zero_grad = mod.zero_grad
     forward.named_parameters = mod.named_parameters
