@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                           DynamicOutputShapeException, FakeTensor,
                                           FakeTensorMode)
 from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.autograd.function import BackwardCFunction
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
@@ -381,7 +382,7 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
     plain_index: dict[int, int] = {}
     for i, o in enumerate(outs):
         first_seen.setdefault(id(o), i)
-        if isinstance(o, torch.Tensor) and id(o) not in input_index and not o._is_view():
+        if isinstance(o, torch.Tensor) and id(o) not in input_index and not _is_alias(o):
             plain_index.setdefault(id(o), i)
     bases: list[torch.Tensor] = []
     base_index: dict[int, int] = {}
@@ -395,12 +396,30 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
             infos.append(OutputInfo(OutputKind.SAME_AS_OUTPUT, first_seen[id(o)], o.requires_grad))
         elif id(o) in input_index:
             infos.append(OutputInfo(OutputKind.INPUT, input_index[id(o)], o.requires_grad))
-        elif not o._is_view():
+        elif not _is_alias(o):
             infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad))
         else:
             kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
             infos.append(_view_info(o, kind, source))
     return tuple(infos), len(bases)
+
+
+def _is_alias(o: torch.Tensor) -> bool:
+    """A view the runtime may rebuild from its base: one whose gradient flows to the base
+    through view ops alone. A custom Function that returns its input (or a view of it) makes
+    a view whose gradient is the Function's own backward: the graph computes it instead, and
+    returns it from the compiled node, which (as eager's Function) makes it a view again."""
+    return o._is_view() and not _through_custom_function(o.grad_fn, o._base.grad_fn)
+
+
+def _through_custom_function(node, base_node) -> bool:
+    """Whether the autograd path from a view's node back to its base's (each view's first
+    input) passes a custom Function's node."""
+    while node is not None and node is not base_node:
+        if isinstance(node, BackwardCFunction):
+            return True
+        node = node.next_functions[0][0] if node.next_functions else None
+    return False
 
 
 def _view_source(base, input_index, plain_index, base_index, bases):
