@@ -83,7 +83,10 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
                           partition_fn: Callable = default_partition, decompositions=None,
                           keep_inference_input_mutations: bool = False,
                           inference_compiler: Callable | None = None, **_ignored):
-    """Compile now, for these flat `args`; returns `forward(*args)` (Dynamo's convention)."""
+    """Compile now, for these flat `args`; returns `forward(*args)` (Dynamo's convention).
+    The caller guards the inputs, as Dynamo does: a call that changes what the graph
+    assumes of them (an input's requires_grad, a tensor passed twice) raises
+    `InputsChanged` instead of compiling again."""
     state = [*mod.parameters(), *mod.buffers()]
     names = [n for n, _ in mod.named_parameters()] + [n for n, _ in mod.named_buffers()]
 
