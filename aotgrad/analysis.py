@@ -19,7 +19,6 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                           DynamicOutputShapeException, FakeTensor,
                                           FakeTensorMode)
 from torch._subclasses.functional_tensor import FunctionalTensor
-from torch.autograd.function import BackwardCFunction
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
@@ -407,19 +406,15 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
 def _is_alias(o: torch.Tensor) -> bool:
     """A view the runtime may rebuild from its base: one whose gradient flows to the base
     through view ops alone. A custom Function that returns its input (or a view of it) makes
-    a view whose gradient is the Function's own backward: the graph computes it instead, and
-    returns it from the compiled node, which (as eager's Function) makes it a view again."""
-    return o._is_view() and not _through_custom_function(o.grad_fn, o._base.grad_fn)
+    a view whose gradient is the Function's own backward (autograd marks it, and views of
+    it, as made in a custom Function): the graph computes it instead, and returns it from
+    the compiled node, which (as eager's Function) makes it a view again. (Reading grad_fn
+    instead would regenerate a view whose base was mutated, outside the functional mode.)"""
+    return o._is_view() and _creation_meta(o) != _IN_CUSTOM_FUNCTION
 
 
-def _through_custom_function(node, base_node) -> bool:
-    """Whether the autograd path from a view's node back to its base's (each view's first
-    input) passes a custom Function's node."""
-    while node is not None and node is not base_node:
-        if isinstance(node, BackwardCFunction):
-            return True
-        node = node.next_functions[0][0] if node.next_functions else None
-    return False
+_creation_meta = torch._C._autograd._get_creation_meta
+_IN_CUSTOM_FUNCTION = torch._C._autograd.CreationMeta.IN_CUSTOM_FUNCTION
 
 
 def _view_source(base, input_index, plain_index, base_index, bases):
