@@ -393,7 +393,7 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
     plain_index: dict[int, int] = {}
     for i, o in enumerate(outs):
         first_seen.setdefault(id(o), i)
-        if isinstance(o, torch.Tensor) and id(o) not in input_index and not o._is_view():
+        if isinstance(o, torch.Tensor) and id(o) not in input_index and not _is_alias(o):
             plain_index.setdefault(id(o), i)
     bases: list[torch.Tensor] = []
     base_index: dict[int, int] = {}
@@ -407,12 +407,26 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
             infos.append(OutputInfo(OutputKind.SAME_AS_OUTPUT, first_seen[id(o)], o.requires_grad))
         elif id(o) in input_index:
             infos.append(OutputInfo(OutputKind.INPUT, input_index[id(o)], o.requires_grad))
-        elif not o._is_view():
+        elif not _is_alias(o):
             infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad))
         else:
             kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
             infos.append(_view_info(o, kind, source))
     return tuple(infos), len(bases)
+
+
+def _is_alias(o: torch.Tensor) -> bool:
+    """A view the runtime may rebuild from its base: one whose gradient flows to the base
+    through view ops alone. A custom Function that returns its input (or a view of it) makes
+    a view whose gradient is the Function's own backward (autograd marks it, and views of
+    it, as made in a custom Function): the graph computes it instead, and returns it from
+    the compiled node, which (as eager's Function) makes it a view again. (Reading grad_fn
+    instead would regenerate a view whose base was mutated, outside the functional mode.)"""
+    return o._is_view() and _creation_meta(o) != _IN_CUSTOM_FUNCTION
+
+
+_creation_meta = torch._C._autograd._get_creation_meta
+_IN_CUSTOM_FUNCTION = torch._C._autograd.CreationMeta.IN_CUSTOM_FUNCTION
 
 
 def _view_source(base, input_index, plain_index, base_index, bases):

@@ -24,6 +24,7 @@ from .backends import (Backend, compilation_context, make_boxed_compiler,
 from .partition import default_partition
 from .remat import min_cut_rematerialization_partition
 from .dynamo import compile_dynamo_graph, dynamo_fakes
+from .guards import fixed_inputs_check
 from .pipeline import Options, capture_and_analyze
 from .compat_config import config
 from .compat_tools import (debug_compile, draw_graph, draw_graph_compile, memory_efficient_fusion,
@@ -111,6 +112,9 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
                           pre_grad_passes: Callable | None = None,
                           compile_region_name: str | None = None):
     """Compile now, for these flat `args`; returns `forward(*args)` (Dynamo's convention).
+    The caller guards the inputs, as Dynamo does: a call that changes what the graph
+    assumes of them (an input's requires_grad, a tensor passed twice) raises
+    `InputsChanged` instead of compiling again.
 
     `pre_grad_passes(mod, args)` rewrites a GraphModule first. `ignore_shape_env=True`
     leaves Dynamo's symbolic sizes alone: one graph per shape, as calls arrive.
@@ -139,9 +143,12 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
             return lazy(*state, *runtime_args)
     else:
         refuse_fake_constants(call.artifact.forward_graph)
+        check = fixed_inputs_check([*state, *example])
 
         def forward(*runtime_args):
-            return call.run([*state, *runtime_args])
+            flat = [*state, *runtime_args]
+            check(flat)
+            return call.run(flat)
 
     forward.zero_grad = mod.zero_grad
     forward.named_parameters = mod.named_parameters

@@ -24,6 +24,7 @@ computes what eager would.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -84,6 +85,63 @@ def plan_guard(flat_args: Sequence[Any], call: CompiledCall) -> GuardPlan | None
                         if not isinstance(a, torch.Tensor)),
         global_state=global_state(),
     )
+
+
+class InputsChanged(RuntimeError):
+    """A call to a graph compiled once for fixed inputs (`aot_module_simplified`) whose
+    inputs break an assumption of that graph."""
+
+
+def fixed_inputs_check(example: Sequence[Any]) -> Callable[[Sequence[Any]], None]:
+    """For a graph compiled once, for `example` (its caller, Dynamo, guards everything
+    else): raise `InputsChanged` where a call's inputs differ in what the graph bakes in and
+    no later check catches. Each tensor's requires_grad (the graph returns gradients only for
+    the inputs that required them), and the positions that held one tensor (the graph takes
+    it once and would ignore the others). Distinct tensors passed as one are left to the
+    aliasing check: they change nothing unless mutated, and then it raises."""
+    expected = _fixed_facts(example)
+    terms = [f"len(a) == {len(example)}"]
+    terms += [f"a[{p}] is a[{e}]" if type(e) is int else f"a[{p}].requires_grad is {e}"
+              for p, e in enumerate(expected) if e is not None]
+    scope = {"_raise": functools.partial(_raise_inputs_changed, expected)}
+    body = " and\n            ".join(terms)
+    source = f"def check(a):\n    if not ({body}):\n        _raise(a)\n"
+    exec(compile(source, "<aotgrad fixed inputs check>", "exec"), scope)
+    return scope["check"]
+
+
+def _fixed_facts(example: Sequence[Any]) -> list[Any]:
+    """Per position: None (not a tensor), the earlier position of the same tensor, or the
+    tensor's requires_grad (read now: the example tensors themselves may change later)."""
+    first: dict[int, int] = {}
+    facts: list[Any] = []
+    for p, t in enumerate(example):
+        if not isinstance(t, torch.Tensor):
+            facts.append(None)
+            continue
+        q = first.setdefault(id(t), p)
+        facts.append(q if q != p else t.requires_grad)
+    return facts
+
+
+def _raise_inputs_changed(expected: Sequence[Any], args: Sequence[Any]) -> None:
+    raise InputsChanged(
+        f"aotgrad: {_first_change(expected, args)}, unlike the inputs this graph was "
+        "compiled for (aot_module_simplified compiles once, for its example inputs, and its "
+        "caller must guard them, as Dynamo does). Call it with inputs like the example ones, "
+        "or compile again for these (aot_function and aotgrad.compile compile per "
+        "signature).")
+
+
+def _first_change(expected: Sequence[Any], args: Sequence[Any]) -> str:
+    if len(args) != len(expected):
+        return f"the call passes {len(args)} inputs instead of {len(expected)}"
+    for p, (e, a) in enumerate(zip(expected, args)):
+        if type(e) is int and a is not args[e]:
+            return f"inputs {e} and {p} are distinct tensors where one tensor was passed twice"
+        if type(e) is bool and getattr(a, "requires_grad", None) is not e:
+            return f"input {p} has requires_grad={getattr(a, 'requires_grad', None)}"
+    return "the inputs changed"
 
 
 def _guardable(a: Any) -> bool:

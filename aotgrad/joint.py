@@ -64,6 +64,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
             refuse_unseen_writes(info, f_primals)
             mode.phase = BACKWARD
             grads = input_grads(outs, info.gets_tangent, f_primals, f_tangents)
+            refuse_backward_mutations(f_primals)
         outs = [from_functional(o) for o in outs + grads]
         for i, k in in_graph.items():  # the forward output is then the updated input itself
             outs[k] = primals[i].copy_(outs[k])
@@ -87,6 +88,26 @@ def refuse_unseen_writes(info: FunctionInfo, f_primals: Sequence) -> None:
             "only its decomposition shows it: the compiled function would not update the "
             "input. Add the op with its declared form to aotgrad.tables.UNMARKED_MUTATIONS, "
             "or make its schema mark the write (Tensor(a!)).")
+
+
+def refuse_backward_mutations(f_primals: Sequence) -> None:
+    """Eager applies an in-place change that the backward makes to an input (a custom
+    Function's backward writing into a tensor saved on ctx) to the caller's tensor, when the
+    backward runs. The compiled backward returns gradients only: refuse rather than drop it.
+    (A primal that the forward mutates is itself left intact: its copy is mutated.)"""
+    for i, p in enumerate(f_primals):
+        if not isinstance(p, torch.Tensor):
+            continue
+        inner = [t.elem for t in subclasses.unwrap(p)]
+        for t in inner:
+            torch._sync(t)
+        if any(torch._functionalize_has_data_mutation(t) for t in inner):
+            raise NotImplementedError(
+                f"aotgrad: the backward mutates input {i} in place (e.g. a custom "
+                "autograd.Function's backward writing into a tensor saved on ctx), which the "
+                "compiled backward cannot apply to the caller's tensor yet. Save a copy "
+                "(ctx.save_for_backward(t.clone())) or make that change outside the "
+                "compiled function.")
 
 
 def fake_tangents(info: FunctionInfo, fake_mode: FakeTensorMode) -> list[torch.Tensor]:

@@ -216,6 +216,75 @@ def custom_autograd_function(x):
     return StraightThroughRound.apply(x * 3) * x
 
 
+class HalfGradIdentity(torch.autograd.Function):
+    """Returns its input as is (eager makes the output a view of it, whose gradient is
+    this Function's backward, not the view's)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 0.5
+
+
+class HalfGradTranspose(torch.autograd.Function):
+    """Returns a view of its input made in forward: a view with the Function's backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.t() * 0.5
+
+
+@case(lambda: call(leaf(4)), tags={INDUCTOR})
+def custom_function_returns_input(x):
+    return HalfGradIdentity.apply(x)
+
+
+@case(lambda: call(leaf(3, 2)))
+def custom_function_returns_view_of_input(x):
+    return HalfGradTranspose.apply(x)
+
+
+@case(lambda: call(leaf(4)))
+def custom_function_returns_view_of_intermediate(x):
+    y = x * 2
+    return HalfGradIdentity.apply(y), y
+
+
+@case(lambda: call(leaf(4)))
+def view_of_custom_function_output(x):
+    # A view made outside the Function of the Function's view: its gradient still goes
+    # through the Function's backward.
+    return HalfGradIdentity.apply(x)[1:]
+
+
+class ZeroSavedInBackward(torch.autograd.Function):
+    """Saves a tensor and zeroes it in backward: eager changes the caller's tensor then."""
+
+    @staticmethod
+    def forward(ctx, x, buf):
+        ctx.save_for_backward(buf)
+        return x * buf
+
+    @staticmethod
+    def backward(ctx, grad):
+        buf, = ctx.saved_tensors
+        grad_x = grad * buf
+        buf.zero_()
+        return grad_x, None
+
+
+@case(lambda: call(leaf(4), const(4)), tags={INDUCTOR})
+def custom_function_mutates_input_in_backward(x, buf):
+    return ZeroSavedInBackward.apply(x, buf).sum()
+
+
 @case(lambda: call(leaf(4)), tags={"double_backward"})
 def double_backward_custom_function(x):
     # The replay applies the Function and runs its backward with create_graph=True (refused
