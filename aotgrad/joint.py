@@ -96,7 +96,8 @@ def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo,
     save them for the backward (their clone holds the value the backward needs). A
     subclass input is overwritten through each of its plain primals."""
     primals = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
-    mutated = [x.mutated for x, a in zip(info.inputs, fake_args)
+    # set_() gives the input other memory after the forward: as good as overwritten.
+    mutated = [x.mutated or x.storage_swap is not None for x, a in zip(info.inputs, fake_args)
                for _ in subclasses.unwrap(a)]
     for node, flag in zip(primals, mutated):
         node.meta[OVERWRITTEN] = flag

@@ -170,6 +170,58 @@ REFUSED = [
 ]
 
 
+def nograd_set_leaf(x, y):
+    with torch.no_grad():  # a parameter given new memory, as FSDP-style code does
+        x.set_(y)
+    return x * 2
+
+
+def nograd_set_leaf_to_intermediate(x, y):
+    z = x * 3  # reads the old value, saving nothing that set_ would make stale
+    with torch.no_grad():
+        x.set_(y * 2)
+    return x * z, x.exp()
+
+
+def nograd_set_to_grad_tensor(x, w):
+    with torch.no_grad():
+        x.set_(w)
+    return x * w
+
+
+def _grad_inputs(x_grad: bool, y_grad: bool, nonleaf: bool = False):
+    def make():
+        x = torch.randn(2, 3, requires_grad=x_grad)
+        y = torch.randn(2, 3, requires_grad=y_grad)
+        return ((x * 1 if nonleaf else x), y), {}
+    return make
+
+
+NO_GRAD_CASES = [
+    Case("nograd_set_leaf", _grad_inputs(True, False), fn=nograd_set_leaf),
+    Case("nograd_set_nonleaf", _grad_inputs(True, False, nonleaf=True), fn=nograd_set_leaf),
+    Case("nograd_set_leaf_to_intermediate", _grad_inputs(True, False),
+         fn=nograd_set_leaf_to_intermediate),
+    Case("nograd_set_to_grad_tensor", _grad_inputs(False, True), fn=nograd_set_to_grad_tensor),
+    Case("nograd_set_both_require_grad", _grad_inputs(True, True), fn=nograd_set_to_grad_tensor),
+]
+
+
+@DOORS
+@pytest.mark.parametrize("case", NO_GRAD_CASES, ids=lambda c: c.name)
+def test_set_under_no_grad_on_inputs_that_require_grad(case, door):
+    """Eager keeps the input's autograd identity: its gradient reaches the caller's tensor,
+    now on the new memory."""
+    check_case(case, door)
+
+
+@AOT_DOORS
+def test_set_changing_the_shape_of_an_input_that_requires_grad_is_refused(door):
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"set_\(\) on input 0 changing the shape"):
+        door(nograd_set_leaf)(x, torch.randn(8))
+
+
 @AOT_DOORS
 @pytest.mark.parametrize("fn, make, why", REFUSED, ids=[r[0].__name__ for r in REFUSED])
 def test_refused_clearly(fn, make, why, door):
