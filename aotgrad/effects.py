@@ -25,9 +25,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from .tables import ERROR_CHECKS
+from .tables import ERROR_CHECKS, STORAGE_RESIZES
 
 PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BACKWARD
 FORWARD, BACKWARD = "forward", "backward"
@@ -47,12 +48,16 @@ keep_when_unused()
 class CheckingFunctionalMode(FunctionalTensorMode):
     """Functionalization that lets error checks through as they are: they neither mutate
     nor alias, so they need no functional form, and once tagged they need no token. It also
-    records `set_()` calls and gives their target the metadata eager would (swaps.py)."""
+    records `set_()` calls and gives their target the metadata eager would (swaps.py), and
+    the storage resizes it keeps out of the graph."""
 
     def __init__(self):
         super().__init__()
         self.phase = FORWARD  # the joint trace sets BACKWARD while it takes the gradients
         self.set_calls = SetCalls()
+        # Per tensor (by id): its storage's size in bytes after its last
+        # resize_storage_bytes_(), which the runtime replays (the graph holds none).
+        self.storage_bytes: dict[int, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is SET_FROM_TENSOR:
@@ -60,6 +65,10 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             out = super().__torch_dispatch__(func, types, args, kwargs)
             mirror_set_on_wrapper(args)
             return out
+        if func in STORAGE_RESIZES:
+            self.storage_bytes[id(args[0])] = args[1]
+            with disable_proxy_modes_tracing():
+                return super().__torch_dispatch__(func, types, args, kwargs)
         if func not in ERROR_CHECKS:
             return super().__torch_dispatch__(func, types, args, kwargs)
         args, kwargs = pytree.tree_map_only(

@@ -253,3 +253,96 @@ def test_set_to_a_storage_is_refused_clearly(door):
         return x * 2
     with pytest.raises(NotImplementedError, match=r"set_\(\) to a storage rather than a tensor"):
         door(f)(const(2, 3), const(8))
+
+
+# ---- resize_storage_bytes_ (FSDP's parameter memory) ------------------------------------
+
+resize_storage = torch.ops.inductor.resize_storage_bytes_
+
+
+def unshard(p, full, x):
+    """FSDP's forward: give the freed parameter memory, copy the gathered values in."""
+    with torch.no_grad():
+        resize_storage(p, full.numel() * full.element_size())
+        p.copy_(full)
+    return p * x
+
+
+def unshard_then_reshard(p, full, x):
+    out = unshard(p, full, x).sum(0)
+    resize_storage(p, 0)  # freed again: the values written into it are gone
+    return out
+
+
+def free_after_use(p, x):
+    out = p.sin() * x
+    resize_storage(p, 0)
+    return out
+
+
+def _freed(t):
+    t.untyped_storage().resize_(0)
+    return t
+
+
+RESIZES = [
+    (unshard, lambda: (_freed(torch.randn(4, 3, requires_grad=True)), torch.randn(4, 3),
+                       torch.randn(4, 3))),
+    (unshard, lambda: (_freed(torch.randn(4, 3)), torch.randn(4, 3),
+                       torch.randn(4, 3, requires_grad=True))),
+    (unshard_then_reshard, lambda: (_freed(torch.randn(4, 3, requires_grad=True)),
+                                    torch.randn(4, 3), torch.randn(4, 3))),
+    (free_after_use, lambda: (torch.randn(4, 3), torch.randn(4, 3, requires_grad=True))),
+]
+
+
+def _storage_facts(args) -> list:
+    return [(a.untyped_storage().nbytes(), tuple(a.shape), a.stride(), a._version,
+             a.requires_grad) for a in args]
+
+
+@DOORS
+@pytest.mark.parametrize("fn, make", RESIZES, ids=[f"{r[0].__name__}{k}" for k, r in enumerate(RESIZES)])
+def test_resize_storage_bytes_of_an_input_matches_eager(fn, make, door):
+    """The input's storage ends with eager's size and (where it has memory) values; outputs
+    and gradients as eager's; two calls (the second on the same compiled entry)."""
+    compiled = door(fn)
+    for call in range(2):
+        torch.manual_seed(call)
+        eager_args = make()
+        torch.manual_seed(call)
+        args = make()  # the same values, the same freed storages
+        expected, actual = fn(*eager_args), compiled(*args)
+        torch.testing.assert_close(actual, expected)
+        assert _storage_facts(args) == _storage_facts(eager_args), f"call {call}"
+        for e, c in zip(eager_args, args):
+            if e.untyped_storage().nbytes():
+                torch.testing.assert_close(c.detach(), e.detach())
+        expected.sum().backward()
+        actual.sum().backward()
+        for e, c in zip(eager_args, args):
+            assert (e.grad is None) == (c.grad is None)
+            if e.grad is not None:
+                torch.testing.assert_close(c.grad, e.grad)
+
+
+@AOT_DOORS
+def test_resize_storage_bytes_of_a_view_is_refused_clearly(door):
+    def f(p, x):
+        resize_storage(p.view(-1), 0)
+        return x * 2
+    with pytest.raises(NotImplementedError, match="resize_storage_bytes_.*not an input"):
+        door(f)(torch.randn(3), torch.randn(3))
+
+
+def test_resize_storage_bytes_inductor():
+    p = _freed(torch.randn(4, 3, requires_grad=True))
+    ep = _freed(torch.randn(4, 3, requires_grad=True))
+    full, x = torch.randn(4, 3), torch.randn(4, 3)
+    out = aotgrad.compile(unshard_then_reshard, backend="inductor")(p, full, x)
+    expected = unshard_then_reshard(ep, full, x)
+    torch.testing.assert_close(out, expected)
+    assert _storage_facts([p]) == _storage_facts([ep])
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(p.grad, ep.grad)
