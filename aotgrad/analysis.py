@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 
 from . import subclasses, swaps
 from .capture import OutputBox, functional_mode, to_functional
-from .dynamic import Geometry, geometry, is_size, is_symbolic
+from .dynamic import DynamicShapesUnsupported, Geometry, geometry, is_size, is_symbolic
 
 
 
@@ -60,6 +60,9 @@ class InputInfo:
     final_geometry: Geometry
     # set_() inside the function: the storage it ends on (then neither mutates_* is set).
     storage_swap: swaps.StorageSwap | None = None
+    # resize_storage_bytes_() inside the function: the storage's size in bytes after the call
+    # (FSDP's parameters: 0 when freed). The runtime resizes the caller's storage.
+    storage_bytes: int | None = None
 
     @property
     def mutated(self) -> bool:
@@ -122,7 +125,7 @@ class FunctionInfo:
         k = {i: n for n, i in enumerate(self.data_mutated_inputs)}
         return tuple(i for i, x in enumerate(self.inputs)
                      if x.mutates_data and not x.mutates_metadata and not x.requires_grad
-                     and not self.differentiable[k[i]])
+                     and x.storage_bytes is None and not self.differentiable[k[i]])
 
     @property
     def storages_from_graph(self) -> tuple[int, ...]:
@@ -158,8 +161,10 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         for inner in subclasses.unwrap(a):
             torch._sync(inner)
     swapped = _swaps(f_args, before, originals, mode.set_calls)
+    _refuse_other_resizes(mode.storage_bytes, f_args)
     _refuse_data_assignment(held, storages(f_args), swapped)
-    inputs = tuple(_input_info(f, leaf, b, v, s) if isinstance(f, torch.Tensor) else SIZE_INPUT
+    inputs = tuple(_input_info(f, leaf, b, v, s, mode.storage_bytes)
+                   if isinstance(f, torch.Tensor) else SIZE_INPUT
                    for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
     return describe(inputs, f_args, outs, box)
 
@@ -305,7 +310,7 @@ def _swaps(f_args: Sequence[Any], before: Sequence, originals: Sequence,
 
 
 def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
-                swap: swaps.StorageSwap | None) -> InputInfo:
+                swap: swaps.StorageSwap | None, resized: dict[int, int]) -> InputInfo:
     grad_fn, old_version, old_requires_grad = before
     # A subclass: each tensor it wraps. A swapped input takes its new storage as it is.
     inner = [t.elem for t in subclasses.unwrap(a)] if swap is None else []
@@ -326,6 +331,7 @@ def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
         version_bumps=version - old_version,
         final_geometry=geometry(a),
         storage_swap=swap,
+        storage_bytes=_storage_bytes(a, resized),
     )
 
 
@@ -339,6 +345,32 @@ def unseen_writes(info: FunctionInfo, f_args: Sequence[Any]) -> list[int]:
     return [i for i, (a, x) in enumerate(zip(f_args, info.inputs))
             if isinstance(a, torch.Tensor) and not x.mutated and x.storage_swap is None
             and writes_seen([t.elem for t in subclasses.unwrap(a)])]
+
+
+def _refuse_other_resizes(resized: dict[int, int], f_args: Sequence[Any]) -> None:
+    """Only an input's own resize is replayed: one through a view or of an intermediate
+    would be lost."""
+    if set(resized) - {id(a) for a in f_args}:
+        raise NotImplementedError(
+            "aotgrad: the function calls resize_storage_bytes_() on a tensor that is not an "
+            "input (a view of one, or a tensor made inside); only inputs themselves are "
+            "supported. Resize the input itself.")
+
+
+def _storage_bytes(a: torch.Tensor, resized: dict[int, int]) -> int | None:
+    """The storage size after a resize_storage_bytes_() inside the function, else None."""
+    if subclasses.is_subclass(a):
+        if any(id(t) in resized for t in subclasses.unwrap(a)):
+            raise NotImplementedError(
+                "aotgrad: the function resizes the storage of a tensor subclass input's inner "
+                "tensor (resize_storage_bytes_), which is not supported; resize it outside "
+                "the compiled function.")
+        return None
+    nbytes = resized.get(id(a))
+    if is_symbolic(nbytes):
+        raise DynamicShapesUnsupported("aotgrad: resize_storage_bytes_() of an input is "
+                                       "compiled for static shapes only.")
+    return nbytes
 
 
 def version_of(t: Any) -> int:

@@ -25,9 +25,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from .tables import ERROR_CHECKS, UNMARKED_MUTATIONS
+from .tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS
 
 PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BACKWARD
 FORWARD, BACKWARD = "forward", "backward"
@@ -47,14 +48,18 @@ keep_when_unused()
 class CheckingFunctionalMode(FunctionalTensorMode):
     """Functionalization that lets error checks through as they are: they neither mutate
     nor alias, so they need no functional form, and once tagged they need no token. It also
-    records `set_()` calls and gives their target the metadata eager would (swaps.py), and
-    runs ops that write arguments without marking it as their declared forms
-    (`tables.UNMARKED_MUTATIONS`), so that their writes are seen."""
+    records `set_()` calls and gives their target the metadata eager would (swaps.py),
+    records the storage resizes it keeps out of the graph, and runs ops that write arguments
+    without marking it as their declared forms (`tables.UNMARKED_MUTATIONS`), so that their
+    writes are seen."""
 
     def __init__(self):
         super().__init__()
         self.phase = FORWARD  # the joint trace sets BACKWARD while it takes the gradients
         self.set_calls = SetCalls()
+        # Per tensor (by id): its storage's size in bytes after its last
+        # resize_storage_bytes_(), which the runtime replays (the graph holds none).
+        self.storage_bytes: dict[int, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is SET_FROM_TENSOR:
@@ -62,6 +67,10 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             out = super().__torch_dispatch__(func, types, args, kwargs)
             mirror_set_on_wrapper(args)
             return out
+        if func in STORAGE_RESIZES:
+            self.storage_bytes[id(args[0])] = args[1]
+            with disable_proxy_modes_tracing():
+                return super().__torch_dispatch__(func, types, args, kwargs)
         declared = UNMARKED_MUTATIONS.get(func)
         if declared is not None:
             with self:  # its ops are functionalized in turn

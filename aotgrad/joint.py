@@ -22,8 +22,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from . import subclasses
 from .analysis import FunctionInfo, graph_outputs, unseen_writes
 from .capture import from_functional, functional_mode, to_functional
+from .dynamic import is_symbolic
 from .effects import BACKWARD
 from .tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
+
+aten = torch.ops.aten
 
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
 OVERWRITTEN = "aotgrad_overwritten"  # node.meta key on primals the runtime mutates
@@ -133,7 +136,10 @@ def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo,
     save them for the backward (their clone holds the value the backward needs). A
     subclass input is overwritten through each of its plain primals."""
     primals = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
-    mutated = [x.mutated for x, a in zip(info.inputs, fake_args)
+    # set_() gives the input other memory, and a resize frees or reallocates it, after the
+    # forward: as good as overwritten.
+    mutated = [x.mutated or x.storage_swap is not None or x.storage_bytes is not None
+               for x, a in zip(info.inputs, fake_args)
                for _ in subclasses.unwrap(a)]
     for node, flag in zip(primals, mutated):
         node.meta[OVERWRITTEN] = flag
@@ -278,9 +284,36 @@ def cleanup(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Flat calling convention, no runtime no-ops, no dead code."""
     gm.graph._codegen = torch.fx.graph.CodeGen()
     remove_no_ops(gm.graph)
+    allocate_overwritten_clones(gm.graph)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+def allocate_overwritten_clones(graph: torch.fx.Graph) -> None:
+    """A clone whose values nothing reads (an input's mutable copy, overwritten whole by
+    `copy_`) becomes an allocation: its source may have no memory (an FSDP parameter,
+    freed until the function resizes and fills it), which eager never reads either."""
+    for node in list(graph.find_nodes(op="call_function", target=aten.clone.default)):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or is_symbolic(val) or not node.users or any(
+                not _reads_only_geometry(u, node) for u in node.users):
+            continue
+        with graph.inserting_before(node):
+            empty = graph.call_function(aten.empty_strided.default, (
+                tuple(val.shape), tuple(val.stride())),
+                {"dtype": val.dtype, "device": val.device})
+        empty.meta.update(node.meta)
+        node.replace_all_uses_with(empty)
+        graph.erase_node(node)
+
+
+def _reads_only_geometry(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """The functional `copy(node, src)` takes only node's geometry, so do size reads."""
+    if user.target in GEOMETRY_READS:
+        return True
+    return user.target is aten.copy.default and user.args[0] is node and \
+        all(a is not node for a in user.args[1:])
 
 
 def remove_no_ops(graph: torch.fx.Graph) -> None:

@@ -182,8 +182,10 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
 
 
 def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
-    keep = options.keep_inference_input_mutations
     info = c.info
+    # A resized input gets its memory from the runtime, after the graph: no copy before it.
+    keep = options.keep_inference_input_mutations and \
+        all(x.storage_bytes is None for x in info.inputs)
     with timer("trace"):
         trace = pure.trace_inference if c.pure else joint.trace_inference
         gm = trace(c.graph_fn, info, c.fakes, c.fake_mode, options.backend.decompositions, keep)

@@ -52,7 +52,7 @@ class RuntimePlan:
     @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
         return tuple(i for i, x in enumerate(self.info.inputs)
-                     if x.mutated or x.storage_swap is not None)
+                     if x.mutated or x.storage_swap is not None or x.storage_bytes is not None)
 
 
 class CompiledFunction(torch.autograd.Function):
@@ -352,13 +352,28 @@ def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
     steps = _swap_steps(plan.info)
     data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
     for i, x in enumerate(plan.info.inputs):
+        if x.storage_bytes is not None:  # first: the new values need the memory
+            steps.append(_resize_storage(i, x.storage_bytes, x.version_bumps if
+                                         x.mutates_data and x.storage_bytes == 0 else 0))
         if x.mutates_metadata:
             steps.append(_restore_metadata(i, x.final_geometry, x.mutation_hidden_from_autograd,
                                            plan.sizes))
-        if x.mutates_data and i not in plan.copied_in_graph:
+        # A storage freed at the end holds no value to copy (FSDP writes, then frees): only
+        # the version counter shows the writes.
+        if x.mutates_data and i not in plan.copied_in_graph and x.storage_bytes != 0:
             steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd,
                                     x.bumps_version))
     return steps
+
+
+def _resize_storage(i: int, nbytes: int, bumps: int) -> Callable:
+    """resize_storage_bytes_() as the function did (neither autograd nor the version counter
+    sees it); `bumps`: the version counter's advance by writes whose values it drops."""
+    def step(inputs, raw):
+        inputs[i].untyped_storage().resize_(nbytes)
+        if bumps:
+            _set_version_counters([inputs[i]], [inputs[i]._version + bumps])
+    return step
 
 
 def _swap_steps(info: FunctionInfo) -> list[Callable]:

@@ -56,14 +56,20 @@ def mirror_set_on_wrapper(args: Sequence[Any]) -> None:
 class SetCalls:
     """What functionalization saw of `set_()`: per tensor (by id), whether its memory had
     been written (through it, a view or `.data`) at its first `set_`. Such a write stays in
-    its old memory, where the runtime cannot replay it."""
+    its old memory, where the runtime cannot replay it. Also the tensors whose `set_` autograd
+    saw (grad mode on, a tensor requiring grad): eager's backward through them has no
+    derivative."""
 
     def __init__(self):
         self.written_before: dict[int, bool] = {}
+        self.seen_by_autograd: set[int] = set()
 
     def record(self, args: Sequence[Any]) -> None:
         written = torch._functionalize_mutation_counter(args[0].elem) > 0
         self.written_before.setdefault(id(args[0]), written)
+        # Read below autograd, where grad mode is still the caller's.
+        if torch.is_grad_enabled() and (args[0].requires_grad or args[1].requires_grad):
+            self.seen_by_autograd.add(id(args[0]))
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ def find_swap(i: int, f_args: Sequence[Any], before: Sequence[Original | None],
     """How input `i`, whose storage the function swapped, ends; refuses what the runtime
     cannot replay."""
     a = f_args[i]
-    _refuse(i, a, set_calls, requires_grad)
+    _refuse(i, a, set_calls, requires_grad, before[i].geometry)
     source = _source(i, a.untyped_storage()._cdata, before)
     if source is None:
         return StorageSwap(None)
@@ -104,12 +110,20 @@ def _source(i: int, storage: int, before: Sequence[Original | None]) -> int | No
     return i if i in owners else next(iter(owners), None)
 
 
-def _refuse(i: int, a: Any, set_calls: SetCalls, requires_grad: bool) -> None:
+def _refuse(i: int, a: Any, set_calls: SetCalls, requires_grad: bool,
+            old: Geometry) -> None:
     if not hasattr(a, "elem"):
         raise _refusal(i, "on a tensor subclass input")
-    if requires_grad or a.requires_grad:
-        raise _refusal(i, "where the input or the new tensor requires grad (eager has no "
-                       "derivative for set_)")
+    if id(a) in set_calls.seen_by_autograd:
+        raise _refusal(i, "with grad mode on, where the input or the new tensor requires grad "
+                       "(eager has no derivative for set_; under torch.no_grad() it is "
+                       "supported)")
+    # Under no_grad autograd keeps the input as it was: its gradient flows to the caller's
+    # tensor, which must keep the shape the compiled graph's autograd node was given.
+    if requires_grad and geometry(a)[0] != old[0]:
+        raise _refusal(i, f"changing the shape of an input that requires grad (from "
+                       f"{tuple(old[0])} to {tuple(a.shape)}): its gradient would not have "
+                       "the shape the call's autograd node expects")
     if set_calls.written_before.get(id(a), True):  # True also when the set_ call went unseen
         raise _refusal(i, "after writing into the input's memory (eager leaves that write "
                        "in the old memory)")

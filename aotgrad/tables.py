@@ -51,6 +51,13 @@ DRAWN_OPS = frozenset({
 # donated to the backward: pipeline.mark_donated).
 STORAGE_SWAPS = frozenset({aten.set_, aten.resize_, aten.resize_as_})
 
+# Ops that resize an input's storage without a mutable schema (FSDP frees and re-allocates
+# parameter memory with them): functionalization records the new size, and the runtime
+# resizes the caller's storage (analysis.InputInfo.storage_bytes). Absent from older torch.
+STORAGE_RESIZES = frozenset(
+    {torch.ops.inductor.resize_storage_bytes_.default}
+    if hasattr(torch.ops.inductor, "resize_storage_bytes_") else ())
+
 # In-place ops a functional graph may still hold: the trailing copy into a mutated input
 # (inference graphs with keep_inference_input_mutations=True).
 ALLOWED_INPUT_MUTATIONS = frozenset({
@@ -178,7 +185,7 @@ def needs_functionalization(target) -> bool:
     if not isinstance(target, torch._ops.OpOverload):
         return True
     return (target._schema.is_mutable or target in UNMARKED_MUTATIONS or target in ERROR_CHECKS
-            or _has_effect(target))
+            or target in STORAGE_RESIZES or _has_effect(target))
 
 
 # Ops that update arguments in place although their schemas do not mark it: batch norm's

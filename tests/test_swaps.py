@@ -170,6 +170,58 @@ REFUSED = [
 ]
 
 
+def nograd_set_leaf(x, y):
+    with torch.no_grad():  # a parameter given new memory, as FSDP-style code does
+        x.set_(y)
+    return x * 2
+
+
+def nograd_set_leaf_to_intermediate(x, y):
+    z = x * 3  # reads the old value, saving nothing that set_ would make stale
+    with torch.no_grad():
+        x.set_(y * 2)
+    return x * z, x.exp()
+
+
+def nograd_set_to_grad_tensor(x, w):
+    with torch.no_grad():
+        x.set_(w)
+    return x * w
+
+
+def _grad_inputs(x_grad: bool, y_grad: bool, nonleaf: bool = False):
+    def make():
+        x = torch.randn(2, 3, requires_grad=x_grad)
+        y = torch.randn(2, 3, requires_grad=y_grad)
+        return ((x * 1 if nonleaf else x), y), {}
+    return make
+
+
+NO_GRAD_CASES = [
+    Case("nograd_set_leaf", _grad_inputs(True, False), fn=nograd_set_leaf),
+    Case("nograd_set_nonleaf", _grad_inputs(True, False, nonleaf=True), fn=nograd_set_leaf),
+    Case("nograd_set_leaf_to_intermediate", _grad_inputs(True, False),
+         fn=nograd_set_leaf_to_intermediate),
+    Case("nograd_set_to_grad_tensor", _grad_inputs(False, True), fn=nograd_set_to_grad_tensor),
+    Case("nograd_set_both_require_grad", _grad_inputs(True, True), fn=nograd_set_to_grad_tensor),
+]
+
+
+@DOORS
+@pytest.mark.parametrize("case", NO_GRAD_CASES, ids=lambda c: c.name)
+def test_set_under_no_grad_on_inputs_that_require_grad(case, door):
+    """Eager keeps the input's autograd identity: its gradient reaches the caller's tensor,
+    now on the new memory."""
+    check_case(case, door)
+
+
+@AOT_DOORS
+def test_set_changing_the_shape_of_an_input_that_requires_grad_is_refused(door):
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"set_\(\) on input 0 changing the shape"):
+        door(nograd_set_leaf)(x, torch.randn(8))
+
+
 @AOT_DOORS
 @pytest.mark.parametrize("fn, make, why", REFUSED, ids=[r[0].__name__ for r in REFUSED])
 def test_refused_clearly(fn, make, why, door):
@@ -201,3 +253,96 @@ def test_set_to_a_storage_is_refused_clearly(door):
         return x * 2
     with pytest.raises(NotImplementedError, match=r"set_\(\) to a storage rather than a tensor"):
         door(f)(const(2, 3), const(8))
+
+
+# ---- resize_storage_bytes_ (FSDP's parameter memory) ------------------------------------
+
+resize_storage = torch.ops.inductor.resize_storage_bytes_
+
+
+def unshard(p, full, x):
+    """FSDP's forward: give the freed parameter memory, copy the gathered values in."""
+    with torch.no_grad():
+        resize_storage(p, full.numel() * full.element_size())
+        p.copy_(full)
+    return p * x
+
+
+def unshard_then_reshard(p, full, x):
+    out = unshard(p, full, x).sum(0)
+    resize_storage(p, 0)  # freed again: the values written into it are gone
+    return out
+
+
+def free_after_use(p, x):
+    out = p.sin() * x
+    resize_storage(p, 0)
+    return out
+
+
+def _freed(t):
+    t.untyped_storage().resize_(0)
+    return t
+
+
+RESIZES = [
+    (unshard, lambda: (_freed(torch.randn(4, 3, requires_grad=True)), torch.randn(4, 3),
+                       torch.randn(4, 3))),
+    (unshard, lambda: (_freed(torch.randn(4, 3)), torch.randn(4, 3),
+                       torch.randn(4, 3, requires_grad=True))),
+    (unshard_then_reshard, lambda: (_freed(torch.randn(4, 3, requires_grad=True)),
+                                    torch.randn(4, 3), torch.randn(4, 3))),
+    (free_after_use, lambda: (torch.randn(4, 3), torch.randn(4, 3, requires_grad=True))),
+]
+
+
+def _storage_facts(args) -> list:
+    return [(a.untyped_storage().nbytes(), tuple(a.shape), a.stride(), a._version,
+             a.requires_grad) for a in args]
+
+
+@DOORS
+@pytest.mark.parametrize("fn, make", RESIZES, ids=[f"{r[0].__name__}{k}" for k, r in enumerate(RESIZES)])
+def test_resize_storage_bytes_of_an_input_matches_eager(fn, make, door):
+    """The input's storage ends with eager's size and (where it has memory) values; outputs
+    and gradients as eager's; two calls (the second on the same compiled entry)."""
+    compiled = door(fn)
+    for call in range(2):
+        torch.manual_seed(call)
+        eager_args = make()
+        torch.manual_seed(call)
+        args = make()  # the same values, the same freed storages
+        expected, actual = fn(*eager_args), compiled(*args)
+        torch.testing.assert_close(actual, expected)
+        assert _storage_facts(args) == _storage_facts(eager_args), f"call {call}"
+        for e, c in zip(eager_args, args):
+            if e.untyped_storage().nbytes():
+                torch.testing.assert_close(c.detach(), e.detach())
+        expected.sum().backward()
+        actual.sum().backward()
+        for e, c in zip(eager_args, args):
+            assert (e.grad is None) == (c.grad is None)
+            if e.grad is not None:
+                torch.testing.assert_close(c.grad, e.grad)
+
+
+@AOT_DOORS
+def test_resize_storage_bytes_of_a_view_is_refused_clearly(door):
+    def f(p, x):
+        resize_storage(p.view(-1), 0)
+        return x * 2
+    with pytest.raises(NotImplementedError, match="resize_storage_bytes_.*not an input"):
+        door(f)(torch.randn(3), torch.randn(3))
+
+
+def test_resize_storage_bytes_inductor():
+    p = _freed(torch.randn(4, 3, requires_grad=True))
+    ep = _freed(torch.randn(4, 3, requires_grad=True))
+    full, x = torch.randn(4, 3), torch.randn(4, 3)
+    out = aotgrad.compile(unshard_then_reshard, backend="inductor")(p, full, x)
+    expected = unshard_then_reshard(ep, full, x)
+    torch.testing.assert_close(out, expected)
+    assert _storage_facts([p]) == _storage_facts([ep])
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(p.grad, ep.grad)
