@@ -157,9 +157,9 @@ class CompiledCall:
                                 for i in plan.copied_in_graph)
         # Graph outputs that are inputs the graph wrote in place: nothing reads them.
         data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
-        written_in_graph = tuple(data_index[i] for i in plan.copied_in_graph)
+        self.written_in_graph = tuple(data_index[i] for i in plan.copied_in_graph)
         # ... and the user outputs the runtime rebuilds from other values.
-        self.unread_outputs = written_in_graph + plan.info.rebuilt_outputs
+        self.unread_outputs = self.written_in_graph + plan.info.rebuilt_outputs
         self.non_differentiable = tuple(k for k in plan.non_differentiable
                                         if k not in self.unread_outputs)
         self._outputs = _output_order(plan.info, plan.sizes)

@@ -98,6 +98,11 @@ CASES = {
     "dynamic_plain": (lambda x, y: (x * y).sin(), (leaf(4, 3), leaf(4, 3)), {"dynamic": True}),
     "dynamic_saved_sizes": (lambda x: x.sum(0).expand(x.shape[0], x.shape[1]) * x,
                             (leaf(4, 3),), {"dynamic": True}),
+    "metadata_mutation": (lambda x, y: (y.t_(), x * 2)[1], (leaf(4), buffer(2, 3)), {}),
+    "mutation_kept_in_graph": (lambda x, y: (y.mul_(2), x * y)[1], (leaf(4), buffer(4)),
+                               {"keep_inference_input_mutations": True}),
+    "constant_outputs": (lambda x: (x * 2, None, 3.0, "s"), (leaf(4),), {}),
+    "output_returned_twice": (lambda x: (lambda t: (t, t))(x * 2), (leaf(4),), {}),
 }
 
 # Where aotgrad's graphs differ from torch's, and why (each is a deliberate choice or a gap).
@@ -110,6 +115,10 @@ DIFFERENT = {
     # Both forwards return saved tensors before saved sizes; torch's backward then takes
     # the sizes first, aotgrad's in the forward's order.
     "dynamic_saved_sizes": "saved sizes: torch's backward takes them before the tensors",
+    # The runtime restores an input's geometry from the trace; torch returns the new view.
+    "metadata_mutation": "torch's forward returns a metadata-mutated input; aotgrad's not",
+    "mutation_kept_in_graph": "aotgrad's forward returns an input it copied into itself",
+    "output_returned_twice": "torch's backward takes a tangent per copy, aotgrad's one",
 }
 
 
