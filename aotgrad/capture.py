@@ -235,7 +235,7 @@ def node_by_node(fn: Callable) -> Callable:
         return fn
 
     def run(*args):
-        return torch.fx.Interpreter(fn).run(*args)
+        return _NodeByNode(fn).run(*args)
 
     run.__name__ = type(fn).__name__
     return run
@@ -249,3 +249,16 @@ def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
     from torch.nn.utils.stateless import _reparametrize_module
     with _reparametrize_module(module, state):
         return node_by_node(module)(*args)
+
+
+class _NodeByNode(torch.fx.Interpreter):
+    """Calls `torch._C._autograd._get_data_attr` (Dynamo's `.data`) by its name, as the
+    graph's own code does: a double backward's trace replaces it to see `.data` reads."""
+
+    def call_function(self, target, args, kwargs):
+        if target is _GET_DATA_ATTR:
+            target = torch._C._autograd._get_data_attr
+        return super().call_function(target, args, kwargs)
+
+
+_GET_DATA_ATTR = torch._C._autograd._get_data_attr
