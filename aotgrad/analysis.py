@@ -114,6 +114,20 @@ class FunctionInfo:
         return tuple(i for i, o in enumerate(self.outputs) if o.kind is OutputKind.PLAIN)
 
     @property
+    def first_user_output(self) -> int:
+        """Graph output index of user output 0: every user output has its slot, in order."""
+        return len(self.data_mutated_inputs)
+
+    @property
+    def rebuilt_outputs(self) -> tuple[int, ...]:
+        """Graph outputs the runtime does not read: user outputs it rebuilds itself (aliases,
+        constants). The graph returns them anyway, as functorch's does, so that a compiler
+        finds user output i at the same position as there."""
+        first = self.first_user_output
+        return tuple(first + i for i, o in enumerate(self.outputs)
+                     if o.kind is not OutputKind.PLAIN)
+
+    @property
     def num_graph_outputs(self) -> int:
         return len(self.differentiable)
 
@@ -179,6 +193,8 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     values = graph_outputs(info, args, outs)
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
     hidden += [False] * (len(values) - len(hidden))
+    for k in info.rebuilt_outputs:  # no tangent: the rebuilt alias carries the gradient
+        hidden[k] = True
     info = dataclasses.replace(
         info,
         differentiable=tuple(_requires_grad(v) and not h for v, h in zip(values, hidden)),
@@ -235,13 +251,21 @@ def python_dispatcher(symbolic: bool):
 
 
 def graph_outputs(info: FunctionInfo, args: Sequence, outs: Sequence) -> list:
-    """What the forward graph returns: new values of data-mutated inputs, plain user
-    outputs, the intermediate bases of outputs that are views, then the tensors inputs
-    were set_() to."""
+    """What the forward graph returns: new values of data-mutated inputs, every user output
+    (functorch's convention: aliases and constants too, though the runtime rebuilds those),
+    the intermediate bases of outputs that are views, then the tensors inputs were set_() to."""
     mutated = [args[i] for i in info.data_mutated_inputs]
-    plain = [outs[i] for i in info.plain_outputs]
+    user = [_in_graph(o, out) for o, out in zip(info.outputs, outs)]
     swapped = [args[i] for i in info.storages_from_graph]
-    return mutated + plain + _intermediate_bases(info, outs) + swapped
+    return mutated + user + _intermediate_bases(info, outs) + swapped
+
+
+def _in_graph(o: OutputInfo, out: Any) -> Any:
+    """A user output as the graph returns it. A constant the graph's output would flatten
+    into several values (a `torch.Size`) leaves its slot None, to keep one slot per output."""
+    if o.kind is OutputKind.CONSTANT and not pytree.tree_is_leaf(out):
+        return None
+    return out
 
 
 def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:

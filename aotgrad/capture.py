@@ -93,6 +93,7 @@ class OutputBox:
 
 def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
     """`fn` as a function of the graph inputs only, returning a flat list of leaves."""
+    fn = node_by_node(fn)
 
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
@@ -223,3 +224,41 @@ def from_functional(t: Any) -> Any:
     if subclasses.is_subclass(t):
         return subclasses.map_plain(t, from_functional)
     return t.from_functional() if isinstance(t, FunctionalTensor) else t
+
+
+def node_by_node(fn: Callable) -> Callable:
+    """A graph module (Dynamo's) run one node at a time, as the current node while its ops
+    are traced: the ATen nodes then carry its `stack_trace`, `nn_module_stack` and
+    `source_fn_stack`, which point backends' messages and profiles at the user's code.
+    Other callables as they are."""
+    if not isinstance(fn, torch.fx.GraphModule):
+        return fn
+
+    def run(*args):
+        return _NodeByNode(fn).run(*args)
+
+    run.__name__ = type(fn).__name__
+    return run
+
+
+def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
+    """`module(*args)` with its parameters and buffers replaced by `state`; a graph module
+    node by node (`node_by_node`)."""
+    if not isinstance(module, torch.fx.GraphModule):
+        return torch.func.functional_call(module, state, args)
+    from torch.nn.utils.stateless import _reparametrize_module
+    with _reparametrize_module(module, state):
+        return node_by_node(module)(*args)
+
+
+class _NodeByNode(torch.fx.Interpreter):
+    """Calls `torch._C._autograd._get_data_attr` (Dynamo's `.data`) by its name, as the
+    graph's own code does: a double backward's trace replaces it to see `.data` reads."""
+
+    def call_function(self, target, args, kwargs):
+        if target is _GET_DATA_ATTR:
+            target = torch._C._autograd._get_data_attr
+        return super().call_function(target, args, kwargs)
+
+
+_GET_DATA_ATTR = torch._C._autograd._get_data_attr

@@ -17,7 +17,7 @@ from torch import fx
 from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import is_fake
 
-from . import analysis, joint, subclasses
+from . import analysis, capture, joint, subclasses
 from .api import CompiledFunction, CompiledModule
 from .backends import (Backend, compilation_context, make_boxed_compiler,
                        make_boxed_func, nop)
@@ -128,7 +128,7 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
 
     def flat_forward(*flat):
         params = dict(zip(names, flat[:len(state)]))
-        return torch.func.functional_call(mod, params, tuple(flat[len(state):]))
+        return capture.run_with_state(mod, params, tuple(flat[len(state):]))
 
     options = _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
                        decompositions, len(state), keep_inference_input_mutations)

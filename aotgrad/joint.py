@@ -213,11 +213,53 @@ def _call(graph_fn: Callable, args: list) -> tuple[list, list]:
 def input_grads(outs, differentiable, primals, tangents, create_graph: bool = False) -> list:
     """One gradient (or None) per primal, of the differentiable outputs weighted by tangents."""
     diff_outs = [o for o, d in zip(outs, differentiable) if d]
+    follow_forward_nodes(diff_outs)
     needs_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]  # not sizes
     wrt = [p for p, n in zip(primals, needs_grad) if n]
     grads = iter(torch.autograd.grad(diff_outs, wrt, tangents, allow_unused=True,
                                      create_graph=create_graph) if wrt and diff_outs else ())
     return [next(grads, None) if n else None for n in needs_grad]
+
+
+def follow_forward_nodes(outputs: Sequence) -> None:
+    """While autograd runs a node's backward, the ops it traces take the sequence number
+    of the forward op that made the node (`seq_nr`), as torch's trace does: so that
+    `copy_forward_stack_traces` can point them at the user's code."""
+    set_seq_nr = getattr(fx_traceback, "set_grad_fn_seq_nr", None)
+    reset_seq_nr = getattr(fx_traceback, "reset_grad_fn_seq_nr", None)
+    if set_seq_nr is None or reset_seq_nr is None:  # an older torch: no stack traces
+        return
+    for node in _autograd_nodes(outputs):
+        seq = node._sequence_nr()
+        node.register_prehook(lambda grads, seq=seq: set_seq_nr(seq))
+        node.register_hook(lambda grad_inputs, grad_outputs: reset_seq_nr())
+
+
+def _autograd_nodes(outputs: Sequence) -> list:
+    roots = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn]
+    seen, todo = set(roots), list(roots)
+    while todo:
+        node = todo.pop()
+        for child, _ in node.next_functions:
+            if child is not None and child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return list(seen)
+
+
+def copy_forward_stack_traces(gm: torch.fx.GraphModule) -> None:
+    """Give each node without a stack trace that of the first node of its `seq_nr`: a
+    backward op that of the forward op it differentiates."""
+    first: dict[int, str] = {}
+    for node in gm.graph.nodes:
+        seq = node.meta.get("seq_nr")
+        if seq is None:
+            continue
+        trace = node.meta.get("stack_trace")
+        if trace:
+            first.setdefault(seq, trace)
+        elif seq in first:
+            node.meta["stack_trace"] = first[seq]
 
 
 def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
@@ -236,6 +278,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
             fx_traceback.preserve_node_meta(), _lazy_graph_modules():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     gm.meta[subclasses.TRACED_OUTPUTS] = tuple(traced_outputs)
+    copy_forward_stack_traces(gm)
     return cleanup(gm)
 
 

@@ -139,6 +139,15 @@ def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.
     return fw, bw
 
 
+def tag_backward(bw: fx.GraphModule) -> None:
+    """Mark the backward graph's ops `autograd_backward`, as torch's partitioners do (the
+    recomputed forward ops too): passes and profilers tell the two halves apart by it,
+    whichever partitioner split them."""
+    for node in bw.graph.nodes:
+        if node.op in ("call_function", "get_attr"):
+            node.meta["autograd_backward"] = True
+
+
 def _is_symbolic(node: fx.Node) -> bool:
     return not isinstance(node.meta.get("val"), torch.Tensor)
 

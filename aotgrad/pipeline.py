@@ -29,7 +29,7 @@ from .double_backward import DoubleBackward
 from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
                       shape_guard)
 from .memory import base_of, tensor_bytes
-from .partition import default_partition
+from .partition import default_partition, tag_backward
 from .remat import forward_values, hoist_masks
 from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan
 from .stale import StaleBackward, find_stale_outputs
@@ -212,6 +212,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     n = joint_gm.meta[joint.JOINT_FW_OUTPUTS]  # plain forward outputs
     with timer("partition"):
         fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
+        tag_backward(bw)
         held = random_values.hold_random_values(fw, bw, n, random_ops.ops)
         verify_partition(fw, bw, n)
         mark_donated(fw, bw, n)

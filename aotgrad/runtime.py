@@ -76,9 +76,9 @@ class CompiledFunction(torch.autograd.Function):
         sizes_at = len(outs) - plan.num_saved_sizes
         ctx.save_for_backward(*outs[plan.num_fw_outputs:sizes_at])
         ctx.saved_sizes = outs[sizes_at:]
-        if call.written_in_graph:  # inputs themselves, which autograd would wrap in views
+        if call.unread_outputs:  # inputs or their aliases, which autograd would wrap in views
             outs = list(outs)
-            for k in call.written_in_graph:
+            for k in call.unread_outputs:
                 outs[k] = None
         if call.non_differentiable:
             ctx.mark_non_differentiable(*[outs[i] for i in call.non_differentiable])
@@ -177,8 +177,10 @@ class CompiledCall:
         # Graph outputs that are inputs the graph wrote in place: nothing reads them.
         data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
         self.written_in_graph = tuple(data_index[i] for i in plan.copied_in_graph)
+        # ... and the user outputs the runtime rebuilds from other values.
+        self.unread_outputs = self.written_in_graph + plan.info.rebuilt_outputs
         self.non_differentiable = tuple(k for k in plan.non_differentiable
-                                        if k not in self.written_in_graph)
+                                        if k not in self.unread_outputs)
         self._outputs = _output_order(plan.info, plan.sizes)
         self.unflatten = _unflattener(plan.info.out_spec)
         # Decided once, so that a call skips what this plan does not need.
@@ -279,18 +281,17 @@ def _plain_output_slice(info: FunctionInfo) -> slice | None:
     graph (no aliases to rebuild): a call then slices instead of running the getters."""
     if any(o.kind is not OutputKind.PLAIN for o in info.outputs):
         return None
-    first = len(info.data_mutated_inputs)
+    first = info.first_user_output
     return slice(first, first + len(info.outputs))
 
 
 def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[int, Callable]]:
     """(output index, getter) with every base ahead of the views of it."""
-    num_mutated = len(info.data_mutated_inputs)
-    plain = {i: num_mutated + k for k, i in enumerate(info.plain_outputs)}
-    first_base = num_mutated + len(plain)
+    first = info.first_user_output
+    first_base = first + len(info.outputs)
     rows = []
     for i, o in enumerate(info.outputs):
-        k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else plain.get(i)
+        k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else first + i
         get = _getter(o, k) if sizes is None else _symbolic_getter(o, k, sizes)
         rows.append((_RANK.get(o.kind, 0), i, get))
     return [(i, get) for _, i, get in sorted(rows, key=lambda row: row[:2])]
