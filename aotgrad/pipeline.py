@@ -31,7 +31,7 @@ from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_
 from .memory import base_of, tensor_bytes
 from .partition import default_partition
 from .remat import forward_values, hoist_masks
-from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan
+from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan, run_graph_boxed
 from .stale import StaleBackward, find_stale_outputs
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
 from .verify import verify, verify_partition
@@ -209,6 +209,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     with timer("compile_forward"):
         compiled_fw = _compile(options.backend.fw_compiler, fw)
     restride_saved(fw, bw, n)
+    traceable_bw = copy_graph(bw)  # as partitioned: a compiler may rewrite `bw` in place
     compile_bw = functools.partial(random_values.compile_without_held_values,
                                    functools.partial(_compile, options.backend.bw_compiler))
     with timer("compile_backward"):
@@ -229,6 +230,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
     call.double_backward = _double_backward(c, edge, fw, n, held)
     call.stale = c.stale
+    call.backward_ops = run_graph_boxed(traceable_bw)
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
         call.backward_keeping_saved = CompiledOnFirstCall(
             lambda: compile_bw(_without_donations(bw)))
@@ -286,6 +288,8 @@ def _with_subclasses(edge: subclasses.Boundary, call: CompiledCall) -> CompiledC
             call.backward = edge.wrap_backward(call.backward)
         if call.backward_keeping_saved is not None:
             call.backward_keeping_saved = edge.wrap_backward(call.backward_keeping_saved)
+        if call.backward_ops is not None:
+            call.backward_ops = edge.wrap_backward(call.backward_ops)
     return call
 
 
