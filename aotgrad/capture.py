@@ -184,6 +184,23 @@ def functional_mode():
             "calling the compiled function; set_() it to a tensor (x.set_(y)).") from e
 
 
+@contextlib.contextmanager
+def compiled_autograd_off():
+    """Differentiate with autograd's own engine while tracing. Under torch's compiled
+    autograd, every backward, the `torch.autograd.grad` a trace runs on fake tensors
+    included, would be captured and compiled again (torch's AOTAutograd turns it off too).
+    Through the C++ binding: aotgrad does not use torch's Python compiled-autograd module."""
+    bindings = getattr(torch._C._dynamo, "compiled_autograd", None)
+    if bindings is None:  # no compiled autograd in this build
+        yield
+        return
+    compiler, dynamic = bindings.set_autograd_compiler(None, False)
+    try:
+        yield
+    finally:
+        bindings.set_autograd_compiler(compiler, dynamic)
+
+
 def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
     return t, None if t.is_inference() else t._version
 

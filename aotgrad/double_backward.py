@@ -57,7 +57,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .analysis import FunctionInfo, graph_outputs, version_of
-from .capture import fake_inputs
+from .capture import compiled_autograd_off, fake_inputs
 from .codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
 from .dynamic import no_new_guards
@@ -208,7 +208,8 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
     # half-precision second-order gradients round differently, by about an ulp.)
     dispatcher = enable_python_dispatcher() if random.ops else contextlib.nullcontext()
     with fake_mode, torch.set_grad_enabled(info.grad_enabled), _autocast_as(autocast), \
-            _explain_data_dependence(), _explain_custom_functions(), dispatcher:
+            _explain_data_dependence(), _explain_custom_functions(), dispatcher, \
+            compiled_autograd_off():
         gm = make_fx(grads_of)(fake_inputs(fake_mode, fakes), fake_tangents(info, fake_mode))
         call_functions(gm.graph, functions, GRAD_ENABLED)
     gm.graph._codegen = fx.graph.CodeGen()  # flat arguments, as the backward passes them

@@ -10,6 +10,7 @@ part of Dynamo's guards, so one compiled graph serves every size those guards ad
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -33,6 +34,8 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                       keep_inference_input_mutations, compile_backward=compile_backward)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
+        if any(isinstance(x, list) for x in example_inputs):  # compiled autograd's graphs
+            return unbox_list_inputs(gm, example_inputs, aotgrad_dynamo_backend)
         graph_options = replace(options, static_inputs=_static_inputs(gm, example_inputs))
         call = compile_dynamo_graph(gm, dynamo_fakes(gm, example_inputs), graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
@@ -53,6 +56,63 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         return run
 
     return aotgrad_dynamo_backend
+
+
+def unbox_list_inputs(gm: torch.fx.GraphModule, example_inputs, compile_flat: Callable
+                      ) -> Callable:
+    """`gm` compiled by `compile_flat` with each input that is a list of tensors (the boxed
+    `inputs` that compiled autograd hands its graph) taken as that many graph inputs. A call
+    passes the lists; those Dynamo marks as stolen are emptied before the graph runs, so that
+    each tensor is freed as soon as the graph is done with it, not when the call returns."""
+    lengths = [len(x) if isinstance(x, list) else None for x in example_inputs]
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    stolen = [i for i, n in enumerate(placeholders) if n.meta.get("steal_arg")
+              and lengths[i] is not None]
+    flat_gm = _flat_placeholders(gm, lengths)
+    compiled = compile_flat(flat_gm, _flat(example_inputs, lengths))
+
+    def run(*args):
+        flat = _flat(args, lengths)
+        for i in stolen:
+            args[i].clear()
+        return compiled(*flat)
+
+    run.artifact = getattr(compiled, "artifact", None)
+    return run
+
+
+def _flat(args, lengths: list[int | None]) -> list:
+    flat = []
+    for a, n in zip(args, lengths):
+        if n is None:
+            flat.append(a)
+        else:
+            flat.extend(a)
+    return flat
+
+
+def _flat_placeholders(gm: torch.fx.GraphModule, lengths: list[int | None]
+                       ) -> torch.fx.GraphModule:
+    """A copy of `gm` whose list inputs are one placeholder per element, gathered back into
+    a list inside (Dynamo indexes it with getitem). The elements' fakes (`example_value`,
+    read for dynamic shapes) come from the list's."""
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    graph = gm.graph
+    for node, n in zip(list(graph.find_nodes(op="placeholder")), lengths):
+        if n is None:
+            continue
+        fakes = node.meta.get("example_value") or [None] * n
+        with graph.inserting_before(node):
+            elements = [graph.placeholder(f"{node.name}_{k}") for k in range(n)]
+        for element, fake in zip(elements, fakes):
+            if fake is not None:
+                element.meta["example_value"] = fake
+        with graph.inserting_after(elements[-1] if elements else node):
+            boxed = graph.call_function(list, (tuple(elements),))
+        node.replace_all_uses_with(boxed)
+        graph.erase_node(node)
+    gm.recompile()
+    return gm
 
 
 def compile_dynamo_graph(fn: Callable, flat: list, options: Options) -> CompiledCall | None:

@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import subclasses
 from .analysis import FunctionInfo, graph_outputs, unseen_writes
-from .capture import from_functional, functional_mode, to_functional
+from .capture import compiled_autograd_off, from_functional, functional_mode, to_functional
 from .dynamic import is_symbolic
 from .effects import BACKWARD
 from .tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
@@ -275,7 +275,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     # The code of the graph is generated when first read or run: the joint graph is only
     # partitioned, and its code was generated three times over.
     with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective(), \
-            fx_traceback.preserve_node_meta(), _lazy_graph_modules():
+            fx_traceback.preserve_node_meta(), _lazy_graph_modules(), compiled_autograd_off():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     gm.meta[subclasses.TRACED_OUTPUTS] = tuple(traced_outputs)
     copy_forward_stack_traces(gm)

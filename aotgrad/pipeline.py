@@ -23,7 +23,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import aliasing, analysis, capture, joint, pure, random_values, subclasses
 from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, CompileScope, GraphInfo,
-                       as_boxed, compiling, copy_graph, set_graph_being_compiled)
+                       as_boxed, compiling, copy_graph, eager_compiler, set_graph_being_compiled)
 from .cse import eliminate_common_subexpressions
 from .double_backward import DoubleBackward
 from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
@@ -31,7 +31,7 @@ from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_
 from .memory import base_of, tensor_bytes
 from .partition import default_partition, tag_backward
 from .remat import forward_values, hoist_masks
-from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan
+from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan, run_graph_boxed
 from .stale import StaleBackward, find_stale_outputs
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
 from .verify import verify, verify_partition
@@ -221,6 +221,10 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     with timer("compile_forward"):
         compiled_fw = _compile(options.backend.fw_compiler, fw)
     restride_saved(fw, bw, n)
+    # The backward graph as partitioned, for a tracer to inline its ops (Dynamo, for compiled
+    # autograd). Copied where a compiler may rewrite it in place (Inductor does; aotgrad's
+    # eager backend does not, and its compiled code calls ops Dynamo cannot trace).
+    inlined_bw = bw if options.backend.bw_compiler is eager_compiler else copy_graph(bw)
     compile_bw = functools.partial(random_values.compile_without_held_values,
                                    functools.partial(_compile, options.backend.bw_compiler))
     compiled_bw = _compile_later(lambda: compile_bw(bw), timer)
@@ -242,6 +246,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
     call.double_backward = _double_backward(c, edge, fw, n, held)
     call.stale = c.stale
+    call.backward_ops = run_graph_boxed(inlined_bw)
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
         call.backward_keeping_saved = _compile_later(
             lambda: compile_bw(_without_donations(bw)), timer)
@@ -320,6 +325,8 @@ def _with_subclasses(edge: subclasses.Boundary, call: CompiledCall) -> CompiledC
             call.backward = edge.wrap_backward(call.backward)
         if call.backward_keeping_saved is not None:
             call.backward_keeping_saved = edge.wrap_backward(call.backward_keeping_saved)
+        if call.backward_ops is not None:
+            call.backward_ops = edge.wrap_backward(call.backward_ops)
     return call
 
 

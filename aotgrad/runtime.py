@@ -93,6 +93,10 @@ class CompiledFunction(torch.autograd.Function):
                     for i in call.plan.tangent_outputs]
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
             return (None, *call.double_backward.input_grads(ctx, tangents))
+        if torch.compiler.is_compiling():
+            # Dynamo inlines this backward into the graph compiled autograd captured: run
+            # the backward graph's ops for it to record, not one opaque compiled call.
+            return (None, *call.backward_ops([*ctx.saved_tensors, *ctx.saved_sizes, *tangents]))
         # The backward may clear this list to free each saved value after its last use: no
         # other reference may remain, neither autograd's (unless retain_graph) nor ours.
         args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
@@ -136,6 +140,14 @@ class CompiledOnFirstCall:
             return self._compiled
 
 
+def run_graph_boxed(gm: torch.fx.GraphModule) -> Callable[[list], list]:
+    """`gm` called with a list of arguments: its ops run one by one, as a tracer sees them."""
+    def run(args: list) -> list:
+        return gm(*args)
+    run._boxed_call = True
+    return run
+
+
 def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:
     if grad is None:  # the output took no part in the loss
         return subclasses.zeros(subclasses.tangent_layout(meta))
@@ -163,6 +175,8 @@ class CompiledCall:
     # does not, for the calls whose saved values outlive the backward. Compiled when first
     # called.
     backward_keeping_saved: Callable | None = None
+    # The backward graph as partitioned, run op by op (boxed): what a tracer inlines.
+    backward_ops: Callable | None = None
 
     def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
                  artifact: Any = None):

@@ -24,7 +24,7 @@ import torch
 from torch._dispatch.python import enable_python_dispatcher
 
 from .analysis import FunctionInfo, graph_outputs
-from .capture import StaleSavedValue, functional_mode, to_functional
+from .capture import StaleSavedValue, compiled_autograd_off, functional_mode, to_functional
 from .joint import mutable_copies
 
 
@@ -68,7 +68,7 @@ def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[A
     """Run the function functionalized and differentiate each differentiable graph output
     alone; those whose backward reads a value modified in place are stale."""
     found: dict[int, StaleSaved] = {}
-    with fake_mode, enable_python_dispatcher(), functional_mode():
+    with fake_mode, enable_python_dispatcher(), functional_mode(), compiled_autograd_off():
         primals = to_functional(fakes)
         args = mutable_copies(info, primals)
         outs = graph_outputs(info, args, graph_fn(*args))
