@@ -125,6 +125,14 @@ class FunctionInfo:
                      and not self.differentiable[k[i]])
 
     @property
+    def inference_mutations_in_graph(self) -> tuple[int, ...]:
+        """Mutated inputs an inference graph copies into itself (keep_inference_input_mutations):
+        data mutations only. An input whose metadata changes too gets its new geometry from
+        the runtime after the graph, so the graph's copy would land in the old layout."""
+        return tuple(i for i, x in enumerate(self.inputs)
+                     if x.mutates_data and not x.mutates_metadata)
+
+    @property
     def storages_from_graph(self) -> tuple[int, ...]:
         """Inputs set_() to a tensor made inside: the graph returns it, last (swaps.py)."""
         return tuple(i for i, x in enumerate(self.inputs)

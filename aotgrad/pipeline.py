@@ -180,7 +180,7 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
         gm = trace(c.graph_fn, info, c.fakes, c.fake_mode, options.backend.decompositions, keep)
         gm = _backend_passes(options.backend, gm)
         eliminate_common_subexpressions(gm)
-    copied = info.data_mutated_inputs if keep else ()
+    copied = info.inference_mutations_in_graph if keep else ()
     edge = _boundary(c, gm, copied)
     _attach(gm, "inference", options, _plain_range(edge, info), c.layout)
     with timer("compile_forward"):

@@ -891,6 +891,14 @@ def metadata_and_data_mutation(x):
     return x[0]
 
 
+@case(lambda: call(const(3, 3)), tags={INDUCTOR})
+def t_then_view_of_input_mutated(x):
+    # Square: an in-graph copy into the old layout would fit, and land transposed.
+    x.t_()
+    x[0].mul_(2)
+    return x.view(x.shape)
+
+
 # ---- errors eager raises -----------------------------------------------------------------
 
 @case(lambda: call(leaf(3)))
@@ -961,6 +969,21 @@ def no_grad_call_returns_views(x):
 def no_grad_call_metadata_mutation(x):
     x.t_()
     return x + 1
+
+
+@case(lambda: call(const(3, 3)), context="no_grad")
+def no_grad_call_t_then_view_of_input_mutated(x):
+    x.t_()
+    x[0].mul_(2)
+    return x.view(x.shape)
+
+
+@case(lambda: call(leaf(4)), tags={INDUCTOR})
+def leaf_mutated_under_no_grad_output_too(x):
+    # No output requires grad: the inference graph writes a leaf that requires grad.
+    with torch.no_grad():
+        x.mul_(2)
+        return x + 3
 
 
 @case(lambda: call(leaf(3, 4)), context="inference_mode")
