@@ -218,12 +218,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     plan = dataclasses.replace(
         plan,
         num_saved_sizes=sum(not isinstance(v, torch.Tensor) for v in _saved_values(fw, n)),
-        # Every tensor without a gradient, whether it required grad here or not: Dynamo
-        # (torch 2.11) may reuse the graph once a buffer requires grad. Stale outputs must
-        # stay connected to the inputs, to require grad as in eager.
-        gradless_inputs=tuple(i for i, g in enumerate(grads)
-                              if all(x is None for x in g) and not is_size(c.fakes[i])
-                              and c.stale is None),
+        gradless_inputs=_gradless_inputs(c, grads),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
@@ -233,6 +228,22 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         call.backward_keeping_saved = CompiledOnFirstCall(
             lambda: compile_bw(_without_donations(bw)))
     return _with_subclasses(edge, call)
+
+
+def _gradless_inputs(c: Captured, grads: Sequence[Sequence]) -> tuple[int, ...]:
+    """The inputs the runtime detaches: every tensor without a gradient, whether it required
+    grad here or not (Dynamo, torch 2.11, may reuse the graph once a buffer requires grad).
+    Stale outputs must stay connected to the inputs, to require grad as in eager. So must
+    one input when none has a gradient: eager's outputs still require grad where a backward
+    formula gives no gradient at all (`linalg.norm(x, ord=0)`)."""
+    if c.stale is not None:
+        return ()
+    gradless = [i for i, g in enumerate(grads)
+                if all(x is None for x in g) and not is_size(c.fakes[i])]
+    requiring = [i for i, f in enumerate(c.fakes) if not is_size(f) and f.requires_grad]
+    if requiring and set(requiring) <= set(gradless):
+        gradless.remove(requiring[0])
+    return tuple(gradless)
 
 
 def _trace_joint(c: Captured, options: Options, random_ops: random_values.RandomValueTags

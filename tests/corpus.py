@@ -128,6 +128,17 @@ def index_select_long_input(x, idx):
     return x[idx] * 2, x.index_select(1, idx[:2])
 
 
+@case(lambda: call(leaf(5)), tags={INDUCTOR})
+def norm_ord_zero(x):
+    # Its backward gives x no gradient (undefined, not zeros), yet the output requires grad.
+    return torch.linalg.norm(x, ord=0), x.norm(p=0) * 2
+
+
+@case(lambda: call(leaf(5), const(5)))
+def norm_ord_zero_of_mixed_inputs(x, y):
+    return torch.linalg.vector_norm(x * y, ord=0)
+
+
 @case(lambda: call(leaf(4, 3), leaf(4, 3)))
 def intermediate_inplace_ops(x, y):
     z = x * y
