@@ -71,6 +71,8 @@ class CompiledGraph(torch.autograd.Function):
         # Outputs without a gradient (mutated buffers' new values, unused outputs) get None,
         # not a zero tensor autograd would fill for each of them on every backward.
         ctx.set_materialize_grads(False)
+        if call.symbolic_tangents:  # a missing gradient is made at this call's sizes
+            ctx.output_shapes = {i: outs[i].shape for i in call.symbolic_tangents}
         sizes_at = len(outs) - plan.num_saved_sizes
         ctx.save_for_backward(*outs[plan.num_fw_outputs:sizes_at])
         ctx.saved_sizes = outs[sizes_at:]
@@ -87,7 +89,9 @@ class CompiledGraph(torch.autograd.Function):
         call = ctx.call
         if call.stale is not None:  # eager's error, where eager's backward would raise it
             call.stale.check(ctx, grads)
-        tangents = [_tangent(grads[i], call.plan.info.graph_output_metas[i])
+        metas = call.plan.info.graph_output_metas
+        shapes = ctx.output_shapes if call.symbolic_tangents else {}
+        tangents = [_tangent(grads[i], metas[i], shapes.get(i))
                     for i in call.plan.tangent_outputs]
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
             return (None, *call.double_backward.input_grads(ctx, tangents))
@@ -118,7 +122,9 @@ class CompiledOnFirstCall:
         return self._compiled(args)
 
 
-def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:
+def _tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch.Tensor:
+    if grad is None and shape is not None:  # the meta's shape is symbolic: this call's
+        return torch.zeros(shape, dtype=meta.dtype, device=meta.device)
     if grad is None:  # the output took no part in the loss
         return subclasses.zeros(subclasses.tangent_layout(meta))
     return grad.contiguous()
@@ -153,6 +159,12 @@ class CompiledCall:
         self.artifact = artifact
         self.double_backward: DoubleBackward | None = None  # set for training graphs
         self._mutations = _mutation_steps(plan)
+        # Plain outputs of symbolic shape that take a gradient: one the loss does not reach is
+        # zeros of the shape this call's forward produced.
+        metas = plan.info.graph_output_metas
+        self.symbolic_tangents = frozenset(i for i in plan.tangent_outputs
+                                           if metas[i].subclass is None and
+                                           is_symbolic(metas[i].shape))
         self._versioned = tuple((i, plan.info.inputs[i].version_bumps)
                                 for i in plan.copied_in_graph)
         # Graph outputs that are inputs the graph wrote in place: nothing reads them.

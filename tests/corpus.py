@@ -374,6 +374,19 @@ def returns_empty_containers(x):
     return (), [], {}, x + 1
 
 
+@case(lambda: call(nonleaf(3, 4)), tags={INDUCTOR, "first_output_loss"})
+def shape_output_of_mutated_input(x):
+    # The mutated input's new value gets no gradient: a zero one of its size, symbolic
+    # with dynamic shapes, is made at the backward.
+    x.mul_(2)
+    return x.shape, x * 3
+
+
+@case(lambda: call(leaf(3, 4)), tags={INDUCTOR, "first_output_loss"})
+def output_unused_by_loss(x):
+    return x.sin(), x.cos().sum(0), x.shape
+
+
 @case(lambda: call(leaf(3, 4), torch.Size([4, 3])))
 def size_input(x, shape):
     return x.reshape(shape) * shape.numel()
