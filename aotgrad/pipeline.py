@@ -268,6 +268,8 @@ def _double_backward(c: Captured, edge: subclasses.Boundary, fw: fx.GraphModule,
                      ) -> DoubleBackward:
     if not edge.is_plain:  # the replay would have to split and rebuild subclasses too
         return DoubleBackward.refused("tensor subclass inputs or outputs")
+    if any(x.gains_requires_grad for x in c.info.inputs):  # the replay's inputs have it early
+        return DoubleBackward.refused("requires_grad_() on an input inside it")
     return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode,
                           saved_inputs(fw, num_fw_outputs), held)
 

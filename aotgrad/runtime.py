@@ -177,6 +177,8 @@ class CompiledCall:
         # Decided once, so that a call skips what this plan does not need.
         self._gather = _gatherer(plan.graph_input_positions)
         self._mutated = plan.mutated_inputs
+        self._gains_grad = tuple(i for i, x in enumerate(plan.info.inputs)
+                                 if x.gains_requires_grad)
         self._detaches = bool(plan.gradless_inputs or plan.overwritten_inputs)
         self._run_graphs = self._run_training if backward is not None else self._run_inference
         self._plain_outputs = _plain_output_slice(plan.info)
@@ -191,6 +193,8 @@ class CompiledCall:
             inputs = self.plan.aliasing.graph_inputs(inputs)
         if self._versioned:
             versions = [inputs[i]._version for i, _ in self._versioned]
+        for i in self._gains_grad:  # before the graphs: autograd then records their use
+            inputs[i].requires_grad_()
         with _autocast_off(self.plan.disable_autocast):
             raw = self._run_graphs(inputs)
         if self._versioned:  # from the second call on, only the counters that need it
@@ -236,7 +240,7 @@ def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
     around the graphs: no mutations, no autocast to turn off, every output computed by the
     graph. None for the others."""
     plan = call.plan
-    if call._mutated or call._versioned or plan.overwritten_inputs or plan.disable_autocast \
+    if call._mutated or call._versioned or call._gains_grad or plan.overwritten_inputs or plan.disable_autocast \
             or call._plain_outputs is None:
         return None
     gather, outputs, unflatten = call._gather, call._plain_outputs, call.unflatten
@@ -270,7 +274,7 @@ def _gatherer(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[
 def _plain_output_slice(info: FunctionInfo) -> slice | None:
     """Where the user outputs lie in the graph's results when every one is computed by the
     graph (no aliases to rebuild): a call then slices instead of running the getters."""
-    if any(o.kind is not OutputKind.PLAIN for o in info.outputs):
+    if any(o.kind is not OutputKind.PLAIN or o.made_leaf for o in info.outputs):
         return None
     first = len(info.data_mutated_inputs)
     return slice(first, first + len(info.outputs))
@@ -285,8 +289,14 @@ def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[
     for i, o in enumerate(info.outputs):
         k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else plain.get(i)
         get = _getter(o, k) if sizes is None else _symbolic_getter(o, k, sizes)
+        get = _as_leaf(get) if o.made_leaf else get
         rows.append((_RANK.get(o.kind, 0), i, get))
     return [(i, get) for _, i, get in sorted(rows, key=lambda row: row[:2])]
+
+
+def _as_leaf(get: Callable) -> Callable:
+    """The output was made a leaf that requires grad inside the function."""
+    return lambda inputs, raw, outs: get(inputs, raw, outs).requires_grad_()
 
 
 _RANK = {OutputKind.VIEW_OF_INPUT: 1, OutputKind.VIEW_OF_INTERMEDIATE: 1,

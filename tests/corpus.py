@@ -205,6 +205,35 @@ def fresh_leaf_created_inside(x):
     return w, x * w
 
 
+@case(lambda: call(leaf(3)), tags={INDUCTOR})
+def fresh_leaf_returned(x):
+    w = torch.ones(3, requires_grad=True)
+    return w, x * 2
+
+
+@case(lambda: call(const(2, 3)), tags={INDUCTOR})
+def requires_grad_on_output_view_of_input(x):
+    out = x.view(-1)
+    out.requires_grad_(True)
+    return out
+
+
+@case(lambda: call(const(2, 3), leaf(3)))
+def requires_grad_on_output_view_of_intermediate(x, w):
+    v = (x * 2).view(-1)
+    v.requires_grad_()
+    y = x.detach() * 3
+    y.requires_grad_()
+    return v, y, x[0] * w
+
+
+@case(lambda: call(const(2, 3)))
+def value_of_view_made_leaf_inside(x):
+    out = x[0]
+    out.requires_grad_(True)
+    return out * 2
+
+
 @case(lambda: call(leaf(4)), tags={"double_backward"})
 def double_backward_gradient_penalty(x):
     return x.sin() * x
@@ -603,10 +632,31 @@ def mutate_input_returns_none(x):
     x.mul_(3)
 
 
-@case(lambda: call(const(3)))
+@case(lambda: call(const(3)), tags={INDUCTOR})
 def requires_grad_on_input(x):
     x.requires_grad_()
     return x * 2
+
+
+@case(lambda: call(const(3), leaf(3)))
+def requires_grad_on_input_after_use(x, w):
+    # y is computed before: it is a constant to x's gradient (w * y, not 2 * w * y).
+    y = x * w
+    x.requires_grad_()
+    return y, y * x, x
+
+
+@case(lambda: call(const(3)), context="no_grad")
+def requires_grad_on_input_under_no_grad(x):
+    x.requires_grad_()
+    return x * 2
+
+
+@case(lambda: call(leaf(3)))
+def requires_grad_false_on_input(x):
+    y = x * 2
+    x.requires_grad_(False)
+    return y, x * 3
 
 
 @case(lambda: call(nonleaf(3)), tags={INDUCTOR})

@@ -70,8 +70,9 @@ DYNAMO_DOORS = tuple(door for door in WITH_DYNAMO if door not in PLAIN_DOORS)
 REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     # Dynamo traces a Function's backward under no_grad: whether eager records it is lost.
     "double_backward_custom_function": (DYNAMO_DOORS, "captured by torch.compile"),
-    "requires_grad_on_input": (PLAIN_DOORS, "changes requires_grad of an input"),
-    "fresh_leaf_created_inside": (PLAIN_DOORS, "returns a leaf tensor that requires grad"),
+    "requires_grad_false_on_input": (PLAIN_DOORS, r"calls requires_grad_\(False\)"),
+    "fresh_leaf_created_inside": (PLAIN_DOORS, "computes a value from a tensor that it made"),
+    "value_of_view_made_leaf_inside": (PLAIN_DOORS, "computes a value from a tensor that it made"),
     "closure_over_grad_tensor": (PLAIN_DOORS, "not an input of the compiled function"),
     "item_float_output": (PLAIN_DOORS, "depends on tensor data"),
     "data_dependent_shape": (PLAIN_DOORS, "depends on tensor data"),
