@@ -240,8 +240,8 @@ def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
     around the graphs: no mutations, no autocast to turn off, every output computed by the
     graph. None for the others."""
     plan = call.plan
-    if call._mutated or call._versioned or call._gains_grad or plan.overwritten_inputs or plan.disable_autocast \
-            or call._plain_outputs is None:
+    if call._mutated or call._versioned or call._gains_grad or plan.overwritten_inputs \
+            or plan.disable_autocast or call._plain_outputs is None:
         return None
     gather, outputs, unflatten = call._gather, call._plain_outputs, call.unflatten
     if call.backward is None:
