@@ -167,6 +167,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         with user_code_checks(), _RefuseRequiresGradOff(f_args, is_leaf):
             outs = graph_fn(*f_args)
         versions = [version_of(a) for a in f_args]
+        made_leaves = leaves_made_inside(outs, f_args)  # reads grad_fn: views replay here
     tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes
     for a in tensors:
         for inner in subclasses.unwrap(a):
@@ -175,21 +176,24 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     _refuse_data_assignment(held, storages(f_args), swapped)
     inputs = tuple(_input_info(f, leaf, b, v, s) if isinstance(f, torch.Tensor) else SIZE_INPUT
                    for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
-    return describe(inputs, f_args, outs, box)
+    return describe(inputs, f_args, outs, box, made_leaves)
 
 
 def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[Any],
-             box: OutputBox) -> FunctionInfo:
+             box: OutputBox, made_leaves: Sequence[bool] | None = None) -> FunctionInfo:
     """The call's facts, from what it did to its inputs and the outputs it returned (`args`:
-    the inputs as the function saw them)."""
+    the inputs as the function saw them; `made_leaves`: `leaves_made_inside`, if known)."""
     outputs, num_bases = _classify_outputs(outs, args, box.input_aliases)
-    outputs = _mark_leaves_made_inside(outs, args, outputs)
+    if made_leaves is None:
+        made_leaves = leaves_made_inside(outs, args)
+    outputs = _with_made_leaves(outputs, outs, made_leaves)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
     values = graph_outputs(info, args, outs)
     # Not differentiable: mutations autograd did not see, and leaves (their gradient is
     # their own .grad, autograd's business once the runtime sets requires_grad).
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
-    hidden += [_requires_grad(v) and v.is_leaf for v in values[len(hidden):]]
+    hidden += [outputs[i].made_leaf for i in info.plain_outputs]
+    hidden += [False] * (len(values) - len(hidden))
     info = dataclasses.replace(
         info,
         differentiable=tuple(_requires_grad(v) and not h for v, h in zip(values, hidden)),
@@ -380,19 +384,32 @@ def version_of(t: Any) -> int:
     return 0 if t.is_inference() else t._version  # inference tensors have no counter
 
 
-def _mark_leaves_made_inside(outs: Sequence[Any], args: Sequence[Any],
-                             infos: tuple[OutputInfo, ...]) -> tuple[OutputInfo, ...]:
-    """Outputs that are leaves requiring grad made inside the function (`requires_grad_()`,
-    `torch.ones(..., requires_grad=True)`) are supported as outputs; a value computed from
-    one is not: the compiled graph has no node whose gradient reaches it."""
+def leaves_made_inside(outs: Sequence[Any], args: Sequence[Any]) -> tuple[bool, ...]:
+    """Per output: whether it is a leaf requiring grad made inside the function
+    (`requires_grad_()`, `torch.ones(..., requires_grad=True)`). Such outputs are supported;
+    a value computed from one is not: the compiled graph has no node whose gradient
+    reaches it."""
     if _reaches_leaves_made_inside(list(outs) + list(args), args):
         raise NotImplementedError(
             "aotgrad: the function computes a value from a tensor that it made require grad "
             "(requires_grad_() or requires_grad=True on a tensor that is not an input); its "
             "gradient cannot be followed. Create that tensor outside and pass it in.")
-    return tuple(dataclasses.replace(info, made_leaf=True)
-                 if info.kind in _MADE_LEAF_KINDS and _requires_grad(o) and o.is_leaf else info
-                 for o, info in zip(outs, infos))
+    inputs = {id(a) for a in args}
+    return tuple(_requires_grad(o) and id(o) not in inputs and o.is_leaf for o in outs)
+
+
+def _with_made_leaves(infos: tuple[OutputInfo, ...], outs: Sequence[Any],
+                      made_leaves: Sequence[bool]) -> tuple[OutputInfo, ...]:
+    marked = []
+    for info, o, made in zip(infos, outs, made_leaves):
+        if made and info.kind is OutputKind.PLAIN and subclasses.is_subclass(o):
+            raise NotImplementedError(
+                "aotgrad: the function returns a tensor subclass made inside from tensors "
+                "that require grad (in eager a new leaf tensor that requires grad, cut from "
+                "them); build it outside the compiled function.")
+        made = made and info.kind in _MADE_LEAF_KINDS
+        marked.append(dataclasses.replace(info, made_leaf=True) if made else info)
+    return tuple(marked)
 
 
 _MADE_LEAF_KINDS = frozenset({OutputKind.PLAIN, OutputKind.VIEW_OF_INPUT,
