@@ -63,6 +63,9 @@ class InputInfo:
     # resize_storage_bytes_() inside the function: the storage's size in bytes after the call
     # (FSDP's parameters: 0 when freed). The runtime resizes the caller's storage.
     storage_bytes: int | None = None
+    # requires_grad_() inside the function: the runtime sets it before the graphs run; the
+    # trace, which starts without it, gives gradients only through the ops after it.
+    gains_requires_grad: bool = False
 
     @property
     def mutated(self) -> bool:
@@ -86,6 +89,9 @@ class OutputInfo:
     dtype: torch.dtype | None = None
     replay: Callable | None = None  # replays the view chain on a new base
     constant: Any = None
+    # A leaf that requires grad, made so inside (requires_grad_() on a tensor computed there
+    # or a view of an input): the runtime sets requires_grad on what it returns.
+    made_leaf: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,14 @@ class FunctionInfo:
                      and x.storage_bytes is None and not self.differentiable[k[i]])
 
     @property
+    def inference_mutations_in_graph(self) -> tuple[int, ...]:
+        """Mutated inputs an inference graph copies into itself (keep_inference_input_mutations):
+        data mutations only. An input whose metadata changes too gets its new geometry from
+        the runtime after the graph, so the graph's copy would land in the old layout."""
+        return tuple(i for i, x in enumerate(self.inputs)
+                     if x.mutates_data and not x.mutates_metadata)
+
+    @property
     def storages_from_graph(self) -> tuple[int, ...]:
         """Inputs set_() to a tensor made inside: the graph returns it, last (swaps.py)."""
         return tuple(i for i, x in enumerate(self.inputs)
@@ -167,9 +181,10 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)
         held = storages(f_args)
-        with user_code_checks():
+        with user_code_checks(), _RefuseRequiresGradOff(f_args, is_leaf):
             outs = graph_fn(*f_args)
         versions = [version_of(a) for a in f_args]
+        made_leaves = leaves_made_inside(outs, f_args)  # reads grad_fn: views replay here
     tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes
     for a in tensors:
         for inner in subclasses.unwrap(a):
@@ -180,18 +195,23 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     inputs = tuple(_input_info(f, leaf, b, v, s, mode.storage_bytes)
                    if isinstance(f, torch.Tensor) else SIZE_INPUT
                    for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
-    return describe(inputs, f_args, outs, box)
+    return describe(inputs, f_args, outs, box, made_leaves)
 
 
 def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[Any],
-             box: OutputBox) -> FunctionInfo:
+             box: OutputBox, made_leaves: Sequence[bool] | None = None) -> FunctionInfo:
     """The call's facts, from what it did to its inputs and the outputs it returned (`args`:
-    the inputs as the function saw them)."""
+    the inputs as the function saw them; `made_leaves`: `leaves_made_inside`, if known)."""
     outputs, num_bases = _classify_outputs(outs, args, box.input_aliases)
-    _refuse_leaves_made_inside(outs, outputs)
+    if made_leaves is None:
+        made_leaves = leaves_made_inside(outs, args)
+    outputs = _with_made_leaves(outputs, outs, made_leaves)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
     values = graph_outputs(info, args, outs)
+    # Not differentiable: mutations autograd did not see, and leaves (their gradient is
+    # their own .grad, autograd's business once the runtime sets requires_grad).
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
+    hidden += [outputs[i].made_leaf for i in info.plain_outputs]
     hidden += [False] * (len(values) - len(hidden))
     for k in info.rebuilt_outputs:  # no tangent: the rebuilt alias carries the gradient
         hidden[k] = True
@@ -288,6 +308,34 @@ class _RefuseClosedOverState(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _RefuseRequiresGradOff(TorchFunctionMode):
+    """`requires_grad_(False)` on an input leaf: eager allows it, but the ops before it still
+    reach the input's gradient, which a trace cannot tell apart from those after it. (Here
+    the input is a wrapper that is no leaf: autograd itself would raise an error eager
+    does not.)"""
+
+    def __init__(self, args: Sequence[Any], is_leaf: Sequence[bool]):
+        super().__init__()
+        self.leaves = {id(a) for a, leaf in zip(args, is_leaf)
+                       if isinstance(a, torch.Tensor) and leaf and a.requires_grad}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _REQUIRES_GRAD_SETTERS and id(args[0]) in self.leaves and \
+                not (args[1] if len(args) > 1 else kwargs.get("requires_grad", True)):
+            raise _requires_grad_turned_off()
+        return func(*args, **kwargs)
+
+
+_REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
+
+
+def _requires_grad_turned_off() -> NotImplementedError:
+    return NotImplementedError(
+        "aotgrad: the function calls requires_grad_(False) (or detach_()) on an input that "
+        "requires grad; call it before the compiled function, or use x.detach() inside.")
+
+
 def _is_real(t) -> bool:
     if subclasses.is_subclass(t):  # real when what it wraps is
         return any(_is_real(inner) for inner in subclasses.unwrap(t))
@@ -339,10 +387,10 @@ def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
     # A subclass: each tensor it wraps. A swapped input takes its new storage as it is.
     inner = [t.elem for t in subclasses.unwrap(a)] if swap is None else []
     mutates_data = writes_seen(inner)
-    if a.requires_grad != old_requires_grad and not mutates_data:
-        raise NotImplementedError(
-            "aotgrad: the function changes requires_grad of an input (requires_grad_()); "
-            "set it before calling the compiled function.")
+    # A data mutation by a value that requires grad makes the input require it too.
+    gains = a.requires_grad and not old_requires_grad and not mutates_data
+    if old_requires_grad and not a.requires_grad:  # detach_(), or requires_grad_(False)
+        raise _requires_grad_turned_off()
     return InputInfo(
         requires_grad=old_requires_grad,
         is_leaf=is_leaf,
@@ -356,6 +404,7 @@ def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
         final_geometry=geometry(a),
         storage_swap=swap,
         storage_bytes=_storage_bytes(a, resized),
+        gains_requires_grad=gains,
     )
 
 
@@ -403,13 +452,52 @@ def version_of(t: Any) -> int:
     return 0 if t.is_inference() else t._version  # inference tensors have no counter
 
 
-def _refuse_leaves_made_inside(outs: Sequence[Any], infos: Sequence[OutputInfo]) -> None:
-    for o, info in zip(outs, infos):
-        if info.kind is OutputKind.PLAIN and _requires_grad(o) and o.is_leaf:
+def leaves_made_inside(outs: Sequence[Any], args: Sequence[Any]) -> tuple[bool, ...]:
+    """Per output: whether it is a leaf requiring grad made inside the function
+    (`requires_grad_()`, `torch.ones(..., requires_grad=True)`). Such outputs are supported;
+    a value computed from one is not: the compiled graph has no node whose gradient
+    reaches it."""
+    if _reaches_leaves_made_inside(list(outs) + list(args), args):
+        raise NotImplementedError(
+            "aotgrad: the function computes a value from a tensor that it made require grad "
+            "(requires_grad_() or requires_grad=True on a tensor that is not an input); its "
+            "gradient cannot be followed. Create that tensor outside and pass it in.")
+    inputs = {id(a) for a in args}
+    return tuple(_requires_grad(o) and id(o) not in inputs and o.is_leaf for o in outs)
+
+
+def _with_made_leaves(infos: tuple[OutputInfo, ...], outs: Sequence[Any],
+                      made_leaves: Sequence[bool]) -> tuple[OutputInfo, ...]:
+    marked = []
+    for info, o, made in zip(infos, outs, made_leaves):
+        if made and info.kind is OutputKind.PLAIN and subclasses.is_subclass(o):
             raise NotImplementedError(
-                "aotgrad: the function returns a leaf tensor that requires grad and was created "
-                "inside it (e.g. torch.ones(..., requires_grad=True)); create it outside and pass "
-                "it in.")
+                "aotgrad: the function returns a tensor subclass made inside from tensors "
+                "that require grad (in eager a new leaf tensor that requires grad, cut from "
+                "them); build it outside the compiled function.")
+        made = made and info.kind in _MADE_LEAF_KINDS
+        marked.append(dataclasses.replace(info, made_leaf=True) if made else info)
+    return tuple(marked)
+
+
+_MADE_LEAF_KINDS = frozenset({OutputKind.PLAIN, OutputKind.VIEW_OF_INPUT,
+                              OutputKind.VIEW_OF_INTERMEDIATE, OutputKind.VIEW_OF_OUTPUT})
+
+
+def _reaches_leaves_made_inside(values: Sequence[Any], args: Sequence[Any]) -> bool:
+    """Whether the autograd graph of `values` accumulates into a leaf other than `args`."""
+    inputs = {id(a) for a in args}
+    stack = [v.grad_fn for v in values if isinstance(v, torch.Tensor) and v.grad_fn is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable") and id(node.variable) not in inputs:  # AccumulateGrad
+            return True
+        stack.extend(f for f, _ in node.next_functions)
+    return False
 
 
 @contextlib.contextmanager

@@ -37,7 +37,8 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[
                     keep_input_mutations: bool = False) -> torch.fx.GraphModule:
     """Trace the forward alone. With `keep_input_mutations`, the graph itself copies new
     values into the mutated inputs (`copy_`), and returns the updated inputs."""
-    mutated = info.data_mutated_inputs
+    in_graph = {i: k for k, i in enumerate(info.data_mutated_inputs)
+                if keep_input_mutations and i in info.inference_mutations_in_graph}
 
     def inference(primals):
         with functional_mode():
@@ -45,8 +46,10 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[
             outs = graph_outputs(info, *_call(graph_fn, f_primals))
             refuse_unseen_writes(info, f_primals)
         outs = [from_functional(o) for o in outs]
-        if keep_input_mutations:  # the output is then the updated input itself
-            for k, i in enumerate(mutated):
+        # The output is then the updated input itself. No gradient flows through an
+        # inference graph: a leaf that requires grad (mutated under no_grad) may be written.
+        with torch.no_grad():
+            for i, k in in_graph.items():
                 outs[k] = primals[i].copy_(outs[k])
         return outs
 

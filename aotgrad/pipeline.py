@@ -191,7 +191,7 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
         gm = trace(c.graph_fn, info, c.fakes, c.fake_mode, options.backend.decompositions, keep)
         gm = _backend_passes(options.backend, gm)
         eliminate_common_subexpressions(gm)
-    copied = info.data_mutated_inputs if keep else ()
+    copied = info.inference_mutations_in_graph if keep else ()
     edge = _boundary(c, gm, copied)
     _attach(gm, "inference", options, _plain_range(edge, info), c.layout)
     with timer("compile_forward"):
@@ -235,12 +235,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     plan = dataclasses.replace(
         plan,
         num_saved_sizes=sum(not isinstance(v, torch.Tensor) for v in _saved_values(fw, n)),
-        # Every tensor without a gradient, whether it required grad here or not: Dynamo
-        # (torch 2.11) may reuse the graph once a buffer requires grad. Stale outputs must
-        # stay connected to the inputs, to require grad as in eager.
-        gradless_inputs=tuple(i for i, g in enumerate(grads)
-                              if all(x is None for x in g) and not is_size(c.fakes[i])
-                              and c.stale is None),
+        gradless_inputs=_gradless_inputs(c, grads),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
@@ -274,6 +269,22 @@ def _compile_later(compile: Callable[[], Callable], timer: _Timer) -> CompiledOn
     return CompiledOnFirstCall(compile_now)
 
 
+def _gradless_inputs(c: Captured, grads: Sequence[Sequence]) -> tuple[int, ...]:
+    """The inputs the runtime detaches: every tensor without a gradient, whether it required
+    grad here or not (Dynamo, torch 2.11, may reuse the graph once a buffer requires grad).
+    Stale outputs must stay connected to the inputs, to require grad as in eager. So must
+    one input when none has a gradient: eager's outputs still require grad where a backward
+    formula gives no gradient at all (`linalg.norm(x, ord=0)`)."""
+    if c.stale is not None:
+        return ()
+    gradless = [i for i, g in enumerate(grads)
+                if all(x is None for x in g) and not is_size(c.fakes[i])]
+    requiring = [i for i, f in enumerate(c.fakes) if not is_size(f) and f.requires_grad]
+    if requiring and set(requiring) <= set(gradless):
+        gradless.remove(requiring[0])
+    return tuple(gradless)
+
+
 def _trace_joint(c: Captured, options: Options, random_ops: random_values.RandomValueTags
                  ) -> tuple[Captured, fx.GraphModule]:
     """The joint graph, without the outputs whose backward reads a saved value the function
@@ -296,6 +307,8 @@ def _double_backward(c: Captured, edge: subclasses.Boundary, fw: fx.GraphModule,
                      ) -> DoubleBackward:
     if not edge.is_plain:  # the replay would have to split and rebuild subclasses too
         return DoubleBackward.refused("tensor subclass inputs or outputs")
+    if any(x.gains_requires_grad for x in c.info.inputs):  # the replay's inputs have it early
+        return DoubleBackward.refused("requires_grad_() on an input inside it")
     return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode,
                           saved_inputs(fw, num_fw_outputs), held)
 

@@ -73,6 +73,9 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
         return None
     if [_geometry_of(f) for f in fakes] != geometry or analysis.storages(fakes) != held:
         return None  # .data assigned, unseen by modes: the functionalized analysis refuses it
+    if [getattr(f, "requires_grad", False) for f in fakes] != requires_grad:
+        _restore_requires_grad(fakes, requires_grad)  # requires_grad_() on an input:
+        return None  # the functionalized analysis records it on a wrapper, not on the fake
     inputs = tuple(_input_info(f, leaf, rg) for f, leaf, rg in zip(fakes, is_leaf, requires_grad))
     return analysis.describe(inputs, fakes, outs, box)
 
@@ -80,10 +83,6 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
 def _input_info(fake: Any, is_leaf: bool, requires_grad: bool) -> InputInfo:
     if not isinstance(fake, torch.Tensor):
         return SIZE_INPUT
-    if fake.requires_grad != requires_grad:
-        raise NotImplementedError(
-            "aotgrad: the function changes requires_grad of an input (requires_grad_()); "
-            "set it before calling the compiled function.")
     return InputInfo(requires_grad=requires_grad, is_leaf=is_leaf, mutates_data=False,
                      mutates_metadata=False, mutation_hidden_from_autograd=True,
                      version_bumps=0, final_geometry=geometry(fake))

@@ -73,6 +73,8 @@ class CompiledFunction(torch.autograd.Function):
         # Outputs without a gradient (mutated buffers' new values, unused outputs) get None,
         # not a zero tensor autograd would fill for each of them on every backward.
         ctx.set_materialize_grads(False)
+        if call.symbolic_tangents:  # a missing gradient is made at this call's sizes
+            ctx.output_shapes = {i: outs[i].shape for i in call.symbolic_tangents}
         sizes_at = len(outs) - plan.num_saved_sizes
         ctx.save_for_backward(*outs[plan.num_fw_outputs:sizes_at])
         ctx.saved_sizes = outs[sizes_at:]
@@ -89,7 +91,9 @@ class CompiledFunction(torch.autograd.Function):
         call = ctx.call
         if call.stale is not None:  # eager's error, where eager's backward would raise it
             call.stale.check(ctx, grads)
-        tangents = [_tangent(grads[i], call.plan.info.graph_output_metas[i])
+        metas = call.plan.info.graph_output_metas
+        shapes = ctx.output_shapes if call.symbolic_tangents else {}
+        tangents = [_tangent(grads[i], metas[i], shapes.get(i))
                     for i in call.plan.tangent_outputs]
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
             return (None, *call.double_backward.input_grads(ctx, tangents))
@@ -148,7 +152,9 @@ def run_graph_boxed(gm: torch.fx.GraphModule) -> Callable[[list], list]:
     return run
 
 
-def _tangent(grad: torch.Tensor | None, meta) -> torch.Tensor:
+def _tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch.Tensor:
+    if grad is None and shape is not None:  # the meta's shape is symbolic: this call's
+        return torch.zeros(shape, dtype=meta.dtype, device=meta.device)
     if grad is None:  # the output took no part in the loss
         return subclasses.zeros(subclasses.tangent_layout(meta))
     return grad.contiguous()
@@ -186,6 +192,12 @@ class CompiledCall:
         self.artifact = artifact
         self.double_backward: DoubleBackward | None = None  # set for training graphs
         self._mutations = _mutation_steps(plan)
+        # Plain outputs of symbolic shape that take a gradient: one the loss does not reach is
+        # zeros of the shape this call's forward produced.
+        metas = plan.info.graph_output_metas
+        self.symbolic_tangents = frozenset(i for i in plan.tangent_outputs
+                                           if metas[i].subclass is None and
+                                           is_symbolic(metas[i].shape))
         self._versioned = tuple((i, plan.info.inputs[i].version_bumps)
                                 for i in plan.copied_in_graph)
         # Graph outputs that are inputs the graph wrote in place: nothing reads them.
@@ -200,6 +212,8 @@ class CompiledCall:
         # Decided once, so that a call skips what this plan does not need.
         self._gather = _gatherer(plan.graph_input_positions)
         self._mutated = plan.mutated_inputs
+        self._gains_grad = tuple(i for i, x in enumerate(plan.info.inputs)
+                                 if x.gains_requires_grad)
         self._detaches = bool(plan.gradless_inputs or plan.overwritten_inputs)
         self._run_graphs = self._run_training if backward is not None else self._run_inference
         self._plain_outputs = _plain_output_slice(plan.info)
@@ -214,6 +228,8 @@ class CompiledCall:
             inputs = self.plan.aliasing.graph_inputs(inputs)
         if self._versioned:
             versions = [inputs[i]._version for i, _ in self._versioned]
+        for i in self._gains_grad:  # before the graphs: autograd then records their use
+            inputs[i].requires_grad_()
         with _autocast_off(self.plan.disable_autocast):
             raw = self._run_graphs(inputs)
         if self._versioned:  # from the second call on, only the counters that need it
@@ -259,8 +275,8 @@ def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
     around the graphs: no mutations, no autocast to turn off, every output computed by the
     graph. None for the others."""
     plan = call.plan
-    if call._mutated or call._versioned or plan.overwritten_inputs or plan.disable_autocast \
-            or call._plain_outputs is None:
+    if call._mutated or call._versioned or call._gains_grad or plan.overwritten_inputs \
+            or plan.disable_autocast or call._plain_outputs is None:
         return None
     gather, outputs, unflatten = call._gather, call._plain_outputs, call.unflatten
     if call.backward is None:
@@ -293,7 +309,7 @@ def _gatherer(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[
 def _plain_output_slice(info: FunctionInfo) -> slice | None:
     """Where the user outputs lie in the graph's results when every one is computed by the
     graph (no aliases to rebuild): a call then slices instead of running the getters."""
-    if any(o.kind is not OutputKind.PLAIN for o in info.outputs):
+    if any(o.kind is not OutputKind.PLAIN or o.made_leaf for o in info.outputs):
         return None
     first = info.first_user_output
     return slice(first, first + len(info.outputs))
@@ -307,8 +323,14 @@ def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[
     for i, o in enumerate(info.outputs):
         k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else first + i
         get = _getter(o, k) if sizes is None else _symbolic_getter(o, k, sizes)
+        get = _as_leaf(get) if o.made_leaf else get
         rows.append((_RANK.get(o.kind, 0), i, get))
     return [(i, get) for _, i, get in sorted(rows, key=lambda row: row[:2])]
+
+
+def _as_leaf(get: Callable) -> Callable:
+    """The output was made a leaf that requires grad inside the function."""
+    return lambda inputs, raw, outs: get(inputs, raw, outs).requires_grad_()
 
 
 _RANK = {OutputKind.VIEW_OF_INPUT: 1, OutputKind.VIEW_OF_INTERMEDIATE: 1,

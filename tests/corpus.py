@@ -128,6 +128,17 @@ def index_select_long_input(x, idx):
     return x[idx] * 2, x.index_select(1, idx[:2])
 
 
+@case(lambda: call(leaf(5)), tags={INDUCTOR})
+def norm_ord_zero(x):
+    # Its backward gives x no gradient (undefined, not zeros), yet the output requires grad.
+    return torch.linalg.norm(x, ord=0), x.norm(p=0) * 2
+
+
+@case(lambda: call(leaf(5), const(5)))
+def norm_ord_zero_of_mixed_inputs(x, y):
+    return torch.linalg.vector_norm(x * y, ord=0)
+
+
 @case(lambda: call(leaf(4, 3), leaf(4, 3)))
 def intermediate_inplace_ops(x, y):
     z = x * y
@@ -192,6 +203,35 @@ def view_of_detached_input(x):
 def fresh_leaf_created_inside(x):
     w = torch.ones(3).requires_grad_()
     return w, x * w
+
+
+@case(lambda: call(leaf(3)), tags={INDUCTOR})
+def fresh_leaf_returned(x):
+    w = torch.ones(3, requires_grad=True)
+    return w, x * 2
+
+
+@case(lambda: call(const(2, 3)), tags={INDUCTOR})
+def requires_grad_on_output_view_of_input(x):
+    out = x.view(-1)
+    out.requires_grad_(True)
+    return out
+
+
+@case(lambda: call(const(2, 3), leaf(3)))
+def requires_grad_on_output_view_of_intermediate(x, w):
+    v = (x * 2).view(-1)
+    v.requires_grad_()
+    y = x.detach() * 3
+    y.requires_grad_()
+    return v, y, x[0] * w
+
+
+@case(lambda: call(const(2, 3)))
+def value_of_view_made_leaf_inside(x):
+    out = x[0]
+    out.requires_grad_(True)
+    return out * 2
 
 
 @case(lambda: call(leaf(4)), tags={"double_backward"})
@@ -432,6 +472,19 @@ def returns_empty_containers(x):
     return (), [], {}, x + 1
 
 
+@case(lambda: call(nonleaf(3, 4)), tags={INDUCTOR, "first_output_loss"})
+def shape_output_of_mutated_input(x):
+    # The mutated input's new value gets no gradient: a zero one of its size, symbolic
+    # with dynamic shapes, is made at the backward.
+    x.mul_(2)
+    return x.shape, x * 3
+
+
+@case(lambda: call(leaf(3, 4)), tags={INDUCTOR, "first_output_loss"})
+def output_unused_by_loss(x):
+    return x.sin(), x.cos().sum(0), x.shape
+
+
 @case(lambda: call(leaf(3, 4), torch.Size([4, 3])))
 def size_input(x, shape):
     return x.reshape(shape) * shape.numel()
@@ -648,10 +701,31 @@ def mutate_input_returns_none(x):
     x.mul_(3)
 
 
-@case(lambda: call(const(3)))
+@case(lambda: call(const(3)), tags={INDUCTOR})
 def requires_grad_on_input(x):
     x.requires_grad_()
     return x * 2
+
+
+@case(lambda: call(const(3), leaf(3)))
+def requires_grad_on_input_after_use(x, w):
+    # y is computed before: it is a constant to x's gradient (w * y, not 2 * w * y).
+    y = x * w
+    x.requires_grad_()
+    return y, y * x, x
+
+
+@case(lambda: call(const(3)), context="no_grad")
+def requires_grad_on_input_under_no_grad(x):
+    x.requires_grad_()
+    return x * 2
+
+
+@case(lambda: call(leaf(3)))
+def requires_grad_false_on_input(x):
+    y = x * 2
+    x.requires_grad_(False)
+    return y, x * 3
 
 
 @case(lambda: call(nonleaf(3)), tags={INDUCTOR})
@@ -960,6 +1034,14 @@ def metadata_and_data_mutation(x):
     return x[0]
 
 
+@case(lambda: call(const(3, 3)), tags={INDUCTOR})
+def t_then_view_of_input_mutated(x):
+    # Square: an in-graph copy into the old layout would fit, and land transposed.
+    x.t_()
+    x[0].mul_(2)
+    return x.view(x.shape)
+
+
 # ---- errors eager raises -----------------------------------------------------------------
 
 @case(lambda: call(leaf(3)))
@@ -1030,6 +1112,21 @@ def no_grad_call_returns_views(x):
 def no_grad_call_metadata_mutation(x):
     x.t_()
     return x + 1
+
+
+@case(lambda: call(const(3, 3)), context="no_grad")
+def no_grad_call_t_then_view_of_input_mutated(x):
+    x.t_()
+    x[0].mul_(2)
+    return x.view(x.shape)
+
+
+@case(lambda: call(leaf(4)), tags={INDUCTOR})
+def leaf_mutated_under_no_grad_output_too(x):
+    # No output requires grad: the inference graph writes a leaf that requires grad.
+    with torch.no_grad():
+        x.mul_(2)
+        return x + 3
 
 
 @case(lambda: call(leaf(3, 4)), context="inference_mode")

@@ -37,7 +37,9 @@ class Case:
     gradients are compared too. `before_call(target, call_index)` runs on both targets
     before each call (switch to eval, freeze a parameter, an optimizer step).
     Tags: "inductor" (also run on the slow Inductor front doors), "backward_twice" (a second
-    backward without retain_graph), "double_backward" (differentiate the gradients again).
+    backward without retain_graph), "double_backward" (differentiate the gradients again),
+    "first_output_loss" (the loss reads the first differentiable output alone: the others,
+    mutated inputs included, get no gradient).
     """
 
     name: str
@@ -115,7 +117,10 @@ def run(fn: Callable, case: Case, seed: int, module=None) -> Outcome:
 
 def run_backward(outcome: Outcome, tags: frozenset[str]) -> list[BaseException | None]:
     """Backward of one scalar; the errors of each attempt (None when it worked)."""
-    loss = weighted_loss(pytree.tree_leaves(outcome.result), outcome.args)
+    outputs, args = pytree.tree_leaves(outcome.result), outcome.args
+    if "first_output_loss" in tags:
+        outputs, args = [t for t in outputs if _differentiable(t)][:1], []
+    loss = weighted_loss(outputs, args)
     if loss is None:
         return []
     if "double_backward" in tags:

@@ -20,14 +20,14 @@ from corpus import CASES, INDUCTOR
 from harness import Case, check_case
 
 
-def compat_nop(target: Callable) -> Callable:
+def compat_nop(target: Callable, **options) -> Callable:
     if isinstance(target, torch.nn.Module):
-        return aot_module(target, nop)
-    return aot_function(target, nop)
+        return aot_module(target, nop, **options)
+    return aot_function(target, nop, **options)
 
 
-def aotgrad_compile(backend: str, dynamic: bool = False) -> Callable:
-    return lambda target: aotgrad.compile(target, backend=backend, dynamic=dynamic)
+def aotgrad_compile(backend: str, dynamic: bool = False, **options) -> Callable:
+    return lambda target: aotgrad.compile(target, backend=backend, dynamic=dynamic, **options)
 
 
 def dynamo(backend_factory: Callable, dynamic: bool | None = None) -> Callable:
@@ -40,6 +40,11 @@ def dynamo(backend_factory: Callable, dynamic: bool | None = None) -> Callable:
 # name -> (compile function, whether it runs only the "inductor" subset)
 FRONT_DOORS: dict[str, tuple[Callable, bool]] = {
     "compat-nop": (compat_nop, False),
+    # Inference graphs that write their inputs' new values themselves (functorch's option).
+    "compat-nop-keep": (lambda target: compat_nop(target, keep_inference_input_mutations=True),
+                        False),
+    "compile-inductor-keep": (aotgrad_compile("inductor", keep_inference_input_mutations=True),
+                              True),
     "compile-eager": (aotgrad_compile("eager"), False),
     "compile-inductor": (aotgrad_compile("inductor"), True),
     "dynamo-aotgrad-eager": (dynamo(lambda: aotgrad.backend(backend="eager")), False),
@@ -57,15 +62,17 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 # Cases aotgrad does not support yet, where it must refuse with a clear error instead of
 # diverging: case -> (doors where the refusal shows, pattern the error must match).
 # Dynamo splits the function around some of these and then matches eager by itself.
-PLAIN_DOORS = ("compat-nop", "compile-eager", "compile-inductor", "compile-eager-dynamic")
+PLAIN_DOORS = ("compat-nop", "compat-nop-keep", "compile-eager", "compile-inductor",
+               "compile-inductor-keep", "compile-eager-dynamic")
 WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor",
                              "dynamo-aotgrad-eager-dynamic")
 DYNAMO_DOORS = tuple(door for door in WITH_DYNAMO if door not in PLAIN_DOORS)
 REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     # Dynamo traces a Function's backward under no_grad: whether eager records it is lost.
     "double_backward_custom_function": (DYNAMO_DOORS, "captured by torch.compile"),
-    "requires_grad_on_input": (PLAIN_DOORS, "changes requires_grad of an input"),
-    "fresh_leaf_created_inside": (PLAIN_DOORS, "returns a leaf tensor that requires grad"),
+    "requires_grad_false_on_input": (PLAIN_DOORS, r"calls requires_grad_\(False\)"),
+    "fresh_leaf_created_inside": (PLAIN_DOORS, "computes a value from a tensor that it made"),
+    "value_of_view_made_leaf_inside": (PLAIN_DOORS, "computes a value from a tensor that it made"),
     "closure_over_grad_tensor": (PLAIN_DOORS, "not an input of the compiled function"),
     "item_float_output": (PLAIN_DOORS, "depends on tensor data"),
     "data_dependent_shape": (PLAIN_DOORS, "depends on tensor data"),

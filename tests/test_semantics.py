@@ -271,3 +271,28 @@ def test_assigning_an_inputs_data_is_refused_or_matches_eager(door, fn):
         return
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(x, twin)
+
+
+@DOORS
+def test_requires_grad_on_an_input_inside_then_double_backward_is_refused(door):
+    """The first-order backward matches eager; a create_graph backward, whose replay would
+    see the input require grad from the start, raises by name instead."""
+    def f(x, w):
+        y = x * w
+        x.requires_grad_()
+        return (y * x).sum()
+
+    w = torch.randn(3, requires_grad=True)
+    x_eager, x_compiled = torch.randn(3), None
+    x_compiled = x_eager.clone()
+    compiled = door(f)
+    f(x_eager, w).backward()
+    expected = x_eager.grad.clone(), w.grad.clone()
+    w.grad = None
+    compiled(x_compiled, w).backward()
+    torch.testing.assert_close((x_compiled.grad, w.grad), expected)
+    if door is dynamo:  # Dynamo handles requires_grad_() itself, around aotgrad
+        return
+    x = torch.randn(3)
+    with pytest.raises(NotImplementedError, match="requires_grad_\\(\\) on an input"):
+        torch.autograd.grad(compiled(x, w), w, create_graph=True)
