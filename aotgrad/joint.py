@@ -254,15 +254,32 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
             f_primals = to_functional(primals)
             args, outs = _call(graph_fn, mutable_copies(info, f_primals))
             refuse_unseen_writes(info, f_primals)
+            before = [current_values(v) for v in args]
             mode.phase = BACKWARD
             grads = torch.autograd.grad(outs[loss_output], [f_primals[i] for i in wrt],
                                         allow_unused=True)
+            refuse_exported_backward_writes(backward_writes(info, args, (), before))
             values = graph_outputs(info, args, outs) + list(grads)
         return [from_functional(v) for v in values]
 
     gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions)
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     return gm
+
+
+def exported_backward_writes(gm: torch.fx.GraphModule) -> list[int]:
+    """The inputs the backward of a joint graph from `trace_joint` writes into."""
+    return [i for i, _ in gm.meta.get(BACKWARD_WRITES, ())]
+
+
+def refuse_exported_backward_writes(written: Sequence[int]) -> None:
+    """An exported joint graph has no place for the inputs its backward writes into."""
+    if written:
+        raise NotImplementedError(
+            f"aotgrad: the backward mutates input {written[0]} in place (e.g. a custom "
+            "autograd.Function's backward writing into a tensor saved on ctx), which an "
+            "exported joint graph cannot return. Save a copy in the Function "
+            "(ctx.save_for_backward(t.clone())), or compile with aotgrad.compile.")
 
 
 def mutable_copies(info: FunctionInfo, f_primals: list) -> list:
