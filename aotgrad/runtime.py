@@ -102,7 +102,7 @@ class CompiledFunction(torch.autograd.Function):
             # the backward graph's ops for it to record, not one opaque compiled call.
             outs = call.backward_ops([*ctx.saved_tensors, *ctx.saved_sizes, *tangents])
             if call.backward_writes is not None:
-                outs = call.backward_writes.apply(ctx, outs)
+                outs = call.backward_writes.copy_in(ctx, outs)
             return (None, *outs)
         # The backward may clear this list to free each saved value after its last use: no
         # other reference may remain, neither autograd's (unless retain_graph) nor ours.
@@ -133,13 +133,17 @@ class BackwardWrites:
         ctx.written = [inputs[i] for i in self.inputs]
 
     def apply(self, ctx, outs: Sequence) -> Sequence:
-        """Copy the new values in; the gradients."""
-        written = ctx.written
-        versions = [t._version for t in written]
+        """Copy the new values in, with eager's version counters; the gradients."""
+        versions = [t._version for t in ctx.written]
+        grads = self.copy_in(ctx, outs)
+        _set_version_counters(ctx.written, [v + n for v, n in zip(versions, self.version_bumps)])
+        return grads
+
+    def copy_in(self, ctx, outs: Sequence) -> Sequence:
+        """Copy the new values in (what a tracer such as Dynamo can record); the gradients."""
         with torch.no_grad():  # as eager's backward runs (create_graph=True is refused)
-            for t, value in zip(written, outs[self.num_grads:]):
+            for t, value in zip(ctx.written, outs[self.num_grads:]):
                 t.copy_(value)
-        _set_version_counters(written, [v + n for v, n in zip(versions, self.version_bumps)])
         return outs[:self.num_grads]
 
     def refuse_create_graph(self) -> None:
