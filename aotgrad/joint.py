@@ -147,12 +147,12 @@ def backward_writes(info: FunctionInfo, args: Sequence, outs: Sequence,
                if any(a is not b for a, b in zip(current_values(v), before[k]))]
     written = [k for k in changed if k < len(args)]
     returned = _returned_as_is(info)
-    for k in changed[len(written):]:
-        if k - len(args) in returned:
-            raise NotImplementedError(
-                f"aotgrad: the backward writes in place into graph output {k - len(args)} (a "
-                "custom autograd.Function's backward modifying a tensor the function returns), "
-                "which eager would show in the returned tensor. Modify a copy instead.")
+    if any(k - len(args) in returned for k in changed if k >= len(args)):
+        raise NotImplementedError(
+            "aotgrad: the backward writes in place into a tensor the function returns (a "
+            "custom autograd.Function's backward modifying a tensor it saved on ctx), which "
+            "eager shows in the returned tensor after the backward. Save a copy in the "
+            "Function (ctx.save_for_backward(t.clone())).")
     for i in written:
         _refuse_backward_write(i, args[i], info)
     return written

@@ -177,7 +177,7 @@ def test_write_into_a_returned_tensor_is_refused():
     def fn(x):
         return ZeroOutputInBackward.apply(x)
     with pytest.raises(NotImplementedError, match="^aotgrad: the backward writes in place "
-                                                  "into graph output"):
+                                                  "into a tensor the function returns"):
         aotgrad.compile(fn, backend="eager")(torch.randn(3, requires_grad=True))
 
 
@@ -185,3 +185,12 @@ def test_export_of_a_joint_graph_with_a_backward_write_is_refused():
     with pytest.raises(NotImplementedError, match="^aotgrad: the backward mutates input 1"):
         aot_export_joint_simple(lambda x, buf: [zero_saved(x, buf)], list(inputs()),
                                 trace_joint=True)
+
+
+def test_write_into_a_subclass_input_is_refused():
+    from torch.testing._internal.two_tensor import TwoTensor
+    x = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_()
+    buf = TwoTensor(torch.randn(3), torch.randn(3))
+    with pytest.raises(NotImplementedError, match="^aotgrad: the backward mutates input 1 .*"
+                                                  "tensor subclass input"):
+        aotgrad.compile(zero_saved, backend="eager")(x, buf)
