@@ -259,6 +259,7 @@ def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool) -> _
     trace = joint.trace_joint if trace_joint else joint.trace_inference
     gm = trace(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
     subclasses.refuse_in_export(c.fakes, gm, "aot_export_joint_simple")
+    joint.refuse_exported_backward_writes(joint.exported_backward_writes(gm))
     return _Traced(c.info, verify(gm))
 
 

@@ -145,6 +145,7 @@ def export_joint(stack: contextlib.ExitStack, mod: torch.nn.Module, args, kwargs
                             flat_spec)
     _refuse_unsupported(c)
     gm = joint.trace_joint(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
+    joint.refuse_exported_backward_writes(joint.exported_backward_writes(gm))
     verify(gm)
     in_descs = [_input_desc(p, list(params), list(buffers)) for p in c.layout.first_position]
     _describe(gm, c.info, in_descs)

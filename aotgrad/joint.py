@@ -2,7 +2,8 @@
 
 Both graphs return, in order: the new values of data-mutated inputs, the plain user outputs,
 the intermediate bases of aliased outputs (see `FunctionInfo`). The joint graph then returns
-one gradient (or None) per input. Placeholders are named `primals_N` and `tangents_N`, as
+one gradient (or None) per input, then the new values of the inputs its backward writes
+into (`BACKWARD_WRITES`). Placeholders are named `primals_N` and `tangents_N`, as
 compilers written for functorch's compile API expect.
 """
 
@@ -17,6 +18,7 @@ import torch.fx.traceback as fx_traceback
 import torch.utils.checkpoint as checkpoint_module
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import subclasses
@@ -30,6 +32,9 @@ aten = torch.ops.aten
 
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
 OVERWRITTEN = "aotgrad_overwritten"  # node.meta key on primals the runtime mutates
+# gm.meta key: the inputs whose new values the joint graph returns after the gradients,
+# written by the backward
+BACKWARD_WRITES = "aotgrad_backward_writes"
 
 
 def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
@@ -62,16 +67,24 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
     in_graph = {i: k for k, i in enumerate(info.data_mutated_inputs)
                 if i in info.mutations_in_graph}
 
+    written: list[tuple[int, int]] = []  # (input, eager's in-place ops on it) per backward write
+
     def joint(primals, tangents):
         with functional_mode() as mode:
             f_primals, f_tangents = to_functional(primals), to_functional(tangents)
             args = mutable_copies(info, f_primals)
             outs = graph_outputs(info, *_call(graph_fn, args))
             refuse_unseen_writes(info, f_primals)
+            # The forward's values as they are now: the backward may write into them after.
+            fw_values = [from_functional(o) for o in outs]
+            before = [current_values(v) for v in args + outs]
+            counts = mutation_counts(args)
             mode.phase = BACKWARD
             grads = input_grads(outs, info.gets_tangent, f_primals, f_tangents)
-            refuse_backward_mutations(f_primals)
-        outs = [from_functional(o) for o in outs + grads]
+            changed = backward_writes(info, args, outs, before)
+            written[:] = zip(changed, _bumps(changed, args, counts))
+        new_values = [args[i] for i, _ in written]
+        outs = fw_values + [from_functional(v) for v in grads + new_values]
         for i, k in in_graph.items():  # the forward output is then the updated input itself
             outs[k] = primals[i].copy_(outs[k])
         return outs
@@ -79,6 +92,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
     tangents = fake_tangents(info, fake_mode)
     gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
+    gm.meta[BACKWARD_WRITES] = tuple(written)
     mark_overwritten_inputs(gm, info, fake_args)
     return gm
 
@@ -96,24 +110,75 @@ def refuse_unseen_writes(info: FunctionInfo, f_primals: Sequence) -> None:
             "or make its schema mark the write (Tensor(a!)).")
 
 
-def refuse_backward_mutations(f_primals: Sequence) -> None:
-    """Eager applies an in-place change that the backward makes to an input (a custom
-    Function's backward writing into a tensor saved on ctx) to the caller's tensor, when the
-    backward runs. The compiled backward returns gradients only: refuse rather than drop it.
-    (A primal that the forward mutates is itself left intact: its copy is mutated.)"""
-    for i, p in enumerate(f_primals):
-        if not isinstance(p, torch.Tensor):
-            continue
-        inner = [t.elem for t in subclasses.unwrap(p)]
-        for t in inner:
-            torch._sync(t)
-        if any(torch._functionalize_has_data_mutation(t) for t in inner):
-            raise NotImplementedError(
-                f"aotgrad: the backward mutates input {i} in place (e.g. a custom "
-                "autograd.Function's backward writing into a tensor saved on ctx), which the "
-                "compiled backward cannot apply to the caller's tensor yet. Save a copy "
-                "(ctx.save_for_backward(t.clone())) or make that change outside the "
-                "compiled function.")
+def current_values(value) -> tuple:
+    """What the functional tensor(s) of `value` stand for now: a write replaces them."""
+    if not isinstance(value, torch.Tensor):
+        return ()
+    parts = subclasses.unwrap(value)
+    for t in parts:
+        torch._sync(t)
+    return tuple(torch._from_functional_tensor(t.elem) for t in parts)
+
+
+def mutation_counts(args: Sequence) -> list[int]:
+    """In-place ops applied to each functional argument so far (0 for others)."""
+    return [_mutation_count(a) for a in args]
+
+
+def _mutation_count(a) -> int:
+    count = getattr(torch, "_functionalize_mutation_counter", None)  # newer torch only
+    if count is None or not isinstance(a, FunctionalTensor):
+        return 0
+    return count(a.elem)
+
+
+def _bumps(changed: Sequence[int], args: Sequence, before: Sequence[int]) -> list[int]:
+    """How far eager's version counter moves for each write: one per in-place op (one when
+    the count is unknown)."""
+    return [max(1, _mutation_count(args[i]) - before[i]) for i in changed]
+
+
+def backward_writes(info: FunctionInfo, args: Sequence, outs: Sequence,
+                    before: Sequence[tuple]) -> list[int]:
+    """The inputs the backward writes into (a custom Function's backward zeroing a tensor
+    saved on ctx): eager changes the caller's tensor when the backward runs, so the backward
+    graph returns their new values after the gradients, for the runtime to copy in. `args`
+    are the tensors the function saw (a forward-mutated input's copy), `before` what they
+    and the forward's outputs stood for when the forward ended. Refuses the writes the
+    runtime could not apply."""
+    changed = [k for k, v in enumerate(list(args) + list(outs))
+               if any(a is not b for a, b in zip(current_values(v), before[k]))]
+    written = [k for k in changed if k < len(args)]
+    returned = _returned_as_is(info)
+    if any(k - len(args) in returned for k in changed if k >= len(args)):
+        raise NotImplementedError(
+            "aotgrad: the backward writes in place into a tensor the function returns (a "
+            "custom autograd.Function's backward modifying a tensor it saved on ctx), which "
+            "eager shows in the returned tensor after the backward. Save a copy in the "
+            "Function (ctx.save_for_backward(t.clone())).")
+    for i in written:
+        _refuse_backward_write(i, args[i], info)
+    return written
+
+
+def _returned_as_is(info: FunctionInfo) -> set[int]:
+    """Graph outputs the caller gets as they are (not rebuilt from inputs by the runtime)."""
+    first = info.first_user_output
+    return set(range(first, info.num_graph_outputs)) - set(info.rebuilt_outputs)
+
+
+def _refuse_backward_write(i: int, arg: torch.Tensor, info: FunctionInfo) -> None:
+    if subclasses.is_subclass(arg):
+        why = "a tensor subclass input (its inner tensors are not copied back)"
+    elif not info.inputs[i].mutated and torch._functionalize_has_metadata_mutation(arg.elem):
+        why = "a change of its shape or strides"
+    else:
+        return
+    raise NotImplementedError(
+        f"aotgrad: the backward mutates input {i} in place (e.g. a custom autograd.Function's "
+        f"backward writing into a tensor saved on ctx), through {why}, which the compiled "
+        "backward cannot apply to the caller's tensor. Save a copy (ctx.save_for_backward("
+        "t.clone())) or make that change outside the compiled function.")
 
 
 def fake_tangents(info: FunctionInfo, fake_mode: FakeTensorMode) -> list[torch.Tensor]:
@@ -192,15 +257,32 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
             f_primals = to_functional(primals)
             args, outs = _call(graph_fn, mutable_copies(info, f_primals))
             refuse_unseen_writes(info, f_primals)
+            before = [current_values(v) for v in args]
             mode.phase = BACKWARD
             grads = torch.autograd.grad(outs[loss_output], [f_primals[i] for i in wrt],
                                         allow_unused=True)
+            refuse_exported_backward_writes(backward_writes(info, args, (), before))
             values = graph_outputs(info, args, outs) + list(grads)
         return [from_functional(v) for v in values]
 
     gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions)
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     return gm
+
+
+def exported_backward_writes(gm: torch.fx.GraphModule) -> list[int]:
+    """The inputs the backward of a joint graph from `trace_joint` writes into."""
+    return [i for i, _ in gm.meta.get(BACKWARD_WRITES, ())]
+
+
+def refuse_exported_backward_writes(written: Sequence[int]) -> None:
+    """An exported joint graph has no place for the inputs its backward writes into."""
+    if written:
+        raise NotImplementedError(
+            f"aotgrad: the backward mutates input {written[0]} in place (e.g. a custom "
+            "autograd.Function's backward writing into a tensor saved on ctx), which an "
+            "exported joint graph cannot return. Save a copy in the Function "
+            "(ctx.save_for_backward(t.clone())), or compile with aotgrad.compile.")
 
 
 def mutable_copies(info: FunctionInfo, f_primals: list) -> list:

@@ -31,7 +31,8 @@ from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_
 from .memory import base_of, tensor_bytes
 from .partition import default_partition, tag_backward
 from .remat import forward_values, hoist_masks
-from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan, run_graph_boxed
+from .runtime import (BackwardWrites, CompiledCall, CompiledOnFirstCall, RuntimePlan,
+                      run_graph_boxed)
 from .stale import StaleBackward, find_stale_outputs
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
 from .verify import verify, verify_partition
@@ -242,12 +243,22 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     call.double_backward = _double_backward(c, edge, fw, n, held)
     call.stale = c.stale
     call.backward_ops = run_graph_boxed(inlined_bw)
+    call.backward_writes = _backward_writes(joint_gm, len(c.fakes))
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
         call.backward_keeping_saved = _compile_later(
             lambda: compile_bw(_without_donations(bw)), timer)
     if edge.is_plain:
         _call_directly_once_compiled(call)
     return _with_subclasses(edge, call)
+
+
+def _backward_writes(joint_gm: fx.GraphModule, num_inputs: int) -> BackwardWrites | None:
+    """The inputs the backward writes into, whose new values follow its gradients."""
+    writes = joint_gm.meta.get(joint.BACKWARD_WRITES, ())  # none through pure.trace_joint
+    if not writes:
+        return None
+    return BackwardWrites(inputs=tuple(i for i, _ in writes),
+                          version_bumps=tuple(n for _, n in writes), num_grads=num_inputs)
 
 
 def _call_directly_once_compiled(call: CompiledCall) -> None:

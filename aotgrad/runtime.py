@@ -64,6 +64,8 @@ class CompiledFunction(torch.autograd.Function):
         call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
         if call.stale is not None:
             call.stale.hold(ctx, inputs)
+        if call.backward_writes is not None:
+            call.backward_writes.hold(ctx, inputs)
         outs = call.forward(list(inputs))
         plan = call.plan
         ctx.call = call
@@ -96,11 +98,16 @@ class CompiledFunction(torch.autograd.Function):
         tangents = [_tangent(grads[i], metas[i], shapes.get(i))
                     for i in call.plan.tangent_outputs]
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
+            if call.backward_writes is not None:
+                call.backward_writes.refuse_create_graph()
             return (None, *call.double_backward.input_grads(ctx, tangents))
         if torch.compiler.is_compiling():
             # Dynamo inlines this backward into the graph compiled autograd captured: run
             # the backward graph's ops for it to record, not one opaque compiled call.
-            return (None, *call.backward_ops([*ctx.saved_tensors, *ctx.saved_sizes, *tangents]))
+            outs = call.backward_ops([*ctx.saved_tensors, *ctx.saved_sizes, *tangents])
+            if call.backward_writes is not None:
+                outs = call.backward_writes.copy_in(ctx, outs)
+            return (None, *outs)
         # The backward may clear this list to free each saved value after its last use: no
         # other reference may remain, neither autograd's (unless retain_graph) nor ours.
         args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
@@ -110,7 +117,48 @@ class CompiledFunction(torch.autograd.Function):
         if call.backward_keeping_saved is not None and (
                 ctx.hooked or torch._C._autograd._get_current_graph_task_keep_graph()):
             backward = call.backward_keeping_saved  # retain_graph: a later backward reads them
+        if call.backward_writes is not None:
+            return (None, *call.backward_writes.apply(ctx, backward(args)))
         return (None, *backward(args))
+
+
+@dataclass(frozen=True)
+class BackwardWrites:
+    """Inputs the backward writes into in place (a custom Function's backward zeroing a
+    tensor saved on ctx). Eager changes the caller's tensors when that backward runs: the
+    backward graph returns their new values after the gradients, and the runtime copies them
+    in then, bumping each version counter as eager's in-place ops would."""
+
+    inputs: tuple[int, ...]  # graph input indices
+    version_bumps: tuple[int, ...]  # per input: eager's in-place ops on it in the backward
+    num_grads: int  # the backward's outputs before the new values: one per graph input
+
+    def hold(self, ctx, inputs: Sequence[torch.Tensor]) -> None:
+        ctx.written = [inputs[i] for i in self.inputs]
+
+    def apply(self, ctx, outs: Sequence) -> Sequence:
+        """Copy the new values in, with eager's version counters; the gradients."""
+        versions = [t._version for t in ctx.written]
+        grads = self.copy_in(ctx, outs)
+        _set_version_counters(ctx.written, [v + n for v, n in zip(versions, self.version_bumps)])
+        return grads
+
+    def copy_in(self, ctx, outs: Sequence) -> Sequence:
+        """Copy the new values in (what a tracer such as Dynamo can record); the gradients."""
+        with torch.no_grad():  # as eager's backward runs (create_graph=True is refused)
+            for t, value in zip(ctx.written, outs[self.num_grads:]):
+                t.copy_(value)
+        return outs[:self.num_grads]
+
+    def refuse_create_graph(self) -> None:
+        """As torch's AOTAutograd does: with grad mode on, a write into an input would have
+        to be recorded by autograd, and the replay of the backward cannot (RuntimeError)."""
+        raise RuntimeError(
+            f"aotgrad: the backward mutates inputs {list(self.inputs)} in place (a custom "
+            "autograd.Function's backward writing into a tensor saved on ctx), which a "
+            "backward with create_graph=True does not support. Run this backward with "
+            "create_graph=False, or save a copy in the Function (ctx.save_for_backward("
+            "t.clone())).")
 
 
 class CompiledOnFirstCall:
@@ -183,6 +231,7 @@ class CompiledCall:
     backward_keeping_saved: Callable | None = None
     # The backward graph as partitioned, run op by op (boxed): what a tracer inlines.
     backward_ops: Callable | None = None
+    backward_writes: BackwardWrites | None = None  # inputs the backward writes into
 
     def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
                  artifact: Any = None):

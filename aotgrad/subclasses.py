@@ -250,7 +250,7 @@ class Boundary:
                 plain += _split_tangent(layout, g)
             args.clear()
             it = iter(compiled(plain))
-            return [wrap(m, it) for m in self.grads]
+            return [wrap(m, it) for m in self.grads] + list(it)  # then new values of inputs
         return backward
 
 
@@ -283,7 +283,8 @@ def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, info:
     subs = frozenset(i for i, f in enumerate(fakes) if is_subclass(f))
     tangents = tuple(tangent_layout(m)
                      for m, d in zip(info.graph_output_metas, info.gets_tangent) if d)
-    return Boundary(subs, tuple(traced[:n]), tangents, tuple(traced[n:]),
+    # After the gradients, a joint graph returns the inputs the backward writes into.
+    return Boundary(subs, tuple(traced[:n]), tangents, tuple(traced[n:n + len(fakes)]),
                     bumped=tuple(i for i in copied_in_graph if i in subs))
 
 

@@ -314,3 +314,37 @@ def test_subclass_backward_inlined():
     recorder = Recorder("eager")
     run_two_tensor(recorder)
     check_backward_inlined(recorder, torch.ops.aten.mm.default)
+
+
+class HalvesItsBufferInBackward(torch.nn.Module):
+    """A custom Function's backward writes into a buffer saved on ctx (test_backward_writes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 3)
+        self.register_buffer("scale", torch.full((3,), 2.0))
+
+    def forward(self, x):
+        return HalveSavedInBackward.apply(self.linear(x), self.scale)
+
+
+class HalveSavedInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(scale)
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        scale, = ctx.saved_tensors
+        grad_x = grad * scale
+        scale.mul_(0.5)
+        return grad_x, None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_writing_into_a_buffer(backend):
+    """aotgrad's backward, inlined, still writes the buffer's new value (compared as module
+    state after each step's backward)."""
+    recorder = check_against_eager(HalvesItsBufferInBackward, batches(5, 6), backend)
+    check_backward_inlined(recorder, torch.ops.aten.mul.Tensor)

@@ -78,8 +78,6 @@ REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "data_dependent_shape": (PLAIN_DOORS, "depends on tensor data"),
     "resize_grows_input_then_view_written": (PLAIN_DOORS, "resize_"),
     "buffer_reassigned": (PLAIN_DOORS, "assigns a new tensor"),
-    # The compiled backward returns gradients only (tests/test_reuse.py has the xfail).
-    "custom_function_mutates_input_in_backward": (WITH_DYNAMO, "the backward mutates input"),
 }
 
 

@@ -171,9 +171,6 @@ def test_aot_module_simplified_custom_function_returning_its_input():
     torch.testing.assert_close(x.grad, torch.full((3,), 0.5))
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="aotgrad: an input mutated in the backward (a custom Function "
-                          "zeroing a tensor saved on ctx) is refused, not yet applied")
 def test_custom_function_backward_mutating_an_input_matches_eager():
     def make():
         torch.manual_seed(0)
