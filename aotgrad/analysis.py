@@ -211,7 +211,7 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     # Not differentiable: mutations autograd did not see, and leaves (their gradient is
     # their own .grad, autograd's business once the runtime sets requires_grad).
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
-    hidden += [outputs[i].made_leaf for i in info.plain_outputs]
+    hidden += [o.made_leaf for o in outputs]  # every user output has its slot
     hidden += [False] * (len(values) - len(hidden))
     for k in info.rebuilt_outputs:  # no tangent: the rebuilt alias carries the gradient
         hidden[k] = True
