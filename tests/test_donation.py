@@ -63,8 +63,8 @@ def test_a_retained_graph_keeps_its_saved_values(device):
     got = grads_of_two_backwards(compiled, *args)
     assert donated_names(compiled), "nothing was donated: the test tests nothing"
     expected = grads_of_two_backwards(exp_of_product, *args)
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e)
+    for g, e in zip(got, expected):  # Inductor's fused exp rounds apart (H100 host: 7e-6)
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
 def exp_of_product_returned(x, w):
