@@ -27,8 +27,9 @@ from .dynamo import compile_dynamo_graph, dynamo_fakes
 from .guards import fixed_inputs_check
 from .pipeline import Options, capture_and_analyze
 from .compat_config import config
+from . import compat_tools
 from .compat_tools import (debug_compile, draw_graph, draw_graph_compile, memory_efficient_fusion,
-                           minifier, nnc_jit, print_compile, pythonkey_decompose, ts_compile)
+                           nnc_jit, print_compile, pythonkey_decompose, ts_compile)
 from .verify import verify
 
 __all__ = [
@@ -326,3 +327,9 @@ def aot_compile_joint_with_descriptors(jd, *, partition_fn: Callable = default_p
     """A callable `f(*params, *buffers, *args, **kwargs)` from `jd` (descriptors.py)."""
     from .descriptors import compile_joint
     return compile_joint(jd, partition_fn, fw_compiler, bw_compiler, serializable)
+
+
+def __getattr__(name: str):
+    if name == "minifier":  # torch's, imported at first use (see compat_tools)
+        return compat_tools.minifier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,12 +30,10 @@ from .plans import Plan, PlanSpace, node_cost
 from .remat import Rule
 from .tables import fuses_into_readers
 
-try:
-    import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import csr_matrix
-except ImportError:  # the greedy takes over
-    milp = None
+# SciPy's solver and the names it needs, imported at the first `available()`: scipy.optimize
+# takes about half a second to import, which a compile without a memory budget never needs.
+np = Bounds = LinearConstraint = milp = csr_matrix = None
+_scipy_tried = False
 
 MAX_EXACT = 16  # free choices: beyond, a grid of targets instead of a proven front
 MAX_EXACT_SOLVES = 120  # then the rest of the front on the grid (each solve is ~10-100 ms)
@@ -54,7 +52,22 @@ GUARD_S = 120.0  # all solves of one curve
 
 
 def available() -> bool:
+    """Whether SciPy's MILP solver is there (imported the first time)."""
+    global _scipy_tried
+    if not _scipy_tried:
+        _scipy_tried = True
+        _import_scipy()
     return milp is not None
+
+
+def _import_scipy() -> None:
+    global np, Bounds, LinearConstraint, milp, csr_matrix
+    try:
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_matrix
+    except ImportError:  # the greedy takes over
+        milp = None
 
 
 def solve_curve(space: PlanSpace, low: int, high: int) -> list[Plan]:
@@ -131,6 +144,9 @@ class PeakProgram:
     """The integer program of one joint graph; only the target changes between solves."""
 
     def __init__(self, space: PlanSpace):
+        if not available():
+            raise ImportError("aotgrad: the memory budget's integer program needs SciPy "
+                              "(pip install scipy); without it the greedy solver runs")
         self.space = space
         self.values = [n for n in space.nodes if n in space.reachable]
         self.index = {v: i for i, v in enumerate(self.values)}
