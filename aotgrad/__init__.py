@@ -8,6 +8,7 @@ import importlib.abc
 import importlib.util
 import sys
 
+from . import log as _log
 from .api import CompiledFunction, CompiledModule, compile
 from .backends import Backend, make_boxed_compiler, make_boxed_func, nop
 from .explain import Explanation, explain
@@ -22,8 +23,14 @@ __all__ = ["compile", "backend", "explain", "Explanation", "CompiledFunction", "
 
 
 def backend(**options):
-    """A Dynamo backend with these options: `torch.compile(m, backend=aotgrad.backend(...))`."""
+    """A Dynamo backend with these options: `torch.compile(m, backend=aotgrad.backend(...))`.
+    They are `aotgrad.compile`'s: backend, partitioner, memory_budget, decompositions,
+    keep_inference_input_mutations, compile_backward."""
     from .dynamo import make_backend
+    unknown = sorted(set(options) - set(make_backend.__kwdefaults__))
+    if unknown:
+        raise TypeError(f"aotgrad: backend() takes no option {', '.join(unknown)}; it takes "
+                        f"{', '.join(sorted(make_backend.__kwdefaults__))}")
     return make_backend(**options)
 
 
@@ -68,3 +75,4 @@ class _RegisterWhenImported(importlib.abc.MetaPathFinder):
 
 
 _register_with_dynamo()
+_log.configure_from_env()

@@ -20,11 +20,13 @@ overshoot when its solution does not fit: good plans, not proven ones.
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 
 from torch import fx
 
+from .log import Progress
 from .memory import base_of, is_tuple, read_only_in_kernels, simulate, tensor_bytes
 from .plans import Plan, PlanSpace, node_cost
 from .remat import Rule
@@ -34,6 +36,8 @@ from .tables import fuses_into_readers
 # takes about half a second to import, which a compile without a memory budget never needs.
 np = Bounds = LinearConstraint = milp = csr_matrix = None
 _scipy_tried = False
+
+log = logging.getLogger(__name__)
 
 MAX_EXACT = 16  # free choices: beyond, a grid of targets instead of a proven front
 MAX_EXACT_SOLVES = 120  # then the rest of the front on the grid (each solve is ~10-100 ms)
@@ -158,6 +162,7 @@ class PeakProgram:
         self.evaluated: dict[frozenset, Plan] = {}
         self.solves = 0
         self.deadline = time.monotonic() + GUARD_S
+        self.progress = Progress(log, f"memory budget: integer program of {m} values")
         self._structure()
         self._forward_rows()
         self._backward_rows()
@@ -304,6 +309,8 @@ class PeakProgram:
                       constraints=constraints,
                       options={"node_limit": NODE_LIMIT, "time_limit": remaining,
                                "mip_rel_gap": gap})
+        log.debug("solve %d: target %d bytes, %s", self.solves, target, result.message)
+        self.progress.report(f"{self.solves} solves, {len(self.evaluated)} plans scored")
         if result.x is None:
             return None
         return frozenset(c for c in self.space.candidates if result.x[self.redo(c)] > 0.5)
