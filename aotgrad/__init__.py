@@ -4,6 +4,11 @@ Captures a function or module into one functional forward+backward graph of ATen
 partitions it, compiles both halves, and runs them so that the call behaves like eager.
 """
 
+import importlib.abc
+import importlib.util
+import sys
+
+from . import log as _log
 from .api import CompiledFunction, CompiledModule, compile
 from .backends import Backend, make_boxed_compiler, make_boxed_func, nop
 from .explain import Explanation, explain
@@ -18,20 +23,56 @@ __all__ = ["compile", "backend", "explain", "Explanation", "CompiledFunction", "
 
 
 def backend(**options):
-    """A Dynamo backend with these options: `torch.compile(m, backend=aotgrad.backend(...))`."""
+    """A Dynamo backend with these options: `torch.compile(m, backend=aotgrad.backend(...))`.
+    They are `aotgrad.compile`'s: backend, partitioner, memory_budget, decompositions,
+    keep_inference_input_mutations, compile_backward."""
     from .dynamo import make_backend
+    unknown = sorted(set(options) - set(make_backend.__kwdefaults__))
+    if unknown:
+        raise TypeError(f"aotgrad: backend() takes no option {', '.join(unknown)}; it takes "
+                        f"{', '.join(sorted(make_backend.__kwdefaults__))}")
     return make_backend(**options)
 
 
+_DYNAMO_REGISTRY = "torch._dynamo.backends.registry"
+
+
 def _register_with_dynamo() -> None:
-    """`backend="aotgrad"` works even when the package is not installed (entry point absent)."""
-    try:
-        from torch._dynamo.backends.registry import _BACKENDS, register_backend
-        from .dynamo import aotgrad_backend
-    except ImportError:  # a torch without Dynamo
-        return
-    if "aotgrad" not in _BACKENDS:
-        register_backend(name="aotgrad")(aotgrad_backend)
+    """`backend="aotgrad"` works even when the package is not installed (entry point absent).
+    Importing Dynamo here would make `import aotgrad` about a second slower: unless it is
+    imported already, the registration waits for Dynamo's registry to be imported."""
+    registry = sys.modules.get(_DYNAMO_REGISTRY)
+    if registry is not None:
+        _register_in(registry)
+    elif not any(isinstance(f, _RegisterWhenImported) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterWhenImported())
+
+
+def _register_in(registry) -> None:
+    from .dynamo import aotgrad_backend
+    if "aotgrad" not in registry._COMPILER_FNS:
+        registry.register_backend(name="aotgrad")(aotgrad_backend)
+
+
+class _RegisterWhenImported(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when Dynamo's registry is imported, it has the module run as
+    usual, then registers aotgrad in it, and leaves `sys.meta_path`."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _DYNAMO_REGISTRY:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register_in(module)
+        spec.loader.exec_module = exec_module  # this spec's own loader object
+        return spec
 
 
 _register_with_dynamo()
+_log.configure_from_env()

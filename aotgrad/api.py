@@ -17,7 +17,7 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import subclasses
+from . import check, subclasses
 from .aliasing import AliasingChanged, alias_pattern
 from .backends import resolve_backend
 from .capture import flatten
@@ -212,7 +212,9 @@ class CompiledModule(torch.nn.Module):
         self._slots = [_slot(module, n) for n in self._names]
         self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())
-        options = dataclasses.replace(options, static_inputs=tuple(range(len(self._names))))
+        options = dataclasses.replace(
+            options, static_inputs=tuple(range(len(self._names))),
+            input_names=(*self._names, *[""] * len(self._submodules)), named_like=module.forward)
         self.compiled = CompiledFunction(self._functional_forward, options, max_entries)
 
     def _functional_forward(self, *flat, **kwargs):
@@ -268,7 +270,7 @@ def choose_partitioner(partitioner: Callable | None, memory_budget: float | None
     if memory_budget is None:
         return partitioner or min_cut_rematerialization_partition
     if partitioner not in (None, min_cut_rematerialization_partition):
-        raise ValueError("memory_budget works with the min-cut partitioner only; "
+        raise ValueError("aotgrad: memory_budget works with the min-cut partitioner only; "
                          "pass partitioner=None")
     return budget_partition(memory_budget)
 
@@ -293,6 +295,11 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     >>> torch.allclose(x.grad, 2 * x.cos())
     True
     """
+    check.function_or_module("compile", fn_or_module)
+    check.compile_options("compile", partitioner=partitioner, memory_budget=memory_budget,
+                          decompositions=decompositions, dynamic=dynamic,
+                          keep_inference_input_mutations=keep_inference_input_mutations,
+                          max_entries=max_entries)
     options = Options(resolve_backend(backend, decompositions),
                       choose_partitioner(partitioner, memory_budget),
                       keep_inference_input_mutations, dynamic=dynamic,

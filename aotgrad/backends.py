@@ -13,7 +13,8 @@ import contextlib
 import contextvars
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import torch
 from torch import fx
@@ -215,10 +216,31 @@ def inductor_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
         return joint_graph_passes(gm, input_device=devices[0] if devices else None)
 
 
+class InductorDecompositions(Mapping):
+    """Inductor's decomposition table, loaded at its first use (a trace): importing Inductor
+    takes about a second, which `import aotgrad` and eager-backend users should not pay."""
+
+    @functools.cached_property
+    def _table(self) -> Mapping:
+        import torch._inductor.lowering  # noqa: F401  (some decompositions consult it)
+        from torch._inductor.decomposition import select_decomp_table
+        return select_decomp_table()
+
+    def __getitem__(self, op):
+        return self._table[op]
+
+    def __iter__(self):
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+INDUCTOR_DECOMPOSITIONS = InductorDecompositions()
+
+
 def _inductor_decompositions() -> Mapping:
-    import torch._inductor.lowering  # noqa: F401  (some decompositions consult it)
-    from torch._inductor.decomposition import select_decomp_table
-    return select_decomp_table()
+    return INDUCTOR_DECOMPOSITIONS
 
 
 def resolve_backend(backend: Any, decompositions: Mapping | None = None) -> Backend:
@@ -228,7 +250,7 @@ def resolve_backend(backend: Any, decompositions: Mapping | None = None) -> Back
     if backend == "eager":
         return Backend(eager_compiler, eager_compiler, eager_compiler, decompositions)
     if backend == "inductor":
-        decomps = _inductor_decompositions() if decompositions is None else decompositions
+        decomps = INDUCTOR_DECOMPOSITIONS if decompositions is None else decompositions
         return Backend(inductor_compiler, inductor_compiler, inductor_compiler, decomps,
                        inductor_graph_passes)
     if callable(backend):

@@ -25,6 +25,7 @@ up to `ilp.MAX_EXACT` choices; a greedy when SciPy is missing or the graph is to
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -36,6 +37,10 @@ from .plans import Plan, PlanSpace, node_cost
 from .remat import CHOICES, split_recomputing_late
 from .memory import tensor_bytes
 
+log = logging.getLogger(__name__)
+
+# gm.meta key on a joint graph: the memory/compute `Curve` a memory budget was chosen on.
+CURVE = "aotgrad_curve"
 MAX_EXHAUSTIVE = 10  # free choices: 2**10 plans scored one by one
 GREEDY_ROUNDS = 16  # the greedy scores about this many plans
 
@@ -68,12 +73,17 @@ def plan_curve(joint: fx.GraphModule, n: int, solver: str = "auto",
     mincut, everything, nothing = _ends(space)
     high = mincut.peak_bytes
     name = pick_solver(space) if solver == "auto" else solver
+    log.info("memory budget: computing the memory/compute curve with the %s solver "
+             "(%d free choices among %d values)", name, len(space.candidates),
+             len(space.reachable))
     # The integer program aims at targets down to the lowest peak known. The greedy's plans
     # (fast) reach lower than recomputing everything, and fill the gaps a grid leaves.
     seeds = greedy(space, 0, high) if name == "ilp" else []
     low = min(p.peak_bytes for p in [everything, mincut, *seeds])
     found = seeds + SOLVERS[name](space, low, high)
     plans = pareto(p for p in [mincut, everything, nothing, *found] if p.peak_bytes <= high)
+    log.debug("memory/compute curve: %d plans on the front of %d found, peaks %d to %d bytes",
+              len(plans), len(found) + 3, plans[0].peak_bytes, high)
     return Curve(tuple(plans), plans[0].peak_bytes, high, mincut.memory.saved_bytes, name)
 
 
@@ -89,7 +99,10 @@ def plan_for_budget(joint: fx.GraphModule, n: int, budget: float, solver: str = 
         high = ends[0].peak_bytes
         fitting = [p for p in [*ends, *ilp.solve_point(space, high)] if p.peak_bytes <= high]
         return min(fitting, key=lambda p: (p.recompute_cost, p.peak_bytes))
-    return choose(plan_curve(joint, n, name, space), budget)
+    curve = plan_curve(joint, n, name, space)
+    if solver == "auto" and budget < 1.0:  # explain's curve (kernels too): not computed twice
+        joint.meta[CURVE] = curve
+    return choose(curve, budget)
 
 
 def _ends(space: PlanSpace) -> tuple[Plan, Plan, Plan]:
@@ -130,6 +143,9 @@ def budget_partition(memory_budget: float, solver: str = "auto") -> Callable:
 
     def partition(joint_module, _joint_inputs=None, *, num_fwd_outputs, **_):
         plan = plan_for_budget(joint_module, num_fwd_outputs, memory_budget, solver)
+        log.debug("memory budget %s: peak %d bytes, recomputation %d bytes of traffic, "
+                  "saves %s", memory_budget, plan.peak_bytes, plan.recompute_cost,
+                  ", ".join(plan.saved))
         by_name = {node.name: node for node in joint_module.graph.nodes}
         saved = [by_name[s] for s in plan.saved]
         return split_recomputing_late(joint_module, num_fwd_outputs, saved)

@@ -9,6 +9,7 @@ every later stage traces with: with symbolic sizes when compiling for dynamic sh
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Sequence
 
@@ -49,6 +50,16 @@ class CallLayout:
         wanted = set(flat_positions)
         return tuple(g for g, p in enumerate(self.first_position) if p in wanted)
 
+    def placeholder_labels(self, gm: torch.fx.GraphModule, labels: Sequence[str]
+                           ) -> dict[str, str]:
+        """Placeholder name -> `labels` of its flat argument, where the placeholders are the
+        graph inputs one for one (not so after a subclass split or a merge of aliased inputs)."""
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        if len(placeholders) != self.num_graph_inputs:
+            return {}
+        return {node.name: labels[p] for node, p in zip(placeholders, self.first_position)
+                if labels[p]}
+
     def rebuild(self, graph_inputs: Sequence[Any]) -> list[Any]:
         """The flat argument list, from graph inputs plus the baked constants."""
         return [
@@ -80,6 +91,39 @@ def _first_positions(graph_input: Sequence[int | None]) -> list[int]:
 def flatten(tree) -> tuple[list, pytree.TreeSpec]:
     """Pytree leaves, with `torch.Size` a leaf (pytree would make it a plain tuple)."""
     return pytree.tree_flatten(tree, is_leaf=lambda v: isinstance(v, torch.Size))
+
+
+def input_labels(fn: Callable, in_spec: pytree.TreeSpec, leading: Sequence[str] = ()
+                 ) -> list[str]:
+    """A readable name per flat argument, for reports: the leading ones as given (a module's
+    state), the others by the argument of `fn` they come from (`x`, `batch['ids']`,
+    `args[2]`); "" where unknown."""
+    labels = [*leading, *[""] * (in_spec.num_leaves - len(leading))]
+    try:
+        args, kwargs = pytree.tree_unflatten(list(range(in_spec.num_leaves)), in_spec)
+        names, rest = _positional_names(fn)
+        for i, arg in enumerate(args[len(leading):]):
+            _label(arg, names[i] if i < len(names) else f"{rest}[{i - len(names)}]", labels)
+        for key, arg in kwargs.items():
+            _label(arg, key, labels)
+    except (TypeError, ValueError):  # an input type pytree has no key paths for
+        pass
+    return labels
+
+
+def _positional_names(fn: Callable) -> tuple[list[str], str]:
+    """The names of `fn`'s positional parameters, and of its `*args` ("args" if none)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return [], "args"
+    rest = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "args")
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)], rest
+
+
+def _label(tree: Any, name: str, labels: list[str]) -> None:
+    for path, position in pytree.tree_flatten_with_path(tree)[0]:
+        labels[position] = name + pytree.keystr(path)
 
 
 class OutputBox:

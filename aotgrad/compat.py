@@ -8,7 +8,7 @@ graph traced with symbolic sizes serves every call its shape guard accepts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -17,7 +17,7 @@ from torch import fx
 from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import is_fake
 
-from . import analysis, capture, joint, subclasses
+from . import analysis, capture, check, joint, subclasses
 from .api import CompiledFunction, CompiledModule
 from .backends import (Backend, compilation_context, make_boxed_compiler,
                        make_boxed_func, nop)
@@ -27,8 +27,9 @@ from .dynamo import compile_dynamo_graph, dynamo_fakes
 from .guards import fixed_inputs_check
 from .pipeline import Options, capture_and_analyze
 from .compat_config import config
+from . import compat_tools
 from .compat_tools import (debug_compile, draw_graph, draw_graph_compile, memory_efficient_fusion,
-                           minifier, nnc_jit, print_compile, pythonkey_decompose, ts_compile)
+                           nnc_jit, print_compile, pythonkey_decompose, ts_compile)
 from .verify import verify
 
 __all__ = [
@@ -57,12 +58,25 @@ default_decompositions = get_decompositions([
 
 def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompositions,
              num_params_buffers=0, keep_inference_input_mutations=False,
-             dynamic=False, compile_backward="lazy") -> Options:
+             dynamic=False, compile_backward="lazy", where="aot_function") -> Options:
+    check_compilers(where, fw_compiler, bw_compiler, inference_compiler, partition_fn)
+    check.decomposition_table(where, decompositions)
+    check.count(where, "num_params_buffers", num_params_buffers)
+    check.flag(where, "keep_inference_input_mutations", keep_inference_input_mutations)
+    check.flag(where, "dynamic", dynamic)
     backend = Backend(fw_compiler, bw_compiler or fw_compiler,
                       inference_compiler or fw_compiler, decompositions)
     return Options(backend, config.partitioner(partition_fn), keep_inference_input_mutations,
                    dynamic=dynamic, static_inputs=tuple(range(num_params_buffers)),
                    compile_backward=compile_backward)
+
+
+def check_compilers(where: str, fw_compiler, bw_compiler=None, inference_compiler=None,
+                    partition_fn=default_partition) -> None:
+    check.function(where, "fw_compiler", fw_compiler)
+    check.function(where, "bw_compiler", bw_compiler, optional=True)
+    check.function(where, "inference_compiler", inference_compiler, optional=True)
+    check.function(where, "partition_fn", partition_fn)
 
 
 def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | None = None,
@@ -81,6 +95,7 @@ def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | No
     metadata. `disable_functionalization`: a function that mutates nothing is traced without
     functionalization whatever the flag says (pure.py); one that mutates is functionalized
     anyway, because the runtime applies the mutations the functional graph returns."""
+    check.function("aot_function", "fn", fn)
     return CompiledFunction(fn, _options(fw_compiler, bw_compiler, inference_compiler,
                                          partition_fn, decompositions, num_params_buffers,
                                          keep_inference_input_mutations, dynamic,
@@ -96,8 +111,9 @@ def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
                        compile_backward="lazy"):
         return _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
                         decompositions, 0, keep_inference_input_mutations, dynamic,
-                        compile_backward)
+                        compile_backward, where="aot_module")
 
+    check.module("aot_module", mod)
     refuse_fake_state(mod)
     return CompiledModule(mod, with_compilers(*args, **kwargs))
 
@@ -121,6 +137,8 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     `compiler_config_extra` and `compile_region_name` key torch's compile cache, which
     aotgrad does not have; `disable_functionalization` is as in `aot_function`. `cudagraphs`
     (torch 2.11's keyword, gone in 2.13) is Inductor's flag box; its compiler reads it."""
+    check.module("aot_module_simplified", mod)
+    check.function("aot_module_simplified", "pre_grad_passes", pre_grad_passes, optional=True)
     if pre_grad_passes is not None and isinstance(mod, fx.GraphModule):
         mod = pre_grad_passes(mod, args)
     refuse_fake_state(mod)
@@ -131,8 +149,10 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
         params = dict(zip(names, flat[:len(state)]))
         return capture.run_with_state(mod, params, tuple(flat[len(state):]))
 
-    options = _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
-                       decompositions, len(state), keep_inference_input_mutations)
+    options = replace(_options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
+                               decompositions, len(state), keep_inference_input_mutations,
+                               where="aot_module_simplified"),
+                      input_names=tuple(names))
     # From Dynamo with dynamic shapes: its fakes, with symbolic sizes, for one graph.
     symbolic = isinstance(mod, fx.GraphModule) and not ignore_shape_env
     example = dynamo_fakes(mod, args) if symbolic else list(args)
@@ -144,11 +164,11 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
             return lazy(*state, *runtime_args)
     else:
         refuse_fake_constants(call.artifact.forward_graph)
-        check = fixed_inputs_check([*state, *example])
+        check_inputs = fixed_inputs_check([*state, *example])
 
         def forward(*runtime_args):
             flat = [*state, *runtime_args]
-            check(flat)
+            check_inputs(flat)
             return call.run(flat)
 
     forward.zero_grad = mod.zero_grad
@@ -224,6 +244,8 @@ def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint:
     """One functional graph of `func` (flat tensors in, flat tensors out), with no input
     mutations and no aliased outputs. With `trace_joint`, the joint forward+backward graph:
     inputs `primals_*` then `tangents_*`, outputs the forward's then one gradient per input."""
+    check.function("aot_export_joint_simple", "func", func)
+    check.decomposition_table("aot_export_joint_simple", decompositions)
     _refuse_pytrees("inputs", pytree.tree_flatten(tuple(args))[1])
     flat, in_spec = pytree.tree_flatten((tuple(args), {}))
     traced = _trace_for_export(func, flat, in_spec, decompositions, trace_joint)
@@ -296,6 +318,8 @@ def aot_export_module(mod: torch.nn.Module, args: Sequence[Any], *, decompositio
     the graph before decomposition (torch-level ATen ops, grad mode changes kept), for a
     module that mutates nothing. `dynamic_shapes`: symbolic sizes; None, when the inputs are
     fakes with a ShapeEnv."""
+    check.module("aot_export_module", mod)
+    check.decomposition_table("aot_export_module", decompositions)
     if pre_dispatch and trace_joint:
         raise RuntimeError("pre_dispatch is not supported when trace_joint is True.")
     if trace_joint and output_loss_index is None:
@@ -317,6 +341,8 @@ def aot_export_joint_with_descriptors(stack, mod: torch.nn.Module, args, kwargs=
     """The joint graph of `mod`, its inputs and outputs described in `meta["desc"]`
     (descriptors.py)."""
     from .descriptors import export_joint
+    check.module("aot_export_joint_with_descriptors", mod)
+    check.decomposition_table("aot_export_joint_with_descriptors", decompositions)
     return export_joint(stack, mod, args, kwargs, decompositions,
                         keep_inference_input_mutations)
 
@@ -327,4 +353,12 @@ def aot_compile_joint_with_descriptors(jd, *, partition_fn: Callable = default_p
                                        serializable: bool = False):
     """A callable `f(*params, *buffers, *args, **kwargs)` from `jd` (descriptors.py)."""
     from .descriptors import compile_joint
+    check_compilers("aot_compile_joint_with_descriptors", fw_compiler, bw_compiler, None,
+                    partition_fn)
     return compile_joint(jd, partition_fn, fw_compiler, bw_compiler, serializable)
+
+
+def __getattr__(name: str):
+    if name == "minifier":  # torch's, imported at first use (see compat_tools)
+        return compat_tools.minifier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
-from torch._functorch.fx_minifier import minifier
 from torch.fx.experimental.proxy_tensor import decompose as pythonkey_decompose
 from torch._subclasses.fake_tensor import is_fake
 
@@ -22,6 +21,14 @@ from .backends import make_boxed_compiler
 
 __all__ = ["print_compile", "debug_compile", "draw_graph", "draw_graph_compile", "ts_compile",
            "nnc_jit", "memory_efficient_fusion", "pythonkey_decompose", "minifier"]
+
+
+def __getattr__(name: str):
+    """torch's `minifier`, imported at first use: its module imports sympy (~0.5 s)."""
+    if name == "minifier":
+        from torch._functorch.fx_minifier import minifier
+        return minifier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @make_boxed_compiler

@@ -23,11 +23,19 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental import symbolic_shapes
-from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
-                                                   StatelessSymbolicContext, free_symbols)
 
 SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _shapes():
+    """torch's symbolic_shapes, imported at first use: it imports sympy, which would make
+    `import aotgrad` half a second slower for every user, dynamic shapes or not."""
+    from torch.fx.experimental import symbolic_shapes
+    return symbolic_shapes
+
+
+def free_symbols(value: Any) -> set:
+    return _shapes().free_symbols(value)
 
 
 class DynamicShapesUnsupported(NotImplementedError):
@@ -72,6 +80,7 @@ def hint(value: Any) -> int:
     inputs), for estimates only: reading it adds no guard."""
     if not isinstance(value, torch.SymInt):
         return value
+    symbolic_shapes = _shapes()
     if hasattr(symbolic_shapes, "optimization_hint"):  # torch >= 2.13
         return symbolic_shapes.optimization_hint(value, fallback=4096)
     if hasattr(symbolic_shapes, "hint_int"):
@@ -84,7 +93,7 @@ def hint(value: Any) -> int:
 def symbolic_fake_mode() -> FakeTensorMode:
     # Values that depend on tensor data (.item(), nonzero) raise as with static shapes, where
     # the analysis explains them, instead of becoming sizes no input determines.
-    env = ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
+    env = _shapes().ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
     return FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
 
 
@@ -92,7 +101,9 @@ def symbolic_fake(mode: FakeTensorMode, t: torch.Tensor, index: int) -> torch.Te
     """A fresh fake tensor like `t` whose every size is a symbol of `mode`'s ShapeEnv (0 and
     1 excepted); strides become expressions of the sizes where they follow from them."""
     from torch._dynamo.source import LocalSource
-    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * t.dim())
+    shapes = _shapes()
+    context = shapes.StatelessSymbolicContext(
+        dynamic_sizes=[shapes.DimDynamic.DYNAMIC] * t.dim())
     sizes, strides, _ = mode.shape_env.create_symbolic_sizes_strides_storage_offset(
         t, LocalSource(_name(index)), symbolic_context=context)
     with mode:
@@ -128,7 +139,7 @@ def shape_guard(mode: FakeTensorMode, fakes: Sequence[torch.Tensor]) -> ShapeGua
     guards = mode.shape_env.produce_guards(list(fakes), sources, ignore_static=True)
     code = " and ".join(guards + _static_checks(fakes)) or "True"
     check = eval(compile(f"lambda L: {code}", "<aotgrad shape guard>", "eval"),
-                 dict(symbolic_shapes.SYMPY_INTERP))
+                 dict(_shapes().SYMPY_INTERP))
     return ShapeGuard(code, check)
 
 
@@ -207,7 +218,7 @@ class SizeBindings:
             names = ", ".join(str(s) for s in self.symbols)
             source = f"lambda {names}: {PythonPrinter().doprint(expr)}"
             function = self._functions[expr] = eval(
-                compile(source, "<aotgrad size>", "eval"), dict(symbolic_shapes.SYMPY_INTERP))
+                compile(source, "<aotgrad size>", "eval"), dict(_shapes().SYMPY_INTERP))
         return function
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from . import check
 from .aliasing import AliasingChanged
 from .backends import resolve_backend
 from .api import CompiledFunction, choose_partitioner
@@ -29,6 +30,9 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                  memory_budget: float | None = None, decompositions=None,
                  keep_inference_input_mutations: bool = False,
                  compile_backward: str = "lazy") -> Callable:
+    check.compile_options("backend", partitioner=partitioner, memory_budget=memory_budget,
+                          decompositions=decompositions,
+                          keep_inference_input_mutations=keep_inference_input_mutations)
     options = Options(resolve_backend(backend, decompositions),
                       choose_partitioner(partitioner, memory_budget),
                       keep_inference_input_mutations, compile_backward=compile_backward)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .budget import Curve, choose, plan_curve
+from . import check
+from .budget import CURVE, Curve, choose, plan_curve
 from .joint import JOINT_FW_OUTPUTS
 from .memory import MemoryEstimate, estimate_peak
 from .pipeline import Artifact, SavedValue
@@ -25,18 +27,39 @@ class Recomputed:
 
 @dataclass(frozen=True)
 class Explanation:
+    """What a compile saves for the backward, what it recomputes, and what that costs.
+
+    `print(explanation)` or `explanation.show()` prints it; the graphs' code only when asked
+    (`show(graphs=True)`). The memory/compute curve is computed at its first use
+    (`.curve`, `.budget_points()`, `.plot()`): seconds to minutes on a large model. With a
+    `memory_budget`, the compile computed it already and it is shown."""
+
     forward_code: str
     backward_code: str
     saved: list[SavedValue]
     recomputed: list[Recomputed]
     memory: MemoryEstimate
-    curve: Curve | None = None
-    chosen: Plan | None = None  # the curve's point for `memory_budget`
     memory_budget: float | None = None
+    # Computes the curve (None: explain(..., curve=False)); or the curve itself, known.
+    curve_source: Callable[[], Curve] | Curve | None = field(default=None, repr=False,
+                                                            compare=False)
 
     @property
     def estimated_peak_bytes(self) -> int:
         return self.memory.peak_bytes
+
+    @functools.cached_property
+    def curve(self) -> Curve | None:
+        """The memory/compute curve over budgets, computed at the first access."""
+        source = self.curve_source
+        return source() if callable(source) else source
+
+    @property
+    def chosen(self) -> Plan | None:
+        """The curve's point for `memory_budget`."""
+        if self.memory_budget is None or self.curve is None:
+            return None
+        return choose(self.curve, self.memory_budget)
 
     def budget_points(self, steps: int = BUDGET_STEPS) -> list[tuple[float, Plan]]:
         """(budget, the plan it picks) for budgets evenly spaced from 0 to 1."""
@@ -45,10 +68,21 @@ class Explanation:
         budgets = [i / (steps - 1) for i in range(steps)]
         return [(b, choose(self.curve, b)) for b in budgets]
 
-    def __str__(self) -> str:
-        return "\n".join(self._lines())
+    def show(self, graphs: bool = False, curve: bool = False) -> None:
+        """Print the report; `graphs`: with the forward's and backward's code; `curve`: with
+        the memory/compute curve, computed if it was not (it is shown once known anyway)."""
+        print(self.format(graphs, curve))
 
-    def _lines(self):
+    def format(self, graphs: bool = False, curve: bool = False) -> str:
+        return "\n".join(self._lines(graphs, curve))
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def _curve_known(self) -> bool:
+        return "curve" in self.__dict__ or isinstance(self.curve_source, Curve)
+
+    def _lines(self, graphs: bool, curve: bool):
         m = self.memory
         yield (f"estimated peak {format_bytes(m.peak_bytes)} (forward "
                f"{format_bytes(m.forward_peak_bytes)}, backward "
@@ -62,17 +96,18 @@ class Explanation:
                f"{format_bytes(total)} of traffic):")
         yield from (f"  {r.name:<24} {r.op:<36} {format_bytes(r.cost_bytes)}"
                     for r in self.recomputed)
-        if self.curve is not None:
+        if (curve or self._curve_known()) and self.curve is not None:
             yield from self._curve_lines()
-        yield "forward graph:" + self.forward_code
-        yield "backward graph:" + self.backward_code
+        if graphs:
+            yield "forward graph:" + self.forward_code
+            yield "backward graph:" + self.backward_code
 
     def _curve_lines(self):
-        c = self.curve
+        c, chosen = self.curve, self.chosen
         yield (f"memory/compute curve ({c.solver}; peaks {format_bytes(c.low_bytes)} to "
                f"{format_bytes(c.high_bytes)}; budget b aims at the top less (1 - b) x "
                f"{format_bytes(c.saved_bytes)} saved), budget {self.memory_budget}:")
-        yield from (f"  {'*' if p == self.chosen else ' '} peak {format_bytes(p.peak_bytes):>10}"
+        yield from (f"  {'*' if p == chosen else ' '} peak {format_bytes(p.peak_bytes):>10}"
                     f"  recompute {format_bytes(p.recompute_cost):>10}" for p in c.plans)
 
     def plot(self, path: str) -> None:
@@ -117,20 +152,24 @@ def _unit(nbytes: int) -> tuple[str, int]:
 
 def explain(fn_or_module: Callable, *example_inputs: Any, memory_budget: float | None = None,
             partitioner: Callable | None = None, curve: bool = True, plot: str | None = None,
-            print_report: bool = True, **options) -> Explanation:
-    """Compile for `example_inputs` (eager backend), report the partition, and print it.
+            print_report: bool = False, **options) -> Explanation:
+    """Compile for `example_inputs` (eager backend) and return the report of its partition;
+    nothing is printed unless `print_report` (or `print(report)`, `report.show()`).
 
     `memory_budget` and `partitioner` are passed to `aotgrad.compile`, as are `options`;
-    `curve` also computes the memory/compute curve over budgets; `plot` writes it as a PNG.
+    `curve=False`: no memory/compute curve (else computed when first used); `plot` writes
+    the curve as a PNG.
 
     >>> import torch, aotgrad
     >>> w = torch.randn(8, 8, requires_grad=True)
-    >>> report = aotgrad.explain(lambda x, w: (x @ w).relu().sum(), torch.randn(4, 8), w,
-    ...                          print_report=False)
+    >>> report = aotgrad.explain(lambda x, w: (x @ w).relu().sum(), torch.randn(4, 8), w)
     >>> report.estimated_peak_bytes > 0
     True
     """
     from .api import compile
+    check.flag("explain", "curve", curve)
+    check.flag("explain", "print_report", print_report)
+    check.optional_type("explain", "plot", plot, str, "a file path")
     compiled = compile(fn_or_module, backend="eager", partitioner=partitioner,
                        memory_budget=memory_budget, **options)
     compiled(*example_inputs)
@@ -144,18 +183,17 @@ def explain(fn_or_module: Callable, *example_inputs: Any, memory_budget: float |
 
 def explain_artifact(artifact: Artifact, memory_budget: float | None = None,
                      curve: bool = True) -> Explanation:
-    """The report for one compile's artifact."""
+    """The report for one compile's artifact (the curve computed when first used)."""
     fw, bw = artifact.forward_graph, artifact.backward_graph
     if bw is None:
         raise ValueError("explain: nothing requires grad, so there is no backward to partition")
-    n = artifact.joint_graph.meta[JOINT_FW_OUTPUTS]  # plain outputs (subclasses split)
-    forward = {v.name for v in forward_values(artifact.joint_graph, n)}
+    joint = artifact.joint_graph
+    n = joint.meta[JOINT_FW_OUTPUTS]  # plain outputs (subclasses split)
+    forward = {v.name for v in forward_values(joint, n)}
     recomputed = [Recomputed(node.name, str(node.target), node_cost(node))
                   for node in bw.graph.nodes
                   if node.op == "call_function" and node.name in forward]
-    the_curve = plan_curve(artifact.joint_graph, n) if curve else None
-    chosen = None
-    if the_curve is not None and memory_budget is not None:
-        chosen = choose(the_curve, memory_budget)
+    # The curve a memory budget was chosen on, if the compile computed it.
+    source = (joint.meta.get(CURVE) or functools.partial(plan_curve, joint, n)) if curve else None
     return Explanation(fw.code, bw.code, artifact.saved, recomputed, estimate_peak(fw, bw, n),
-                       the_curve, chosen, memory_budget)
+                       memory_budget, source)

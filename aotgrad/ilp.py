@@ -20,22 +20,24 @@ overshoot when its solution does not fit: good plans, not proven ones.
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 
 from torch import fx
 
+from .log import Progress
 from .memory import base_of, is_tuple, read_only_in_kernels, simulate, tensor_bytes
 from .plans import Plan, PlanSpace, node_cost
 from .remat import Rule
 from .tables import fuses_into_readers
 
-try:
-    import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import csr_matrix
-except ImportError:  # the greedy takes over
-    milp = None
+# SciPy's solver and the names it needs, imported at the first `available()`: scipy.optimize
+# takes about half a second to import, which a compile without a memory budget never needs.
+np = Bounds = LinearConstraint = milp = csr_matrix = None
+_scipy_tried = False
+
+log = logging.getLogger(__name__)
 
 MAX_EXACT = 16  # free choices: beyond, a grid of targets instead of a proven front
 MAX_EXACT_SOLVES = 120  # then the rest of the front on the grid (each solve is ~10-100 ms)
@@ -54,7 +56,22 @@ GUARD_S = 120.0  # all solves of one curve
 
 
 def available() -> bool:
+    """Whether SciPy's MILP solver is there (imported the first time)."""
+    global _scipy_tried
+    if not _scipy_tried:
+        _scipy_tried = True
+        _import_scipy()
     return milp is not None
+
+
+def _import_scipy() -> None:
+    global np, Bounds, LinearConstraint, milp, csr_matrix
+    try:
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_matrix
+    except ImportError:  # the greedy takes over
+        milp = None
 
 
 def solve_curve(space: PlanSpace, low: int, high: int) -> list[Plan]:
@@ -131,6 +148,9 @@ class PeakProgram:
     """The integer program of one joint graph; only the target changes between solves."""
 
     def __init__(self, space: PlanSpace):
+        if not available():
+            raise ImportError("aotgrad: the memory budget's integer program needs SciPy "
+                              "(pip install scipy); without it the greedy solver runs")
         self.space = space
         self.values = [n for n in space.nodes if n in space.reachable]
         self.index = {v: i for i, v in enumerate(self.values)}
@@ -142,6 +162,7 @@ class PeakProgram:
         self.evaluated: dict[frozenset, Plan] = {}
         self.solves = 0
         self.deadline = time.monotonic() + GUARD_S
+        self.progress = Progress(log, f"memory budget: integer program of {m} values")
         self._structure()
         self._forward_rows()
         self._backward_rows()
@@ -288,6 +309,8 @@ class PeakProgram:
                       constraints=constraints,
                       options={"node_limit": NODE_LIMIT, "time_limit": remaining,
                                "mip_rel_gap": gap})
+        log.debug("solve %d: target %d bytes, %s", self.solves, target, result.message)
+        self.progress.report(f"{self.solves} solves, {len(self.evaluated)} plans scored")
         if result.x is None:
             return None
         return frozenset(c for c in self.space.candidates if result.x[self.redo(c)] > 0.5)

@@ -13,9 +13,8 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import fx
-from torch.fx.experimental.symbolic_shapes import free_symbols
 
-from .dynamic import DynamicShapesUnsupported, is_size
+from .dynamic import DynamicShapesUnsupported, free_symbols, is_size
 
 aten = torch.ops.aten
 

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import gc
 import itertools
+import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_
 from .memory import base_of, tensor_bytes
 from .partition import default_partition, tag_backward
 from .remat import forward_values, hoist_masks
+from .report import count_ops, format_bytes
 from .runtime import (BackwardWrites, CompiledCall, CompiledOnFirstCall, RuntimePlan,
                       run_graph_boxed)
 from .stale import StaleBackward, find_stale_outputs
@@ -53,6 +55,11 @@ class Options:
     # "ahead" with the forward, at the first call. Graphs of symbolic sizes compile it ahead
     # always: its compiler may add to the shape guard, which the first call already uses.
     compile_backward: str = "lazy"
+    # For reports only: the names of the leading flat arguments (a module's state, as in
+    # `named_parameters`), and the function whose parameters name the others (default: the
+    # compiled one). `Artifact.saved` shows `blocks.0.attn.weight`, not `primals_3`.
+    input_names: tuple[str, ...] = ()
+    named_like: Callable | None = None
 
     def __post_init__(self):
         if self.compile_backward not in ("lazy", "ahead"):
@@ -69,6 +76,8 @@ class Artifact:
     backward_graph: fx.GraphModule | None = None
     joint_graph: fx.GraphModule | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # The user's name of each graph input the forward's placeholders stand for (where known).
+    input_names: dict[str, str] = field(default_factory=dict)
 
     @property
     def saved(self) -> list["SavedValue"]:
@@ -77,7 +86,7 @@ class Artifact:
             return []
         outs = list(self.forward_graph.graph.output_node().args[0])
         num_outputs = self.forward_graph.meta[GRAPH_INFO].user_outputs.stop  # plain outputs
-        return [SavedValue.of(n) for n in outs[num_outputs:]]
+        return [SavedValue.of(n, self.input_names) for n in outs[num_outputs:]]
 
     def summary(self) -> str:
         from .report import summarize
@@ -86,27 +95,45 @@ class Artifact:
 
 @dataclass(frozen=True)
 class SavedValue:
-    name: str
+    name: str  # the user's name of an input (`blocks.0.attn.weight`), else the node's
     op: str
     shape: tuple
     dtype: Any
     nbytes: int
+    graph_name: str = ""  # the node's name in the graphs (`primals_3`, `mm_2`)
 
     @staticmethod
-    def of(node: fx.Node) -> "SavedValue":
+    def of(node: fx.Node, input_names: dict[str, str] | None = None) -> "SavedValue":
         val = node.meta.get("val")
         op = node.op if node.op == "placeholder" else str(node.target)
+        name = (input_names or {}).get(node.name, node.name)
         if isinstance(val, torch.Tensor):
-            return SavedValue(node.name, op, tuple(val.shape), val.dtype, tensor_bytes(val))
-        return SavedValue(node.name, op, (), type(val).__name__, 8)
+            return SavedValue(name, op, tuple(val.shape), val.dtype, tensor_bytes(val),
+                              node.name)
+        return SavedValue(name, op, (), type(val).__name__, 8, node.name)
+
+
+log = logging.getLogger(__name__)
 
 
 class _Timer(dict):
+    """Seconds per stage (`Artifact.timings`). Each stage logs one INFO line: its time and
+    the sizes it puts in the dict it is given."""
+
+    def __init__(self, name: str = "function"):
+        super().__init__()
+        self.name = name
+
     @contextmanager
     def __call__(self, stage: str):
+        log.debug("%s: %s...", self.name, stage)
+        sizes: dict[str, Any] = {}
         start = time.perf_counter()
-        yield
-        self[stage] = self.get(stage, 0.0) + time.perf_counter() - start
+        yield sizes
+        elapsed = time.perf_counter() - start
+        self[stage] = self.get(stage, 0.0) + elapsed
+        facts = "".join(f", {k} {v}" for k, v in sizes.items())
+        log.info("%s: %s %.0f ms%s", self.name, stage, elapsed * 1000, facts)
 
 
 @dataclass(frozen=True)
@@ -128,15 +155,16 @@ def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.
                         timer: _Timer | None = None, dynamic: bool = False,
                         static_inputs: Sequence[int] = ()) -> Captured:
     timer = timer if timer is not None else _Timer()
-    with timer("capture"):
+    with timer("capture") as sizes:
         layout = capture.layout_call(flat_args, in_spec)
         inputs = layout.graph_inputs(flat_args)
+        sizes["graph inputs"] = len(inputs)
         fake_mode = capture.fake_mode_for(inputs, dynamic)
         fakes = capture.fake_inputs(fake_mode, inputs, dynamic,
                                     set(layout.graph_positions(static_inputs)))
         box = capture.OutputBox()
         graph_fn = capture.flat_graph_fn(fn, layout, box)
-    with timer("analysis"):
+    with timer("analysis") as sizes:
         is_leaf = [getattr(t, "is_leaf", True) for t in inputs]  # sizes are leaves
         info = pure.analyze(graph_fn, fakes, is_leaf, box, fake_mode)
         is_pure = info is not None
@@ -150,6 +178,7 @@ def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.
                     "for static shapes only.")
             graph_fn, fakes, info = aliasing.analyze_merged(graph_fn, inputs, fakes, fake_mode,
                                                             box, alias)
+        sizes.update(outputs=len(info.outputs), functionalized=not is_pure)
     return Captured(graph_fn, layout, inputs, fake_mode, fakes, info, alias, pure=is_pure)
 
 
@@ -170,7 +199,8 @@ def _collector_paused():
 @_collector_paused()
 def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
                  options: Options) -> CompiledCall:
-    timer = _Timer()
+    named = options.named_like or fn  # a module's forward, for CompiledModule
+    timer = _Timer(getattr(named, "__qualname__", type(fn).__name__))
     c = capture_and_analyze(fn, flat_args, in_spec, timer, options.dynamic,
                             options.static_inputs)
     build = _build_training if c.info.needs_autograd else _build_inference
@@ -179,6 +209,8 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
     if options.dynamic:  # last: backends add guards while compiling
         call.guard = shape_guard(c.fake_mode, c.fakes)
     call.artifact.timings = timer  # the same dict: a backward compiled later adds its time
+    labels = capture.input_labels(named, in_spec, options.input_names)
+    call.artifact.input_names = c.layout.placeholder_labels(call.artifact.forward_graph, labels)
     return call
 
 
@@ -187,40 +219,45 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
     # A resized input gets its memory from the runtime, after the graph: no copy before it.
     keep = options.keep_inference_input_mutations and \
         all(x.storage_bytes is None for x in info.inputs)
-    with timer("trace"):
+    with timer("trace") as sizes:
         trace = pure.trace_inference if c.pure else joint.trace_inference
         gm = trace(c.graph_fn, info, c.fakes, c.fake_mode, options.backend.decompositions, keep)
         gm = _backend_passes(options.backend, gm)
         eliminate_common_subexpressions(gm)
+        sizes["inference graph ops"] = count_ops(gm)
     copied = info.inference_mutations_in_graph if keep else ()
     edge = _boundary(c, gm, copied)
     _attach(gm, "inference", options, _plain_range(edge, info), c.layout)
-    with timer("compile_forward"):
+    with timer("compile_forward") as sizes:
         compiled = _compile(options.backend.inference_compiler, gm)
+        sizes["ops"] = count_ops(gm)
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=copied)
     return _with_subclasses(edge, CompiledCall(plan, compiled, None, Artifact(info, gm)))
 
 
 def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
-    with timer("trace"):
+    with timer("trace") as sizes:
         random_ops = random_values.RandomValueTags()  # for a double backward's replay
         c, joint_gm = _trace_joint(c, options, random_ops)
         joint_gm = random_values.through_passes(joint_gm, lambda gm: _joint_passes(options, gm))
         aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
         joint.snapshot_overwritten_inputs(joint_gm)
+        sizes["joint graph ops"] = count_ops(joint_gm)
     info = c.info
     edge = _boundary(c, joint_gm, info.mutations_in_graph)
     n = joint_gm.meta[joint.JOINT_FW_OUTPUTS]  # plain forward outputs
-    with timer("partition"):
+    with timer("partition") as sizes:
         fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
         tag_backward(bw)
         held = random_values.hold_random_values(fw, bw, n, random_ops.ops)
         verify_partition(fw, bw, n)
         mark_donated(fw, bw, n)
+        sizes.update(_partition_sizes(fw, bw, n))
     _attach(fw, "forward", options, _plain_range(edge, info), c.layout)
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
-    with timer("compile_forward"):
+    with timer("compile_forward") as sizes:
         compiled_fw = _compile(options.backend.fw_compiler, fw)
+        sizes["ops"] = count_ops(fw)
     restride_saved(fw, bw, n)
     # The backward graph as partitioned, for a tracer to inline its ops (Dynamo, for compiled
     # autograd). Copied where a compiler may rewrite it in place (Inductor does; aotgrad's
@@ -228,7 +265,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     inlined_bw = bw if options.backend.bw_compiler is eager_compiler else copy_graph(bw)
     compile_bw = functools.partial(random_values.compile_without_held_values,
                                    functools.partial(_compile, options.backend.bw_compiler))
-    compiled_bw = _compile_later(lambda: compile_bw(bw), timer)
+    compiled_bw = _compile_later(lambda: compile_bw(bw), timer, count_ops(bw))
     if options.compile_backward == "ahead" or is_symbolic(c.fakes):
         compiled_bw = compiled_bw.compiled()
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
@@ -246,7 +283,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
     call.backward_writes = _backward_writes(joint_gm, len(c.fakes))
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
         call.backward_keeping_saved = _compile_later(
-            lambda: compile_bw(_without_donations(bw)), timer)
+            lambda: compile_bw(_without_donations(bw)), timer, count_ops(bw))
     if edge.is_plain:
         _call_directly_once_compiled(call)
     return _with_subclasses(edge, call)
@@ -269,13 +306,15 @@ def _call_directly_once_compiled(call: CompiledCall) -> None:
             lazy.then = functools.partial(setattr, call, role)
 
 
-def _compile_later(compile: Callable[[], Callable], timer: _Timer) -> CompiledOnFirstCall:
+def _compile_later(compile: Callable[[], Callable], timer: _Timer,
+                   num_ops: int) -> CompiledOnFirstCall:
     """A backward compiled at its first call, maybe in autograd's engine thread, in the
     context its forward was compiled in; its time is added to `compile_backward`."""
     scope = CompileScope.capture()
 
     def compile_now() -> Callable:
-        with scope.resumed(), _collector_paused(), timer("compile_backward"):
+        with scope.resumed(), _collector_paused(), timer("compile_backward") as sizes:
+            sizes["ops"] = num_ops
             return compile()
     return CompiledOnFirstCall(compile_now)
 
@@ -311,6 +350,15 @@ def _trace_joint(c: Captured, options: Options, random_ops: random_values.Random
         c = dataclasses.replace(c, info=dataclasses.replace(c.info, stale_outputs=stale.outputs),
                                 stale=stale, pure=False)
         return c, trace(c)
+
+
+def _partition_sizes(fw: fx.GraphModule, bw: fx.GraphModule, n: int) -> dict[str, Any]:
+    saved = [SavedValue.of(node) for node in fw.graph.output_node().args[0][n:]]
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("saved for backward: %s", ", ".join(
+            f"{s.name} {list(s.shape)} {format_bytes(s.nbytes)}" for s in saved))
+    return {"forward ops": count_ops(fw), "backward ops": count_ops(bw),
+            "saved": f"{len(saved)} values, {format_bytes(sum(s.nbytes for s in saved))}"}
 
 
 def _double_backward(c: Captured, edge: subclasses.Boundary, fw: fx.GraphModule,

@@ -22,11 +22,14 @@ def mlp():
 def test_report_lists_saved_values_recomputation_and_peak(capsys):
     model, x = mlp(), torch.randn(32, 16)
     report = aotgrad.explain(model, x)
+    assert capsys.readouterr().out == ""  # explain returns the report; show() prints it
+    report.show(graphs=True, curve=True)
     printed = capsys.readouterr().out
-    assert isinstance(report, Explanation) and printed.strip() == str(report).strip()
+    assert isinstance(report, Explanation) and printed.strip() == \
+        report.format(graphs=True, curve=True).strip()
     assert report.estimated_peak_bytes == report.memory.peak_bytes > 0
     for s in report.saved:  # name, producing op, shape, dtype, bytes
-        assert s.name in report.forward_code and s.nbytes == \
+        assert s.graph_name in report.forward_code and s.nbytes == \
             torch.Size(s.shape).numel() * s.dtype.itemsize
         assert s.name in printed
     assert "def forward" in report.forward_code and "def forward" in report.backward_code
@@ -39,7 +42,7 @@ def test_report_agrees_with_the_compiled_artifact():
     compiled = aotgrad.compile(model, backend="eager")
     compiled(x)
     art = compiled.artifacts[0]
-    report = aotgrad.explain(model, x, print_report=False)
+    report = aotgrad.explain(model, x)
     assert [s.name for s in report.saved] == [s.name for s in art.saved]
     assert report.backward_code == art.backward_graph.code
     recomputed = {r.name for r in report.recomputed}
@@ -52,11 +55,11 @@ def test_report_agrees_with_the_compiled_artifact():
 @pytest.mark.parametrize("budget", [0.0, 0.5, 1.0])
 def test_budget_report_marks_the_chosen_point(budget):
     x = torch.randn(32, 16)
-    report = aotgrad.explain(mlp(), x, memory_budget=budget, print_report=False)
+    report = aotgrad.explain(mlp(), x, memory_budget=budget)
     assert report.chosen in report.curve.plans
     assert report.chosen.peak_bytes <= report.curve.target(budget)
     # the compile used the chosen plan: it saved what the plan saves
-    assert [s.name for s in report.saved] == list(report.chosen.saved)
+    assert [s.graph_name for s in report.saved] == list(report.chosen.saved)
     assert report.estimated_peak_bytes == report.chosen.peak_bytes
     assert "*" in str(report)
     points = report.budget_points()
@@ -67,11 +70,11 @@ def test_budget_report_marks_the_chosen_point(budget):
 
 def test_explain_without_backward_is_refused():
     with pytest.raises(ValueError, match="nothing requires grad"):
-        aotgrad.explain(lambda x: x.sin(), torch.randn(3), print_report=False)
+        aotgrad.explain(lambda x: x.sin(), torch.randn(3))
 
 
 def test_explain_without_the_curve():
-    report = aotgrad.explain(mlp(), torch.randn(4, 16), curve=False, print_report=False)
+    report = aotgrad.explain(mlp(), torch.randn(4, 16), curve=False)
     assert report.curve is None and report.budget_points() == []
     assert "memory/compute curve" not in str(report)
 
@@ -79,7 +82,7 @@ def test_explain_without_the_curve():
 @pytest.mark.xfail(not HAS_MATPLOTLIB, raises=ImportError, strict=True,
                    reason="matplotlib not installed: plot() refuses with an ImportError")
 def test_plot_writes_a_png(tmp_path):
-    report = aotgrad.explain(mlp(), torch.randn(32, 16), memory_budget=0.5, print_report=False)
+    report = aotgrad.explain(mlp(), torch.randn(32, 16), memory_budget=0.5)
     path = tmp_path / "curve.png"
     report.plot(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
