@@ -5,10 +5,10 @@ partitions it, compiles both halves, and runs them so that the call behaves like
 """
 
 from .api import CompiledFunction, CompiledModule, compile
-from .backends import Backend, make_boxed_compiler, make_boxed_func, nop
-from .explain import Explanation, explain
-from .remat import min_cut_rematerialization_partition
-from .partition import default_partition
+from .backends.compilers import Backend, make_boxed_compiler, make_boxed_func, nop
+from .explanation import Explanation, explain
+from .partition.remat import min_cut_rematerialization_partition
+from .partition.split import default_partition
 from .pipeline import Artifact
 from .verify import verify
 

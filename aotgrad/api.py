@@ -17,16 +17,16 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import subclasses
-from .aliasing import AliasingChanged, alias_pattern
-from .backends import resolve_backend
-from .capture import flatten
-from .budget import budget_partition
-from .guards import global_state, make_guard, plan_guard
-from .remat import min_cut_rematerialization_partition
-from .dynamic import falls_back_to_static, warn_static_fallback
+from .semantics import subclasses
+from .semantics.aliasing import AliasingChanged, alias_pattern
+from .backends.compilers import resolve_backend
+from .capture.inputs import flatten
+from .partition.budget import budget_partition
+from .runtime.guards import global_state, make_guard, plan_guard
+from .partition.remat import min_cut_rematerialization_partition
+from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .pipeline import Artifact, Options, compile_call
-from .runtime import CompiledCall
+from .runtime.call import CompiledCall
 
 DEFAULT_MAX_ENTRIES = 8
 # Argument types that are pytree leaves: a call made of these alone skips pytree.

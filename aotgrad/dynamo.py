@@ -17,12 +17,12 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
-from .aliasing import AliasingChanged
-from .backends import resolve_backend
+from .semantics.aliasing import AliasingChanged
+from .backends.compilers import resolve_backend
 from .api import CompiledFunction, choose_partitioner
-from .dynamic import falls_back_to_static, is_symbolic, warn_static_fallback
+from .semantics.dynamic import falls_back_to_static, is_symbolic, warn_static_fallback
 from .pipeline import Options, compile_call
-from .runtime import CompiledCall
+from .runtime.call import CompiledCall
 
 
 def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,

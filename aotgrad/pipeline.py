@@ -21,18 +21,21 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import aliasing, analysis, capture, joint, pure, random_values, subclasses
-from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, CompileScope, GraphInfo,
-                       as_boxed, compiling, copy_graph, eager_compiler, set_graph_being_compiled)
-from .cse import eliminate_common_subexpressions
-from .double_backward import DoubleBackward
-from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
+from .semantics import aliasing, subclasses
+from .capture import analysis, inputs as capture, joint, pure
+from .replay import random_values
+from .backends.compilers import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, CompileScope,
+                                 GraphInfo, as_boxed, compiling, copy_graph, eager_compiler,
+                                 set_graph_being_compiled)
+from .capture.cse import eliminate_common_subexpressions
+from .replay.double_backward import DoubleBackward
+from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
                       shape_guard)
-from .memory import base_of, tensor_bytes
-from .partition import default_partition, tag_backward
-from .remat import forward_values, hoist_masks
-from .runtime import CompiledCall, CompiledOnFirstCall, RuntimePlan, run_graph_boxed
-from .stale import StaleBackward, find_stale_outputs
+from .partition.memory import base_of, tensor_bytes
+from .partition.split import default_partition, tag_backward
+from .partition.remat import forward_values, hoist_masks
+from .runtime.call import CompiledCall, CompiledOnFirstCall, RuntimePlan, run_graph_boxed
+from .capture.stale import StaleBackward, find_stale_outputs
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
 from .verify import verify, verify_partition
 
@@ -79,7 +82,7 @@ class Artifact:
         return [SavedValue.of(n) for n in outs[num_outputs:]]
 
     def summary(self) -> str:
-        from .report import summarize
+        from .artifact import summarize
         return summarize(self)
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad.analysis import OutputKind
-from aotgrad.swaps import StorageSwap
+from aotgrad.capture.analysis import OutputKind
+from aotgrad.semantics.swaps import StorageSwap
 
 
 def info_of(fn, *args):

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import fx
 
 import aotgrad
-from aotgrad.cse import eliminate_common_subexpressions
+from aotgrad.capture.cse import eliminate_common_subexpressions
 
 aten = torch.ops.aten
 

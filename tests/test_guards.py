@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 import aotgrad
-from aotgrad import api, guards
-from aotgrad.bindings import fast_binding
+from aotgrad import api
+from aotgrad.runtime import guards
+from aotgrad.backends.bindings import fast_binding
 
 
 def compiled(fn):

@@ -15,9 +15,9 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 import aotgrad
-from aotgrad.flow import FlowNetwork
-from aotgrad.partition import default_partition
-from aotgrad.remat import (Rule, as_early_as_possible, forward_rules, forward_values,
+from aotgrad.partition.flow import FlowNetwork
+from aotgrad.partition.split import default_partition
+from aotgrad.partition.remat import (Rule, as_early_as_possible, forward_rules, forward_values,
                            just_in_time_order, min_cut_rematerialization_partition)
 from aotgrad.verify import verify_partition
 
@@ -429,7 +429,7 @@ def test_latest_min_cut_is_minimal_and_past_the_earliest():
 # ---- small values broadcast in the backward -------------------------------------------------
 
 def inductor_decomposed_eager():
-    from aotgrad.backends import Backend, _inductor_decompositions, eager_compiler
+    from aotgrad.backends.compilers import Backend, _inductor_decompositions, eager_compiler
     return Backend(eager_compiler, eager_compiler, eager_compiler, _inductor_decompositions())
 
 
@@ -529,10 +529,10 @@ def test_recomputed_values_do_not_outlive_a_backward_matmul(refinements, monkeyp
     n = art.info.num_graph_outputs
     joint, saved_names = art.joint_graph, {s.name for s in art.saved}
     saved = [node for node in joint.graph.nodes if node.name in saved_names]
-    _, tangents, _, _ = aotgrad.partition.joint_parts(joint, n)
-    spanning = aotgrad.remat.recomputed_across_kernels(
+    _, tangents, _, _ = aotgrad.partition.split.joint_parts(joint, n)
+    spanning = aotgrad.partition.remat.recomputed_across_kernels(
         joint, forward_values(joint, n), saved, tangents,
-        aotgrad.partition.joint_roots(joint, n)[1])
+        aotgrad.partition.split.joint_roots(joint, n)[1])
     # The first layer's stream value is needed by the second layer's backward and, at the
     # backward's start, to rebuild the last layer's: alive across the matmuls between.
     assert bool(spanning) == (refinements == 1)

@@ -1,0 +1,330 @@
+"""A drop-in for functorch's compile module: same names, signatures and graph conventions.
+
+Switch with one import: `from aotgrad.compat import aot_function, nop`. One deliberate
+difference: a compiled function compiles again for a new call signature (shapes, dtypes,
+requires_grad, ...) instead of silently reusing the first graph; with `dynamic=True`, a
+graph traced with symbolic sizes serves every call its shape guard accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch._decomp import get_decompositions
+from torch._subclasses.fake_tensor import is_fake
+
+from ..capture import analysis, joint
+from ..capture.inputs import run_with_state
+from ..semantics import subclasses
+from ..api import CompiledFunction, CompiledModule
+from ..backends.compilers import (Backend, compilation_context, make_boxed_compiler,
+                       make_boxed_func, nop)
+from ..partition.split import default_partition
+from ..partition.remat import min_cut_rematerialization_partition
+from ..dynamo import compile_dynamo_graph, dynamo_fakes
+from ..runtime.guards import fixed_inputs_check
+from ..pipeline import Options, capture_and_analyze
+from .config import config
+from .tools import (debug_compile, draw_graph, draw_graph_compile, memory_efficient_fusion,
+                           minifier, nnc_jit, print_compile, pythonkey_decompose, ts_compile)
+from ..verify import verify
+
+__all__ = [
+    "aot_function", "aot_module", "aot_module_simplified", "aot_export_module",
+    "aot_export_joint_simple", "aot_export_joint_with_descriptors",
+    "aot_compile_joint_with_descriptors", "compiled_function", "compiled_module", "nop",
+    "make_boxed_func", "make_boxed_compiler", "default_partition", "default_decompositions",
+    "min_cut_rematerialization_partition", "memory_efficient_fusion", "config",
+    "get_aot_compilation_context", "get_aot_graph_name", "get_graph_being_compiled",
+    "print_compile", "debug_compile", "draw_graph", "draw_graph_compile", "ts_compile",
+    "nnc_jit", "pythonkey_decompose", "minifier", "ExportGraphSignature",
+]
+
+aten = torch.ops.aten
+
+# Pointwise backward and activation ops that are cheaper to fuse as their decompositions.
+default_decompositions = get_decompositions([
+    aten.detach, aten.gelu_backward, aten.leaky_relu_backward, aten.sigmoid_backward,
+    aten.threshold_backward, aten.hardtanh_backward, aten.hardsigmoid_backward,
+    aten.hardswish_backward, aten.tanh_backward, aten.silu_backward, aten.elu_backward,
+    aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.elu, aten.leaky_relu,
+    aten.hardtanh, aten.hardswish, aten.hardsigmoid, aten.conj_physical, aten.is_same_size,
+    aten.cudnn_batch_norm, aten.cudnn_batch_norm_backward,
+])
+
+
+def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompositions,
+             num_params_buffers=0, keep_inference_input_mutations=False,
+             dynamic=False, compile_backward="lazy") -> Options:
+    backend = Backend(fw_compiler, bw_compiler or fw_compiler,
+                      inference_compiler or fw_compiler, decompositions)
+    return Options(backend, config.partitioner(partition_fn), keep_inference_input_mutations,
+                   dynamic=dynamic, static_inputs=tuple(range(num_params_buffers)),
+                   compile_backward=compile_backward)
+
+
+def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | None = None,
+                 partition_fn: Callable = default_partition, decompositions=None,
+                 num_params_buffers: int = 0, keep_inference_input_mutations: bool = False,
+                 inference_compiler: Callable | None = None, *, dynamic: bool = False,
+                 enable_log: bool = True, disable_functionalization: bool = False,
+                 _disable_torch_fn_metadata_mode: bool = False, compile_backward: str = "lazy"):
+    """`fn` compiled on first call with `fw_compiler`, as in functorch, and with
+    `bw_compiler` at its first backward (`compile_backward="ahead"`: with the forward, as
+    torch's `force_non_lazy_backward_lowering`); with `dynamic=True`, for symbolic sizes
+    (one graph for many shapes; its backward is compiled ahead, as its compiler may add to
+    the shape guard).
+
+    `enable_log` and `_disable_torch_fn_metadata_mode` change only torch's logging and node
+    metadata. `disable_functionalization`: a function that mutates nothing is traced without
+    functionalization whatever the flag says (pure.py); one that mutates is functionalized
+    anyway, because the runtime applies the mutations the functional graph returns."""
+    return CompiledFunction(fn, _options(fw_compiler, bw_compiler, inference_compiler,
+                                         partition_fn, decompositions, num_params_buffers,
+                                         keep_inference_input_mutations, dynamic,
+                                         compile_backward))
+
+
+def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
+    """`mod` with its forward compiled; parameters and buffers are lifted as inputs."""
+    def with_compilers(fw_compiler, bw_compiler=None, partition_fn=default_partition,
+                       decompositions=None, keep_inference_input_mutations=False,
+                       inference_compiler=None, *, dynamic=False, enable_log=True,
+                       disable_functionalization=False, _disable_torch_fn_metadata_mode=False,
+                       compile_backward="lazy"):
+        return _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
+                        decompositions, 0, keep_inference_input_mutations, dynamic,
+                        compile_backward)
+
+    refuse_fake_state(mod)
+    return CompiledModule(mod, with_compilers(*args, **kwargs))
+
+
+def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler: Callable,
+                          bw_compiler: Callable | None = None,
+                          partition_fn: Callable = default_partition, decompositions=None,
+                          keep_inference_input_mutations: bool = False,
+                          inference_compiler: Callable | None = None,
+                          compiler_config_extra: Any = None, ignore_shape_env: bool = False,
+                          disable_functionalization: bool = False,
+                          pre_grad_passes: Callable | None = None,
+                          compile_region_name: str | None = None):
+    """Compile now, for these flat `args`; returns `forward(*args)` (Dynamo's convention).
+    The caller guards the inputs, as Dynamo does: a call that changes what the graph
+    assumes of them (an input's requires_grad, a tensor passed twice) raises
+    `InputsChanged` instead of compiling again.
+
+    `pre_grad_passes(mod, args)` rewrites a GraphModule first. `ignore_shape_env=True`
+    leaves Dynamo's symbolic sizes alone: one graph per shape, as calls arrive.
+    `compiler_config_extra` and `compile_region_name` key torch's compile cache, which
+    aotgrad does not have; `disable_functionalization` is as in `aot_function`."""
+    if pre_grad_passes is not None and isinstance(mod, fx.GraphModule):
+        mod = pre_grad_passes(mod, args)
+    refuse_fake_state(mod)
+    state = [*mod.parameters(), *mod.buffers()]
+    names = [n for n, _ in mod.named_parameters()] + [n for n, _ in mod.named_buffers()]
+
+    def flat_forward(*flat):
+        params = dict(zip(names, flat[:len(state)]))
+        return run_with_state(mod, params, tuple(flat[len(state):]))
+
+    options = _options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
+                       decompositions, len(state), keep_inference_input_mutations)
+    # From Dynamo with dynamic shapes: its fakes, with symbolic sizes, for one graph.
+    symbolic = isinstance(mod, fx.GraphModule) and not ignore_shape_env
+    example = dynamo_fakes(mod, args) if symbolic else list(args)
+    call = compile_dynamo_graph(flat_forward, [*state, *example], options)
+    if call is None:  # one graph per shape, as calls arrive (Dynamo guards the sizes)
+        lazy = CompiledFunction(flat_forward, options)
+
+        def forward(*runtime_args):
+            return lazy(*state, *runtime_args)
+    else:
+        refuse_fake_constants(call.artifact.forward_graph)
+        check = fixed_inputs_check([*state, *example])
+
+        def forward(*runtime_args):
+            flat = [*state, *runtime_args]
+            check(flat)
+            return call.run(flat)
+
+    forward.zero_grad = mod.zero_grad
+    forward.named_parameters = mod.named_parameters
+    forward.named_buffers = mod.named_buffers
+    return forward
+
+
+def refuse_fake_state(mod: torch.nn.Module) -> None:
+    """Torch's refusal, word for word: a module whose parameters or buffers are fake tensors
+    (made under a FakeTensorMode) cannot run for real."""
+    for kind, named in (("buffer", mod.named_buffers()), ("param", mod.named_parameters())):
+        for name, t in named:
+            if is_fake(t):
+                raise AssertionError(f"Unexpected fake {kind} {name}: aotgrad: the module "
+                                     "holds a fake tensor; build it outside FakeTensorMode.")
+
+
+def refuse_fake_constants(gm: fx.GraphModule) -> None:
+    """A fake tensor the function closed over becomes a constant of the graph, which no real
+    call could run: refused at compile time, as torch does."""
+    for name, t in gm.named_buffers():
+        if is_fake(t):
+            raise AssertionError(f"Unexpected fake buffer {name}: aotgrad: the function "
+                                 "closes over a fake tensor; pass it as an argument instead.")
+
+
+compiled_function = aot_function
+compiled_module = aot_module
+
+
+def get_aot_compilation_context() -> tuple[list[str], str, int]:
+    """(graphs being compiled, model name, graph number), as in functorch."""
+    return compilation_context()
+
+
+def get_aot_graph_name() -> str:
+    graphs, model, n = compilation_context()
+    return f"{model}__{'_'.join(graphs)}_{n}"
+
+
+get_graph_being_compiled = get_aot_graph_name
+
+
+# ---- export -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackwardSignature:
+    gradients_to_parameters: dict[str, str]
+    gradients_to_user_inputs: dict[str, str]
+    loss_output: str
+
+
+@dataclass(frozen=True)
+class ExportGraphSignature:
+    """Which graph inputs and outputs are parameters, buffers, user values, gradients."""
+
+    parameters: list[str]
+    buffers: list[str]
+    user_inputs: list[str]
+    user_outputs: list[str]
+    inputs_to_parameters: dict[str, str]
+    inputs_to_buffers: dict[str, str]
+    buffers_to_mutate: dict[str, str]
+    user_inputs_to_mutate: dict[str, str]
+    in_spec: Any = None
+    out_spec: Any = None
+    backward_signature: BackwardSignature | None = None
+
+
+def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint: bool,
+                            num_params_buffers: int = 0, decompositions=None) -> fx.GraphModule:
+    """One functional graph of `func` (flat tensors in, flat tensors out), with no input
+    mutations and no aliased outputs. With `trace_joint`, the joint forward+backward graph:
+    inputs `primals_*` then `tangents_*`, outputs the forward's then one gradient per input."""
+    _refuse_pytrees("inputs", pytree.tree_flatten(tuple(args))[1])
+    flat, in_spec = pytree.tree_flatten((tuple(args), {}))
+    traced = _trace_for_export(func, flat, in_spec, decompositions, trace_joint)
+    _refuse_mutations_and_aliases(traced.info)
+    _refuse_pytrees("outputs", traced.info.out_spec)
+    gm = traced.graph
+    if trace_joint:
+        _call_as_primals_and_tangents(gm, traced.info.num_graph_outputs)
+    return gm
+
+
+def _call_as_primals_and_tangents(gm: fx.GraphModule, num_fw_outputs: int) -> None:
+    """functorch's joint convention: `gm(primals, tangents) -> (outputs, gradients)`."""
+    from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    num_tangents = sum(n.name.startswith("tangents") for n in placeholders)
+    num_primals = len(placeholders) - num_tangents
+    outs = list(gm.graph.output_node().args[0])
+    _, in_spec = pytree.tree_flatten(([0] * num_primals, [0] * num_tangents))
+    _, out_spec = pytree.tree_flatten((tuple(outs[:num_fw_outputs]),
+                                       tuple(outs[num_fw_outputs:])))
+    gm.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(["primals", "tangents"], in_spec, out_spec))
+    gm.recompile()
+
+
+@dataclass
+class _Traced:
+    info: analysis.FunctionInfo
+    graph: fx.GraphModule
+
+
+def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool) -> _Traced:
+    c = capture_and_analyze(fn, flat, in_spec)
+    trace = joint.trace_joint if trace_joint else joint.trace_inference
+    gm = trace(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
+    subclasses.refuse_in_export(c.fakes, gm, "aot_export_joint_simple")
+    return _Traced(c.info, verify(gm))
+
+
+def _refuse_pytrees(what: str, spec: pytree.TreeSpec) -> None:
+    """Torch's calling convention for this export: one flat list or tuple each way."""
+    if spec.is_leaf() or spec.type not in (list, tuple):
+        raise RuntimeError(f"aot_export_joint_simple requires {what} to be a single "
+                           f"list/tuple. spec={spec}")
+    if not all(child.is_leaf() for child in spec.children()):
+        raise RuntimeError(f"aot_export_joint_simple requires individual {what} not to be "
+                           f"pytrees. spec={spec}")
+
+
+def _refuse_mutations_and_aliases(info: analysis.FunctionInfo) -> None:
+    if any(x.mutated or x.storage_swap is not None for x in info.inputs):
+        raise RuntimeError("aot_export_joint_simple: the function mutates an input; "
+                           "export graphs must be functional. Return the new value instead.")
+    if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
+        raise RuntimeError("aot_export_joint_simple: an output aliases an input or another "
+                           "output; return a fresh tensor (e.g. .clone()).")
+
+
+def aot_export_module(mod: torch.nn.Module, args: Sequence[Any], *, decompositions=None,
+                      trace_joint: bool, output_loss_index: int | None = None,
+                      pre_dispatch: bool = False, dynamic_shapes: bool | None = None,
+                      kwargs: dict[str, Any] | None = None):
+    """`mod` as one functional graph plus a signature naming its inputs and outputs.
+
+    Inputs are parameters, buffers, then user inputs (`args`, then `kwargs`, flattened), named
+    `argN_1` as torch names them. Outputs are new values of mutated buffers, the user
+    outputs, then (with `trace_joint`) the gradients of the scalar output
+    `output_loss_index` with respect to each parameter that requires grad. `pre_dispatch`:
+    the graph before decomposition (torch-level ATen ops, grad mode changes kept), for a
+    module that mutates nothing. `dynamic_shapes`: symbolic sizes; None, when the inputs are
+    fakes with a ShapeEnv."""
+    if pre_dispatch and trace_joint:
+        raise RuntimeError("pre_dispatch is not supported when trace_joint is True.")
+    if trace_joint and output_loss_index is None:
+        raise RuntimeError("aot_export_module(trace_joint=True) needs output_loss_index, the "
+                           "position of the scalar loss among the module's outputs.")
+    from .export import ExportRequest, export_module
+    request = ExportRequest(decompositions, trace_joint, output_loss_index, pre_dispatch,
+                            dynamic_shapes, kwargs or {})
+    return export_module(mod, args, request)
+
+
+def aot_export_joint_with_descriptors(stack, mod: torch.nn.Module, args, kwargs=None, *,
+                                      decompositions=None,
+                                      keep_inference_input_mutations: bool = False,
+                                      ignore_shape_env: bool = False,
+                                      disable_functionalization: bool = False,
+                                      _record_nn_module_stack: bool = False,
+                                      _disable_torch_fn_metadata_mode: bool = False):
+    """The joint graph of `mod`, its inputs and outputs described in `meta["desc"]`
+    (descriptors.py)."""
+    from .descriptors import export_joint
+    return export_joint(stack, mod, args, kwargs, decompositions,
+                        keep_inference_input_mutations)
+
+
+def aot_compile_joint_with_descriptors(jd, *, partition_fn: Callable = default_partition,
+                                       fw_compiler: Callable = nop,
+                                       bw_compiler: Callable | None = nop,
+                                       serializable: bool = False):
+    """A callable `f(*params, *buffers, *args, **kwargs)` from `jd` (descriptors.py)."""
+    from .descriptors import compile_joint
+    return compile_joint(jd, partition_fn, fw_compiler, bw_compiler, serializable)

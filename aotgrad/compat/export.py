@@ -1,0 +1,190 @@
+"""Export: a module as one functional graph with a signature, for `compat.aot_export_module`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import contextlib
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch._guards import detect_fake_mode
+
+from ..capture import analysis, joint
+from ..semantics import subclasses
+from . import BackwardSignature, ExportGraphSignature
+from .config import config
+from ..pipeline import capture_and_analyze
+from ..verify import verify
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What `aot_export_module` was asked for, as torch's keywords name it."""
+
+    decompositions: Mapping | None
+    trace_joint: bool
+    loss_index: int | None
+    pre_dispatch: bool = False
+    dynamic_shapes: bool | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def export_module(mod: torch.nn.Module, args: Sequence[Any], request: ExportRequest):
+    if config.functionalize_rng_ops:  # torch's refusal, word for word
+        raise RuntimeError(
+            "Functionalized RNG is not currently supported in the aot_export workflow. Please "
+            "file a github issue,\nor otherwise set torch._functorch.config.functionalize_rng_ops"
+            " = False.")
+    params = dict(mod.named_parameters())
+    buffers = dict(mod.named_buffers())
+    names = [*params, *buffers]
+    if request.trace_joint:
+        _refuse_pytree_inputs(args, request.kwargs)
+
+    def forward(*flat):
+        state = dict(zip(names, flat[:len(names)]))
+        user_args, user_kwargs = pytree.tree_unflatten(list(flat[len(names):]), user_spec)
+        return torch.func.functional_call(mod, state, tuple(user_args), user_kwargs)
+
+    user_flat, user_spec = pytree.tree_flatten((tuple(args), dict(request.kwargs)))
+    flat = [*params.values(), *buffers.values(), *user_flat]
+    flat_args, in_spec = pytree.tree_flatten((tuple(flat), {}))
+    # torch exports an inference graph under no_grad (a pre-dispatch one keeps grad mode).
+    inference = not (request.trace_joint or request.pre_dispatch)
+    with torch.no_grad() if inference else contextlib.nullcontext():
+        c = capture_and_analyze(forward, flat_args, in_spec, dynamic=_dynamic(request, flat))
+    info = c.info
+    _refuse_unexportable(c)
+    wrt = [i for i, t in enumerate(c.inputs[:len(params)]) if t.requires_grad]
+    gm = _trace(c, request, wrt)
+    subclasses.refuse_in_export(c.fakes, gm, "aot_export_module")
+    verify(gm)
+    name_inputs_as_torch(gm)
+    sig = _signature(gm, info, list(params), list(buffers), wrt, request.loss_index,
+                     info.out_spec)
+    in_spec = pytree.tree_flatten(((*params.values(), *buffers.values(), *args),
+                                   dict(request.kwargs)))[1]
+    return gm, replace(sig, in_spec=in_spec)
+
+
+def _dynamic(request: ExportRequest, flat: Sequence[Any]) -> bool:
+    """torch's rule: unless told, symbolic sizes exactly when the inputs are fakes of a mode
+    with a ShapeEnv."""
+    if request.dynamic_shapes is not None:
+        return request.dynamic_shapes
+    mode = detect_fake_mode(flat)
+    return mode is not None and mode.shape_env is not None
+
+
+def _refuse_pytree_inputs(args: Sequence[Any], kwargs: dict) -> None:
+    """The joint export calls the module with its flat inputs, as torch's does."""
+    if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+        raise RuntimeError("aot_export_module(trace_joint=True) takes tensors as inputs, "
+                           "not pytrees or keyword arguments: aotgrad, like torch, calls the "
+                           "module with the flat inputs. Flatten them in a wrapper module.")
+
+
+def _refuse_unexportable(c) -> None:
+    info = c.info
+    if any(x.storage_swap is not None for x in info.inputs):
+        raise NotImplementedError("aot_export_module: the module calls set_() on an input; "
+                                  "an exported graph cannot swap storages. Return the tensor.")
+    if c.aliasing is not None and c.aliasing.groups:
+        raise NotImplementedError("aot_export_module: inputs that share memory are mutated; "
+                                  "an exported graph takes independent inputs. Pass clones.")
+    if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
+        raise RuntimeError("aot_export_module: an output aliases an input or another output; "
+                           "return a fresh tensor (e.g. .clone()).")
+
+
+def _trace(c, request: ExportRequest, wrt: list[int]) -> fx.GraphModule:
+    decompositions = request.decompositions
+    if request.trace_joint:
+        _refuse_other_grad_outputs(c.info, request.loss_index)
+        return joint.trace_loss_joint(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions,
+                                      request.loss_index, wrt)
+    if request.pre_dispatch:
+        return _trace_pre_dispatch(c, decompositions)
+    return joint.trace_inference(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
+
+
+def _refuse_other_grad_outputs(info: analysis.FunctionInfo, loss_index: int) -> None:
+    """torch's joint export differentiates the loss alone: any other output that requires
+    grad would lose its gradient, so torch refuses it (RuntimeError), and so does aotgrad."""
+    user = info.outputs
+    for i, o in enumerate(user):
+        if o.requires_grad and i != loss_index:
+            raise RuntimeError(
+                "Found an output of the forward that requires gradients, that was not the "
+                f"scalar loss. You specified that output index {loss_index} is the loss, but "
+                f"the output at index {i} requires gradients. Call .detach() on it.")
+    loss = user[loss_index] if loss_index < len(user) else None
+    if loss is None or not loss.requires_grad:
+        raise RuntimeError(f"The output at index {loss_index} was marked as the loss, but it "
+                           "does not require gradients")
+
+
+def _trace_pre_dispatch(c, decompositions) -> fx.GraphModule:
+    """The module's ATen ops before decomposition (`aten.linear`, not `addmm`), grad mode
+    changes included, as torch's pre-dispatch export gives them. Without functionalization,
+    so only for a module that mutates nothing."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    if any(x.mutated for x in c.info.inputs) or not c.pure:
+        raise NotImplementedError("aotgrad: aot_export_module(pre_dispatch=True) of a module "
+                                  "that mutates a tensor is not supported; export with "
+                                  "pre_dispatch=False (a functional, decomposed graph).")
+
+    def outputs(*primals):
+        return list(pytree.tree_leaves(c.graph_fn(*primals)))
+
+    subclasses.refuse_in_export(c.fakes, _NO_OUTPUT_LAYOUTS, "pre_dispatch export")
+    with c.fake_mode:
+        gm = make_fx(outputs, decomposition_table=dict(decompositions or {}),
+                     pre_dispatch=True)(*c.fakes)
+    gm.meta[subclasses.TRACED_OUTPUTS] = ()  # subclass inputs were refused above
+    return joint.cleanup(gm)
+
+
+# A stand-in graph for refuse_in_export before tracing: the inputs alone are checked.
+_NO_OUTPUT_LAYOUTS = fx.GraphModule(torch.nn.Module(), fx.Graph())
+_NO_OUTPUT_LAYOUTS.meta[subclasses.TRACED_OUTPUTS] = ()
+
+
+def name_inputs_as_torch(gm: fx.GraphModule) -> None:
+    """torch's export names its graph inputs `arg0_1`, `arg1_1`, ...: tools look them up."""
+    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        node.target = f"arg{i}_1"
+        node._rename(node.target)
+    gm.recompile()
+
+
+def _signature(gm, info, params, buffers, wrt, loss_index, out_spec) -> ExportGraphSignature:
+    in_names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    out_names = [getattr(n, "name", None) for n in gm.graph.output_node().args[0]]
+    state = params + buffers
+    mutated = list(info.data_mutated_inputs)
+    mutation_outputs = dict(zip(mutated, out_names[:len(mutated)]))
+    user_outs = out_names[len(mutated):info.num_graph_outputs]
+    backward = None
+    if loss_index is not None:
+        grads = out_names[info.num_graph_outputs:]
+        backward = BackwardSignature(
+            gradients_to_parameters={g: params[i] for g, i in zip(grads, wrt) if g},
+            gradients_to_user_inputs={},
+            loss_output=user_outs[loss_index])
+    return ExportGraphSignature(
+        parameters=params,
+        buffers=buffers,
+        user_inputs=in_names[len(state):],
+        user_outputs=user_outs,
+        inputs_to_parameters=dict(zip(in_names, params)),
+        inputs_to_buffers=dict(zip(in_names[len(params):], buffers)),
+        buffers_to_mutate={o: state[i] for i, o in mutation_outputs.items() if i < len(state)},
+        user_inputs_to_mutate={o: in_names[i] for i, o in mutation_outputs.items()
+                               if i >= len(state)},
+        out_spec=out_spec,
+        backward_signature=backward,
+    )
