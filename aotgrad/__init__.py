@@ -5,11 +5,12 @@ partitions it, compiles both halves, and runs them so that the call behaves like
 """
 
 from .api import CompiledFunction, CompiledModule, compile
-from .backends.compilers import Backend, make_boxed_compiler, make_boxed_func, nop
+from .backends.compilers import make_boxed_compiler, make_boxed_func, nop
+from .schema import Backend
 from .explanation import Explanation, explain
 from .partition.remat import min_cut_rematerialization_partition
 from .partition.split import default_partition
-from .pipeline import Artifact
+from .artifact import Artifact
 from .verify import verify
 
 __all__ = ["compile", "backend", "explain", "Explanation", "CompiledFunction", "CompiledModule",

@@ -25,7 +25,8 @@ from .partition.budget import budget_partition
 from .runtime.guards import global_state, make_guard, plan_guard
 from .partition.remat import min_cut_rematerialization_partition
 from .semantics.dynamic import falls_back_to_static, warn_static_fallback
-from .pipeline import Artifact, Options, compile_call
+from .artifact import Artifact
+from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
 
 DEFAULT_MAX_ENTRIES = 8

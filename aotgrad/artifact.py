@@ -1,13 +1,55 @@
-"""Readable summaries of what a compile produced."""
+"""What one compile produced (`Artifact`, the values it saves), and readable summaries of it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 from torch import fx
 
-if TYPE_CHECKING:
-    from .pipeline import Artifact
+from .partition.memory import tensor_bytes
+from .schema import GRAPH_INFO, FunctionInfo
+
+
+@dataclass
+class Artifact:
+    """Everything one compile produced, for inspection after the fact."""
+
+    info: FunctionInfo
+    forward_graph: fx.GraphModule  # the inference graph when there is no backward
+    backward_graph: fx.GraphModule | None = None
+    joint_graph: fx.GraphModule | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def saved(self) -> list["SavedValue"]:
+        """The values the forward saves for the backward."""
+        if self.backward_graph is None:
+            return []
+        outs = list(self.forward_graph.graph.output_node().args[0])
+        num_outputs = self.forward_graph.meta[GRAPH_INFO].user_outputs.stop  # plain outputs
+        return [SavedValue.of(n) for n in outs[num_outputs:]]
+
+    def summary(self) -> str:
+        return summarize(self)
+
+
+@dataclass(frozen=True)
+class SavedValue:
+    name: str
+    op: str
+    shape: tuple
+    dtype: Any
+    nbytes: int
+
+    @staticmethod
+    def of(node: fx.Node) -> "SavedValue":
+        val = node.meta.get("val")
+        op = node.op if node.op == "placeholder" else str(node.target)
+        if isinstance(val, torch.Tensor):
+            return SavedValue(node.name, op, tuple(val.shape), val.dtype, tensor_bytes(val))
+        return SavedValue(node.name, op, (), type(val).__name__, 8)
 
 
 def count_ops(gm: fx.GraphModule | None) -> int:
@@ -22,7 +64,7 @@ def format_bytes(n: float) -> str:
     raise AssertionError
 
 
-def summarize(artifact: "Artifact", largest: int = 10) -> str:
+def summarize(artifact: Artifact, largest: int = 10) -> str:
     """Graph sizes, the largest values saved for backward, and compile time per stage."""
     lines = [_graph_line(artifact)]
     saved = sorted(artifact.saved, key=lambda s: -s.nbytes)
@@ -40,7 +82,7 @@ def summarize(artifact: "Artifact", largest: int = 10) -> str:
     return "\n".join(lines)
 
 
-def _graph_line(artifact: "Artifact") -> str:
+def _graph_line(artifact: Artifact) -> str:
     if artifact.backward_graph is None:
         return f"inference graph: {count_ops(artifact.forward_graph)} ops"
     return (f"joint graph: {count_ops(artifact.joint_graph)} ops -> forward "

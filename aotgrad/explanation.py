@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .partition.budget import Curve, choose, plan_curve
-from .capture.joint import JOINT_FW_OUTPUTS
+from .schema import JOINT_FW_OUTPUTS
 from .partition.memory import MemoryEstimate, estimate_peak
-from .pipeline import Artifact, SavedValue
+from .artifact import Artifact, SavedValue
 from .partition.plans import Plan, node_cost
 from .partition.remat import forward_values
 from .artifact import format_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import fx
 
 from .semantics.dynamic import is_size
-from .replay.random_values import HELD_FOR_REPLAY
+from .schema import HELD_FOR_REPLAY
 from .tables import ALLOWED_INPUT_MUTATIONS
 
 

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad.capture.analysis import OutputKind
-from aotgrad.semantics.swaps import StorageSwap
+from aotgrad.schema import OutputKind, StorageSwap
 
 
 def info_of(fn, *args):

@@ -103,7 +103,7 @@ def test_dynamo_parameters_and_buffers_reach_the_compiler_as_static_inputs():
     """Dynamo interleaves parameters and buffers with the other inputs; every one of them is
     static for the compiler (Inductor then skips its per-call alignment checks on them)."""
     from torch import nn
-    from aotgrad.backends.compilers import GRAPH_INFO
+    from aotgrad.schema import GRAPH_INFO
     from aotgrad.dynamo import make_backend
     seen = []
 

@@ -1,4 +1,4 @@
-"""Common subexpression elimination (aotgrad/cse.py): repeated pure work merges, and nothing
+"""Common subexpression elimination (aotgrad/capture/cse.py): repeated pure work merges, and nothing
 that would make eager's tensors differ does."""
 
 import torch

@@ -1,4 +1,4 @@
-"""Per-entry call guards (aotgrad/guards.py) and the cheaper call path around them: a call
+"""Per-entry call guards (aotgrad/runtime/guards.py) and the cheaper call path around them: a call
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
 import pytest

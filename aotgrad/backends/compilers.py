@@ -19,34 +19,7 @@ import torch
 from torch import fx
 
 from ..semantics.effects import run_checks_after, split_checks
-
-GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
-# gm.meta key where a backend reports the strides its outputs really have, when it chose a
-# layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.
-OUTPUT_STRIDES = "aotgrad_output_strides"
-# node.meta key on a backward's placeholder: a saved value that nothing else holds when the
-# backward runs. The compiler may free it early or write into its memory (Inductor does).
-DONATED = "aotgrad_donated"
-
-
-@dataclass(frozen=True)
-class GraphInfo:
-    role: str  # "forward", "backward" or "inference"
-    static_inputs: tuple[int, ...]  # inputs that live across calls (parameters, buffers)
-    user_outputs: range  # outputs the user sees, whose strides must match eager
-
-
-@dataclass(frozen=True)
-class Backend:
-    """The compilers for the three graph kinds, and the decompositions traced with."""
-
-    fw_compiler: Callable
-    bw_compiler: Callable
-    inference_compiler: Callable
-    decompositions: Mapping | None = None
-    # The backend's own rewrites of the whole graph (joint or inference), before partitioning.
-    graph_passes: Callable[[fx.GraphModule], fx.GraphModule] | None = None
-
+from ..schema import DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo
 
 _compiling: contextvars.ContextVar[tuple[list[str], str, int]] = contextvars.ContextVar(
     "aotgrad_compiling", default=([], "model", 0))

@@ -2,15 +2,14 @@
 
 The facts recorded here (which inputs are mutated and how, which outputs alias what, which
 need gradients) decide everything later: which graph to trace, what the graph returns, and
-what the runtime does around it. They are plain frozen dataclasses, printable and comparable.
+what the runtime does around it. They are plain frozen dataclasses, printable and comparable,
+kept in schema.py (FunctionInfo and its parts), since every later stage reads them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -25,152 +24,10 @@ import torch.utils._pytree as pytree
 
 from ..semantics import subclasses, swaps
 from .inputs import OutputBox, functional_mode, to_functional
-from ..semantics.dynamic import DynamicShapesUnsupported, Geometry, geometry, is_size, is_symbolic
+from ..semantics.dynamic import DynamicShapesUnsupported, geometry, is_size, is_symbolic
+from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKind, StorageSwap,
+                      SubclassMeta, TensorMeta)
 
-
-
-class OutputKind(enum.Enum):
-    PLAIN = "computed by the graph"
-    CONSTANT = "a non-tensor value, baked in"
-    INPUT = "the input tensor itself"
-    VIEW_OF_INPUT = "a view of an input"
-    VIEW_OF_INTERMEDIATE = "a view of an intermediate the graph also returns"
-    VIEW_OF_OUTPUT = "a view of another user output"
-    SAME_AS_OUTPUT = "the same tensor as an earlier output"
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-    subclass: subclasses.SubclassMeta | None = None  # how a subclass splits into plain tensors
-
-
-@dataclass(frozen=True)
-class InputInfo:
-    requires_grad: bool
-    is_leaf: bool
-    mutates_data: bool
-    mutates_metadata: bool
-    # Every mutation ran under no_grad/inference_mode or through .detach()/.data: the copy back
-    # must not be recorded by autograd either.
-    mutation_hidden_from_autograd: bool
-    version_bumps: int  # how much eager's version counter advances: 0 for .data mutations
-    final_geometry: Geometry
-    # set_() inside the function: the storage it ends on (then neither mutates_* is set).
-    storage_swap: swaps.StorageSwap | None = None
-    # resize_storage_bytes_() inside the function: the storage's size in bytes after the call
-    # (FSDP's parameters: 0 when freed). The runtime resizes the caller's storage.
-    storage_bytes: int | None = None
-    # requires_grad_() inside the function: the runtime sets it before the graphs run; the
-    # trace, which starts without it, gives gradients only through the ops after it.
-    gains_requires_grad: bool = False
-
-    @property
-    def mutated(self) -> bool:
-        return self.mutates_data or self.mutates_metadata
-
-    @property
-    def bumps_version(self) -> bool:
-        return self.version_bumps != 0
-
-
-# A symbolic size passed in by Dynamo: read, never mutated, no gradient.
-SIZE_INPUT = InputInfo(False, True, False, False, False, 0, ((), (), 0))
-
-
-@dataclass(frozen=True)
-class OutputInfo:
-    kind: OutputKind
-    source: int | None  # input, intermediate base or output index, depending on kind
-    requires_grad: bool
-    geometry: Geometry | None = None
-    dtype: torch.dtype | None = None
-    replay: Callable | None = None  # replays the view chain on a new base
-    constant: Any = None
-    # A leaf that requires grad, made so inside (requires_grad_() on a tensor computed there
-    # or a view of an input): the runtime sets requires_grad on what it returns.
-    made_leaf: bool = False
-
-
-@dataclass(frozen=True)
-class FunctionInfo:
-    """What one call of the user function does, seen from outside."""
-
-    inputs: tuple[InputInfo, ...]
-    outputs: tuple[OutputInfo, ...]
-    out_spec: Any
-    num_intermediate_bases: int
-    # Per graph output (mutated inputs' new values, plain outputs, intermediate bases):
-    # whether it is differentiable, i.e. gets a tangent in the backward.
-    differentiable: tuple[bool, ...]
-    graph_output_metas: tuple[TensorMeta | None, ...]  # None: a symbolic size, not a tensor
-    grad_enabled: bool
-    # Differentiable graph outputs whose backward reads a saved value the function then
-    # modified in place: they get no tangent, and a backward through them raises (stale.py).
-    stale_outputs: tuple[int, ...] = ()
-
-    @property
-    def data_mutated_inputs(self) -> tuple[int, ...]:
-        return tuple(i for i, x in enumerate(self.inputs) if x.mutates_data)
-
-    @property
-    def plain_outputs(self) -> tuple[int, ...]:
-        return tuple(i for i, o in enumerate(self.outputs) if o.kind is OutputKind.PLAIN)
-
-    @property
-    def first_user_output(self) -> int:
-        """Graph output index of user output 0: every user output has its slot, in order."""
-        return len(self.data_mutated_inputs)
-
-    @property
-    def rebuilt_outputs(self) -> tuple[int, ...]:
-        """Graph outputs the runtime does not read: user outputs it rebuilds itself (aliases,
-        constants). The graph returns them anyway, as functorch's does, so that a compiler
-        finds user output i at the same position as there."""
-        first = self.first_user_output
-        return tuple(first + i for i, o in enumerate(self.outputs)
-                     if o.kind is not OutputKind.PLAIN)
-
-    @property
-    def num_graph_outputs(self) -> int:
-        return len(self.differentiable)
-
-    @property
-    def mutations_in_graph(self) -> tuple[int, ...]:
-        """Mutated inputs the training graph may copy into itself: data mutations of inputs
-        outside autograd (BatchNorm's running statistics). A backend then fuses the copy
-        into the kernel computing the new value, instead of one more copy per call."""
-        k = {i: n for n, i in enumerate(self.data_mutated_inputs)}
-        return tuple(i for i, x in enumerate(self.inputs)
-                     if x.mutates_data and not x.mutates_metadata and not x.requires_grad
-                     and x.storage_bytes is None and not self.differentiable[k[i]])
-
-    @property
-    def inference_mutations_in_graph(self) -> tuple[int, ...]:
-        """Mutated inputs an inference graph copies into itself (keep_inference_input_mutations):
-        data mutations only. An input whose metadata changes too gets its new geometry from
-        the runtime after the graph, so the graph's copy would land in the old layout."""
-        return tuple(i for i, x in enumerate(self.inputs)
-                     if x.mutates_data and not x.mutates_metadata)
-
-    @property
-    def storages_from_graph(self) -> tuple[int, ...]:
-        """Inputs set_() to a tensor made inside: the graph returns it, last (swaps.py)."""
-        return tuple(i for i, x in enumerate(self.inputs)
-                     if x.storage_swap is not None and x.storage_swap.source is None)
-
-    @property
-    def gets_tangent(self) -> tuple[bool, ...]:
-        """Per graph output: whether the backward graph takes a tangent for it."""
-        return tuple(d and k not in self.stale_outputs for k, d in enumerate(self.differentiable))
-
-    @property
-    def needs_autograd(self) -> bool:
-        # Not `grad_enabled and ...`: an enable_grad() region inside a no_grad call still
-        # produces outputs that require grad.
-        return any(self.differentiable)
 
 
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
@@ -229,7 +86,7 @@ def _tensor_meta(v: Any) -> TensorMeta | None:
         return None
     subclasses.check_supported(v, "an output")
     layout = subclasses.describe(v)
-    subclass = layout if isinstance(layout, subclasses.SubclassMeta) else None
+    subclass = layout if isinstance(layout, SubclassMeta) else None
     return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass)
 
 
@@ -374,7 +231,7 @@ def _requires_grad(v: Any) -> bool:
 
 
 def _swaps(f_args: Sequence[Any], before: Sequence, originals: Sequence,
-           set_calls: swaps.SetCalls) -> list[swaps.StorageSwap | None]:
+           set_calls: swaps.SetCalls) -> list[StorageSwap | None]:
     """Per input: the storage it ends on, if the function swapped it (set_)."""
     return [swaps.find_swap(i, f_args, originals, set_calls, b[2])
             if isinstance(a, torch.Tensor) and swaps.was_swapped(subclasses.unwrap(a)) else None
@@ -382,7 +239,7 @@ def _swaps(f_args: Sequence[Any], before: Sequence, originals: Sequence,
 
 
 def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
-                swap: swaps.StorageSwap | None, resized: dict[int, int]) -> InputInfo:
+                swap: StorageSwap | None, resized: dict[int, int]) -> InputInfo:
     grad_fn, old_version, old_requires_grad = before
     # A subclass: each tensor it wraps. A swapped input takes its new storage as it is.
     inner = [t.elem for t in subclasses.unwrap(a)] if swap is None else []

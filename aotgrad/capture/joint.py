@@ -20,7 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..semantics import subclasses
-from .analysis import FunctionInfo, graph_outputs, unseen_writes
+from .analysis import graph_outputs, unseen_writes
+from ..schema import JOINT_FW_OUTPUTS, OVERWRITTEN, TRACED_OUTPUTS, FunctionInfo
 from .inputs import compiled_autograd_off, from_functional, functional_mode, to_functional
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
@@ -28,8 +29,6 @@ from ..tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
 
 aten = torch.ops.aten
 
-JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
-OVERWRITTEN = "aotgrad_overwritten"  # node.meta key on primals the runtime mutates
 
 
 def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
@@ -130,7 +129,7 @@ def _tangent(meta) -> torch.Tensor:
 
 def num_forward_outputs(gm: torch.fx.GraphModule, info: FunctionInfo) -> int:
     """How many of the graph's (plain) outputs are the forward's."""
-    return subclasses.num_plain(gm.meta[subclasses.TRACED_OUTPUTS][:info.num_graph_outputs])
+    return subclasses.num_plain(gm.meta[TRACED_OUTPUTS][:info.num_graph_outputs])
 
 
 def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo,
@@ -280,7 +279,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective(), \
             fx_traceback.preserve_node_meta(), _lazy_graph_modules(), compiled_autograd_off():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
-    gm.meta[subclasses.TRACED_OUTPUTS] = tuple(traced_outputs)
+    gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
     copy_forward_stack_traces(gm)
     return cleanup(gm)
 

@@ -24,9 +24,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import analysis, joint
-from .analysis import SIZE_INPUT, FunctionInfo, InputInfo, graph_outputs
+from .analysis import graph_outputs
+from ..schema import JOINT_FW_OUTPUTS, SIZE_INPUT, FunctionInfo, Geometry, InputInfo
 from .inputs import OutputBox
-from ..semantics.dynamic import Geometry, geometry, is_symbolic
+from ..semantics.dynamic import geometry, is_symbolic
 from ..tables import needs_functionalization
 
 _needs_functionalization = functools.cache(needs_functionalization)
@@ -115,7 +116,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Te
     gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions)
     if gm is None:
         return joint.trace_joint(graph_fn, info, fakes, fake_mode, decompositions)
-    gm.meta[joint.JOINT_FW_OUTPUTS] = joint.num_forward_outputs(gm, info)
+    gm.meta[JOINT_FW_OUTPUTS] = joint.num_forward_outputs(gm, info)
     joint.mark_overwritten_inputs(gm, info, fakes)
     return gm
 

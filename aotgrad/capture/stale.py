@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch._dispatch.python import enable_python_dispatcher
 
-from .analysis import FunctionInfo, graph_outputs
+from .analysis import graph_outputs
+from ..schema import FunctionInfo
 from .inputs import StaleSavedValue, compiled_autograd_off, functional_mode, to_functional
 from .joint import mutable_copies
 

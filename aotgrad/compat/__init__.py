@@ -17,21 +17,22 @@ from torch import fx
 from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import is_fake
 
-from ..capture import analysis, joint
+from ..capture import joint
 from ..capture.inputs import run_with_state
 from ..semantics import subclasses
 from ..api import CompiledFunction, CompiledModule
-from ..backends.compilers import (Backend, compilation_context, make_boxed_compiler,
-                       make_boxed_func, nop)
+from ..backends.compilers import compilation_context, make_boxed_compiler, make_boxed_func, nop
 from ..partition.split import default_partition
 from ..partition.remat import min_cut_rematerialization_partition
 from ..dynamo import compile_dynamo_graph, dynamo_fakes
 from ..runtime.guards import fixed_inputs_check
 from ..pipeline import Options, capture_and_analyze
 from .config import config
-from .tools import (debug_compile, draw_graph, draw_graph_compile, memory_efficient_fusion,
-                           minifier, nnc_jit, print_compile, pythonkey_decompose, ts_compile)
+from .export import ExportGraphSignature, call_as_primals_and_tangents
+from .tools import (debug_compile, draw_graph, draw_graph_compile, minifier, print_compile,
+                    pythonkey_decompose, simple_ts_compile, ts_compile)
 from ..verify import verify
+from ..schema import Backend, FunctionInfo, OutputKind
 
 __all__ = [
     "aot_function", "aot_module", "aot_module_simplified", "aot_export_module",
@@ -102,6 +103,22 @@ def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
 
     refuse_fake_state(mod)
     return CompiledModule(mod, with_compilers(*args, **kwargs))
+
+
+def nnc_jit(f: Callable[..., Any]) -> Callable[..., Any]:
+    """`f` compiled by aot_function, both graphs frozen TorchScript."""
+    return aot_function(f, simple_ts_compile)
+
+
+def memory_efficient_fusion(fn: Callable | torch.nn.Module, **kwargs: Any):
+    """`fn` (a function or module) compiled with the min-cut partitioner, the default
+    decompositions and TorchScript; `kwargs` override any of them, as in functorch."""
+    settings = {"fw_compiler": ts_compile, "bw_compiler": ts_compile,
+                "partition_fn": min_cut_rematerialization_partition,
+                "decompositions": default_decompositions, **kwargs}
+    if isinstance(fn, torch.nn.Module):
+        return aot_module(fn, **settings)
+    return aot_function(fn, **settings)
 
 
 def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler: Callable,
@@ -196,30 +213,6 @@ get_graph_being_compiled = get_aot_graph_name
 
 # ---- export -------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class BackwardSignature:
-    gradients_to_parameters: dict[str, str]
-    gradients_to_user_inputs: dict[str, str]
-    loss_output: str
-
-
-@dataclass(frozen=True)
-class ExportGraphSignature:
-    """Which graph inputs and outputs are parameters, buffers, user values, gradients."""
-
-    parameters: list[str]
-    buffers: list[str]
-    user_inputs: list[str]
-    user_outputs: list[str]
-    inputs_to_parameters: dict[str, str]
-    inputs_to_buffers: dict[str, str]
-    buffers_to_mutate: dict[str, str]
-    user_inputs_to_mutate: dict[str, str]
-    in_spec: Any = None
-    out_spec: Any = None
-    backward_signature: BackwardSignature | None = None
-
-
 def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint: bool,
                             num_params_buffers: int = 0, decompositions=None) -> fx.GraphModule:
     """One functional graph of `func` (flat tensors in, flat tensors out), with no input
@@ -232,27 +225,13 @@ def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint:
     _refuse_pytrees("outputs", traced.info.out_spec)
     gm = traced.graph
     if trace_joint:
-        _call_as_primals_and_tangents(gm, traced.info.num_graph_outputs)
+        call_as_primals_and_tangents(gm, traced.info.num_graph_outputs)
     return gm
-
-
-def _call_as_primals_and_tangents(gm: fx.GraphModule, num_fw_outputs: int) -> None:
-    """functorch's joint convention: `gm(primals, tangents) -> (outputs, gradients)`."""
-    from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    num_tangents = sum(n.name.startswith("tangents") for n in placeholders)
-    num_primals = len(placeholders) - num_tangents
-    outs = list(gm.graph.output_node().args[0])
-    _, in_spec = pytree.tree_flatten(([0] * num_primals, [0] * num_tangents))
-    _, out_spec = pytree.tree_flatten((tuple(outs[:num_fw_outputs]),
-                                       tuple(outs[num_fw_outputs:])))
-    gm.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(["primals", "tangents"], in_spec, out_spec))
-    gm.recompile()
 
 
 @dataclass
 class _Traced:
-    info: analysis.FunctionInfo
+    info: FunctionInfo
     graph: fx.GraphModule
 
 
@@ -274,11 +253,11 @@ def _refuse_pytrees(what: str, spec: pytree.TreeSpec) -> None:
                            f"pytrees. spec={spec}")
 
 
-def _refuse_mutations_and_aliases(info: analysis.FunctionInfo) -> None:
+def _refuse_mutations_and_aliases(info: FunctionInfo) -> None:
     if any(x.mutated or x.storage_swap is not None for x in info.inputs):
         raise RuntimeError("aot_export_joint_simple: the function mutates an input; "
                            "export graphs must be functional. Return the new value instead.")
-    if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
+    if any(o.kind is not OutputKind.PLAIN for o in info.outputs):
         raise RuntimeError("aot_export_joint_simple: an output aliases an input or another "
                            "output; return a fresh tensor (e.g. .clone()).")
 

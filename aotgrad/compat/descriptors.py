@@ -19,10 +19,11 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
-from ..capture import analysis, joint
+from ..capture import joint
 from ..api import CompiledFunction
-from ..backends.compilers import Backend
+from ..schema import Backend, FunctionInfo, OutputKind
 from .config import config
+from .export import call_as_primals_and_tangents
 from ..pipeline import Options, capture_and_analyze
 from ..verify import verify
 
@@ -148,8 +149,7 @@ def export_joint(stack: contextlib.ExitStack, mod: torch.nn.Module, args, kwargs
     verify(gm)
     in_descs = [_input_desc(p, list(params), list(buffers)) for p in c.layout.first_position]
     _describe(gm, c.info, in_descs)
-    from . import _call_as_primals_and_tangents
-    _call_as_primals_and_tangents(gm, c.info.num_graph_outputs)
+    call_as_primals_and_tangents(gm, c.info.num_graph_outputs)
     in_spec = pytree.tree_flatten(([*state, *args], dict(kwargs or {})))[1]
     return JointWithDescriptors(gm, list(params), list(buffers), in_spec, c.info.out_spec,
                                 c.fake_mode, mod, gm, decompositions,
@@ -174,7 +174,7 @@ def _refuse_unsupported(c) -> None:
             "aotgrad: aot_export_joint_with_descriptors of a module that mutates inputs sharing "
             "memory, swaps storages or changes an input's metadata is not supported; use "
             "aotgrad.compile or compat.aot_module_simplified.")
-    if any(o.kind is not analysis.OutputKind.PLAIN for o in c.info.outputs):
+    if any(o.kind is not OutputKind.PLAIN for o in c.info.outputs):
         raise NotImplementedError(
             "aotgrad: aot_export_joint_with_descriptors of a module whose output aliases an "
             "input or another output is not supported; return a fresh tensor (.clone()).")
@@ -188,7 +188,7 @@ def _input_desc(flat_position: int, params: list[str], buffers: list[str]) -> AO
     return PlainAOTInput(flat_position - len(params) - len(buffers))
 
 
-def _describe(gm: fx.GraphModule, info: analysis.FunctionInfo, in_descs: list[AOTInput]) -> None:
+def _describe(gm: fx.GraphModule, info: FunctionInfo, in_descs: list[AOTInput]) -> None:
     """meta["desc"] on each placeholder, and the output node's list of output descriptors."""
     out_descs = [InputMutationAOTOutput(in_descs[i]) for i in info.data_mutated_inputs]
     out_descs += [PlainAOTOutput(j) for j in range(len(info.outputs))]

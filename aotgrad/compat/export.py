@@ -12,12 +12,36 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch._guards import detect_fake_mode
 
-from ..capture import analysis, joint
+from ..capture import joint
 from ..semantics import subclasses
-from . import BackwardSignature, ExportGraphSignature
 from .config import config
 from ..pipeline import capture_and_analyze
 from ..verify import verify
+from ..schema import TRACED_OUTPUTS, FunctionInfo, OutputKind
+
+
+@dataclass(frozen=True)
+class BackwardSignature:
+    gradients_to_parameters: dict[str, str]
+    gradients_to_user_inputs: dict[str, str]
+    loss_output: str
+
+
+@dataclass(frozen=True)
+class ExportGraphSignature:
+    """Which graph inputs and outputs are parameters, buffers, user values, gradients."""
+
+    parameters: list[str]
+    buffers: list[str]
+    user_inputs: list[str]
+    user_outputs: list[str]
+    inputs_to_parameters: dict[str, str]
+    inputs_to_buffers: dict[str, str]
+    buffers_to_mutate: dict[str, str]
+    user_inputs_to_mutate: dict[str, str]
+    in_spec: Any = None
+    out_spec: Any = None
+    backward_signature: BackwardSignature | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +119,7 @@ def _refuse_unexportable(c) -> None:
     if c.aliasing is not None and c.aliasing.groups:
         raise NotImplementedError("aot_export_module: inputs that share memory are mutated; "
                                   "an exported graph takes independent inputs. Pass clones.")
-    if any(o.kind is not analysis.OutputKind.PLAIN for o in info.outputs):
+    if any(o.kind is not OutputKind.PLAIN for o in info.outputs):
         raise RuntimeError("aot_export_module: an output aliases an input or another output; "
                            "return a fresh tensor (e.g. .clone()).")
 
@@ -111,7 +135,7 @@ def _trace(c, request: ExportRequest, wrt: list[int]) -> fx.GraphModule:
     return joint.trace_inference(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
 
 
-def _refuse_other_grad_outputs(info: analysis.FunctionInfo, loss_index: int) -> None:
+def _refuse_other_grad_outputs(info: FunctionInfo, loss_index: int) -> None:
     """torch's joint export differentiates the loss alone: any other output that requires
     grad would lose its gradient, so torch refuses it (RuntimeError), and so does aotgrad."""
     user = info.outputs
@@ -144,13 +168,13 @@ def _trace_pre_dispatch(c, decompositions) -> fx.GraphModule:
     with c.fake_mode:
         gm = make_fx(outputs, decomposition_table=dict(decompositions or {}),
                      pre_dispatch=True)(*c.fakes)
-    gm.meta[subclasses.TRACED_OUTPUTS] = ()  # subclass inputs were refused above
+    gm.meta[TRACED_OUTPUTS] = ()  # subclass inputs were refused above
     return joint.cleanup(gm)
 
 
 # A stand-in graph for refuse_in_export before tracing: the inputs alone are checked.
 _NO_OUTPUT_LAYOUTS = fx.GraphModule(torch.nn.Module(), fx.Graph())
-_NO_OUTPUT_LAYOUTS.meta[subclasses.TRACED_OUTPUTS] = ()
+_NO_OUTPUT_LAYOUTS.meta[TRACED_OUTPUTS] = ()
 
 
 def name_inputs_as_torch(gm: fx.GraphModule) -> None:
@@ -188,3 +212,17 @@ def _signature(gm, info, params, buffers, wrt, loss_index, out_spec) -> ExportGr
         out_spec=out_spec,
         backward_signature=backward,
     )
+
+
+def call_as_primals_and_tangents(gm: fx.GraphModule, num_fw_outputs: int) -> None:
+    """functorch's joint convention: `gm(primals, tangents) -> (outputs, gradients)`."""
+    from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    num_tangents = sum(n.name.startswith("tangents") for n in placeholders)
+    num_primals = len(placeholders) - num_tangents
+    outs = list(gm.graph.output_node().args[0])
+    _, in_spec = pytree.tree_flatten(([0] * num_primals, [0] * num_tangents))
+    _, out_spec = pytree.tree_flatten((tuple(outs[:num_fw_outputs]),
+                                       tuple(outs[num_fw_outputs:])))
+    gm.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(["primals", "tangents"], in_spec, out_spec))
+    gm.recompile()

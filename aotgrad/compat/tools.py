@@ -1,6 +1,6 @@
 """functorch.compile's compilers and debugging tools, for `aotgrad.compat`.
 
-Compilers take `(fx_g, example_inputs)` as every aotgrad compiler does (backends.py).
+Compilers take `(fx_g, example_inputs)` as every aotgrad compiler does (backends/compilers.py).
 The TorchScript ones (`ts_compile`, `nnc_jit`, `memory_efficient_fusion`) work where the
 installed torch still has `torch.jit.script`; elsewhere they raise, naming what is missing.
 """
@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import is_fake
 from ..backends.compilers import make_boxed_compiler
 
 __all__ = ["print_compile", "debug_compile", "draw_graph", "draw_graph_compile", "ts_compile",
-           "nnc_jit", "memory_efficient_fusion", "pythonkey_decompose", "minifier"]
+           "pythonkey_decompose", "minifier"]
 
 
 @make_boxed_compiler
@@ -74,28 +74,9 @@ def ts_compile(fx_g: fx.GraphModule, inps: Sequence[Any]) -> torch.jit.ScriptMod
 
 
 @make_boxed_compiler
-def _simple_ts_compile(fx_g: fx.GraphModule, _: Any) -> torch.jit.ScriptModule:
+def simple_ts_compile(fx_g: fx.GraphModule, _: Any) -> torch.jit.ScriptModule:
     _require_torchscript("nnc_jit")
     return _frozen_script(fx_g)
-
-
-def nnc_jit(f: Callable[..., Any]) -> Callable[..., Any]:
-    """`f` compiled by aot_function, both graphs frozen TorchScript."""
-    from . import aot_function
-    return aot_function(f, _simple_ts_compile)
-
-
-def memory_efficient_fusion(fn: Callable | torch.nn.Module, **kwargs: Any):
-    """`fn` (a function or module) compiled with the min-cut partitioner, the default
-    decompositions and TorchScript; `kwargs` override any of them, as in functorch."""
-    from . import aot_function, aot_module, default_decompositions
-    from ..partition.remat import min_cut_rematerialization_partition
-    settings = {"fw_compiler": ts_compile, "bw_compiler": ts_compile,
-                "partition_fn": min_cut_rematerialization_partition,
-                "decompositions": default_decompositions, **kwargs}
-    if isinstance(fn, torch.nn.Module):
-        return aot_module(fn, **settings)
-    return aot_function(fn, **settings)
 
 
 # ---- drawing and debugging -----------------------------------------------------------------

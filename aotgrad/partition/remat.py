@@ -30,7 +30,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from ..semantics.dynamic import hint
 from .flow import FlowNetwork
-from ..capture.joint import OVERWRITTEN
+from ..schema import OVERWRITTEN
 from .memory import base_of, is_tuple, tensor_bytes
 from .split import (ancestors, joint_parts, joint_roots, split_joint, with_masks,
                         with_sizes, with_tuple_elements)

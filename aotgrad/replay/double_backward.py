@@ -56,18 +56,16 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..capture.analysis import FunctionInfo, graph_outputs, version_of
+from ..capture.analysis import graph_outputs, version_of
+from ..schema import AUTOGRAD_COPY, GRAD_ENABLED, RANDOM_OP, FunctionInfo
 from ..capture.inputs import compiled_autograd_off, fake_inputs
 from ..backends.codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
 from ..semantics.dynamic import no_new_guards
 from ..capture.joint import fake_tangents, input_grads, mutable_copies
-from .random_values import (RANDOM_OP, ForwardRandomValues, NotTakenFromForward,
-                            draw_from_forward, is_random)
+from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random
 from ..tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE
 
-GRAD_ENABLED = "aotgrad_grad_enabled"  # node.meta key: the grad mode the op ran under
-AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autograd itself
 _DEVICES = ("cpu", "cuda")
 aten = torch.ops.aten
 

@@ -39,10 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..backends.compilers import copy_graph
 from ..tables import DRAWN_OPS
+from ..schema import HELD_FOR_REPLAY, RANDOM_OP, RANDOM_VALUE
 
-RANDOM_VALUE = "aotgrad_random_value"  # node.meta key: (random op index, output index)
-RANDOM_OP = "aotgrad_random_op"  # node.meta key in a replay trace: the random op's index
-HELD_FOR_REPLAY = "aotgrad_held_for_replay"  # node.meta key: a saved value the backward ignores
 aten = torch.ops.aten
 
 

@@ -18,7 +18,8 @@ import torch.utils._pytree as pytree
 
 from ..semantics import subclasses, swaps
 from ..semantics.aliasing import InputAliasing
-from ..capture.analysis import FunctionInfo, InputInfo, OutputInfo, OutputKind, regenerate_view
+from ..capture.analysis import regenerate_view
+from ..schema import FunctionInfo, InputInfo, OutputInfo, OutputKind
 from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..capture.analysis import OutputKind
+from ..schema import OutputKind
 from .call import CompiledCall
 
 _GUARDABLE_TENSORS = (torch.Tensor, torch.nn.Parameter)  # subclasses keep the signature key

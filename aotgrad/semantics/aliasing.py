@@ -34,8 +34,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..capture import analysis
 from . import subclasses
-from ..capture.analysis import FunctionInfo
-from .dynamic import Geometry, geometry
+from ..schema import OVERWRITTEN, FunctionInfo, Geometry
+from .dynamic import geometry
 
 # Which storage a tensor uses: the address of its StorageImpl, in one C call where torch has
 # one (a storage object is built otherwise).
@@ -403,7 +403,6 @@ def mark_bases_overwritten(gm: torch.fx.GraphModule, aliasing: InputAliasing | N
     a partitioner must not save it for the backward."""
     if aliasing is None or not aliasing.groups:
         return
-    from ..capture.joint import OVERWRITTEN
     primals = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
     for node in primals[len(primals) - len(aliasing.groups):]:
         node.meta[OVERWRITTEN] = True

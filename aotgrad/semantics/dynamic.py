@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import symbolic_shapes
 from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
                                                    StatelessSymbolicContext, free_symbols)
+from ..schema import Geometry
 
 SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -58,9 +59,6 @@ def is_symbolic(value: Any) -> bool:
         return bool(free_symbols(value))
     except AssertionError:  # a value holding no sizes (a dtype, a callable...)
         return False
-
-
-Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # size, stride, storage offset
 
 
 def geometry(t: torch.Tensor) -> Geometry:

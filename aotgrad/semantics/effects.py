@@ -29,8 +29,8 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
 from ..tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS
+from ..schema import PHASE
 
-PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BACKWARD
 FORWARD, BACKWARD = "forward", "backward"
 
 

@@ -21,48 +21,18 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-if TYPE_CHECKING:
-    from ..capture.analysis import FunctionInfo
+from ..schema import TRACED_OUTPUTS, FunctionInfo, Layout, PlainMeta, SubclassMeta
 
-TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output before splitting
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
-@dataclass(frozen=True)
-class PlainMeta:
-    """A plain tensor: what a fake or zero stand-in for it needs."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-
-    num_plain = 1
-
-
-@dataclass(frozen=True)
-class SubclassMeta:
-    """How one subclass tensor splits into plain tensors, and how to build it back."""
-
-    cls: type
-    attrs: tuple[str, ...]  # inner tensor attributes, from __tensor_flatten__
-    ctx: Any  # __tensor_flatten__'s metadata, handed back to __tensor_unflatten__
-    inner: tuple["PlainMeta | SubclassMeta", ...]
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-
-    @functools.cached_property
-    def num_plain(self) -> int:
-        return sum(m.num_plain for m in self.inner)
-
-
-Layout = "PlainMeta | SubclassMeta | None"  # None: not a tensor (a None gradient)
 
 
 # ---- recognising ---------------------------------------------------------------------------

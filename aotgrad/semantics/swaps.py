@@ -27,19 +27,10 @@ from typing import Any, Sequence
 import torch
 from torch.utils._mode_utils import no_dispatch
 
-from .dynamic import DynamicShapesUnsupported, Geometry, geometry, is_symbolic
+from .dynamic import DynamicShapesUnsupported, geometry, is_symbolic
+from ..schema import Geometry, StorageSwap
 
 SET_FROM_TENSOR = torch.ops.aten.set_.source_Tensor
-
-
-@dataclass(frozen=True)
-class StorageSwap:
-    """Where an input's storage comes from after the call."""
-
-    source: int | None  # the input whose storage it ends on; None: a tensor the graph returns
-    # Size, stride and offset from the source's own offset, when they differ from the
-    # source's (`x.set_(y[2:])`); None: the source's own geometry, or the graph output's.
-    geometry: Geometry | None = None
 
 
 def mirror_set_on_wrapper(args: Sequence[Any]) -> None:
