@@ -20,7 +20,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 from .semantics import subclasses
 from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
-from .capture.inputs import flatten
+from .capture.inputs import flatten, lift_state
 from .partition.budget import budget_partition
 from .runtime.guards import global_state, make_guard, plan_guard
 from .partition.remat import min_cut_rematerialization_partition
@@ -208,8 +208,7 @@ class CompiledModule(torch.nn.Module):
                  max_entries: int = DEFAULT_MAX_ENTRIES):
         super().__init__()
         self.orig_module = module
-        self._names = [n for n, _ in module.named_parameters()] + \
-                      [n for n, _ in module.named_buffers()]
+        self._names = lift_state(module).names
         self._slots = [_slot(module, n) for n in self._names]
         self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())

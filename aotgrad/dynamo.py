@@ -150,10 +150,3 @@ def _static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:
 
 
 aotgrad_backend = make_backend()
-
-
-def register() -> None:
-    """Make `backend="aotgrad"` known to Dynamo without relying on the installed entry point."""
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
-    if "aotgrad" not in _BACKENDS:
-        register_backend(name="aotgrad")(aotgrad_backend)

@@ -258,6 +258,38 @@ def node_by_node(fn: Callable) -> Callable:
     return run
 
 
+@dataclass(frozen=True)
+class ModuleState:
+    """A module's parameters, then its buffers, each distinct tensor once: the graph inputs
+    every front door (api, compat, export) lifts them into, in this order, by these names."""
+
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.params, *self.buffers]
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.params.values(), *self.buffers.values()]
+
+
+def lift_state(module: torch.nn.Module) -> ModuleState:
+    return ModuleState(dict(module.named_parameters()), dict(module.named_buffers()))
+
+
+def call_with_state(module: torch.nn.Module, names: Sequence[str],
+                    user_spec: pytree.TreeSpec) -> Callable:
+    """`forward(*state, *flat user arguments)`: `module(*args, **kwargs)` with its parameters
+    and buffers replaced by the state, the arguments unflattened by `user_spec`."""
+    def forward(*flat):
+        state = dict(zip(names, flat[:len(names)]))
+        user_args, user_kwargs = pytree.tree_unflatten(list(flat[len(names):]), user_spec)
+        return torch.func.functional_call(module, state, tuple(user_args), user_kwargs)
+    return forward
+
+
 def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
     """`module(*args)` with its parameters and buffers replaced by `state`; a graph module
     node by node (`node_by_node`)."""

@@ -8,31 +8,26 @@ graph traced with symbolic sizes serves every call its shape guard accepts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.utils._pytree as pytree
 from torch import fx
 from torch._decomp import get_decompositions
 from torch._subclasses.fake_tensor import is_fake
 
-from ..capture import joint
-from ..capture.inputs import run_with_state
-from ..semantics import subclasses
+from ..capture.inputs import lift_state, run_with_state
 from ..api import CompiledFunction, CompiledModule
 from ..backends.compilers import compilation_context, make_boxed_compiler, make_boxed_func, nop
 from ..partition.split import default_partition
 from ..partition.remat import min_cut_rematerialization_partition
 from ..dynamo import compile_dynamo_graph, dynamo_fakes
 from ..runtime.guards import fixed_inputs_check
-from ..pipeline import Options, capture_and_analyze
+from ..pipeline import Options
 from .config import config
-from .export import ExportGraphSignature, call_as_primals_and_tangents
+from .export import ExportGraphSignature, aot_export_joint_simple
 from .tools import (debug_compile, draw_graph, draw_graph_compile, minifier, print_compile,
                     pythonkey_decompose, simple_ts_compile, ts_compile)
-from ..verify import verify
-from ..schema import Backend, FunctionInfo, OutputKind
+from ..schema import Backend
 
 __all__ = [
     "aot_function", "aot_module", "aot_module_simplified", "aot_export_module",
@@ -142,8 +137,8 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     if pre_grad_passes is not None and isinstance(mod, fx.GraphModule):
         mod = pre_grad_passes(mod, args)
     refuse_fake_state(mod)
-    state = [*mod.parameters(), *mod.buffers()]
-    names = [n for n, _ in mod.named_parameters()] + [n for n, _ in mod.named_buffers()]
+    lifted = lift_state(mod)
+    state, names = lifted.tensors, lifted.names
 
     def flat_forward(*flat):
         params = dict(zip(names, flat[:len(state)]))
@@ -212,55 +207,6 @@ get_graph_being_compiled = get_aot_graph_name
 
 
 # ---- export -------------------------------------------------------------------------------
-
-def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint: bool,
-                            num_params_buffers: int = 0, decompositions=None) -> fx.GraphModule:
-    """One functional graph of `func` (flat tensors in, flat tensors out), with no input
-    mutations and no aliased outputs. With `trace_joint`, the joint forward+backward graph:
-    inputs `primals_*` then `tangents_*`, outputs the forward's then one gradient per input."""
-    _refuse_pytrees("inputs", pytree.tree_flatten(tuple(args))[1])
-    flat, in_spec = pytree.tree_flatten((tuple(args), {}))
-    traced = _trace_for_export(func, flat, in_spec, decompositions, trace_joint)
-    _refuse_mutations_and_aliases(traced.info)
-    _refuse_pytrees("outputs", traced.info.out_spec)
-    gm = traced.graph
-    if trace_joint:
-        call_as_primals_and_tangents(gm, traced.info.num_graph_outputs)
-    return gm
-
-
-@dataclass
-class _Traced:
-    info: FunctionInfo
-    graph: fx.GraphModule
-
-
-def _trace_for_export(fn, flat, in_spec, decompositions, trace_joint: bool) -> _Traced:
-    c = capture_and_analyze(fn, flat, in_spec)
-    trace = joint.trace_joint if trace_joint else joint.trace_inference
-    gm = trace(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
-    subclasses.refuse_in_export(c.fakes, gm, "aot_export_joint_simple")
-    return _Traced(c.info, verify(gm))
-
-
-def _refuse_pytrees(what: str, spec: pytree.TreeSpec) -> None:
-    """Torch's calling convention for this export: one flat list or tuple each way."""
-    if spec.is_leaf() or spec.type not in (list, tuple):
-        raise RuntimeError(f"aot_export_joint_simple requires {what} to be a single "
-                           f"list/tuple. spec={spec}")
-    if not all(child.is_leaf() for child in spec.children()):
-        raise RuntimeError(f"aot_export_joint_simple requires individual {what} not to be "
-                           f"pytrees. spec={spec}")
-
-
-def _refuse_mutations_and_aliases(info: FunctionInfo) -> None:
-    if any(x.mutated or x.storage_swap is not None for x in info.inputs):
-        raise RuntimeError("aot_export_joint_simple: the function mutates an input; "
-                           "export graphs must be functional. Return the new value instead.")
-    if any(o.kind is not OutputKind.PLAIN for o in info.outputs):
-        raise RuntimeError("aot_export_joint_simple: an output aliases an input or another "
-                           "output; return a fresh tensor (e.g. .clone()).")
-
 
 def aot_export_module(mod: torch.nn.Module, args: Sequence[Any], *, decompositions=None,
                       trace_joint: bool, output_loss_index: int | None = None,

@@ -20,10 +20,11 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from ..capture import joint
+from ..capture.inputs import call_with_state, lift_state
 from ..api import CompiledFunction
-from ..schema import Backend, FunctionInfo, OutputKind
+from ..schema import Backend, FunctionInfo
 from .config import config
-from .export import call_as_primals_and_tangents
+from .export import DATA_MUTATIONS, call_as_primals_and_tangents, refuse_non_functional
 from ..pipeline import Options, capture_and_analyze
 from ..verify import verify
 
@@ -138,13 +139,12 @@ class JointWithDescriptors:
 
 def export_joint(stack: contextlib.ExitStack, mod: torch.nn.Module, args, kwargs,
                  decompositions, keep_inference_input_mutations: bool) -> JointWithDescriptors:
-    params, buffers = dict(mod.named_parameters()), dict(mod.named_buffers())
-    state = [*params.values(), *buffers.values()]
-    user_flat, _ = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    lifted = lift_state(mod)
+    params, buffers, state = list(lifted.params), list(lifted.buffers), lifted.tensors
+    user_flat, user_spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
     flat_args, flat_spec = pytree.tree_flatten((tuple([*state, *user_flat]), {}))
-    c = capture_and_analyze(_flat_module_call(mod, len(state), args, kwargs), flat_args,
-                            flat_spec)
-    _refuse_unsupported(c)
+    c = capture_and_analyze(call_with_state(mod, lifted.names, user_spec), flat_args, flat_spec)
+    refuse_non_functional(c, "aot_export_joint_with_descriptors", allowed=DATA_MUTATIONS)
     gm = joint.trace_joint(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
     verify(gm)
     in_descs = [_input_desc(p, list(params), list(buffers)) for p in c.layout.first_position]
@@ -154,30 +154,6 @@ def export_joint(stack: contextlib.ExitStack, mod: torch.nn.Module, args, kwargs
     return JointWithDescriptors(gm, list(params), list(buffers), in_spec, c.info.out_spec,
                                 c.fake_mode, mod, gm, decompositions,
                                 keep_inference_input_mutations)
-
-
-def _flat_module_call(mod: torch.nn.Module, num_state: int, args, kwargs) -> Callable:
-    names = [*dict(mod.named_parameters()), *dict(mod.named_buffers())]
-    _, user_spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
-
-    def forward(*flat):
-        user_args, user_kwargs = pytree.tree_unflatten(list(flat[num_state:]), user_spec)
-        return torch.func.functional_call(mod, dict(zip(names, flat[:num_state])),
-                                          tuple(user_args), user_kwargs)
-    return forward
-
-
-def _refuse_unsupported(c) -> None:
-    if c.aliasing is not None and c.aliasing.groups or \
-            any(x.storage_swap is not None or x.mutates_metadata for x in c.info.inputs):
-        raise NotImplementedError(
-            "aotgrad: aot_export_joint_with_descriptors of a module that mutates inputs sharing "
-            "memory, swaps storages or changes an input's metadata is not supported; use "
-            "aotgrad.compile or compat.aot_module_simplified.")
-    if any(o.kind is not OutputKind.PLAIN for o in c.info.outputs):
-        raise NotImplementedError(
-            "aotgrad: aot_export_joint_with_descriptors of a module whose output aliases an "
-            "input or another output is not supported; return a fresh tensor (.clone()).")
 
 
 def _input_desc(flat_position: int, params: list[str], buffers: list[str]) -> AOTInput:

@@ -1,9 +1,10 @@
-"""Export: a module as one functional graph with a signature, for `compat.aot_export_module`."""
+"""Export: every export door's graph (aot_export_module, aot_export_joint_simple, the descriptors'
+joint) and the one place that refuses what an exported graph cannot hold."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import contextlib
 
@@ -17,7 +18,8 @@ from ..semantics import subclasses
 from .config import config
 from ..pipeline import capture_and_analyze
 from ..verify import verify
-from ..schema import TRACED_OUTPUTS, FunctionInfo, OutputKind
+from ..capture.inputs import call_with_state, lift_state
+from ..schema import TRACED_OUTPUTS, FunctionInfo, OutputKind, SubclassMeta
 
 
 @dataclass(frozen=True)
@@ -62,35 +64,27 @@ def export_module(mod: torch.nn.Module, args: Sequence[Any], request: ExportRequ
             "Functionalized RNG is not currently supported in the aot_export workflow. Please "
             "file a github issue,\nor otherwise set torch._functorch.config.functionalize_rng_ops"
             " = False.")
-    params = dict(mod.named_parameters())
-    buffers = dict(mod.named_buffers())
-    names = [*params, *buffers]
     if request.trace_joint:
         _refuse_pytree_inputs(args, request.kwargs)
-
-    def forward(*flat):
-        state = dict(zip(names, flat[:len(names)]))
-        user_args, user_kwargs = pytree.tree_unflatten(list(flat[len(names):]), user_spec)
-        return torch.func.functional_call(mod, state, tuple(user_args), user_kwargs)
-
+    state = lift_state(mod)
     user_flat, user_spec = pytree.tree_flatten((tuple(args), dict(request.kwargs)))
-    flat = [*params.values(), *buffers.values(), *user_flat]
+    forward = call_with_state(mod, state.names, user_spec)
+    flat = [*state.tensors, *user_flat]
     flat_args, in_spec = pytree.tree_flatten((tuple(flat), {}))
     # torch exports an inference graph under no_grad (a pre-dispatch one keeps grad mode).
     inference = not (request.trace_joint or request.pre_dispatch)
     with torch.no_grad() if inference else contextlib.nullcontext():
         c = capture_and_analyze(forward, flat_args, in_spec, dynamic=_dynamic(request, flat))
     info = c.info
-    _refuse_unexportable(c)
-    wrt = [i for i, t in enumerate(c.inputs[:len(params)]) if t.requires_grad]
+    refuse_non_functional(c, "aot_export_module", allowed=MUTATIONS_RETURNED)
+    wrt = [i for i, t in enumerate(c.inputs[:len(state.params)]) if t.requires_grad]
     gm = _trace(c, request, wrt)
-    subclasses.refuse_in_export(c.fakes, gm, "aot_export_module")
+    refuse_subclasses(c.fakes, gm, "aot_export_module")
     verify(gm)
     name_inputs_as_torch(gm)
-    sig = _signature(gm, info, list(params), list(buffers), wrt, request.loss_index,
+    sig = _signature(gm, info, list(state.params), list(state.buffers), wrt, request.loss_index,
                      info.out_spec)
-    in_spec = pytree.tree_flatten(((*params.values(), *buffers.values(), *args),
-                                   dict(request.kwargs)))[1]
+    in_spec = pytree.tree_flatten(((*state.tensors, *args), dict(request.kwargs)))[1]
     return gm, replace(sig, in_spec=in_spec)
 
 
@@ -109,19 +103,6 @@ def _refuse_pytree_inputs(args: Sequence[Any], kwargs: dict) -> None:
         raise RuntimeError("aot_export_module(trace_joint=True) takes tensors as inputs, "
                            "not pytrees or keyword arguments: aotgrad, like torch, calls the "
                            "module with the flat inputs. Flatten them in a wrapper module.")
-
-
-def _refuse_unexportable(c) -> None:
-    info = c.info
-    if any(x.storage_swap is not None for x in info.inputs):
-        raise NotImplementedError("aot_export_module: the module calls set_() on an input; "
-                                  "an exported graph cannot swap storages. Return the tensor.")
-    if c.aliasing is not None and c.aliasing.groups:
-        raise NotImplementedError("aot_export_module: inputs that share memory are mutated; "
-                                  "an exported graph takes independent inputs. Pass clones.")
-    if any(o.kind is not OutputKind.PLAIN for o in info.outputs):
-        raise RuntimeError("aot_export_module: an output aliases an input or another output; "
-                           "return a fresh tensor (e.g. .clone()).")
 
 
 def _trace(c, request: ExportRequest, wrt: list[int]) -> fx.GraphModule:
@@ -164,7 +145,7 @@ def _trace_pre_dispatch(c, decompositions) -> fx.GraphModule:
     def outputs(*primals):
         return list(pytree.tree_leaves(c.graph_fn(*primals)))
 
-    subclasses.refuse_in_export(c.fakes, _NO_OUTPUT_LAYOUTS, "pre_dispatch export")
+    refuse_subclasses(c.fakes, _NO_OUTPUT_LAYOUTS, "pre_dispatch export")
     with c.fake_mode:
         gm = make_fx(outputs, decomposition_table=dict(decompositions or {}),
                      pre_dispatch=True)(*c.fakes)
@@ -172,7 +153,7 @@ def _trace_pre_dispatch(c, decompositions) -> fx.GraphModule:
     return joint.cleanup(gm)
 
 
-# A stand-in graph for refuse_in_export before tracing: the inputs alone are checked.
+# A stand-in graph for refuse_subclasses before tracing: the inputs alone are checked.
 _NO_OUTPUT_LAYOUTS = fx.GraphModule(torch.nn.Module(), fx.Graph())
 _NO_OUTPUT_LAYOUTS.meta[TRACED_OUTPUTS] = ()
 
@@ -214,6 +195,35 @@ def _signature(gm, info, params, buffers, wrt, loss_index, out_spec) -> ExportGr
     )
 
 
+def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint: bool,
+                            num_params_buffers: int = 0, decompositions=None) -> fx.GraphModule:
+    """One functional graph of `func` (flat tensors in, flat tensors out), with no input
+    mutations and no aliased outputs. With `trace_joint`, the joint forward+backward graph:
+    inputs `primals_*` then `tangents_*`, outputs the forward's then one gradient per input."""
+    _refuse_pytrees("inputs", pytree.tree_flatten(tuple(args))[1])
+    flat, in_spec = pytree.tree_flatten((tuple(args), {}))
+    c = capture_and_analyze(func, flat, in_spec)
+    trace = joint.trace_joint if trace_joint else joint.trace_inference
+    gm = trace(c.graph_fn, c.info, c.fakes, c.fake_mode, decompositions)
+    refuse_subclasses(c.fakes, gm, "aot_export_joint_simple")
+    verify(gm)
+    refuse_non_functional(c, "aot_export_joint_simple")
+    _refuse_pytrees("outputs", c.info.out_spec)
+    if trace_joint:
+        call_as_primals_and_tangents(gm, c.info.num_graph_outputs)
+    return gm
+
+
+def _refuse_pytrees(what: str, spec: pytree.TreeSpec) -> None:
+    """Torch's calling convention for this export: one flat list or tuple each way."""
+    if spec.is_leaf() or spec.type not in (list, tuple):
+        raise RuntimeError(f"aot_export_joint_simple requires {what} to be a single "
+                           f"list/tuple. spec={spec}")
+    if not all(child.is_leaf() for child in spec.children()):
+        raise RuntimeError(f"aot_export_joint_simple requires individual {what} not to be "
+                           f"pytrees. spec={spec}")
+
+
 def call_as_primals_and_tangents(gm: fx.GraphModule, num_fw_outputs: int) -> None:
     """functorch's joint convention: `gm(primals, tangents) -> (outputs, gradients)`."""
     from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
@@ -226,3 +236,52 @@ def call_as_primals_and_tangents(gm: fx.GraphModule, num_fw_outputs: int) -> Non
                                        tuple(outs[num_fw_outputs:])))
     gm.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(["primals", "tangents"], in_spec, out_spec))
     gm.recompile()
+
+
+# ---- what no export door hands out ---------------------------------------------------------
+
+class ExportUnsupported(NotImplementedError):
+    """What aotgrad cannot export as one functional graph over the caller's tensors. A
+    RuntimeError, as torch's own export refusals are."""
+
+
+# What a door's graph may return as new input values (the rest of a mutation is refused).
+NO_MUTATIONS = frozenset()  # aot_export_joint_simple: a pure function of its inputs
+DATA_MUTATIONS = frozenset({"data"})  # descriptors: new values, same geometry
+MUTATIONS_RETURNED = frozenset({"data", "metadata"})  # aot_export_module's signature
+
+
+def refuse_non_functional(c, door: str, allowed: frozenset = NO_MUTATIONS) -> None:
+    """The one check of every export door: the graph is functional over independent inputs
+    and returns no alias, whatever mutations it returns are ones the door can describe."""
+    reason = _non_functional(c, allowed)
+    if reason is not None:
+        raise ExportUnsupported(f"aotgrad: {door}: {reason}")
+
+
+def _non_functional(c, allowed: frozenset) -> str | None:
+    inputs = c.info.inputs
+    if any(x.storage_swap is not None for x in inputs):
+        return "the function calls set_() on an input; an exported graph cannot swap storages. " \
+               "Return the tensor instead."
+    if c.aliasing is not None and c.aliasing.groups:
+        return "inputs that share memory are mutated; an exported graph takes independent " \
+               "inputs. Pass clones."
+    if any(x.mutates_data and "data" not in allowed for x in inputs) or \
+            any(x.mutates_metadata and "metadata" not in allowed for x in inputs):
+        return "the function mutates an input (or its metadata); export graphs must be " \
+               "functional here. Return the new value instead."
+    if any(o.kind is not OutputKind.PLAIN for o in c.info.outputs):
+        return "an output aliases an input or another output; return a fresh tensor " \
+               "(e.g. .clone())."
+    return None
+
+
+def refuse_subclasses(fakes: Sequence[torch.Tensor], gm: fx.GraphModule, door: str) -> None:
+    """Export hands out the plain graph with a signature of the caller's tensors, which has
+    no place yet for how a subclass splits."""
+    layouts = [subclasses.describe(f) for f in fakes] + list(gm.meta[TRACED_OUTPUTS])
+    if any(isinstance(m, SubclassMeta) for m in layouts):
+        raise ExportUnsupported(
+            f"aotgrad: {door} does not support tensor subclass inputs or outputs yet; pass "
+            "their inner tensors (t.__tensor_flatten__()) and rebuild the subclass outside.")

@@ -157,16 +157,6 @@ def num_plain(layouts: Sequence[Layout]) -> int:
     return sum(1 if m is None else m.num_plain for m in layouts)
 
 
-def refuse_in_export(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, what: str) -> None:
-    """Export hands out the plain graph with a signature of the caller's tensors, which has
-    no place yet for how a subclass splits."""
-    layouts = [describe(f) for f in fakes] + list(gm.meta[TRACED_OUTPUTS])
-    if any(isinstance(m, SubclassMeta) for m in layouts):
-        raise NotImplementedError(
-            f"aotgrad: {what} does not support tensor subclass inputs or outputs yet; pass "
-            "their inner tensors (t.__tensor_flatten__()) and rebuild the subclass outside.")
-
-
 # ---- at run time ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
