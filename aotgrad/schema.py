@@ -19,29 +19,32 @@ from torch import fx
 # ---- fx meta keys: aotgrad's own ------------------------------------------------------------
 # gm.meta keys are on a GraphModule, node.meta keys on a Node. "sets" / "reads" name modules.
 
-# sets backends.compilers (attach), pipeline; reads backends.compilers, pipeline, tests.
+# sets pipeline (_attach); reads backends.compilers, pipeline, artifact.
 GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
 # gm.meta key where a backend reports the strides its outputs really have, when it chose a
 # layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.
+# sets backends.compilers; reads pipeline (restride_saved).
 OUTPUT_STRIDES = "aotgrad_output_strides"
 # node.meta key on a backward's placeholder: a saved value that nothing else holds when the
 # backward runs. The compiler may free it early or write into its memory (Inductor does).
+# sets pipeline (mark_donated); reads backends.compilers, pipeline.
 DONATED = "aotgrad_donated"
-# sets capture.joint, capture.pure; reads pipeline, explanation, partition (through joint
-# roots), compat.
+# sets capture.joint, capture.pure; reads pipeline, explanation.
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
 # sets capture.joint, semantics.aliasing; reads capture.joint, partition.remat.
 OVERWRITTEN = "aotgrad_overwritten"  # node.meta key on primals the runtime mutates
-# sets capture.joint; reads semantics.subclasses, capture.joint, compat.export.
+# sets capture.joint, compat.export; reads semantics.subclasses, capture.joint, compat.export.
 TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output before splitting
-# sets semantics.effects; reads semantics.effects, tests.
+# sets and reads semantics.effects.
 PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BACKWARD
-# sets replay.random_values; reads replay.random_values, replay.double_backward.
+# sets and reads replay.random_values.
 RANDOM_VALUE = "aotgrad_random_value"  # node.meta key: (random op index, output index)
+# sets replay.double_backward; reads replay.random_values.
 RANDOM_OP = "aotgrad_random_op"  # node.meta key in a replay trace: the random op's index
-# sets replay.random_values; reads pipeline (donation), verify.
+# sets replay.random_values; reads pipeline (mark_donated), verify.
 HELD_FOR_REPLAY = "aotgrad_held_for_replay"  # node.meta key: a saved value the backward ignores
-# sets replay.double_backward (through replay.custom_functions); reads replay.double_backward.
+# set by replay.double_backward (also through replay.custom_functions' grad_mode_key); read
+# by replay.double_backward.
 GRAD_ENABLED = "aotgrad_grad_enabled"  # node.meta key: the grad mode the op ran under
 AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autograd itself
 

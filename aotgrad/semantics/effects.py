@@ -12,7 +12,7 @@ needed to order it, only a data dependence on the value it checks (which it has)
 in the half of the step where eager runs it. So capture traces every op of
 `tables.ERROR_CHECKS` as a plain op with no outputs, tagged with the phase it ran in
 (`PHASE`); FX's dead-code elimination keeps it (`keep_when_unused`); the partitioner makes it
-a root of the forward or of the backward (`partition.joint_roots`). A failing check then
+a root of the forward or of the backward (`partition.split.joint_roots`). A failing check then
 raises at run time exactly as eager does: the same kernel, the same exception type and
 message. Ops with other effects (prints, torchbind calls, custom ops registered effectful)
 need their order kept by tokens: `refuse_effectful_op` turns PyTorch's assertion into a
