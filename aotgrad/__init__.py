@@ -10,11 +10,12 @@ import sys
 
 from . import log as _log
 from .api import CompiledFunction, CompiledModule, compile
-from .backends import Backend, make_boxed_compiler, make_boxed_func, nop
-from .explain import Explanation, explain
-from .remat import min_cut_rematerialization_partition
-from .partition import default_partition
-from .pipeline import Artifact
+from .backends.compilers import make_boxed_compiler, make_boxed_func, nop
+from .schema import Backend
+from .explanation import Explanation, explain
+from .partition.remat import min_cut_rematerialization_partition
+from .partition.split import default_partition
+from .artifact import Artifact
 from .verify import verify
 
 __all__ = ["compile", "backend", "explain", "Explanation", "CompiledFunction", "CompiledModule",

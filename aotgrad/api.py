@@ -17,16 +17,18 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
-from . import check, subclasses
-from .aliasing import AliasingChanged, alias_pattern
-from .backends import resolve_backend
-from .capture import flatten
-from .budget import budget_partition
-from .guards import global_state, make_guard, plan_guard
-from .remat import min_cut_rematerialization_partition
-from .dynamic import falls_back_to_static, warn_static_fallback
-from .pipeline import Artifact, Options, compile_call
-from .runtime import CompiledCall
+from . import check
+from .semantics import subclasses
+from .semantics.aliasing import AliasingChanged, alias_pattern
+from .backends.compilers import resolve_backend
+from .capture.inputs import flatten, lift_state
+from .partition.budget import budget_partition
+from .runtime.guards import global_state, make_guard, plan_guard
+from .partition.remat import min_cut_rematerialization_partition
+from .semantics.dynamic import falls_back_to_static, warn_static_fallback
+from .artifact import Artifact
+from .pipeline import Options, compile_call
+from .runtime.call import CompiledCall
 
 DEFAULT_MAX_ENTRIES = 8
 # Argument types that are pytree leaves: a call made of these alone skips pytree.
@@ -207,8 +209,7 @@ class CompiledModule(torch.nn.Module):
                  max_entries: int = DEFAULT_MAX_ENTRIES):
         super().__init__()
         self.orig_module = module
-        self._names = [n for n, _ in module.named_parameters()] + \
-                      [n for n, _ in module.named_buffers()]
+        self._names = lift_state(module).names
         self._slots = [_slot(module, n) for n in self._names]
         self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())

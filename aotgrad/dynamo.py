@@ -18,12 +18,12 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import check
-from .aliasing import AliasingChanged
-from .backends import resolve_backend
+from .semantics.aliasing import AliasingChanged
+from .backends.compilers import resolve_backend
 from .api import CompiledFunction, choose_partitioner
-from .dynamic import falls_back_to_static, is_symbolic, warn_static_fallback
+from .semantics.dynamic import falls_back_to_static, is_symbolic, warn_static_fallback
 from .pipeline import Options, compile_call
-from .runtime import CompiledCall
+from .runtime.call import CompiledCall
 
 
 def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,
@@ -154,10 +154,3 @@ def _static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:
 
 
 aotgrad_backend = make_backend()
-
-
-def register() -> None:
-    """Make `backend="aotgrad"` known to Dynamo without relying on the installed entry point."""
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
-    if "aotgrad" not in _BACKENDS:
-        register_backend(name="aotgrad")(aotgrad_backend)

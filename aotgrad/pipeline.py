@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -22,22 +22,26 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import aliasing, analysis, capture, joint, pure, random_values, subclasses
-from .backends import (DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, CompileScope, GraphInfo,
-                       as_boxed, compiling, copy_graph, eager_compiler, set_graph_being_compiled)
-from .cse import eliminate_common_subexpressions
-from .double_backward import DoubleBackward
-from .dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size, is_symbolic,
-                      shape_guard)
-from .memory import base_of, tensor_bytes
-from .partition import default_partition, tag_backward
-from .remat import forward_values, hoist_masks
-from .report import count_ops, format_bytes
-from .runtime import (BackwardWrites, CompiledCall, CompiledOnFirstCall, RuntimePlan,
-                      run_graph_boxed)
-from .stale import StaleBackward, find_stale_outputs
+from .semantics import aliasing, subclasses
+from .capture import analysis, inputs as capture, joint, pure
+from .replay import random_values
+from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph, eager_compiler,
+                                 set_graph_being_compiled)
+from .capture.cse import eliminate_common_subexpressions
+from .replay.double_backward import DoubleBackward
+from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
+                                is_symbolic, shape_guard)
+from .partition.memory import base_of
+from .partition.split import default_partition, tag_backward
+from .partition.remat import forward_values, hoist_masks
+from .runtime.call import (BackwardWrites, CompiledCall, CompiledOnFirstCall, RuntimePlan,
+                           run_graph_boxed)
+from .capture.stale import StaleBackward, find_stale_outputs
+from .artifact import Artifact, SavedValue, count_ops, format_bytes
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
 from .verify import verify, verify_partition
+from .schema import (BACKWARD_WRITES, DONATED, GRAPH_INFO, HELD_FOR_REPLAY, JOINT_FW_OUTPUTS,
+                     OUTPUT_STRIDES, Backend, FunctionInfo, GraphInfo)
 
 
 @dataclass(frozen=True)
@@ -65,52 +69,6 @@ class Options:
         if self.compile_backward not in ("lazy", "ahead"):
             raise ValueError(f"aotgrad: compile_backward={self.compile_backward!r}; use "
                              "'lazy' (at the first backward) or 'ahead' (at the first call)")
-
-
-@dataclass
-class Artifact:
-    """Everything one compile produced, for inspection after the fact."""
-
-    info: analysis.FunctionInfo
-    forward_graph: fx.GraphModule  # the inference graph when there is no backward
-    backward_graph: fx.GraphModule | None = None
-    joint_graph: fx.GraphModule | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    # The user's name of each graph input the forward's placeholders stand for (where known).
-    input_names: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def saved(self) -> list["SavedValue"]:
-        """The values the forward saves for the backward."""
-        if self.backward_graph is None:
-            return []
-        outs = list(self.forward_graph.graph.output_node().args[0])
-        num_outputs = self.forward_graph.meta[GRAPH_INFO].user_outputs.stop  # plain outputs
-        return [SavedValue.of(n, self.input_names) for n in outs[num_outputs:]]
-
-    def summary(self) -> str:
-        from .report import summarize
-        return summarize(self)
-
-
-@dataclass(frozen=True)
-class SavedValue:
-    name: str  # the user's name of an input (`blocks.0.attn.weight`), else the node's
-    op: str
-    shape: tuple
-    dtype: Any
-    nbytes: int
-    graph_name: str = ""  # the node's name in the graphs (`primals_3`, `mm_2`)
-
-    @staticmethod
-    def of(node: fx.Node, input_names: dict[str, str] | None = None) -> "SavedValue":
-        val = node.meta.get("val")
-        op = node.op if node.op == "placeholder" else str(node.target)
-        name = (input_names or {}).get(node.name, node.name)
-        if isinstance(val, torch.Tensor):
-            return SavedValue(name, op, tuple(val.shape), val.dtype, tensor_bytes(val),
-                              node.name)
-        return SavedValue(name, op, (), type(val).__name__, 8, node.name)
 
 
 log = logging.getLogger(__name__)
@@ -145,7 +103,7 @@ class Captured:
     inputs: list  # the graph inputs as the caller passed them (real, or Dynamo's fakes)
     fake_mode: Any
     fakes: list
-    info: analysis.FunctionInfo
+    info: FunctionInfo
     aliasing: aliasing.InputAliasing | None = None  # the graph takes a base per alias group
     stale: StaleBackward | None = None  # outputs whose backward raises as eager's would
     pure: bool = False  # mutates nothing: traced without functionalization (pure.py)
@@ -245,7 +203,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         sizes["joint graph ops"] = count_ops(joint_gm)
     info = c.info
     edge = _boundary(c, joint_gm, info.mutations_in_graph)
-    n = joint_gm.meta[joint.JOINT_FW_OUTPUTS]  # plain forward outputs
+    n = joint_gm.meta[JOINT_FW_OUTPUTS]  # plain forward outputs
     with timer("partition") as sizes:
         fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
         tag_backward(bw)
@@ -291,7 +249,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
 
 def _backward_writes(joint_gm: fx.GraphModule, num_inputs: int) -> BackwardWrites | None:
     """The inputs the backward writes into, whose new values follow its gradients."""
-    writes = joint_gm.meta.get(joint.BACKWARD_WRITES, ())  # none through pure.trace_joint
+    writes = joint_gm.meta.get(BACKWARD_WRITES, ())  # none through pure.trace_joint
     if not writes:
         return None
     return BackwardWrites(inputs=tuple(i for i, _ in writes),
@@ -383,7 +341,7 @@ def _boundary(c: Captured, gm: fx.GraphModule, copied_in_graph) -> subclasses.Bo
     return subclasses.make_boundary(c.fakes, gm, c.info, copied_in_graph)
 
 
-def _plain_range(edge: subclasses.Boundary, info: analysis.FunctionInfo) -> range:
+def _plain_range(edge: subclasses.Boundary, info: FunctionInfo) -> range:
     """The graph's (plain) outputs the user sees: after the mutated inputs' new values."""
     return range(edge.plain_count(len(info.data_mutated_inputs)),
                  edge.plain_count(info.num_graph_outputs))
@@ -416,8 +374,8 @@ def _fills_zero(node: fx.Node) -> bool:
 def _joint_passes(options: Options, gm: fx.GraphModule) -> fx.GraphModule:
     """The backend's passes, masks moved next to what they test, then one node per repeated
     pure computation (cse.py)."""
-    gm = hoist_masks(_backend_passes(options.backend, gm), gm.meta[joint.JOINT_FW_OUTPUTS])
-    forward = forward_values(gm, gm.meta[joint.JOINT_FW_OUTPUTS])
+    gm = hoist_masks(_backend_passes(options.backend, gm), gm.meta[JOINT_FW_OUTPUTS])
+    forward = forward_values(gm, gm.meta[JOINT_FW_OUTPUTS])
     return eliminate_common_subexpressions(gm, forward)
 
 
@@ -500,7 +458,7 @@ def mark_donated(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) ->
     for value, inp in zip(outputs[num_fw_outputs:], bw.graph.find_nodes(op="placeholder")):
         keys = _memory_keys(value)
         if keys and all(memory[k] == 1 for k in keys) and inp not in returned \
-                and not inp.meta.get(random_values.HELD_FOR_REPLAY):
+                and not inp.meta.get(HELD_FOR_REPLAY):
             inp.meta[DONATED] = True
 
 
@@ -529,7 +487,7 @@ def _saved_values(fw: fx.GraphModule, num_fw_outputs: int) -> list:
     return [n.meta.get("val") for n in fw.graph.output_node().args[0][num_fw_outputs:]]
 
 
-def _plan(info: analysis.FunctionInfo, c: Captured, num_fw_outputs: int,
+def _plan(info: FunctionInfo, c: Captured, num_fw_outputs: int,
           copied_in_graph: tuple[int, ...]) -> RuntimePlan:
     tensors = [m is not None for m in info.graph_output_metas]
     return RuntimePlan(
@@ -546,7 +504,7 @@ def _plan(info: analysis.FunctionInfo, c: Captured, num_fw_outputs: int,
     )
 
 
-def _runtime_sizes(info: analysis.FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | None:
+def _runtime_sizes(info: FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | None:
     """Where the runtime finds the sizes it applies itself (metadata it restores on inputs,
     views it rebuilds, sizes returned as constants), when they vary from call to call."""
     geometry = [x.final_geometry for x in info.inputs if x.mutates_metadata]

@@ -53,7 +53,7 @@ STORAGE_SWAPS = frozenset({aten.set_, aten.resize_, aten.resize_as_})
 
 # Ops that resize an input's storage without a mutable schema (FSDP frees and re-allocates
 # parameter memory with them): functionalization records the new size, and the runtime
-# resizes the caller's storage (analysis.InputInfo.storage_bytes). Absent from older torch.
+# resizes the caller's storage (schema.InputInfo.storage_bytes). Absent from older torch.
 STORAGE_RESIZES = frozenset(
     {torch.ops.inductor.resize_storage_bytes_.default}
     if hasattr(torch.ops.inductor, "resize_storage_bytes_") else ())

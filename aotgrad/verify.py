@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import fx
 
-from .dynamic import is_size
-from .random_values import HELD_FOR_REPLAY
+from .semantics.dynamic import is_size
+from .schema import HELD_FOR_REPLAY
 from .tables import ALLOWED_INPUT_MUTATIONS
 
 

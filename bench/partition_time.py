@@ -22,10 +22,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aotgrad  # noqa: E402
-from aotgrad import budget, remat  # noqa: E402
+from aotgrad.partition import budget, remat  # noqa: E402
 from aotgrad.demo import TinyLM  # noqa: E402
-from aotgrad.memory import estimate_peak  # noqa: E402
-from aotgrad.partition import default_partition  # noqa: E402
+from aotgrad.partition.memory import estimate_peak  # noqa: E402
+from aotgrad.partition.split import default_partition  # noqa: E402
 
 
 def timed(fn, *args, **kwargs):

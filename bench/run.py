@@ -335,7 +335,7 @@ def compile_facts(sink, mode: str) -> dict:
 def _estimated_peak_mb(artifacts) -> float | None:
     """aotgrad's own peak estimate, to set against the measured peak: with graph breaks, of
     the graphs in the order they were compiled (the order of the first step's forwards)."""
-    from aotgrad.memory import chain_peak, estimate_peak
+    from aotgrad.partition.memory import chain_peak, estimate_peak
     training = [a for a in artifacts if a.backward_graph is not None]
     if not training:
         return None

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad.aliasing import AliasingChanged, BaseKind, overlaps
+from aotgrad.semantics.aliasing import AliasingChanged, BaseKind, overlaps
 from aotgrad.compat import aot_function, nop
 from harness import Case, call_index, check_case
 

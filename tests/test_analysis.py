@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad.analysis import OutputKind
-from aotgrad.swaps import StorageSwap
+from aotgrad.schema import OutputKind, StorageSwap
 
 
 def info_of(fn, *args):

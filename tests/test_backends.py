@@ -7,8 +7,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import aotgrad
-from aotgrad.backends import make_boxed_compiler, make_boxed_func
-from aotgrad.codegen import python_function
+from aotgrad.backends.compilers import make_boxed_compiler, make_boxed_func
+from aotgrad.backends.codegen import python_function
 
 
 def traced(fn, *args):
@@ -103,7 +103,7 @@ def test_dynamo_parameters_and_buffers_reach_the_compiler_as_static_inputs():
     """Dynamo interleaves parameters and buffers with the other inputs; every one of them is
     static for the compiler (Inductor then skips its per-call alignment checks on them)."""
     from torch import nn
-    from aotgrad.backends import GRAPH_INFO
+    from aotgrad.schema import GRAPH_INFO
     from aotgrad.dynamo import make_backend
     seen = []
 

@@ -18,11 +18,11 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 
 import aotgrad
-from aotgrad import budget, ilp
-from aotgrad.budget import Curve, choose, pareto, plan_curve, plan_for_budget
-from aotgrad.memory import MemoryEstimate, estimate_peak
-from aotgrad.plans import Plan, PlanSpace
-from aotgrad.remat import split_recomputing_late
+from aotgrad.partition import budget, ilp
+from aotgrad.partition.budget import Curve, choose, pareto, plan_curve, plan_for_budget
+from aotgrad.partition.memory import MemoryEstimate, estimate_peak
+from aotgrad.partition.plans import Plan, PlanSpace
+from aotgrad.partition.remat import split_recomputing_late
 from aotgrad.verify import verify_partition
 
 BUDGETS = [i / 20 for i in range(21)]

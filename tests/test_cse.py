@@ -1,4 +1,4 @@
-"""Common subexpression elimination (aotgrad/cse.py): repeated pure work merges, and nothing
+"""Common subexpression elimination (aotgrad/capture/cse.py): repeated pure work merges, and nothing
 that would make eager's tensors differ does."""
 
 import torch
@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import fx
 
 import aotgrad
-from aotgrad.cse import eliminate_common_subexpressions
+from aotgrad.capture.cse import eliminate_common_subexpressions
 
 aten = torch.ops.aten
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import aotgrad
-from aotgrad.backends import DONATED
+from aotgrad.schema import DONATED
 
 # Inductor writes into donated buffers on either device; on a GPU machine both run.
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]

@@ -9,7 +9,7 @@ import torch
 
 import aotgrad
 from aotgrad.compat import aot_function, aot_module_simplified, make_boxed_compiler, nop
-from aotgrad.dynamic import is_size
+from aotgrad.semantics.dynamic import is_size
 
 
 class Counted:

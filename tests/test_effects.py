@@ -7,9 +7,10 @@ import torch
 
 import aotgrad
 from aotgrad.compat import aot_function, nop
-from aotgrad.effects import PHASE, split_checks
-from aotgrad.partition import default_partition
-from aotgrad.remat import min_cut_rematerialization_partition
+from aotgrad.schema import PHASE
+from aotgrad.semantics.effects import split_checks
+from aotgrad.partition.split import default_partition
+from aotgrad.partition.remat import min_cut_rematerialization_partition
 from test_semantics import compat, compile_eager, dynamo
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import aotgrad
-from aotgrad.explain import Explanation
+from aotgrad.explanation import Explanation
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 

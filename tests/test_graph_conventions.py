@@ -17,7 +17,7 @@ import torch
 from functorch import compile as torch_compile_api
 
 from aotgrad import compat
-from aotgrad.dynamic import hint
+from aotgrad.semantics.dynamic import hint
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Per-entry call guards (aotgrad/guards.py) and the cheaper call path around them: a call
+"""Per-entry call guards (aotgrad/runtime/guards.py) and the cheaper call path around them: a call
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
 import pytest
@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 import aotgrad
-from aotgrad import api, guards
-from aotgrad.bindings import fast_binding
+from aotgrad import api
+from aotgrad.runtime import guards
+from aotgrad.backends.bindings import fast_binding
 
 
 def compiled(fn):

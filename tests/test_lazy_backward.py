@@ -11,7 +11,7 @@ from functorch.compile import aot_function as torch_aot_function
 
 import aotgrad
 from aotgrad import compat
-from aotgrad.runtime import CompiledOnFirstCall
+from aotgrad.runtime.call import CompiledOnFirstCall
 
 
 class Counting:

@@ -4,8 +4,8 @@ import torch
 from torch import fx
 
 import aotgrad
-from aotgrad.memory import MemoryEstimate, estimate_peak, tensor_bytes
-from aotgrad.partition import default_partition
+from aotgrad.partition.memory import MemoryEstimate, estimate_peak, tensor_bytes
+from aotgrad.partition.split import default_partition
 
 aten = torch.ops.aten
 
@@ -85,7 +85,7 @@ def test_a_backward_value_a_matmul_reads_has_a_buffer():
     # m +400 = 1208, then c -> 808; grad +400 = 1208 (g1 fused into it).
     assert m.backward_peak_bytes == 1208
     bw = graph_module(bw_build)
-    fused = aotgrad.memory.fused_in_kernels(list(bw.graph.nodes))
+    fused = aotgrad.partition.memory.fused_in_kernels(list(bw.graph.nodes))
     # g1 = e * 2 alone: c (cos) is read by the matmul, grad is returned
     assert [n.args[0].target for n in fused] == [aten.expand.default]
 
@@ -150,6 +150,6 @@ def test_a_chain_of_graphs_holds_what_the_earlier_ones_keep():
                            backward_peak_bytes=500)
     large = MemoryEstimate(input_bytes=100, saved_bytes=50, forward_peak_bytes=300,
                            backward_peak_bytes=1500)
-    assert aotgrad.memory.chain_peak([first]) == 1604
-    assert aotgrad.memory.chain_peak([first, small]) == 1604  # the first's backward
-    assert aotgrad.memory.chain_peak([first, large]) == 400 + 400 + 1500
+    assert aotgrad.partition.memory.chain_peak([first]) == 1604
+    assert aotgrad.partition.memory.chain_peak([first, small]) == 1604  # the first's backward
+    assert aotgrad.partition.memory.chain_peak([first, large]) == 400 + 400 + 1500

@@ -5,7 +5,7 @@ import torch
 from torch import fx
 
 import aotgrad
-from aotgrad.partition import default_partition, joint_parts, split_joint
+from aotgrad.partition.split import default_partition, joint_parts, split_joint
 from aotgrad.verify import GraphInvariantError, verify, verify_partition
 
 

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import aotgrad
-from aotgrad import analysis, joint, pipeline, pure
-from aotgrad.capture import flatten
+from aotgrad.capture import analysis, joint, pure
+from aotgrad import pipeline
+from aotgrad.capture.inputs import flatten
 from corpus import CASES
 from harness import CONTEXTS, SEED_BASE
 

@@ -15,9 +15,9 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 import aotgrad
-from aotgrad.flow import FlowNetwork
-from aotgrad.partition import default_partition
-from aotgrad.remat import (Rule, as_early_as_possible, forward_rules, forward_values,
+from aotgrad.partition.flow import FlowNetwork
+from aotgrad.partition.split import default_partition
+from aotgrad.partition.remat import (Rule, as_early_as_possible, forward_rules, forward_values,
                            just_in_time_order, min_cut_rematerialization_partition)
 from aotgrad.verify import verify_partition
 
@@ -429,7 +429,8 @@ def test_latest_min_cut_is_minimal_and_past_the_earliest():
 # ---- small values broadcast in the backward -------------------------------------------------
 
 def inductor_decomposed_eager():
-    from aotgrad.backends import Backend, _inductor_decompositions, eager_compiler
+    from aotgrad.backends.compilers import _inductor_decompositions, eager_compiler
+    from aotgrad.schema import Backend
     return Backend(eager_compiler, eager_compiler, eager_compiler, _inductor_decompositions())
 
 
@@ -516,7 +517,7 @@ def residual_stream(x, *weights):
 
 @pytest.mark.parametrize("refinements", [1, 3])
 def test_recomputed_values_do_not_outlive_a_backward_matmul(refinements, monkeypatch):
-    monkeypatch.setattr(aotgrad.remat, "REFINEMENTS", refinements)
+    monkeypatch.setattr(aotgrad.partition.remat, "REFINEMENTS", refinements)
     x = torch.randn(16, 32, requires_grad=True)
     weights = [torch.randn(32, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
     twins = [t.detach().clone().requires_grad_() for t in (x, *weights)]
@@ -529,10 +530,10 @@ def test_recomputed_values_do_not_outlive_a_backward_matmul(refinements, monkeyp
     n = art.info.num_graph_outputs
     joint, saved_names = art.joint_graph, {s.name for s in art.saved}
     saved = [node for node in joint.graph.nodes if node.name in saved_names]
-    _, tangents, _, _ = aotgrad.partition.joint_parts(joint, n)
-    spanning = aotgrad.remat.recomputed_across_kernels(
+    _, tangents, _, _ = aotgrad.partition.split.joint_parts(joint, n)
+    spanning = aotgrad.partition.remat.recomputed_across_kernels(
         joint, forward_values(joint, n), saved, tangents,
-        aotgrad.partition.joint_roots(joint, n)[1])
+        aotgrad.partition.split.joint_roots(joint, n)[1])
     # The first layer's stream value is needed by the second layer's backward and, at the
     # backward's start, to rebuild the last layer's: alive across the matmuls between.
     assert bool(spanning) == (refinements == 1)
@@ -545,7 +546,7 @@ def test_recomputed_values_do_not_outlive_a_backward_matmul(refinements, monkeyp
 def test_a_matmul_input_is_recomputed_when_the_matmul_hides_it(share, gelu_saved, monkeypatch):
     """A value a backward matmul reads is saved, unless recomputing it moves few enough bytes
     to hide behind the matmul's arithmetic (HIDDEN_SHARE of its time)."""
-    monkeypatch.setattr(aotgrad.remat, "HIDDEN_SHARE", share)
+    monkeypatch.setattr(aotgrad.partition.remat, "HIDDEN_SHARE", share)
     model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
     twin = copy.deepcopy(model)
     x = torch.randn(32, 64)

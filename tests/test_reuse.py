@@ -13,7 +13,7 @@ import torch
 
 import aotgrad
 from aotgrad.compat import aot_function, aot_module_simplified, nop
-from aotgrad.guards import InputsChanged, fixed_inputs_check
+from aotgrad.runtime.guards import InputsChanged, fixed_inputs_check
 from corpus import HalfGradIdentity, ZeroSavedInBackward
 
 

@@ -127,7 +127,7 @@ def test_curve_is_computed_on_demand(monkeypatch):
 
 def test_budget_curve_is_computed_once(monkeypatch):
     """The compile computed the curve to choose the budget's plan: explain reuses it."""
-    import aotgrad.budget as budget
+    import aotgrad.partition.budget as budget
     calls = []
     real = budget.plan_curve
     monkeypatch.setattr(budget, "plan_curve", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -199,7 +199,8 @@ def describe_backend(backend: str | dict) -> str:
 def decomposed(memory_budget: float | None = None) -> dict:
     """Compile options: the eager backend with Inductor's decompositions (the graphs Inductor
     partitions, run eagerly) and a memory budget."""
-    from aotgrad.backends import Backend, _inductor_decompositions, eager_compiler
+    from aotgrad.backends.compilers import _inductor_decompositions, eager_compiler
+    from aotgrad.schema import Backend
     backend = Backend(eager_compiler, eager_compiler, eager_compiler, _inductor_decompositions())
     return {"backend": backend, "memory_budget": memory_budget}
 

@@ -1,0 +1,232 @@
+"""Stage 5, compile: hand each graph to a backend compiler.
+
+A compiler is `compiler(gm, example_inputs) -> callable`, as in functorch's compile API. The
+callable either takes the arguments spread out, or (marked `_boxed_call`) one list it may
+clear early to free inputs. What the pipeline knows about a graph (its role, how many of
+its inputs are parameters, which outputs the user sees) travels in `gm.meta[GRAPH_INFO]`,
+so a backend needs no side channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+from torch import fx
+
+from ..semantics.effects import run_checks_after, split_checks
+from ..schema import DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo
+
+_compiling: contextvars.ContextVar[tuple[list[str], str, int]] = contextvars.ContextVar(
+    "aotgrad_compiling", default=([], "model", 0))
+_compile_count = 0
+
+
+@contextlib.contextmanager
+def compiling(model_name: str):
+    """Names the graphs of one compile, for `compat.get_aot_compilation_context()`."""
+    global _compile_count
+    _compile_count += 1
+    token = _compiling.set(([], model_name, _compile_count))
+    try:
+        yield
+    finally:
+        _compiling.reset(token)
+
+
+@dataclass(frozen=True)
+class CompileScope:
+    """The context of a compile, captured to compile one of its graphs later (a backward at
+    its first use, maybe in autograd's engine thread) as it would have been compiled then:
+    the compile's name (`compat.get_aot_compilation_context`), Dynamo's tracing and compile
+    contexts (its fake mode, the compile id); grad mode off, as torch compiles a backward."""
+
+    compilation: tuple[list[str], str, int]
+    tracing: Any  # torch._guards.TracingContext, or None outside Dynamo
+    dynamo_compile: Any  # torch._guards.CompileContext, or None
+
+    @staticmethod
+    def capture() -> "CompileScope":
+        from torch._guards import CompileContext, TracingContext
+        return CompileScope(_compiling.get(), TracingContext.try_get(), CompileContext.try_get())
+
+    @contextlib.contextmanager
+    def resumed(self):
+        from torch._guards import TracingContext, compile_context, tracing
+        # Leaving a tracing context cleans its shape env up: not while the compile that
+        # entered it (compiling ahead, inside Dynamo's) still runs.
+        inside = self.tracing is not None and TracingContext.try_get() is self.tracing
+        token = _compiling.set(self.compilation)
+        try:
+            with compile_context(self.dynamo_compile), torch.no_grad(), \
+                    contextlib.nullcontext() if inside else tracing(self.tracing):
+                yield
+        finally:
+            _compiling.reset(token)
+
+
+def set_graph_being_compiled(role: str) -> None:
+    _compiling.get()[0][:] = [role]
+
+
+def compilation_context() -> tuple[list[str], str, int]:
+    graphs, model, n = _compiling.get()
+    return list(graphs), model, n
+
+
+def make_boxed_func(f: Callable) -> Callable:
+    """`f` taking one list of arguments instead of spread-out arguments."""
+
+    def boxed(args):
+        return f(*args)
+
+    boxed._boxed_call = True
+    return boxed
+
+
+def make_boxed_compiler(compiler: Callable) -> Callable:
+    @functools.wraps(compiler)
+    def boxed_compiler(gm, example_inputs):
+        return make_boxed_func(compiler(gm, example_inputs))
+
+    return boxed_compiler
+
+
+def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` whose nodes and their meta dicts may be changed freely."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    copy = fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    return copy
+
+
+def as_boxed(compiled: Callable) -> Callable:
+    return compiled if getattr(compiled, "_boxed_call", False) else make_boxed_func(compiled)
+
+
+@make_boxed_compiler
+def nop(fx_g: fx.GraphModule, _) -> fx.GraphModule:
+    """Run the graph as it is."""
+    return fx_g
+
+
+def eager_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
+    """Run the graph's ops one by one, as straight-line Python (see codegen.py)."""
+    from .codegen import python_function
+    return python_function(gm)
+
+
+def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
+    """Inductor on one graph. Torch's AOTAutograd does not run: the graph is final."""
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.virtualized import V
+
+    info: GraphInfo = gm.meta[GRAPH_INFO]
+    outputs = gm.graph.output_node().args[0]
+    gm.graph.output_node().meta["user_visible_output_idxs"] = [
+        i for i in info.user_outputs if isinstance(outputs[i], fx.Node)]
+    body, checks = split_checks(gm)  # Inductor would drop or reorder them
+    fake_mode = detect_fake_mode(example_inputs)
+    context = TracingContext(fake_mode)
+    donated = donated_inputs(gm) if info.role == "backward" else None
+    if donated is not None:
+        context.fw_metadata = _InductorBackwardMeta(donated)
+    with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated):
+        with TracingContext.report_output_strides() as strides:
+            compiled = compile_fx_inner(
+                body, example_inputs,
+                static_input_idxs=list(info.static_inputs),
+                is_backward=info.role == "backward",
+                is_inference=info.role == "inference",
+            )
+        gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
+    if checks is None:
+        return compiled
+    return run_checks_after(as_boxed(compiled), checks, len(outputs))
+
+
+def donated_inputs(gm: fx.GraphModule) -> list[int]:
+    return [i for i, n in enumerate(gm.graph.find_nodes(op="placeholder")) if n.meta.get(DONATED)]
+
+
+@dataclass(frozen=True)
+class _InductorBackwardMeta:
+    """The one field of AOTAutograd's metadata that `compile_fx_inner` reads for a backward:
+    the inputs it may reuse the memory of (`DonatedBuffer`s)."""
+
+    bw_donated_idxs: list[int]
+
+
+def _cache_key_tag(donated: list[int] | None):
+    """Inductor's FX graph cache keys a graph by its code, not by which inputs it may write
+    into. A backward compiled to reuse a saved value's memory must never be served where that
+    value is still held elsewhere (an input, or a `retain_graph` backward): the donated inputs
+    go into the key. All of aotgrad's backwards are tagged, so none shares an entry with a
+    backward that torch's AOTAutograd compiled with its own donations."""
+    if donated is None:
+        return contextlib.nullcontext()
+    tag = torch.compiler.config.cache_key_tag
+    return torch.compiler.config.patch(cache_key_tag=f"{tag}|aotgrad backward donates {donated}")
+
+
+def inductor_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    """Inductor's joint-graph rewrites: pattern replacements (attention, matmul padding...)
+    and seeded random ops that the forward and a recomputing backward draw alike."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+    from torch._inductor.virtualized import V
+
+    vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    devices = [v.device for v in vals if isinstance(v, torch.Tensor)]
+    with V.set_fake_mode(detect_fake_mode(vals)):
+        return joint_graph_passes(gm, input_device=devices[0] if devices else None)
+
+
+class InductorDecompositions(Mapping):
+    """Inductor's decomposition table, loaded at its first use (a trace): importing Inductor
+    takes about a second, which `import aotgrad` and eager-backend users should not pay."""
+
+    @functools.cached_property
+    def _table(self) -> Mapping:
+        import torch._inductor.lowering  # noqa: F401  (some decompositions consult it)
+        from torch._inductor.decomposition import select_decomp_table
+        return select_decomp_table()
+
+    def __getitem__(self, op):
+        return self._table[op]
+
+    def __iter__(self):
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+INDUCTOR_DECOMPOSITIONS = InductorDecompositions()
+
+
+def _inductor_decompositions() -> Mapping:
+    return INDUCTOR_DECOMPOSITIONS
+
+
+def resolve_backend(backend: Any, decompositions: Mapping | None = None) -> Backend:
+    """A backend name, a `Backend`, or one compiler callable used for every graph."""
+    if isinstance(backend, Backend):
+        return backend
+    if backend == "eager":
+        return Backend(eager_compiler, eager_compiler, eager_compiler, decompositions)
+    if backend == "inductor":
+        decomps = INDUCTOR_DECOMPOSITIONS if decompositions is None else decompositions
+        return Backend(inductor_compiler, inductor_compiler, inductor_compiler, decomps,
+                       inductor_graph_passes)
+    if callable(backend):
+        return Backend(backend, backend, backend, decompositions)
+    raise ValueError(f"aotgrad: unknown backend {backend!r}; use 'inductor', 'eager' or a "
+                     "compiler callable (gm, example_inputs) -> callable")

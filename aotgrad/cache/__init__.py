@@ -1,0 +1,1 @@
+"""A room for the persistent cache: keys, entries, store. Empty for now."""

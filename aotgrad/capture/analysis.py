@@ -1,0 +1,472 @@
+"""Stage 2, analysis: run the function functionalized once and record what eager would do.
+
+The facts recorded here (which inputs are mutated and how, which outputs alias what, which
+need gradients) decide everything later: which graph to trace, what the graph returns, and
+what the runtime does around it. They are plain frozen dataclasses, printable and comparable,
+kept in schema.py (FunctionInfo and its parts), since every later stage reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import torch
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                          DynamicOutputShapeException, FakeTensor,
+                                          FakeTensorMode)
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+import torch.utils._pytree as pytree
+
+from ..semantics import subclasses, swaps
+from .inputs import OutputBox, functional_mode, to_functional
+from ..semantics.dynamic import DynamicShapesUnsupported, geometry, is_size, is_symbolic
+from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKind, StorageSwap,
+                      SubclassMeta, TensorMeta)
+
+
+
+def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
+            box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo:
+    """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
+    with fake_mode, python_dispatcher(is_symbolic(fake_args)), functional_mode() as mode:
+        f_args = to_functional(fake_args)
+        before = [_state(a) for a in f_args]
+        originals = swaps.originals(f_args)
+        held = storages(f_args)
+        with user_code_checks(), _RefuseRequiresGradOff(f_args, is_leaf):
+            outs = graph_fn(*f_args)
+        versions = [version_of(a) for a in f_args]
+        made_leaves = leaves_made_inside(outs, f_args)  # reads grad_fn: views replay here
+    tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes
+    for a in tensors:
+        for inner in subclasses.unwrap(a):
+            torch._sync(inner)
+    swapped = _swaps(f_args, before, originals, mode.set_calls)
+    _refuse_other_resizes(mode.storage_bytes, f_args)
+    _refuse_data_assignment(held, storages(f_args), swapped)
+    inputs = tuple(_input_info(f, leaf, b, v, s, mode.storage_bytes)
+                   if isinstance(f, torch.Tensor) else SIZE_INPUT
+                   for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
+    return describe(inputs, f_args, outs, box, made_leaves)
+
+
+def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[Any],
+             box: OutputBox, made_leaves: Sequence[bool] | None = None) -> FunctionInfo:
+    """The call's facts, from what it did to its inputs and the outputs it returned (`args`:
+    the inputs as the function saw them; `made_leaves`: `leaves_made_inside`, if known)."""
+    outputs, num_bases = _classify_outputs(outs, args, box.input_aliases)
+    if made_leaves is None:
+        made_leaves = leaves_made_inside(outs, args)
+    outputs = _with_made_leaves(outputs, outs, made_leaves)
+    info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
+    values = graph_outputs(info, args, outs)
+    # Not differentiable: mutations autograd did not see, and leaves (their gradient is
+    # their own .grad, autograd's business once the runtime sets requires_grad).
+    hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
+    hidden += [o.made_leaf for o in outputs]  # every user output has its slot
+    hidden += [False] * (len(values) - len(hidden))
+    for k in info.rebuilt_outputs:  # no tangent: the rebuilt alias carries the gradient
+        hidden[k] = True
+    info = dataclasses.replace(
+        info,
+        differentiable=tuple(_requires_grad(v) and not h for v, h in zip(values, hidden)),
+        graph_output_metas=tuple(_tensor_meta(v) for v in values),
+    )
+    _check_leaf_mutations(info)
+    return info
+
+
+def _tensor_meta(v: Any) -> TensorMeta | None:
+    if not isinstance(v, torch.Tensor):  # a symbolic size
+        return None
+    subclasses.check_supported(v, "an output")
+    layout = subclasses.describe(v)
+    subclass = layout if isinstance(layout, SubclassMeta) else None
+    return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass)
+
+
+@contextlib.contextmanager
+def user_code_checks():
+    """Around the user's code: refuse closed-over state, explain what tracing cannot see."""
+    with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
+        yield
+
+
+def storages(args: Sequence[Any]) -> list:
+    """Each tensor argument's storage, as a weak reference (None for others)."""
+    refs = []
+    for a in args:
+        try:
+            refs.append(StorageWeakRef(a.untyped_storage()) if isinstance(a, torch.Tensor)
+                        else None)
+        except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage
+            refs.append(None)
+    return refs
+
+
+def _refuse_data_assignment(before: list, after: list, swapped: Sequence) -> None:
+    """`x.data = y` swaps an input's tensor without an op (unlike `set_`): no graph would
+    hold it, and the compiled function would silently use the old value."""
+    changed = [i for i, (b, a, s) in enumerate(zip(before, after, swapped))
+               if b != a and s is None]
+    if changed:
+        raise NotImplementedError(
+            f"aotgrad: the function assigns `.data` of input {changed[0]}, which tracing cannot "
+            "follow. Assign it outside the compiled function, or write the new values with "
+            "`x.copy_(new)` (or `x.set_(new)`) inside it.")
+
+
+def python_dispatcher(symbolic: bool):
+    """Symbolic sizes need ops decomposed by the python dispatcher (an in-place op's
+    decomposition would otherwise expand a real scalar tensor to a symbolic size)."""
+    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
+
+
+def graph_outputs(info: FunctionInfo, args: Sequence, outs: Sequence) -> list:
+    """What the forward graph returns: new values of data-mutated inputs, every user output
+    (functorch's convention: aliases and constants too, though the runtime rebuilds those),
+    the intermediate bases of outputs that are views, then the tensors inputs were set_() to."""
+    mutated = [args[i] for i in info.data_mutated_inputs]
+    user = [_in_graph(o, out) for o, out in zip(info.outputs, outs)]
+    swapped = [args[i] for i in info.storages_from_graph]
+    return mutated + user + _intermediate_bases(info, outs) + swapped
+
+
+def _in_graph(o: OutputInfo, out: Any) -> Any:
+    """A user output as the graph returns it. A constant the graph's output would flatten
+    into several values (a `torch.Size`) leaves its slot None, to keep one slot per output."""
+    if o.kind is OutputKind.CONSTANT and not pytree.tree_is_leaf(out):
+        return None
+    return out
+
+
+def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
+    bases = [None] * info.num_intermediate_bases
+    for o, out in zip(info.outputs, outs):
+        if o.kind is OutputKind.VIEW_OF_INTERMEDIATE and bases[o.source] is None:
+            bases[o.source] = out._base
+    return bases
+
+
+class _RefuseClosedOverState(TorchFunctionMode):
+    """Real tensors the function closes over become constants of the graph. That is only
+    right for tensors that neither need a gradient nor get mutated: refuse the others."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
+            if _is_real(t):
+                _refuse(func, t, mutated=i == 0 and _is_inplace(func))
+        return func(*args, **kwargs)
+
+
+class _RefuseRequiresGradOff(TorchFunctionMode):
+    """`requires_grad_(False)` on an input leaf: eager allows it, but the ops before it still
+    reach the input's gradient, which a trace cannot tell apart from those after it. (Here
+    the input is a wrapper that is no leaf: autograd itself would raise an error eager
+    does not.)"""
+
+    def __init__(self, args: Sequence[Any], is_leaf: Sequence[bool]):
+        super().__init__()
+        self.leaves = {id(a) for a, leaf in zip(args, is_leaf)
+                       if isinstance(a, torch.Tensor) and leaf and a.requires_grad}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _REQUIRES_GRAD_SETTERS and id(args[0]) in self.leaves and \
+                not (args[1] if len(args) > 1 else kwargs.get("requires_grad", True)):
+            raise _requires_grad_turned_off()
+        return func(*args, **kwargs)
+
+
+_REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
+
+
+def _requires_grad_turned_off() -> NotImplementedError:
+    return NotImplementedError(
+        "aotgrad: the function calls requires_grad_(False) (or detach_()) on an input that "
+        "requires grad; call it before the compiled function, or use x.detach() inside.")
+
+
+def _is_real(t) -> bool:
+    if subclasses.is_subclass(t):  # real when what it wraps is
+        return any(_is_real(inner) for inner in subclasses.unwrap(t))
+    return (isinstance(t, torch.Tensor) and not isinstance(t, (FakeTensor, FunctionalTensor))
+            and not torch._is_functional_tensor(t))
+
+
+def _is_inplace(func) -> bool:
+    name = getattr(func, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _refuse(func, t: torch.Tensor, mutated: bool) -> None:
+    if t.requires_grad:
+        raise RuntimeError(
+            f"aotgrad: {getattr(func, '__name__', func)} reads a tensor of shape {tuple(t.shape)} "
+            "that requires grad but is not an input of the compiled function (a closed-over "
+            "parameter?); its gradient would be lost. Pass it as an argument, or compile the "
+            "module that owns it: aotgrad.compile(module).")
+    if mutated:
+        raise RuntimeError(
+            f"aotgrad: {func.__name__} mutates a tensor of shape {tuple(t.shape)} that is not "
+            "an input of the compiled function; the mutation would be lost. Pass it as an "
+            "argument.")
+
+
+def _state(a: Any) -> tuple | None:
+    """What a mutation inside the function could change, before the call."""
+    if not isinstance(a, torch.Tensor):
+        return None
+    return a.grad_fn, version_of(a), a.requires_grad
+
+
+def _requires_grad(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.requires_grad
+
+
+def _swaps(f_args: Sequence[Any], before: Sequence, originals: Sequence,
+           set_calls: swaps.SetCalls) -> list[StorageSwap | None]:
+    """Per input: the storage it ends on, if the function swapped it (set_)."""
+    return [swaps.find_swap(i, f_args, originals, set_calls, b[2])
+            if isinstance(a, torch.Tensor) and swaps.was_swapped(subclasses.unwrap(a)) else None
+            for i, (a, b) in enumerate(zip(f_args, before))]
+
+
+def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
+                swap: StorageSwap | None, resized: dict[int, int]) -> InputInfo:
+    grad_fn, old_version, old_requires_grad = before
+    # A subclass: each tensor it wraps. A swapped input takes its new storage as it is.
+    inner = [t.elem for t in subclasses.unwrap(a)] if swap is None else []
+    mutates_data = writes_seen(inner)
+    # A data mutation by a value that requires grad makes the input require it too.
+    gains = a.requires_grad and not old_requires_grad and not mutates_data
+    if old_requires_grad and not a.requires_grad:  # detach_(), or requires_grad_(False)
+        raise _requires_grad_turned_off()
+    return InputInfo(
+        requires_grad=old_requires_grad,
+        is_leaf=is_leaf,
+        mutates_data=mutates_data,
+        mutates_metadata=any(torch._functionalize_has_metadata_mutation(t) for t in inner),
+        # Autograd recorded none of the mutations (no_grad, .detach(), .data).
+        mutation_hidden_from_autograd=a.grad_fn is grad_fn,
+        # Mutations through .data, and kernels that update an argument themselves (BatchNorm's
+        # running statistics), leave the version counter alone.
+        version_bumps=version - old_version,
+        final_geometry=geometry(a),
+        storage_swap=swap,
+        storage_bytes=_storage_bytes(a, resized),
+        gains_requires_grad=gains,
+    )
+
+
+def writes_seen(wrappers: Sequence[torch.Tensor]) -> bool:
+    """Did functionalization see a write into any of these C++ functional wrappers?"""
+    return any(torch._functionalize_has_data_mutation(t) for t in wrappers)
+
+
+def unseen_writes(info: FunctionInfo, f_args: Sequence[Any]) -> list[int]:
+    """The inputs a trace wrote into although the analysis saw them unchanged."""
+    return [i for i, (a, x) in enumerate(zip(f_args, info.inputs))
+            if isinstance(a, torch.Tensor) and not x.mutated and x.storage_swap is None
+            and writes_seen([t.elem for t in subclasses.unwrap(a)])]
+
+
+def _refuse_other_resizes(resized: dict[int, int], f_args: Sequence[Any]) -> None:
+    """Only an input's own resize is replayed: one through a view or of an intermediate
+    would be lost."""
+    if set(resized) - {id(a) for a in f_args}:
+        raise NotImplementedError(
+            "aotgrad: the function calls resize_storage_bytes_() on a tensor that is not an "
+            "input (a view of one, or a tensor made inside); only inputs themselves are "
+            "supported. Resize the input itself.")
+
+
+def _storage_bytes(a: torch.Tensor, resized: dict[int, int]) -> int | None:
+    """The storage size after a resize_storage_bytes_() inside the function, else None."""
+    if subclasses.is_subclass(a):
+        if any(id(t) in resized for t in subclasses.unwrap(a)):
+            raise NotImplementedError(
+                "aotgrad: the function resizes the storage of a tensor subclass input's inner "
+                "tensor (resize_storage_bytes_), which is not supported; resize it outside "
+                "the compiled function.")
+        return None
+    nbytes = resized.get(id(a))
+    if is_symbolic(nbytes):
+        raise DynamicShapesUnsupported("aotgrad: resize_storage_bytes_() of an input is "
+                                       "compiled for static shapes only.")
+    return nbytes
+
+
+def version_of(t: Any) -> int:
+    if not isinstance(t, torch.Tensor):
+        return 0
+    return 0 if t.is_inference() else t._version  # inference tensors have no counter
+
+
+def leaves_made_inside(outs: Sequence[Any], args: Sequence[Any]) -> tuple[bool, ...]:
+    """Per output: whether it is a leaf requiring grad made inside the function
+    (`requires_grad_()`, `torch.ones(..., requires_grad=True)`). Such outputs are supported;
+    a value computed from one is not: the compiled graph has no node whose gradient
+    reaches it."""
+    if _reaches_leaves_made_inside(list(outs) + list(args), args):
+        raise NotImplementedError(
+            "aotgrad: the function computes a value from a tensor that it made require grad "
+            "(requires_grad_() or requires_grad=True on a tensor that is not an input); its "
+            "gradient cannot be followed. Create that tensor outside and pass it in.")
+    inputs = {id(a) for a in args}
+    return tuple(_requires_grad(o) and id(o) not in inputs and o.is_leaf for o in outs)
+
+
+def _with_made_leaves(infos: tuple[OutputInfo, ...], outs: Sequence[Any],
+                      made_leaves: Sequence[bool]) -> tuple[OutputInfo, ...]:
+    marked = []
+    for info, o, made in zip(infos, outs, made_leaves):
+        if made and info.kind is OutputKind.PLAIN and subclasses.is_subclass(o):
+            raise NotImplementedError(
+                "aotgrad: the function returns a tensor subclass made inside from tensors "
+                "that require grad (in eager a new leaf tensor that requires grad, cut from "
+                "them); build it outside the compiled function.")
+        made = made and info.kind in _MADE_LEAF_KINDS
+        marked.append(dataclasses.replace(info, made_leaf=True) if made else info)
+    return tuple(marked)
+
+
+_MADE_LEAF_KINDS = frozenset({OutputKind.PLAIN, OutputKind.VIEW_OF_INPUT,
+                              OutputKind.VIEW_OF_INTERMEDIATE, OutputKind.VIEW_OF_OUTPUT})
+
+
+def _reaches_leaves_made_inside(values: Sequence[Any], args: Sequence[Any]) -> bool:
+    """Whether the autograd graph of `values` accumulates into a leaf other than `args`."""
+    inputs = {id(a) for a in args}
+    stack = [v.grad_fn for v in values if isinstance(v, torch.Tensor) and v.grad_fn is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable") and id(node.variable) not in inputs:  # AccumulateGrad
+            return True
+        stack.extend(f for f, _ in node.next_functions)
+    return False
+
+
+@contextlib.contextmanager
+def _explain_data_dependence():
+    """Data-dependent values cannot be traced with fake tensors; say what to do instead."""
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        raise NotImplementedError(
+            f"aotgrad: {e.func} produces a value that depends on tensor data (.item(), "
+            "nonzero, boolean masks...), which ahead-of-time tracing cannot see. Move it out "
+            "of the compiled function, or use torch.compile(backend='aotgrad'), which splits "
+            "the function around it.") from e
+
+
+@contextlib.contextmanager
+def _explain_opaque_subclass():
+    """`x.as_subclass(C)` inside the function hides the tensor from functionalization, which
+    then fails with an error that does not say why."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "FunctionalTensor on its own" not in str(e):
+            raise
+        raise NotImplementedError(
+            "aotgrad: the function made a tensor that tracing cannot follow, most likely a "
+            "tensor subclass that is not a traceable wrapper subclass (x.as_subclass(C) with "
+            "C lacking __tensor_flatten__/__tensor_unflatten__). Make C a traceable wrapper "
+            "subclass, or build it outside the compiled function.") from e
+
+
+def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Sequence = ()):
+    """Each output's kind, and the intermediate bases the graph must return as well."""
+    input_index = {id(a): i for i, a in enumerate(f_args)}
+    input_index.update((id(t), i) for t, i in aliases)
+    first_seen: dict[int, int] = {}
+    plain_index: dict[int, int] = {}
+    for i, o in enumerate(outs):
+        first_seen.setdefault(id(o), i)
+        if isinstance(o, torch.Tensor) and id(o) not in input_index and not _is_alias(o):
+            plain_index.setdefault(id(o), i)
+    bases: list[torch.Tensor] = []
+    base_index: dict[int, int] = {}
+    infos = []
+    for i, o in enumerate(outs):
+        if is_size(o):  # symbolic: computed by the graph, like a tensor
+            infos.append(OutputInfo(OutputKind.PLAIN, None, False))
+        elif not isinstance(o, torch.Tensor):
+            infos.append(OutputInfo(OutputKind.CONSTANT, None, False, constant=o))
+        elif first_seen[id(o)] != i:
+            infos.append(OutputInfo(OutputKind.SAME_AS_OUTPUT, first_seen[id(o)], o.requires_grad))
+        elif id(o) in input_index:
+            infos.append(OutputInfo(OutputKind.INPUT, input_index[id(o)], o.requires_grad))
+        elif not _is_alias(o):
+            infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad))
+        else:
+            kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
+            infos.append(_view_info(o, kind, source))
+    return tuple(infos), len(bases)
+
+
+def _is_alias(o: torch.Tensor) -> bool:
+    """A view the runtime may rebuild from its base: one whose gradient flows to the base
+    through view ops alone. A custom Function that returns its input (or a view of it) makes
+    a view whose gradient is the Function's own backward (autograd marks it, and views of
+    it, as made in a custom Function): the graph computes it instead, and returns it from
+    the compiled node, which (as eager's Function) makes it a view again. (Reading grad_fn
+    instead would regenerate a view whose base was mutated, outside the functional mode.)"""
+    return o._is_view() and _creation_meta(o) != _IN_CUSTOM_FUNCTION
+
+
+_creation_meta = torch._C._autograd._get_creation_meta
+_IN_CUSTOM_FUNCTION = torch._C._autograd.CreationMeta.IN_CUSTOM_FUNCTION
+
+
+def _view_source(base, input_index, plain_index, base_index, bases):
+    if id(base) in input_index:
+        return OutputKind.VIEW_OF_INPUT, input_index[id(base)]
+    if id(base) in plain_index:
+        return OutputKind.VIEW_OF_OUTPUT, plain_index[id(base)]
+    if id(base) not in base_index:
+        base_index[id(base)] = len(bases)
+        bases.append(base)
+    return OutputKind.VIEW_OF_INTERMEDIATE, base_index[id(base)]
+
+
+def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
+    return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, o._view_func_unsafe)
+
+
+def _check_leaf_mutations(info: FunctionInfo) -> None:
+    """Eager refuses in-place changes to a leaf that requires grad; so do we."""
+    if not info.grad_enabled:
+        return
+    for x in info.inputs:
+        if x.mutated and x.is_leaf and x.requires_grad and not x.mutation_hidden_from_autograd:
+            raise RuntimeError(
+                "a leaf Variable that requires grad is being used in an in-place operation.")
+
+
+def regenerate_view(out: OutputInfo, base: torch.Tensor,
+                    concrete: Callable[[Any], Any] | None = None) -> torch.Tensor:
+    """Rebuild an aliased output from its base at run time, so that `_base`, `grad_fn` and
+    later in-place use behave as in eager. With symbolic sizes, `concrete` gives their values
+    in this call."""
+    with torch.set_grad_enabled(out.requires_grad and torch.is_grad_enabled()):
+        if out.replay is not None:
+            view = out.replay(base) if concrete is None else out.replay(
+                base, symint_visitor_fn=concrete)
+            if view is not None:
+                return view
+        size, stride, offset = out.geometry if concrete is None else concrete(out.geometry)
+        if base.dtype != out.dtype:
+            base = base.view(out.dtype)
+        return base.as_strided(size, stride, offset)

@@ -1,0 +1,357 @@
+"""Stage 1, capture: from a user call to a flat function of tensors, and fake inputs for it.
+
+The user calls `fn(*args, **kwargs)` with arbitrary pytrees. Capture decides which flat
+leaves are graph inputs (tensors, each distinct tensor once, and Dynamo's symbolic sizes)
+and which are constants of the trace (everything else), and makes the fake tensors that
+every later stage traces with: with symbolic sizes when compiling for dynamic shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor
+
+from ..semantics import subclasses
+from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
+from ..semantics.effects import CheckingFunctionalMode, refuse_effectful_op
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """Where each flat argument of a call comes from when the graph runs.
+
+    `graph_input[i]` is the graph input that flat argument i is, or None when the argument is
+    a constant baked into the trace (`constants[i]`). A tensor passed twice maps both
+    positions to one graph input, so the graph sees the aliasing that eager sees.
+    """
+
+    in_spec: pytree.TreeSpec
+    graph_input: tuple[int | None, ...]
+    constants: tuple[Any, ...]
+    first_position: tuple[int, ...]  # flat position of each graph input
+
+    @property
+    def num_graph_inputs(self) -> int:
+        return len(self.first_position)
+
+    def graph_inputs(self, flat_args: Sequence[Any]) -> list[torch.Tensor]:
+        return [flat_args[p] for p in self.first_position]
+
+    def graph_positions(self, flat_positions: Sequence[int]) -> tuple[int, ...]:
+        """The graph inputs that are the flat arguments at `flat_positions`, in order."""
+        wanted = set(flat_positions)
+        return tuple(g for g, p in enumerate(self.first_position) if p in wanted)
+
+    def placeholder_labels(self, gm: torch.fx.GraphModule, labels: Sequence[str]
+                           ) -> dict[str, str]:
+        """Placeholder name -> `labels` of its flat argument, where the placeholders are the
+        graph inputs one for one (not so after a subclass split or a merge of aliased inputs)."""
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        if len(placeholders) != self.num_graph_inputs:
+            return {}
+        return {node.name: labels[p] for node, p in zip(placeholders, self.first_position)
+                if labels[p]}
+
+    def rebuild(self, graph_inputs: Sequence[Any]) -> list[Any]:
+        """The flat argument list, from graph inputs plus the baked constants."""
+        return [
+            self.constants[i] if g is None else graph_inputs[g]
+            for i, g in enumerate(self.graph_input)
+        ]
+
+
+def layout_call(flat_args: Sequence[Any], in_spec: pytree.TreeSpec) -> CallLayout:
+    first: dict[int, int] = {}
+    graph_input: list[int | None] = []
+    for a in flat_args:
+        if isinstance(a, torch.Tensor) or is_size(a):
+            graph_input.append(first.setdefault(id(a), len(first)))
+        else:
+            graph_input.append(None)
+    constants = tuple(None if g is not None else a for a, g in zip(flat_args, graph_input))
+    return CallLayout(in_spec, tuple(graph_input), constants, tuple(_first_positions(graph_input)))
+
+
+def _first_positions(graph_input: Sequence[int | None]) -> list[int]:
+    seen: dict[int, int] = {}
+    for pos, g in enumerate(graph_input):
+        if g is not None:
+            seen.setdefault(g, pos)
+    return [seen[g] for g in range(len(seen))]
+
+
+def flatten(tree) -> tuple[list, pytree.TreeSpec]:
+    """Pytree leaves, with `torch.Size` a leaf (pytree would make it a plain tuple)."""
+    return pytree.tree_flatten(tree, is_leaf=lambda v: isinstance(v, torch.Size))
+
+
+def input_labels(fn: Callable, in_spec: pytree.TreeSpec, leading: Sequence[str] = ()
+                 ) -> list[str]:
+    """A readable name per flat argument, for reports: the leading ones as given (a module's
+    state), the others by the argument of `fn` they come from (`x`, `batch['ids']`,
+    `args[2]`); "" where unknown."""
+    labels = [*leading, *[""] * (in_spec.num_leaves - len(leading))]
+    try:
+        args, kwargs = pytree.tree_unflatten(list(range(in_spec.num_leaves)), in_spec)
+        names, rest = _positional_names(fn)
+        for i, arg in enumerate(args[len(leading):]):
+            _label(arg, names[i] if i < len(names) else f"{rest}[{i - len(names)}]", labels)
+        for key, arg in kwargs.items():
+            _label(arg, key, labels)
+    except (TypeError, ValueError):  # an input type pytree has no key paths for
+        pass
+    return labels
+
+
+def _positional_names(fn: Callable) -> tuple[list[str], str]:
+    """The names of `fn`'s positional parameters, and of its `*args` ("args" if none)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return [], "args"
+    rest = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "args")
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)], rest
+
+
+def _label(tree: Any, name: str, labels: list[str]) -> None:
+    for path, position in pytree.tree_flatten_with_path(tree)[0]:
+        labels[position] = name + pytree.keystr(path)
+
+
+class OutputBox:
+    """Receives the output tree spec of the user function the first time it runs."""
+
+    spec: pytree.TreeSpec | None = None
+    # (tensor, graph input index): tensors made inside the function that stand for an input
+    # (the views `aliasing` regenerates aliased inputs as).
+    input_aliases: Sequence[tuple[torch.Tensor, int]] = ()
+
+
+def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
+    """`fn` as a function of the graph inputs only, returning a flat list of leaves."""
+    fn = node_by_node(fn)
+
+    def graph_fn(*graph_inputs):
+        args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
+        flat_out, box.spec = flatten(fn(*args, **kwargs))
+        return flat_out
+
+    return graph_fn
+
+
+# ---- fake inputs -------------------------------------------------------------------------
+
+def fake_mode_for(graph_inputs: Sequence[torch.Tensor], dynamic: bool = False) -> FakeTensorMode:
+    """Reuse the caller's fake mode (Dynamo's inputs are fake already), else a fresh one,
+    with a ShapeEnv for symbolic sizes when `dynamic`."""
+    mode = detect_fake_mode(graph_inputs)
+    if mode is not None:
+        return mode
+    # Real tensors the function closes over become constants of the graph (analysis refuses
+    # those that require grad: their gradient would be lost).
+    return symbolic_fake_mode() if dynamic else FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_inputs(mode: FakeTensorMode, graph_inputs: Sequence[Any], dynamic: bool = False,
+                static: Collection[int] = ()) -> list[Any]:
+    """Fresh fake tensors with the inputs' metadata; tracing may mutate them freely.
+    A subclass input becomes the same subclass around fresh fake inner tensors. With
+    `dynamic`, real tensors get symbolic sizes, except those at the positions `static`
+    (parameters and buffers, whose sizes do not change); Dynamo's fakes keep theirs, and its
+    symbolic sizes (graph inputs too) are used as they are."""
+    for i, t in enumerate(graph_inputs):
+        if not is_size(t):
+            subclasses.check_supported(t, f"graph input {i}")
+    return [_fake_input(mode, t, i, dynamic and i not in static)
+            for i, t in enumerate(graph_inputs)]
+
+
+def _fake_input(mode: FakeTensorMode, t: Any, index: int, dynamic: bool) -> Any:
+    if is_size(t):
+        return t
+    if dynamic and not isinstance(t, FakeTensor):
+        if subclasses.is_subclass(t):
+            raise DynamicShapesUnsupported(
+                "aotgrad: tensor subclass inputs are compiled for static shapes only.")
+        return symbolic_fake(mode, t, index)
+    return _fresh_fake(mode, t)
+
+
+def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    if subclasses.is_subclass(t):  # inner tensors never require grad: the subclass does
+        fake = subclasses.map_plain(t, lambda inner: _fresh_fake(mode, inner.detach()))
+        return fake.requires_grad_(t.requires_grad)
+    with mode:
+        fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    # A number Dynamo passes as a 0-d tensor (a float made dynamic) knows its symbolic value,
+    # which its graph reads with .item().
+    if getattr(t, "item_memo", None) is not None:
+        fake.item_memo = t.item_memo
+    return fake.requires_grad_(t.requires_grad)
+
+
+# ---- functional execution ----------------------------------------------------------------
+
+@contextlib.contextmanager
+def functional_mode():
+    """Run the user function functionalized: mutations and views become out-of-place ops,
+    and error checks stay as they are (effects.py).
+
+    The caller's saved-tensor hooks (save_on_cpu, ...) are for the values the compiled
+    forward saves at run time, not for the fake values tracing saves: identity hooks
+    shadow them meanwhile. They check the version counter as autograd does without hooks:
+    a saved view must not be read after a mutation through an alias, whose new value
+    functionalization would hand out instead of raising as eager does."""
+    mode = CheckingFunctionalMode()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack), mode:
+            yield mode
+    except AssertionError as e:
+        if "Could not find a token for effect" not in str(e):
+            raise
+        raise refuse_effectful_op(e) from e
+    except RuntimeError as e:
+        if "Attempted to set the storage of a tensor" not in str(e):
+            raise
+        raise NotImplementedError(
+            "aotgrad: tracing lost a tensor's storage, as PyTorch's functionalization does "
+            "when a view of a tensor grown by resize_() inside the function is taken, or on "
+            f"set_() to a storage rather than a tensor ({e}). Resize the tensor before "
+            "calling the compiled function; set_() it to a tensor (x.set_(y)).") from e
+
+
+@contextlib.contextmanager
+def compiled_autograd_off():
+    """Differentiate with autograd's own engine while tracing. Under torch's compiled
+    autograd, every backward, the `torch.autograd.grad` a trace runs on fake tensors
+    included, would be captured and compiled again (torch's AOTAutograd turns it off too).
+    Through the C++ binding: aotgrad does not use torch's Python compiled-autograd module."""
+    bindings = getattr(torch._C._dynamo, "compiled_autograd", None)
+    if bindings is None:  # no compiled autograd in this build
+        yield
+        return
+    compiler, dynamic = bindings.set_autograd_compiler(None, False)
+    try:
+        yield
+    finally:
+        bindings.set_autograd_compiler(compiler, dynamic)
+
+
+def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    return t, None if t.is_inference() else t._version
+
+
+def _unpack(saved: tuple[torch.Tensor, int | None]) -> torch.Tensor:
+    t, version = saved
+    if version is not None and t._version != version:
+        raise StaleSavedValue(t, version)
+    return t
+
+
+class StaleSavedValue(RuntimeError):
+    """A value saved for the backward was modified in place before the backward read it
+    (eager raises at that backward: stale.py)."""
+
+    def __init__(self, t: torch.Tensor, saved_version: int):
+        super().__init__(
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: a tensor of shape {list(t.shape)} is at version {t._version}; "
+            f"expected version {saved_version} instead.")
+        self.tensor, self.saved_version = t, saved_version
+
+
+def to_functional(args: Sequence[Any]) -> list[Any]:
+    """Wrap tensors (a subclass's inner tensors); must run inside `functional_mode()`."""
+    return [_to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _to_functional(t: torch.Tensor) -> torch.Tensor:
+    if not subclasses.is_subclass(t):
+        return FunctionalTensor.to_functional(t)
+    out = subclasses.map_plain(t, FunctionalTensor.to_functional)
+    torch._mirror_autograd_meta_to(t, out)  # requires_grad, as to_functional does
+    return out
+
+
+def from_functional(t: Any) -> Any:
+    if subclasses.is_subclass(t):
+        return subclasses.map_plain(t, from_functional)
+    return t.from_functional() if isinstance(t, FunctionalTensor) else t
+
+
+def node_by_node(fn: Callable) -> Callable:
+    """A graph module (Dynamo's) run one node at a time, as the current node while its ops
+    are traced: the ATen nodes then carry its `stack_trace`, `nn_module_stack` and
+    `source_fn_stack`, which point backends' messages and profiles at the user's code.
+    Other callables as they are."""
+    if not isinstance(fn, torch.fx.GraphModule):
+        return fn
+
+    def run(*args):
+        return _NodeByNode(fn).run(*args)
+
+    run.__name__ = type(fn).__name__
+    return run
+
+
+@dataclass(frozen=True)
+class ModuleState:
+    """A module's parameters, then its buffers, each distinct tensor once: the graph inputs
+    every front door (api, compat, export) lifts them into, in this order, by these names."""
+
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.params, *self.buffers]
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.params.values(), *self.buffers.values()]
+
+
+def lift_state(module: torch.nn.Module) -> ModuleState:
+    return ModuleState(dict(module.named_parameters()), dict(module.named_buffers()))
+
+
+def call_with_state(module: torch.nn.Module, names: Sequence[str],
+                    user_spec: pytree.TreeSpec) -> Callable:
+    """`forward(*state, *flat user arguments)`: `module(*args, **kwargs)` with its parameters
+    and buffers replaced by the state, the arguments unflattened by `user_spec`."""
+    def forward(*flat):
+        state = dict(zip(names, flat[:len(names)]))
+        user_args, user_kwargs = pytree.tree_unflatten(list(flat[len(names):]), user_spec)
+        return torch.func.functional_call(module, state, tuple(user_args), user_kwargs)
+    return forward
+
+
+def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
+    """`module(*args)` with its parameters and buffers replaced by `state`; a graph module
+    node by node (`node_by_node`)."""
+    if not isinstance(module, torch.fx.GraphModule):
+        return torch.func.functional_call(module, state, args)
+    from torch.nn.utils.stateless import _reparametrize_module
+    with _reparametrize_module(module, state):
+        return node_by_node(module)(*args)
+
+
+class _NodeByNode(torch.fx.Interpreter):
+    """Calls `torch._C._autograd._get_data_attr` (Dynamo's `.data`) by its name, as the
+    graph's own code does: a double backward's trace replaces it to see `.data` reads."""
+
+    def call_function(self, target, args, kwargs):
+        if target is _GET_DATA_ATTR:
+            target = torch._C._autograd._get_data_attr
+        return super().call_function(target, args, kwargs)
+
+
+_GET_DATA_ATTR = torch._C._autograd._get_data_attr

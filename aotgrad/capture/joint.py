@@ -1,0 +1,450 @@
+"""Stage 3, tracing: one functional graph of ATen ops, for inference or forward+backward.
+
+Both graphs return, in order: the new values of data-mutated inputs, the plain user outputs,
+the intermediate bases of aliased outputs (see `FunctionInfo`). The joint graph then returns
+one gradient (or None) per input, then the new values of the inputs its backward writes
+into (`BACKWARD_WRITES`). Placeholders are named `primals_N` and `tangents_N`, as
+compilers written for functorch's compile API expect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, Mapping, Sequence
+
+import torch
+import torch.fx.traceback as fx_traceback
+import torch.utils.checkpoint as checkpoint_module
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..semantics import subclasses
+from .analysis import graph_outputs, unseen_writes
+from ..schema import BACKWARD_WRITES, JOINT_FW_OUTPUTS, OVERWRITTEN, TRACED_OUTPUTS, FunctionInfo
+from .inputs import compiled_autograd_off, from_functional, functional_mode, to_functional
+from ..semantics.dynamic import is_symbolic
+from ..semantics.effects import BACKWARD
+from ..tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
+
+aten = torch.ops.aten
+
+
+
+def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
+                    fake_mode: FakeTensorMode, decompositions: Mapping | None,
+                    keep_input_mutations: bool = False) -> torch.fx.GraphModule:
+    """Trace the forward alone. With `keep_input_mutations`, the graph itself copies new
+    values into the mutated inputs (`copy_`), and returns the updated inputs."""
+    in_graph = {i: k for k, i in enumerate(info.data_mutated_inputs)
+                if keep_input_mutations and i in info.inference_mutations_in_graph}
+
+    def inference(primals):
+        with functional_mode():
+            f_primals = to_functional(primals)
+            outs = graph_outputs(info, *_call(graph_fn, f_primals))
+            refuse_unseen_writes(info, f_primals)
+        outs = [from_functional(o) for o in outs]
+        # The output is then the updated input itself. No gradient flows through an
+        # inference graph: a leaf that requires grad (mutated under no_grad) may be written.
+        with torch.no_grad():
+            for i, k in in_graph.items():
+                outs[k] = primals[i].copy_(outs[k])
+        return outs
+
+    return trace(inference, (list(fake_args),), fake_mode, decompositions)
+
+
+def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
+                fake_mode: FakeTensorMode, decompositions: Mapping | None) -> torch.fx.GraphModule:
+    """Trace forward plus `torch.autograd.grad` of the differentiable outputs."""
+    in_graph = {i: k for k, i in enumerate(info.data_mutated_inputs)
+                if i in info.mutations_in_graph}
+
+    written: list[tuple[int, int]] = []  # (input, eager's in-place ops on it) per backward write
+
+    def joint(primals, tangents):
+        with functional_mode() as mode:
+            f_primals, f_tangents = to_functional(primals), to_functional(tangents)
+            args = mutable_copies(info, f_primals)
+            outs = graph_outputs(info, *_call(graph_fn, args))
+            refuse_unseen_writes(info, f_primals)
+            # The forward's values as they are now: the backward may write into them after.
+            fw_values = [from_functional(o) for o in outs]
+            before = [current_values(v) for v in args + outs]
+            counts = mutation_counts(args)
+            mode.phase = BACKWARD
+            grads = input_grads(outs, info.gets_tangent, f_primals, f_tangents)
+            changed = backward_writes(info, args, outs, before)
+            written[:] = zip(changed, _bumps(changed, args, counts))
+        new_values = [args[i] for i, _ in written]
+        outs = fw_values + [from_functional(v) for v in grads + new_values]
+        for i, k in in_graph.items():  # the forward output is then the updated input itself
+            outs[k] = primals[i].copy_(outs[k])
+        return outs
+
+    tangents = fake_tangents(info, fake_mode)
+    gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
+    gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
+    gm.meta[BACKWARD_WRITES] = tuple(written)
+    mark_overwritten_inputs(gm, info, fake_args)
+    return gm
+
+
+def refuse_unseen_writes(info: FunctionInfo, f_primals: Sequence) -> None:
+    """The analysis runs without the python dispatcher (it doubles its time), the trace with
+    it: an op whose declared form only the dispatcher's decompositions show writes an input
+    here that the analysis saw unchanged. The graph would drop that write: raise instead."""
+    unseen = unseen_writes(info, f_primals)
+    if unseen:
+        raise NotImplementedError(
+            f"aotgrad: an op writes into input {unseen[0]} without its schema saying so, and "
+            "only its decomposition shows it: the compiled function would not update the "
+            "input. Add the op with its declared form to aotgrad.tables.UNMARKED_MUTATIONS, "
+            "or make its schema mark the write (Tensor(a!)).")
+
+
+def current_values(value) -> tuple:
+    """What the functional tensor(s) of `value` stand for now: a write replaces them."""
+    if not isinstance(value, torch.Tensor):
+        return ()
+    parts = subclasses.unwrap(value)
+    for t in parts:
+        torch._sync(t)
+    return tuple(torch._from_functional_tensor(t.elem) for t in parts)
+
+
+def mutation_counts(args: Sequence) -> list[int]:
+    """In-place ops applied to each functional argument so far (0 for others)."""
+    return [_mutation_count(a) for a in args]
+
+
+def _mutation_count(a) -> int:
+    count = getattr(torch, "_functionalize_mutation_counter", None)  # newer torch only
+    if count is None or not isinstance(a, FunctionalTensor):
+        return 0
+    return count(a.elem)
+
+
+def _bumps(changed: Sequence[int], args: Sequence, before: Sequence[int]) -> list[int]:
+    """How far eager's version counter moves for each write: one per in-place op (one when
+    the count is unknown)."""
+    return [max(1, _mutation_count(args[i]) - before[i]) for i in changed]
+
+
+def backward_writes(info: FunctionInfo, args: Sequence, outs: Sequence,
+                    before: Sequence[tuple]) -> list[int]:
+    """The inputs the backward writes into (a custom Function's backward zeroing a tensor
+    saved on ctx): eager changes the caller's tensor when the backward runs, so the backward
+    graph returns their new values after the gradients, for the runtime to copy in. `args`
+    are the tensors the function saw (a forward-mutated input's copy), `before` what they
+    and the forward's outputs stood for when the forward ended. Refuses the writes the
+    runtime could not apply."""
+    changed = [k for k, v in enumerate(list(args) + list(outs))
+               if any(a is not b for a, b in zip(current_values(v), before[k]))]
+    written = [k for k in changed if k < len(args)]
+    returned = _returned_as_is(info)
+    if any(k - len(args) in returned for k in changed if k >= len(args)):
+        raise NotImplementedError(
+            "aotgrad: the backward writes in place into a tensor the function returns (a "
+            "custom autograd.Function's backward modifying a tensor it saved on ctx), which "
+            "eager shows in the returned tensor after the backward. Save a copy in the "
+            "Function (ctx.save_for_backward(t.clone())).")
+    for i in written:
+        _refuse_backward_write(i, args[i], info)
+    return written
+
+
+def _returned_as_is(info: FunctionInfo) -> set[int]:
+    """Graph outputs the caller gets as they are (not rebuilt from inputs by the runtime)."""
+    first = info.first_user_output
+    return set(range(first, info.num_graph_outputs)) - set(info.rebuilt_outputs)
+
+
+def _refuse_backward_write(i: int, arg: torch.Tensor, info: FunctionInfo) -> None:
+    if subclasses.is_subclass(arg):
+        why = "a tensor subclass input (its inner tensors are not copied back)"
+    elif not info.inputs[i].mutated and torch._functionalize_has_metadata_mutation(arg.elem):
+        why = "a change of its shape or strides"
+    else:
+        return
+    raise NotImplementedError(
+        f"aotgrad: the backward mutates input {i} in place (e.g. a custom autograd.Function's "
+        f"backward writing into a tensor saved on ctx), through {why}, which the compiled "
+        "backward cannot apply to the caller's tensor. Save a copy (ctx.save_for_backward("
+        "t.clone())) or make that change outside the compiled function.")
+
+
+def fake_tangents(info: FunctionInfo, fake_mode: FakeTensorMode) -> list[torch.Tensor]:
+    """One fake gradient per differentiable graph output."""
+    with fake_mode:
+        return [_tangent(m) for m, d in zip(info.graph_output_metas, info.gets_tangent) if d]
+
+
+def _tangent(meta) -> torch.Tensor:
+    if meta.subclass is not None:  # the gradient of a subclass output is one too
+        return subclasses.empty(meta.subclass)
+    return torch.empty(meta.shape, dtype=meta.dtype, device=meta.device)
+
+
+def num_forward_outputs(gm: torch.fx.GraphModule, info: FunctionInfo) -> int:
+    """How many of the graph's (plain) outputs are the forward's."""
+    return subclasses.num_plain(gm.meta[TRACED_OUTPUTS][:info.num_graph_outputs])
+
+
+def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo,
+                            fake_args: Sequence[torch.Tensor]) -> None:
+    """Tag the primals the runtime overwrites after the forward: a partitioner must not
+    save them for the backward (their clone holds the value the backward needs). A
+    subclass input is overwritten through each of its plain primals."""
+    primals = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    # set_() gives the input other memory, and a resize frees or reallocates it, after the
+    # forward: as good as overwritten.
+    mutated = [x.mutated or x.storage_swap is not None or x.storage_bytes is not None
+               for x, a in zip(info.inputs, fake_args)
+               for _ in subclasses.unwrap(a)]
+    for node, flag in zip(primals, mutated):
+        node.meta[OVERWRITTEN] = flag
+
+
+def snapshot_overwritten_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Make every read of an input the runtime overwrites go through one copy of it.
+
+    The trace reads such inputs through a clone; a backend's passes may drop that clone as a
+    no-op and read the input itself, which the partitioner then can neither save (the
+    runtime overwrites it) nor recompute from. A fresh clone restores the snapshot. Reads of
+    its sizes and strides stay on the input: an overwrite keeps them, and the forward can
+    save them (through a clone only the backward reads, the backward would need the input)."""
+    graph = gm.graph
+    for node in [n for n in graph.nodes if n.op == "placeholder" and n.meta.get(OVERWRITTEN)]:
+        readers = [u for u in node.users if not _snapshots_or_writes(u, node)]
+        if not readers:
+            continue
+        with graph.inserting_after(node):
+            snapshot = graph.call_function(torch.ops.aten.clone.default, (node,))
+        snapshot.meta["val"] = node.meta["val"]
+        for user in readers:
+            user.replace_input_with(node, snapshot)
+    graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _snapshots_or_writes(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """A clone of `node`, the graph's own copy of a new value into it, or a read of its
+    geometry."""
+    return user.target in (torch.ops.aten.clone.default, *GEOMETRY_READS) or (
+        user.target in ALLOWED_INPUT_MUTATIONS and user.args[0] is node)
+
+
+GEOMETRY_READS = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                  torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default)
+
+
+def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
+                     fake_mode: FakeTensorMode, decompositions: Mapping | None,
+                     loss_output: int, wrt: Sequence[int]) -> torch.fx.GraphModule:
+    """Forward plus the gradients of one scalar user output, seeded with 1 (no tangents),
+    with respect to the inputs `wrt`: the joint graph that export hands out."""
+    def loss_joint(primals):
+        with functional_mode() as mode:
+            f_primals = to_functional(primals)
+            args, outs = _call(graph_fn, mutable_copies(info, f_primals))
+            refuse_unseen_writes(info, f_primals)
+            before = [current_values(v) for v in args]
+            mode.phase = BACKWARD
+            grads = torch.autograd.grad(outs[loss_output], [f_primals[i] for i in wrt],
+                                        allow_unused=True)
+            refuse_exported_backward_writes(backward_writes(info, args, (), before))
+            values = graph_outputs(info, args, outs) + list(grads)
+        return [from_functional(v) for v in values]
+
+    gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions)
+    gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
+    return gm
+
+
+def exported_backward_writes(gm: torch.fx.GraphModule) -> list[int]:
+    """The inputs the backward of a joint graph from `trace_joint` writes into."""
+    return [i for i, _ in gm.meta.get(BACKWARD_WRITES, ())]
+
+
+def refuse_exported_backward_writes(written: Sequence[int]) -> None:
+    """An exported joint graph has no place for the inputs its backward writes into."""
+    if written:
+        raise NotImplementedError(
+            f"aotgrad: the backward mutates input {written[0]} in place (e.g. a custom "
+            "autograd.Function's backward writing into a tensor saved on ctx), which an "
+            "exported joint graph cannot return. Save a copy in the Function "
+            "(ctx.save_for_backward(t.clone())), or compile with aotgrad.compile.")
+
+
+def mutable_copies(info: FunctionInfo, f_primals: list) -> list:
+    """Mutate copies: each primal stays intact as the leaf gradients are taken for, and no
+    saved-for-backward value is an input that the runtime later overwrites."""
+    return [p.clone() if x.mutated else p for p, x in zip(f_primals, info.inputs)]
+
+
+def _call(graph_fn: Callable, args: list) -> tuple[list, list]:
+    return args, graph_fn(*args)
+
+
+def input_grads(outs, differentiable, primals, tangents, create_graph: bool = False) -> list:
+    """One gradient (or None) per primal, of the differentiable outputs weighted by tangents."""
+    diff_outs = [o for o, d in zip(outs, differentiable) if d]
+    follow_forward_nodes(diff_outs)
+    needs_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]  # not sizes
+    wrt = [p for p, n in zip(primals, needs_grad) if n]
+    grads = iter(torch.autograd.grad(diff_outs, wrt, tangents, allow_unused=True,
+                                     create_graph=create_graph) if wrt and diff_outs else ())
+    return [next(grads, None) if n else None for n in needs_grad]
+
+
+def follow_forward_nodes(outputs: Sequence) -> None:
+    """While autograd runs a node's backward, the ops it traces take the sequence number
+    of the forward op that made the node (`seq_nr`), as torch's trace does: so that
+    `copy_forward_stack_traces` can point them at the user's code."""
+    set_seq_nr = getattr(fx_traceback, "set_grad_fn_seq_nr", None)
+    reset_seq_nr = getattr(fx_traceback, "reset_grad_fn_seq_nr", None)
+    if set_seq_nr is None or reset_seq_nr is None:  # an older torch: no stack traces
+        return
+    for node in _autograd_nodes(outputs):
+        seq = node._sequence_nr()
+        node.register_prehook(lambda grads, seq=seq: set_seq_nr(seq))
+        node.register_hook(lambda grad_inputs, grad_outputs: reset_seq_nr())
+
+
+def _autograd_nodes(outputs: Sequence) -> list:
+    roots = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn]
+    seen, todo = set(roots), list(roots)
+    while todo:
+        node = todo.pop()
+        for child, _ in node.next_functions:
+            if child is not None and child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return list(seen)
+
+
+def copy_forward_stack_traces(gm: torch.fx.GraphModule) -> None:
+    """Give each node without a stack trace that of the first node of its `seq_nr`: a
+    backward op that of the forward op it differentiates."""
+    first: dict[int, str] = {}
+    for node in gm.graph.nodes:
+        seq = node.meta.get("seq_nr")
+        if seq is None:
+            continue
+        trace = node.meta.get("stack_trace")
+        if trace:
+            first.setdefault(seq, trace)
+        elif seq in first:
+            node.meta["stack_trace"] = first[seq]
+
+
+def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
+          decompositions: Mapping | None) -> torch.fx.GraphModule:
+    # The graph holds plain tensors only: subclass arguments are split into their inner
+    # tensors here and rebuilt inside, so that their __torch_dispatch__ is traced through.
+    plain_fn, plain_args, traced_outputs = subclasses.plain_function(fn, args)
+    # Selective checkpointing needs the python dispatcher: without it, a random op in a
+    # checkpointed region fails SAC's cache checks. (Its cost is within noise here.)
+    # Preserving node metadata carries each op's checkpoint policy onto its nodes (torch 2.11
+    # tags them only this way) and the ATen op each node came from (Inductor names kernels
+    # after it).
+    # The code of the graph is generated when first read or run: the joint graph is only
+    # partitioned, and its code was generated three times over.
+    with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective(), \
+            fx_traceback.preserve_node_meta(), _lazy_graph_modules(), compiled_autograd_off():
+        gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
+    gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
+    copy_forward_stack_traces(gm)
+    return cleanup(gm)
+
+
+def _lazy_graph_modules():
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:  # then the code is generated at once
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
+
+
+@contextlib.contextmanager
+def plain_checkpoints_as_selective():
+    """Trace plain non-reentrant checkpoints as selective ones that prefer recomputation.
+
+    A plain checkpoint runs its region again in the backward, replaying the RNG state so
+    that dropout draws the same mask. A trace cannot replay RNG state: the second run would
+    draw a fresh mask, a silently wrong gradient. As a selective checkpoint, the region's
+    values are reused from the forward, tagged "prefer recompute", and the partitioner
+    recomputes the ones that are safe to (never random ops)."""
+    original = checkpoint_module._checkpoint_without_reentrant_generator
+
+    def generator(fn, preserve_rng_state=True, context_fn=checkpoint_module.noop_context_fn,
+                  *args, **kwargs):
+        if context_fn is checkpoint_module.noop_context_fn:
+            context_fn = functools.partial(
+                checkpoint_module.create_selective_checkpoint_contexts, _prefer_recompute)
+        yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
+        # The region's ops left their policy in the tracer's current metadata (copied onto
+        # each new node); past the region it must not tag the ops that follow.
+        for key in ("recompute", "ac_graph_id"):
+            fx_traceback.current_meta.pop(key, None)
+
+    checkpoint_module._checkpoint_without_reentrant_generator = generator
+    try:
+        yield
+    finally:
+        checkpoint_module._checkpoint_without_reentrant_generator = original
+
+
+def _prefer_recompute(ctx, op, *args, **kwargs):
+    return checkpoint_module.CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def cleanup(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Flat calling convention, no runtime no-ops, no dead code."""
+    gm.graph._codegen = torch.fx.graph.CodeGen()
+    remove_no_ops(gm.graph)
+    allocate_overwritten_clones(gm.graph)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def allocate_overwritten_clones(graph: torch.fx.Graph) -> None:
+    """A clone whose values nothing reads (an input's mutable copy, overwritten whole by
+    `copy_`) becomes an allocation: its source may have no memory (an FSDP parameter,
+    freed until the function resizes and fills it), which eager never reads either."""
+    for node in list(graph.find_nodes(op="call_function", target=aten.clone.default)):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or is_symbolic(val) or not node.users or any(
+                not _reads_only_geometry(u, node) for u in node.users):
+            continue
+        with graph.inserting_before(node):
+            empty = graph.call_function(aten.empty_strided.default, (
+                tuple(val.shape), tuple(val.stride())),
+                {"dtype": val.dtype, "device": val.device})
+        empty.meta.update(node.meta)
+        node.replace_all_uses_with(empty)
+        graph.erase_node(node)
+
+
+def _reads_only_geometry(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """The functional `copy(node, src)` takes only node's geometry, so do size reads."""
+    if user.target in GEOMETRY_READS:
+        return True
+    return user.target is aten.copy.default and user.args[0] is node and \
+        all(a is not node for a in user.args[1:])
+
+
+def remove_no_ops(graph: torch.fx.Graph) -> None:
+    """Drop ops such as `detach` that do nothing once autograd is done, except where the graph
+    returns them: there they keep an output from being the input object itself."""
+    output = graph.output_node()
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in NO_OP_AT_RUNTIME and output not in node.users:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)

@@ -1,0 +1,156 @@
+"""Stages 2 and 3 without functionalization, for functions that mutate nothing.
+
+Functionalization replaces in-place ops by out-of-place ones. A function without any (the
+training step of most models) gives it nothing to do, yet it costs about a third of a
+trace: a Python wrapper around every tensor and a mode around every op. So the analysis
+first runs the function on the fake inputs themselves, under a mode that stops at the first
+op that functionalization would have to handle (`tables.needs_functionalization`: it
+mutates, has an effect, is an error check or a higher-order op). When none comes, that run
+is the analysis, exact without functionalization: no input is mutated, an output aliases
+what its `_base` says. The graph is then traced the same way, and checked op by op after
+decompositions. Anything else (an op stopped, any exception) takes the functionalized way
+(`analysis.analyze`, `joint.trace_joint`), which raises what the user must see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import analysis, joint
+from .analysis import graph_outputs
+from ..schema import JOINT_FW_OUTPUTS, SIZE_INPUT, FunctionInfo, Geometry, InputInfo
+from .inputs import OutputBox
+from ..semantics.dynamic import geometry, is_symbolic
+from ..tables import needs_functionalization
+
+_needs_functionalization = functools.cache(needs_functionalization)
+
+
+class NeedsFunctionalization(Exception):
+    """Raised at the first op that a trace without functionalization cannot take."""
+
+
+class _StopAtImpureOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _needs_functionalization(func):
+            raise NeedsFunctionalization(str(func))  # before it runs: the fakes stay intact
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def plain_mode(checked: bool = True):
+    """`capture.functional_mode` without functionalization: every op is checked (unless
+    `checked` is False), and the caller's saved-tensor hooks are shadowed (they are for the
+    compiled forward's values)."""
+    stop = _StopAtImpureOps() if checked else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(_same, _same), stop:
+        yield
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+# ---- stage 2: analysis ----------------------------------------------------------------------
+
+def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
+            box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo | None:
+    """`analysis.analyze` for a function that mutates nothing; None for any other."""
+    requires_grad = [getattr(f, "requires_grad", False) for f in fakes]
+    geometry, held = [_geometry_of(f) for f in fakes], analysis.storages(fakes)
+    try:
+        with fake_mode, analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
+                analysis.user_code_checks():
+            outs = graph_fn(*fakes)
+    except Exception:  # noqa: BLE001 - the functionalized analysis raises it again, explained
+        _restore_requires_grad(fakes, requires_grad)
+        return None
+    if [_geometry_of(f) for f in fakes] != geometry or analysis.storages(fakes) != held:
+        return None  # .data assigned, unseen by modes: the functionalized analysis refuses it
+    if [getattr(f, "requires_grad", False) for f in fakes] != requires_grad:
+        _restore_requires_grad(fakes, requires_grad)  # requires_grad_() on an input:
+        return None  # the functionalized analysis records it on a wrapper, not on the fake
+    inputs = tuple(_input_info(f, leaf, rg) for f, leaf, rg in zip(fakes, is_leaf, requires_grad))
+    return analysis.describe(inputs, fakes, outs, box)
+
+
+def _input_info(fake: Any, is_leaf: bool, requires_grad: bool) -> InputInfo:
+    if not isinstance(fake, torch.Tensor):
+        return SIZE_INPUT
+    return InputInfo(requires_grad=requires_grad, is_leaf=is_leaf, mutates_data=False,
+                     mutates_metadata=False, mutation_hidden_from_autograd=True,
+                     version_bumps=0, final_geometry=geometry(fake))
+
+
+def _geometry_of(a: Any) -> Geometry | None:
+    return geometry(a) if isinstance(a, torch.Tensor) else None  # None: a size input
+
+
+def _restore_requires_grad(fakes: Sequence[Any], requires_grad: Sequence[bool]) -> None:
+    for f, rg in zip(fakes, requires_grad):
+        if isinstance(f, torch.Tensor) and f.is_leaf and f.requires_grad != rg:
+            f.requires_grad_(rg)
+
+
+# ---- stage 3: tracing -----------------------------------------------------------------------
+
+def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
+                fake_mode: FakeTensorMode, decompositions: Mapping | None) -> fx.GraphModule:
+    """`joint.trace_joint`, without functionalization where the trace allows it."""
+    def plain_joint(primals, tangents):
+        # The analysis ran the forward under the check already (a mode costs ~5 us an op);
+        # the backward's ops are new. The graph is checked whole after.
+        with plain_mode(checked=False):
+            outs = graph_outputs(info, primals, graph_fn(*primals))
+        with plain_mode():
+            return outs + joint.input_grads(outs, info.gets_tangent, primals, tangents)
+
+    tangents = joint.fake_tangents(info, fake_mode)
+    gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions)
+    if gm is None:
+        return joint.trace_joint(graph_fn, info, fakes, fake_mode, decompositions)
+    gm.meta[JOINT_FW_OUTPUTS] = joint.num_forward_outputs(gm, info)
+    joint.mark_overwritten_inputs(gm, info, fakes)
+    return gm
+
+
+def trace_inference(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
+                    fake_mode: FakeTensorMode, decompositions: Mapping | None,
+                    keep_input_mutations: bool = False) -> fx.GraphModule:
+    """`joint.trace_inference`, without functionalization where the trace allows it (no
+    input is mutated: `keep_input_mutations` changes nothing then)."""
+    def plain_inference(primals):
+        with plain_mode(checked=False):  # the analysis ran it under the check already
+            return graph_outputs(info, primals, graph_fn(*primals))
+
+    gm = _trace_plain(plain_inference, (list(fakes),), fake_mode, decompositions)
+    if gm is None:
+        return joint.trace_inference(graph_fn, info, fakes, fake_mode, decompositions,
+                                     keep_input_mutations)
+    return gm
+
+
+def _trace_plain(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
+                 decompositions: Mapping | None) -> fx.GraphModule | None:
+    """The graph of `fn`, or None where it needs functionalization (decompositions run below
+    the checking mode: their ops are checked in the graph)."""
+    try:
+        gm = joint.trace(fn, args, fake_mode, decompositions)
+    except Exception:  # noqa: BLE001 - the functionalized trace raises it again, explained
+        return None
+    if any(_needs_functionalization(n.target) for n in gm.graph.nodes if _is_op(n)):
+        return None
+    return gm
+
+
+def _is_op(node: fx.Node) -> bool:
+    """An ATen or higher-order op (not a getitem or an operation on sizes)."""
+    return node.op == "call_function" and isinstance(
+        node.target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator))

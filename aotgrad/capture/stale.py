@@ -1,0 +1,143 @@
+"""Saved values modified in place: eager raises when, and only when, a backward reads one.
+
+Eager runs `y = x.sin(); x.mul_(3)` and raises at `.backward()`, when sin's backward finds
+the `x` it saved at a newer version. The joint trace runs autograd while compiling, so it
+meets the error at the call instead (`capture.StaleSavedValue`, raised by the trace's
+saved-tensor hooks). Then `find_stale_outputs` runs the function once more, functionalized,
+and takes the gradient of each differentiable graph output alone: the outputs whose backward
+reads a modified value are *stale*. The joint graph is traced without them (they get no
+tangent); the compiled forward still returns them as differentiable outputs, so they require
+grad as in eager, and the backward raises eager's error when one of them receives a gradient
+(`StaleBackward.check`). A call under no_grad, or whose stale outputs take no part in a
+backward, runs as eager's does.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch._dispatch.python import enable_python_dispatcher
+
+from .analysis import graph_outputs
+from ..schema import FunctionInfo
+from .inputs import StaleSavedValue, compiled_autograd_off, functional_mode, to_functional
+from .joint import mutable_copies
+
+
+@dataclass(frozen=True)
+class StaleSaved:
+    """The saved value a stale output's backward finds modified, as eager's error names it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    input: int | None  # the input whose version counter it shares (it, or a view of it)
+    # The input itself, with the history it came in with (the trace's copy of it, never
+    # modified where autograd sees it): eager names the caller's tensor's node.
+    as_passed: bool
+    node: str | None  # the autograd node it is an output of
+    output_nr: int
+    saved_version: int  # relative to the input's version at the call, when `input` is set
+    version: int  # at the end of the forward, for a value made inside
+
+
+@dataclass(frozen=True)
+class StaleBackward:
+    """Which forward outputs are stale, and the error a backward through one raises."""
+
+    outputs: tuple[int, ...]
+    saved: StaleSaved
+
+    def hold(self, ctx, inputs: Sequence[Any]) -> None:
+        """Keep the input the saved value belongs to, and its version at the call."""
+        i = self.saved.input
+        if i is not None:
+            ctx.stale_input, ctx.stale_version = inputs[i], inputs[i]._version
+
+    def check(self, ctx, grads: Sequence[Any]) -> None:
+        if any(grads[k] is not None for k in self.outputs):
+            raise RuntimeError(_message(self.saved, ctx))
+
+
+def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[Any],
+                       fake_mode: Any) -> StaleBackward:
+    """Run the function functionalized and differentiate each differentiable graph output
+    alone; those whose backward reads a value modified in place are stale."""
+    found: dict[int, StaleSaved] = {}
+    with fake_mode, enable_python_dispatcher(), functional_mode(), compiled_autograd_off():
+        primals = to_functional(fakes)
+        args = mutable_copies(info, primals)
+        outs = graph_outputs(info, args, graph_fn(*args))
+        wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
+        for k in (k for k, d in enumerate(info.differentiable) if d):
+            try:
+                torch.autograd.grad(outs[k], wrt, torch.ones_like(outs[k]), retain_graph=True,
+                                    allow_unused=True)
+            except StaleSavedValue as e:
+                found[k] = _describe(e, args)
+    if not found:
+        raise RuntimeError("aotgrad: the joint trace found a saved value modified in place, "
+                           "but no single output's backward reads it; please report this.")
+    return StaleBackward(tuple(found), next(iter(found.values())))
+
+
+def _describe(e: StaleSavedValue, args: Sequence[Any]) -> StaleSaved:
+    t = e.tensor
+    base = t._base if t._base is not None else t
+    i = next((j for j, a in enumerate(args) if a is base), None)
+    node = None if t.grad_fn is None else t.grad_fn.name()
+    as_passed = i is not None and t is base and node == "CloneBackward0"  # mutable_copies
+    return StaleSaved(tuple(t.shape), t.dtype, t.device, i, as_passed, node, t.output_nr,
+                      e.saved_version, t._version)
+
+
+def _message(saved: StaleSaved, ctx) -> str:
+    """Eager's error for the saved value, with the caller's tensor where it is one."""
+    kind = torch.empty(0, dtype=saved.dtype, device=saved.device).type()
+    node, output_nr = saved.node, saved.output_nr
+    current, expected = saved.version, saved.saved_version
+    if saved.input is not None:  # versions (and the node) of the caller's tensor
+        t = ctx.stale_input
+        current, expected = t._version, ctx.stale_version + saved.saved_version
+        if saved.as_passed:
+            node, output_nr = t.grad_fn and t.grad_fn.name(), t.output_nr
+    where = f", which is output {output_nr} of {_eager_node_name(node)}," if node else ""
+    return (f"one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{kind} {list(saved.shape)}]{where} is at version {current}; "
+            f"expected version {expected} instead. {_eager_hint()}")
+
+
+def _eager_error() -> str:
+    x = torch.ones(1, requires_grad=True) * 1
+    y = x.sin()
+    x.add_(1)
+    try:
+        y.backward()
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def _eager_node_name(name: str) -> str:
+    return _eager_style()[0](name)
+
+
+def _eager_hint() -> str:
+    return _eager_style()[1]
+
+
+@functools.cache
+def _eager_style() -> tuple[Callable[[str], str], str]:
+    """How this torch's error names an autograd node ("AddBackward0" or "Add") and the hint
+    it ends with: learnt from eager raising it once, in a thread of its own (free of the
+    caller's grad mode and saved-tensor hooks, which would skip the check)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        message = pool.submit(_eager_error).result()
+    strip = "of AddBackward0," not in message
+    hint = message[message.index(" instead. ") + len(" instead. "):]
+    return (lambda name: re.sub(r"Backward\d*$", "", name)) if strip else (lambda n: n), hint

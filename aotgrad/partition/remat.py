@@ -1,0 +1,435 @@
+"""Rematerialization: save the fewest bytes for the backward, recomputing cheap values.
+
+The saved set is a minimum cut of the joint graph. Every forward value `v` becomes an edge
+`v.in -> v.out` whose capacity is what saving `v` costs (its buffer's bytes); data flows
+along infinite edges. The source feeds what must come from the forward (inputs, and ops
+too expensive or unsafe to recompute, per `tables.recompute_class`); the sink is the
+backward. Any cut separating them is a valid choice of saved values, and the backward
+recomputes the forward values that lie past it, each just before its first use.
+
+Activation checkpointing binds the cut. `torch.utils.checkpoint` with a selective policy
+(`create_selective_checkpoint_contexts`) tags every op of the region with
+`node.meta["recompute"]` while aotgrad traces; a MUST/PREFER_SAVE value comes from the
+forward and a MUST/PREFER_RECOMPUTE value is recomputed, except a region's outputs (which
+the code after the region may save, as eager does) and values a second run would change
+(random ops). A plain non-reentrant checkpoint recomputes its region by construction: the
+backward part of the joint graph holds the second run of the region.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from typing import Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch.utils.flop_counter import flop_registry
+from torch.utils.checkpoint import CheckpointPolicy
+
+from ..semantics.dynamic import hint
+from .flow import FlowNetwork
+from ..schema import OVERWRITTEN
+from .memory import base_of, is_tuple, tensor_bytes
+from .split import (ancestors, joint_parts, joint_roots, split_joint, with_masks,
+                        with_sizes, with_tuple_elements)
+from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE,
+                     TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
+
+SOURCE, SINK = "source", "sink"
+
+
+class Rule:
+    """What a partitioner may do with one forward value."""
+
+    INPUT = "input"  # a graph input: alive anyway, so saving it is free
+    OVERWRITTEN = "overwritten"  # an input the runtime overwrites: never saved
+    FREE = "free"  # a view or tuple element: recomputed from its base at no cost
+    CHOOSE = "choose"  # cheap: saved or recomputed, whichever the plan prefers
+    # Cheap, but recomputing it costs more than a fused pass: a reduction (it re-reads its
+    # whole input); a value a backward matmul or convolution reads with too little
+    # arithmetic to hide its recomputation (the backward would write it out again); a
+    # small value a fusible op broadcasts (recomputed once per element of the larger one);
+    # a value the backward would keep alive across a matmul (min_cut_saved_values). The
+    # min cut saves it (speed first); a memory budget may recompute it.
+    MATERIALIZED = "materialized"
+    # Expensive (a matmul or convolution, `tables.BUDGETED_KERNELS`): the min cut saves it; a
+    # memory budget below 1 may recompute it, at its arithmetic's cost (`node_cost`).
+    COSTLY = "costly"
+    SAVE = "save"  # comes from the forward: expensive, random, effectful, or policy
+    RECOMPUTE = "recompute"  # recomputed: inside a selectively checkpointed region
+
+
+CHECKPOINT_POLICY_RULES = {
+    CheckpointPolicy.MUST_SAVE: Rule.SAVE,
+    CheckpointPolicy.PREFER_SAVE: Rule.SAVE,
+    CheckpointPolicy.MUST_RECOMPUTE: Rule.RECOMPUTE,
+    CheckpointPolicy.PREFER_RECOMPUTE: Rule.RECOMPUTE,
+}
+
+
+def forward_values(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    """The values the forward computes (or may save): inputs, ancestors of its outputs,
+    the elements of its tuples, and the sizes and boolean masks the backward computes from
+    them (cheaper to save than what they are computed from)."""
+    return with_masks(_computed_forward(joint, num_fwd_outputs), joint)
+
+
+def _computed_forward(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    """The forward values but the masks: what the forward computes for its outputs."""
+    primals = joint_parts(joint, num_fwd_outputs)[0]
+    fw_roots, _ = joint_roots(joint, num_fwd_outputs)
+    return with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint)
+
+
+def hoist_masks(joint: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
+    """Move each mask the backward computes from forward values (and the views it reads) to
+    just after what it reads: a forward that saves it computes it there, while the value it
+    tests is alive anyway, not at its end."""
+    forward = _computed_forward(joint, num_fwd_outputs)
+    masked = with_masks(forward, joint) - forward
+    if masked:
+        order = as_early_as_possible(list(joint.graph.nodes), masked)
+        for before, node in zip(order, order[1:]):
+            before.append(node)
+        joint.recompile()
+    return joint
+
+
+def forward_rules(forward: set[fx.Node]) -> dict[fx.Node, str]:
+    """The `Rule` of every forward value."""
+    return {node: rule_of(node, forward) for node in forward}
+
+
+def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
+    if node.op == "placeholder":
+        return Rule.OVERWRITTEN if node.meta.get(OVERWRITTEN) else Rule.INPUT
+    if any(i.meta.get(OVERWRITTEN) for i in node.all_input_nodes if i.op == "placeholder"):
+        return Rule.SAVE  # a recomputation would read the overwritten value
+    kind = recompute_class(node.target)
+    if kind == Recompute.FREE:
+        return Rule.FREE
+    if unsafe_to_recompute(node.target):
+        return Rule.SAVE
+    policy = CHECKPOINT_POLICY_RULES.get(node.meta.get("recompute"))
+    if policy == Rule.SAVE or (policy == Rule.RECOMPUTE and not _leaves_region(node, forward)):
+        return policy
+    if kind != Recompute.CHEAP:
+        return Rule.COSTLY if node.target in BUDGETED_KERNELS else Rule.SAVE
+    if (node.target in CHEAP_REDUCTIONS or _read_by_backward_kernel(node, forward)
+            or _broadcast_by_fusible_user(node)):
+        return Rule.MATERIALIZED
+    return Rule.CHOOSE
+
+
+def _read_by_backward_kernel(node: fx.Node, forward: set[fx.Node]) -> bool:
+    """Does a non-fusible backward op (matmul, convolution, attention) read this value,
+    directly or through views, with too little arithmetic to hide a recomputation of it?"""
+    stack = list(node.users)
+    while stack:
+        user = stack.pop()
+        if user.op != "call_function":
+            continue
+        kind = recompute_class(user.target)
+        if kind == Recompute.FREE:
+            stack.extend(user.users)
+        elif user not in forward and kind == Recompute.NEVER and not _hides(user, node):
+            return True
+    return False
+
+
+# The share of a kernel's time a recomputation of one of its inputs may take, hidden.
+HIDDEN_SHARE = 0.05
+
+
+def _hides(kernel: fx.Node, node: fx.Node) -> bool:
+    """Would recomputing `node` move fewer bytes than `kernel` does arithmetic in a
+    HIDDEN_SHARE of its time? (An MLP's float32 activations before a large matmul: yes;
+    a transformer's bfloat16 layer-norm output before a projection: no.)"""
+    flops = kernel_flops(kernel)
+    return flops is not None and (
+        node_cost(node) * _flops_per_byte(kernel.meta["val"].dtype) < HIDDEN_SHARE * flops)
+
+
+def kernel_flops(kernel: fx.Node) -> int | None:
+    """The floating-point operations of a matmul, convolution or attention (None for an op
+    without a formula)."""
+    formula = flop_registry.get(getattr(kernel.target, "overloadpacket", None))
+    val = kernel.meta.get("val")
+    if formula is None or not isinstance(val, torch.Tensor):
+        return None
+    args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"),
+                                        (kernel.args, kernel.kwargs))
+    try:
+        return hint(formula(*args, **kwargs, out_val=val))
+    except Exception:  # a formula that cannot read these arguments
+        return None
+
+
+def _flops_per_byte(dtype: torch.dtype) -> int:
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return TF32_FLOPS_PER_BYTE
+    return KERNEL_FLOPS_PER_BYTE.get(dtype, max(KERNEL_FLOPS_PER_BYTE.values()))
+
+
+def node_cost(node: fx.Node) -> int:
+    """What recomputing `node` costs, in bytes moved: the bytes it reads and writes (nothing
+    for a view), and for a matmul or convolution the bytes that move in the time of its
+    arithmetic."""
+    if recompute_class(node.target) == Recompute.FREE:
+        return 0
+    reads = sum(tensor_bytes(i.meta.get("val")) for i in node.all_input_nodes)
+    moved = reads + tensor_bytes(node.meta.get("val"))
+    if node.target in BUDGETED_KERNELS:
+        moved += (kernel_flops(node) or 0) // _flops_per_byte(node.meta["val"].dtype)
+    return moved
+
+
+# A fusible user this many times larger than a value makes recomputing it that much dearer.
+BROADCAST_FACTOR = 8
+BROADCAST_SEARCH = 32  # users looked at per value: keeps the pass linear
+
+
+def _broadcast_by_fusible_user(node: fx.Node) -> bool:
+    """Does a cheap op read this value at BROADCAST_FACTOR times its size, directly or through
+    views and smaller pointwise ops that would fuse with it? (Layer norm's statistics, labels
+    padded for a loss.) Values made from no tensor (constants, `iota`) cost nothing per element
+    and are not counted."""
+    if not node.all_input_nodes:
+        return False
+    limit = BROADCAST_FACTOR * _numel(node)
+    stack, seen = list(node.users), set()
+    while stack and len(seen) < BROADCAST_SEARCH:
+        user = stack.pop()
+        if user in seen or user.op != "call_function":
+            continue
+        seen.add(user)
+        kind = recompute_class(user.target)
+        if kind == Recompute.CHEAP and _numel(user) >= limit:
+            return True
+        if kind == Recompute.FREE or (kind == Recompute.CHEAP
+                                      and user.target not in CHEAP_REDUCTIONS):
+            stack.extend(user.users)
+    return False
+
+
+def _numel(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    return hint(val.numel()) if isinstance(val, torch.Tensor) else 0
+
+
+def _leaves_region(node: fx.Node, forward: set[fx.Node]) -> bool:
+    """Is this checkpointed value read after its region (by an untagged forward op, or as
+    an output)? Views and tuple elements are looked through."""
+    stack = list(node.users)
+    while stack:
+        user = stack.pop()
+        if user.op == "output":
+            return True
+        if user not in forward:
+            continue
+        if recompute_class(user.target) == Recompute.FREE:
+            stack.extend(user.users)
+        elif user.meta.get("recompute") is None:
+            return True
+    return False
+
+
+# ---- the minimum cut ----------------------------------------------------------------------
+
+def min_cut_rematerialization_partition(joint_module: fx.GraphModule, _joint_inputs=None,
+                                        compiler: str = "inductor", *, num_fwd_outputs: int,
+                                        static_lifetime_input_indices=None,
+                                        static_lifetime_input_nodes=None):
+    """Forward and backward graphs that save a minimum-byte set of values."""
+    saved = min_cut_saved_values(joint_module, num_fwd_outputs)
+    return split_recomputing_late(joint_module, num_fwd_outputs, saved)
+
+
+def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
+    """The saved values of a minimum-byte cut, among the cuts whose recomputed values stay
+    inside the backward's fused kernels."""
+    _, tangents, _, grads = joint_parts(joint, num_fwd_outputs)
+    _, bw_roots = joint_roots(joint, num_fwd_outputs)
+    forward = forward_values(joint, num_fwd_outputs)
+    rules = forward_rules(forward)
+    for _ in range(REFINEMENTS):
+        saved = _min_cut(joint, forward, rules, grads, tangents, bw_roots)
+        spanning = [n for n in recomputed_across_kernels(joint, forward, saved, tangents, bw_roots)
+                    if rules[n] == Rule.CHOOSE]  # not what a checkpoint policy decided
+        rules.update(dict.fromkeys(spanning, Rule.MATERIALIZED))
+        if not spanning:
+            break
+    return saved
+
+
+# Min cuts per partition: each marks the recomputed values that span an unfusible kernel.
+REFINEMENTS = 3
+
+
+def _min_cut(joint, forward, rules, grads, tangents, bw_roots) -> list[fx.Node]:
+    network, infinity = _network(joint, forward, rules, set(grads))
+    # Of the cuts of least bytes, the latest: it leaves the backward the least to recompute.
+    value, reachable = network.min_cut(SOURCE, SINK, latest=True)
+    assert value < infinity, "min-cut: the checkpoint policies and the op table conflict"
+    cut = {n for n in forward if (n, "in") in reachable and (n, "out") not in reachable}
+    # Zero-cost edges may be cut without being needed; keep what the backward reads.
+    needed = ancestors(bw_roots, stop=cut | set(tangents))
+    return [n for n in joint.graph.nodes if n in cut and n in needed]
+
+
+def recomputed_across_kernels(joint, forward, saved, tangents, bw_roots) -> list[fx.Node]:
+    """Recomputed values that the backward would keep alive across a matmul, convolution
+    or attention. Such a value cannot fuse into its users: it is a buffer of its own, and
+    a chain of them (a residual stream, recomputed layer by layer) is rebuilt whole at the
+    backward's start. The min cut's cost, bytes saved, does not see that."""
+    stop = set(saved) | set(tangents)
+    needed = ancestors(bw_roots, stop=stop)
+    # The backward's schedule: saved values are its inputs, computed by nothing in it.
+    order = backward_schedule([n for n in joint.graph.nodes if n in needed and n not in stop],
+                              forward)
+    position = {n: i for i, n in enumerate(order)}
+    unfusible = list(itertools.accumulate(map(_is_unfusible, order), initial=0))
+    spanning = []
+    for node in order:
+        if node in forward and node.op == "call_function":
+            last = _last_use(node, position)
+            if unfusible[last] - unfusible[position[node] + 1] > 0:
+                spanning.append(node)
+    return spanning
+
+
+def _is_unfusible(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is not operator.getitem
+            and recompute_class(node.target) == Recompute.NEVER)
+
+
+def _last_use(node: fx.Node, position: dict[fx.Node, int]) -> int:
+    """The position of the last op reading `node`, directly or through views."""
+    last, stack = position[node], [node]
+    while stack:
+        for user in stack.pop().users:
+            if user in position:
+                last = max(last, position[user])
+                if user.op == "call_function" and recompute_class(user.target) == Recompute.FREE:
+                    stack.append(user)
+    return last
+
+
+def _network(joint, forward, rules, grads) -> tuple[FlowNetwork, int]:
+    # More than any cut of finite edges: the sum of them all (ties included).
+    infinity = 1 + sum(2 * tensor_bytes(base_of(n).meta.get("val")) + 2 for n in forward)
+    net = FlowNetwork()
+    for node in joint.graph.nodes:
+        if node not in forward:
+            continue
+        rule = rules[node]
+        net.add_edge((node, "in"), (node, "out"), _save_cost(node, rule, infinity))
+        if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE, Rule.COSTLY, Rule.MATERIALIZED):
+            net.add_edge(SOURCE, (node, "in"), infinity)
+        for user in node.users:
+            if user in forward:
+                net.add_edge((node, "out"), (user, "in"), infinity)
+            elif user.op == "call_function":
+                net.add_edge((node, "out"), SINK, infinity)
+        if node in grads:
+            net.add_edge((node, "out"), SINK, infinity)
+    return net, infinity
+
+
+TIE_BREAK = {Rule.CHOOSE: 0, Rule.MATERIALIZED: 0, Rule.COSTLY: 1, Rule.SAVE: 1, Rule.FREE: 2}
+CHOICES = (Rule.CHOOSE, Rule.MATERIALIZED, Rule.COSTLY)  # the rules a memory budget may decide
+
+
+def _save_cost(node: fx.Node, rule: str, infinity: int) -> int:
+    """Twice the bytes kept alive, plus a tie-breaker: among equal sizes save the value that
+    spares the most recomputation (a cheap op's result over its expensive input), and a
+    base over a view of it. A view keeps its whole base alive, so it costs the base."""
+    if rule == Rule.INPUT:
+        return 0  # alive anyway
+    if rule in (Rule.OVERWRITTEN, Rule.RECOMPUTE) or is_tuple(node):
+        return infinity
+    return 2 * tensor_bytes(base_of(node).meta.get("val")) + TIE_BREAK[rule]
+
+
+# ---- the backward's schedule --------------------------------------------------------------
+
+def split_recomputing_late(joint: fx.GraphModule, num_fwd_outputs: int,
+                           saved: Sequence[fx.Node]) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """`split_joint`, the backward recomputing each forward value just before its first
+    use: in joint order they would all run, and be alive, at its start."""
+    forward = forward_values(joint, num_fwd_outputs)
+    return split_joint(joint, num_fwd_outputs, saved,
+                       lambda nodes: backward_schedule(nodes, forward))
+
+
+def backward_schedule(nodes: Sequence[fx.Node], forward: set[fx.Node]) -> list[fx.Node]:
+    """The backward's ops in the order they run: recomputed forward values, and views (which
+    cost nothing), just before their first use. A view taken early (autograd's aliases of
+    saved values come first in the joint graph) would pull its recomputed base to the start."""
+    return just_in_time_order(nodes, lambda n: n in forward or _is_view(n))
+
+
+def _is_view(node: fx.Node) -> bool:
+    return node.op == "call_function" and recompute_class(node.target) == Recompute.FREE
+
+
+def just_in_time_order(nodes: Sequence[fx.Node], recomputed: Callable[[fx.Node], bool]
+                       ) -> list[fx.Node]:
+    """`nodes` (topologically ordered) with every recomputed node moved down to just
+    before the first node that needs it (or to the end, if only the outputs need it); the
+    others keep their order."""
+    members = set(nodes)
+    late = {n for n in nodes if recomputed(n)}
+    order: list[fx.Node] = []
+    placed: set[fx.Node] = set()
+    for node in nodes:
+        if node not in late:
+            _place(node, late, placed, order)
+    for node in nodes:
+        if node not in placed:
+            _place(node, late, placed, order)
+    assert len(order) == len(members)
+    return order
+
+
+def _place(node: fx.Node, late: set, placed: set, order: list) -> None:
+    """Append `node` after the late nodes it still lacks (iterative post-order)."""
+    stack = [(node, False)]
+    while stack:
+        current, ready = stack.pop()
+        if current in placed:
+            continue
+        if ready:
+            placed.add(current)
+            order.append(current)
+            continue
+        stack.append((current, True))
+        stack.extend((i, False) for i in reversed(current.all_input_nodes)
+                     if i in late and i not in placed)
+
+
+def as_early_as_possible(nodes: Sequence[fx.Node], early: set[fx.Node]) -> list[fx.Node]:
+    """`nodes` (topologically ordered) with each of `early` moved up to just after the last
+    of its inputs; the others keep their order."""
+    missing = {node: len(set(node.all_input_nodes)) for node in early}
+    readers: dict[fx.Node, list[fx.Node]] = {}
+    for node in nodes:  # in graph order, not the set's: the order made is deterministic
+        if node in early:
+            for i in dict.fromkeys(node.all_input_nodes):
+                readers.setdefault(i, []).append(node)
+    order: list[fx.Node] = []
+    for node in nodes:
+        if node in early:
+            continue
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            order.append(current)
+            for reader in readers.get(current, ()):
+                missing[reader] -= 1
+                if not missing[reader]:
+                    stack.append(reader)
+    assert len(order) == len(nodes), "as_early_as_possible: an early node reads no node"
+    return order

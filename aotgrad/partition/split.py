@@ -1,0 +1,242 @@
+"""Stage 4, partition: split the joint graph into a forward and a backward graph.
+
+The forward returns its outputs followed by the values saved for backward; the backward
+takes the saved values followed by the tangents and returns one gradient per primal. A
+partitioner decides only which values are saved; `split_joint` does the rest, so every
+partitioner produces graphs of the same shape.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import fx
+
+from ..semantics.dynamic import DynamicShapesUnsupported, free_symbols, is_size
+
+aten = torch.ops.aten
+
+from ..semantics.effects import checks_by_phase
+from .memory import is_alias
+
+
+def joint_parts(joint: fx.GraphModule, num_fwd_outputs: int):
+    """(primals, tangents, forward outputs, gradient outputs) of a joint graph."""
+    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+    tangents = [n for n in placeholders if n.name.startswith("tangents")]
+    primals = [n for n in placeholders if not n.name.startswith("tangents")]
+    outs = list(joint.graph.output_node().args[0])
+    return primals, tangents, outs[:num_fwd_outputs], outs[num_fwd_outputs:]
+
+
+def joint_roots(joint: fx.GraphModule, num_fwd_outputs: int) -> tuple[list, list]:
+    """What each half must compute: the forward outputs and the error checks eager runs in
+    the forward; the gradients and the error checks it runs in the backward (effects.py).
+    A check has no output: only being a root keeps it in its half."""
+    _, _, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
+    fw_checks, bw_checks = checks_by_phase(joint.graph)
+    return fw_outs + fw_checks, grads + bw_checks
+
+
+def ancestors(roots: Iterable[fx.Node | None], stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
+    """`roots` and every node they read, not looking past the nodes in `stop`."""
+    seen: set[fx.Node] = set()
+    stack = [r for r in roots if isinstance(r, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            if node not in stop:
+                stack.extend(node.all_input_nodes)
+    return seen
+
+
+def with_sizes(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
+    """Add the sizes (symbolic ints) computed from forward values alone: the forward can
+    save them for a few bytes, where the backward would need a tensor to read them from."""
+    forward = set(forward)
+    for node in joint.graph.nodes:
+        if (node not in forward and node.op == "call_function" and is_size_node(node)
+                and all(i in forward for i in node.all_input_nodes)):
+            forward.add(node)
+    return forward
+
+
+def with_masks(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
+    """Add the boolean masks the backward computes from forward values alone (a relu's
+    `x <= 0`), and the views they read: the forward can save a mask at a byte per element,
+    where the backward would need the value it tests, at two or four. Not for values in a
+    checkpointed region (tagged "recompute"): the region is recomputed as a whole."""
+    forward = set(forward)
+    views: set[fx.Node] = set()  # backward views of forward values
+    for node in joint.graph.nodes:
+        if node in forward or node.op != "call_function":
+            continue
+        if all(i in forward or i in views for i in node.all_input_nodes):
+            if is_alias(node):
+                views.add(node)
+            elif _is_mask(node):
+                added = ancestors([node], stop=forward)
+                if not any(n.meta.get("recompute") is not None for n in added & forward):
+                    forward |= added
+    return forward
+
+
+def _is_mask(node: fx.Node) -> bool:
+    """A pointwise op making booleans from a tensor that is not."""
+    val = node.meta.get("val")
+    return (isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.pointwise in node.target.tags
+            and isinstance(val, torch.Tensor) and val.dtype == torch.bool
+            and any(isinstance(i.meta.get("val"), torch.Tensor)
+                    and i.meta["val"].dtype != torch.bool for i in node.all_input_nodes))
+
+
+def is_size_node(node: fx.Node) -> bool:
+    return is_size(node.meta.get("val"))
+
+
+def with_tuple_elements(forward: set[fx.Node]) -> set[fx.Node]:
+    """Add the `getitem`s of forward multi-output ops: a tuple cannot be saved, its elements
+    can, and taking them costs nothing."""
+    return forward | {user for node in forward for user in node.users
+                      if user.target is operator.getitem}
+
+
+def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_fwd_outputs: int,
+                      static_lifetime_input_indices=None, static_lifetime_input_nodes=None):
+    """Save every forward value the backward reads; recompute nothing.
+
+    The forward holds exactly what its outputs need; whatever else the backward needs is
+    computed in the backward, from saved forward values.
+    """
+    primals, _, _, grads = joint_parts(joint_module, num_fwd_outputs)
+    fw_roots, _ = joint_roots(joint_module, num_fwd_outputs)
+    forward = with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint_module)
+    read_by_backward = {
+        inp for node in joint_module.graph.nodes
+        if node.op == "call_function" and node not in forward
+        for inp in node.all_input_nodes if inp in forward
+    }
+    read_by_backward |= {g for g in grads if g in forward}
+    saved = [n for n in joint_module.graph.nodes if n in read_by_backward]
+    return split_joint(joint_module, num_fwd_outputs, saved)
+
+
+def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.Node],
+                backward_order: Callable[[list[fx.Node]], list[fx.Node]] | None = None):
+    """Forward and backward graphs for a given choice of saved values. `backward_order`
+    may reorder the backward's ops (given in joint order) before its code is generated."""
+    primals, tangents, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
+    fw_checks, bw_checks = checks_by_phase(joint.graph)
+    saved = list(saved) + symbol_bindings(joint, primals, list(saved) + tangents)
+    saved = sorted(saved, key=_is_symbolic)  # tensors first, then sizes (functorch's order)
+    fw = _extract(joint, primals, fw_outs + list(saved), fw_checks)
+    bw = _extract(joint, list(saved) + tangents, grads, bw_checks, backward_order)
+    return fw, bw
+
+
+def tag_backward(bw: fx.GraphModule) -> None:
+    """Mark the backward graph's ops `autograd_backward`, as torch's partitioners do (the
+    recomputed forward ops too): passes and profilers tell the two halves apart by it,
+    whichever partitioner split them."""
+    for node in bw.graph.nodes:
+        if node.op in ("call_function", "get_attr"):
+            node.meta["autograd_backward"] = True
+
+
+def _is_symbolic(node: fx.Node) -> bool:
+    return not isinstance(node.meta.get("val"), torch.Tensor)
+
+
+# ---- symbolic sizes ------------------------------------------------------------------------
+
+def symbol_bindings(joint: fx.GraphModule, primals: Sequence[fx.Node],
+                    bw_inputs: Sequence[fx.Node]) -> list[fx.Node]:
+    """Sizes to save so that every symbol in the shapes of the backward's inputs is one of
+    its inputs, or a size or stride of one: a compiler (Inductor) binds symbols from its
+    inputs, and cannot solve `s0` from a shape such as `(2*s0,)`."""
+    vals = [n.meta.get("val") for n in bw_inputs]
+    held = {expr for v in vals for expr in _plain_symbols(v)}
+    missing = [s for s in free_symbols(vals) if s not in held]
+    if not missing:
+        return []
+    binders = _binders(joint, primals)
+    unbound = [str(s) for s in missing if s not in binders]
+    if unbound:
+        raise DynamicShapesUnsupported(
+            f"aotgrad: the backward needs sizes {unbound} that no input's size determines; "
+            "compile with dynamic=False.")
+    return [binders[s]() for s in missing]
+
+
+def _plain_symbols(val) -> list:
+    """The symbols `val` holds as itself, or as one of its sizes or strides."""
+    if is_size(val):
+        values = [val]
+    elif isinstance(val, torch.Tensor):
+        values = [*val.shape, *val.stride()]
+    else:
+        return []
+    return [v.node.expr for v in values if is_size(v) and v.node.expr.is_Symbol]
+
+
+def _binders(joint: fx.GraphModule, primals: Sequence[fx.Node]) -> dict:
+    """symbol -> a function returning a joint node that the forward can compute the symbol
+    with: a size input, an existing `sym_size` of an input, or a new one."""
+    binders: dict = {}
+    for node in joint.graph.nodes:
+        read = _size_read(node, primals)
+        if read is not None:
+            binders.setdefault(read, lambda node=node: node)
+    for primal in primals:
+        val = primal.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for op, values in ((aten.sym_size.int, val.shape), (aten.sym_stride.int, val.stride())):
+                for d, v in enumerate(values):
+                    if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol:
+                        binders.setdefault(v.node.expr, _new_read(joint, primal, op, d, v))
+    return binders
+
+
+def _size_read(node: fx.Node, primals: Sequence[fx.Node]):
+    """The symbol `node` is, if it is a size input or a size read directly off inputs (a
+    `sym_size`, or the `.item()` of a number Dynamo passes as a tensor)."""
+    val = node.meta.get("val")
+    if not is_size(val) or not val.node.expr.is_Symbol:
+        return None
+    is_input = node.op == "placeholder" and node in primals
+    reads_inputs = node.op == "call_function" and all(i in primals for i in node.all_input_nodes)
+    return val.node.expr if is_input or reads_inputs else None
+
+
+def _new_read(joint: fx.GraphModule, primal: fx.Node, op, dim: int, val) -> Callable:
+    def make() -> fx.Node:
+        last_input = [n for n in joint.graph.nodes if n.op == "placeholder"][-1]
+        with joint.graph.inserting_after(last_input):
+            node = joint.graph.call_function(op, (primal, dim))
+        node.meta["val"] = val
+        return node
+    return make
+
+
+def _extract(joint: fx.GraphModule, inputs: Sequence[fx.Node],
+             outputs: Sequence[fx.Node | None], checks: Sequence[fx.Node],
+             order: Callable | None = None) -> fx.GraphModule:
+    """The subgraph computing `outputs` and running `checks` from `inputs`, nodes in their
+    joint order (or in `order(nodes)`)."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in inputs:
+        env[node] = graph.placeholder(node.name)
+        env[node].meta = dict(node.meta)
+    needed = ancestors(list(outputs) + list(checks), stop=set(inputs))
+    missing = [n.name for n in needed if n.op == "placeholder" and n not in env]
+    assert not missing, f"partition: {missing} are needed but are not inputs"
+    nodes = [node for node in joint.graph.nodes if node in needed and node not in env]
+    for node in (order(nodes) if order is not None else nodes):
+        env[node] = graph.node_copy(node, env.__getitem__)
+    graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
+    return fx.GraphModule(joint, graph)

@@ -1,0 +1,558 @@
+"""Stage 6, runtime: run the compiled graphs so that, seen from outside, the call is eager.
+
+Everything a call does beyond running the graphs (copying new values into mutated inputs,
+rebuilding outputs that alias inputs or intermediates) is decided at compile time into a
+`RuntimePlan`; a call walks precomputed index lists and does no analysis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..semantics import subclasses, swaps
+from ..semantics.aliasing import InputAliasing
+from ..capture.analysis import regenerate_view
+from ..schema import FunctionInfo, InputInfo, OutputInfo, OutputKind
+from ..replay.double_backward import DoubleBackward, release_inputs
+from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
+from ..capture.stale import StaleBackward
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """What a call does around the graphs, decided once."""
+
+    info: FunctionInfo
+    graph_input_positions: tuple[int, ...]  # flat argument position of each graph input
+    num_fw_outputs: int  # forward outputs before the saved values
+    tangent_outputs: tuple[int, ...]  # forward outputs that receive a gradient
+    non_differentiable: tuple[int, ...]
+    copied_in_graph: tuple[int, ...]  # data-mutated inputs the graph copies into itself
+    disable_autocast: bool  # the graph already holds autocast's casts
+    # Inputs the backward returns no gradient for: passed detached, so that backward does not
+    # walk into their history (which may be freed). Mutated inputs whose old value is
+    # overwritten before any use get a zero gradient and become fresh leaves instead.
+    gradless_inputs: tuple[int, ...] = ()
+    overwritten_inputs: tuple[int, ...] = ()
+    # The aliasing among the inputs that the graph assumes (None: no input is mutated, any
+    # aliasing is fine); the graph takes one more input per group of aliased inputs.
+    aliasing: InputAliasing | None = None
+    # Saved values that are sizes (symbolic ints), after the saved tensors: autograd saves
+    # only tensors, so these travel on the ctx.
+    num_saved_sizes: int = 0
+    # Where symbolic sizes the runtime applies itself (views it rebuilds, metadata it restores)
+    # are read from each call's inputs; None when nothing it applies is symbolic.
+    sizes: SizeBindings | None = None
+
+    @functools.cached_property  # read on every call
+    def mutated_inputs(self) -> tuple[int, ...]:
+        return tuple(i for i, x in enumerate(self.info.inputs)
+                     if x.mutated or x.storage_swap is not None or x.storage_bytes is not None)
+
+
+class CompiledFunction(torch.autograd.Function):
+    """The compiled forward and backward as one autograd node. Named as torch's: tools find
+    compiled regions by `grad_fn.name() == "CompiledFunctionBackward"`."""
+
+    @staticmethod
+    def forward(ctx, call: "CompiledCall", *inputs):
+        call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
+        if call.stale is not None:
+            call.stale.hold(ctx, inputs)
+        if call.backward_writes is not None:
+            call.backward_writes.hold(ctx, inputs)
+        outs = call.forward(list(inputs))
+        plan = call.plan
+        ctx.call = call
+        if call.backward_keeping_saved is not None:  # the backward may write into saved values
+            # which a saved-tensor hook (checkpoint's, the caller's own) may still hold
+            ctx.hooked = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+        # Outputs without a gradient (mutated buffers' new values, unused outputs) get None,
+        # not a zero tensor autograd would fill for each of them on every backward.
+        ctx.set_materialize_grads(False)
+        if call.symbolic_tangents:  # a missing gradient is made at this call's sizes
+            ctx.output_shapes = {i: outs[i].shape for i in call.symbolic_tangents}
+        sizes_at = len(outs) - plan.num_saved_sizes
+        ctx.save_for_backward(*outs[plan.num_fw_outputs:sizes_at])
+        ctx.saved_sizes = outs[sizes_at:]
+        if call.unread_outputs:  # inputs or their aliases, which autograd would wrap in views
+            outs = list(outs)
+            for k in call.unread_outputs:
+                outs[k] = None
+        if call.non_differentiable:
+            ctx.mark_non_differentiable(*[outs[i] for i in call.non_differentiable])
+        return tuple(outs[:plan.num_fw_outputs])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call = ctx.call
+        if call.stale is not None:  # eager's error, where eager's backward would raise it
+            call.stale.check(ctx, grads)
+        metas = call.plan.info.graph_output_metas
+        shapes = ctx.output_shapes if call.symbolic_tangents else {}
+        tangents = [_tangent(grads[i], metas[i], shapes.get(i))
+                    for i in call.plan.tangent_outputs]
+        if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
+            if call.backward_writes is not None:
+                call.backward_writes.refuse_create_graph()
+            return (None, *call.double_backward.input_grads(ctx, tangents))
+        if torch.compiler.is_compiling():
+            # Dynamo inlines this backward into the graph compiled autograd captured: run
+            # the backward graph's ops for it to record, not one opaque compiled call.
+            outs = call.backward_ops([*ctx.saved_tensors, *ctx.saved_sizes, *tangents])
+            if call.backward_writes is not None:
+                outs = call.backward_writes.copy_in(ctx, outs)
+            return (None, *outs)
+        # The backward may clear this list to free each saved value after its last use: no
+        # other reference may remain, neither autograd's (unless retain_graph) nor ours.
+        args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
+        ctx.maybe_clear_saved_tensors()
+        release_inputs(ctx)
+        backward = call.backward
+        if call.backward_keeping_saved is not None and (
+                ctx.hooked or torch._C._autograd._get_current_graph_task_keep_graph()):
+            backward = call.backward_keeping_saved  # retain_graph: a later backward reads them
+        if call.backward_writes is not None:
+            return (None, *call.backward_writes.apply(ctx, backward(args)))
+        return (None, *backward(args))
+
+
+@dataclass(frozen=True)
+class BackwardWrites:
+    """Inputs the backward writes into in place (a custom Function's backward zeroing a
+    tensor saved on ctx). Eager changes the caller's tensors when that backward runs: the
+    backward graph returns their new values after the gradients, and the runtime copies them
+    in then, bumping each version counter as eager's in-place ops would."""
+
+    inputs: tuple[int, ...]  # graph input indices
+    version_bumps: tuple[int, ...]  # per input: eager's in-place ops on it in the backward
+    num_grads: int  # the backward's outputs before the new values: one per graph input
+
+    def hold(self, ctx, inputs: Sequence[torch.Tensor]) -> None:
+        ctx.written = [inputs[i] for i in self.inputs]
+
+    def apply(self, ctx, outs: Sequence) -> Sequence:
+        """Copy the new values in, with eager's version counters; the gradients."""
+        versions = [t._version for t in ctx.written]
+        grads = self.copy_in(ctx, outs)
+        _set_version_counters(ctx.written, [v + n for v, n in zip(versions, self.version_bumps)])
+        return grads
+
+    def copy_in(self, ctx, outs: Sequence) -> Sequence:
+        """Copy the new values in (what a tracer such as Dynamo can record); the gradients."""
+        with torch.no_grad():  # as eager's backward runs (create_graph=True is refused)
+            for t, value in zip(ctx.written, outs[self.num_grads:]):
+                t.copy_(value)
+        return outs[:self.num_grads]
+
+    def refuse_create_graph(self) -> None:
+        """As torch's AOTAutograd does: with grad mode on, a write into an input would have
+        to be recorded by autograd, and the replay of the backward cannot (RuntimeError)."""
+        raise RuntimeError(
+            f"aotgrad: the backward mutates inputs {list(self.inputs)} in place (a custom "
+            "autograd.Function's backward writing into a tensor saved on ctx), which a "
+            "backward with create_graph=True does not support. Run this backward with "
+            "create_graph=False, or save a copy in the Function (ctx.save_for_backward("
+            "t.clone())).")
+
+
+class CompiledOnFirstCall:
+    """A boxed compiled graph that is compiled only if it is ever called, once: backwards
+    run in autograd's engine threads, and two may reach it at the same time."""
+
+    _boxed_call = True
+
+    def __init__(self, compile: Callable[[], Callable]):
+        self._compile = compile
+        self._compiled: Callable | None = None
+        self._lock = threading.Lock()
+        # Told the compiled graph once there is one: its holder may call it directly after.
+        self.then: Callable[[Callable], None] | None = None
+
+    def __call__(self, args: list):
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self.compiled()
+        return compiled(args)
+
+    def compiled(self) -> Callable:
+        """The compiled graph, compiling it now if no call has yet."""
+        with self._lock:
+            if self._compiled is None:
+                self._compiled = self._compile()
+                self._compile = None  # what it held (graphs, contexts) is not needed again
+                if self.then is not None:
+                    self.then(self._compiled)
+                    self.then = None
+            return self._compiled
+
+
+def run_graph_boxed(gm: torch.fx.GraphModule) -> Callable[[list], list]:
+    """`gm` called with a list of arguments: its ops run one by one, as a tracer sees them."""
+    def run(args: list) -> list:
+        return gm(*args)
+    run._boxed_call = True
+    return run
+
+
+def _tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch.Tensor:
+    if grad is None and shape is not None:  # the meta's shape is symbolic: this call's
+        return torch.zeros(shape, dtype=meta.dtype, device=meta.device)
+    if grad is None:  # the output took no part in the loss
+        return subclasses.zeros(subclasses.tangent_layout(meta))
+    return grad.contiguous()
+
+
+# Function.apply's Python wrapper only unwraps functorch transforms; with none active, the C++
+# entry point does the same work a few microseconds sooner.
+CompiledGraph = CompiledFunction  # the name the rest of aotgrad knows it by
+_apply_fast = torch._C._FunctionBase.__dict__["apply"].__get__(None, CompiledGraph)
+
+
+def apply_compiled(call: "CompiledCall", args: list):
+    if torch._C._are_functorch_transforms_active():
+        return CompiledGraph.apply(call, *args)
+    return _apply_fast(call, *args)
+
+
+class CompiledCall:
+    """One compiled specialization: graphs plus the plan that wraps them."""
+
+    guard: ShapeGuard | None = None  # with dynamic shapes: which calls it may serve
+    stale: StaleBackward | None = None  # outputs whose backward raises (stale.py)
+    # Where the backward may write into saved values (pipeline.mark_donated): one that
+    # does not, for the calls whose saved values outlive the backward. Compiled when first
+    # called.
+    backward_keeping_saved: Callable | None = None
+    # The backward graph as partitioned, run op by op (boxed): what a tracer inlines.
+    backward_ops: Callable | None = None
+    backward_writes: BackwardWrites | None = None  # inputs the backward writes into
+
+    def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
+                 artifact: Any = None):
+        self.plan = plan
+        self.forward = forward
+        self.backward = backward
+        self.artifact = artifact
+        self.double_backward: DoubleBackward | None = None  # set for training graphs
+        self._mutations = _mutation_steps(plan)
+        # Plain outputs of symbolic shape that take a gradient: one the loss does not reach is
+        # zeros of the shape this call's forward produced.
+        metas = plan.info.graph_output_metas
+        self.symbolic_tangents = frozenset(i for i in plan.tangent_outputs
+                                           if metas[i].subclass is None and
+                                           is_symbolic(metas[i].shape))
+        self._versioned = tuple((i, plan.info.inputs[i].version_bumps)
+                                for i in plan.copied_in_graph)
+        # Graph outputs that are inputs the graph wrote in place: nothing reads them.
+        data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
+        self.written_in_graph = tuple(data_index[i] for i in plan.copied_in_graph)
+        # ... and the user outputs the runtime rebuilds from other values.
+        self.unread_outputs = self.written_in_graph + plan.info.rebuilt_outputs
+        self.non_differentiable = tuple(k for k in plan.non_differentiable
+                                        if k not in self.unread_outputs)
+        self._outputs = _output_order(plan.info, plan.sizes)
+        self.unflatten = _unflattener(plan.info.out_spec)
+        # Decided once, so that a call skips what this plan does not need.
+        self._gather = _gatherer(plan.graph_input_positions)
+        self._mutated = plan.mutated_inputs
+        self._gains_grad = tuple(i for i, x in enumerate(plan.info.inputs)
+                                 if x.gains_requires_grad)
+        self._detaches = bool(plan.gradless_inputs or plan.overwritten_inputs)
+        self._run_graphs = self._run_training if backward is not None else self._run_inference
+        self._plain_outputs = _plain_output_slice(plan.info)
+        self.run = _direct_runner(self) or self._run_and_unflatten
+
+    def _run_and_unflatten(self, flat_args: Sequence[Any]) -> Any:
+        return self.unflatten(self(flat_args))
+
+    def __call__(self, flat_args: Sequence[Any]) -> list[Any]:
+        inputs = self._gather(flat_args)
+        if self.plan.aliasing is not None:
+            inputs = self.plan.aliasing.graph_inputs(inputs)
+        if self._versioned:
+            versions = [inputs[i]._version for i, _ in self._versioned]
+        for i in self._gains_grad:  # before the graphs: autograd then records their use
+            inputs[i].requires_grad_()
+        with _autocast_off(self.plan.disable_autocast):
+            raw = self._run_graphs(inputs)
+        if self._versioned:  # from the second call on, only the counters that need it
+            self._versioned = _set_versions(inputs, self._versioned, versions)
+        for step in self._mutations:
+            step(inputs, raw)
+        if self._plain_outputs is not None:
+            return list(raw[self._plain_outputs])
+        return self._user_outputs(inputs, raw)
+
+    def _run_training(self, inputs: Sequence[Any]) -> Sequence[Any]:
+        args = self._detach(inputs) if self._detaches else inputs
+        if torch.is_grad_enabled():
+            return apply_compiled(self, args)
+        with torch.enable_grad():  # grad mode was applied when tracing
+            return apply_compiled(self, args)
+
+    def _detach(self, inputs: Sequence[Any]) -> list[Any]:
+        plan = self.plan
+        args = list(inputs)
+        for i in plan.gradless_inputs:
+            if args[i].requires_grad:
+                args[i] = args[i].detach()
+        for i in plan.overwritten_inputs:
+            args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
+        return args
+
+    def _run_inference(self, inputs: Sequence[Any]) -> Sequence[Any]:
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self.forward(list(inputs))  # a boxed callee may clear its list
+        return self.forward(list(inputs))
+
+    def _user_outputs(self, inputs, raw) -> list[Any]:
+        outs: list[Any] = [None] * len(self.plan.info.outputs)
+        for i, get in self._outputs:
+            outs[i] = get(inputs, raw, outs)
+        return outs
+
+
+def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
+    """Flat arguments -> the user's outputs in one frame, for the plans that need nothing
+    around the graphs: no mutations, no autocast to turn off, every output computed by the
+    graph. None for the others."""
+    plan = call.plan
+    if call._mutated or call._versioned or call._gains_grad or plan.overwritten_inputs \
+            or plan.disable_autocast or call._plain_outputs is None:
+        return None
+    gather, outputs, unflatten = call._gather, call._plain_outputs, call.unflatten
+    if call.backward is None:
+        # call.forward looked up per call: subclass support wraps it after construction.
+        def run_inference(flat_args):
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    return unflatten(list(call.forward(list(gather(flat_args)))[outputs]))
+            return unflatten(list(call.forward(list(gather(flat_args)))[outputs]))
+        return run_inference
+    gradless = plan.gradless_inputs
+
+    def run_training(flat_args):
+        args = gather(flat_args)
+        if torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active() and \
+                not (gradless and any(args[i].requires_grad for i in gradless)):
+            return unflatten(list(_apply_fast(call, *args)[outputs]))
+        return unflatten(list(call._run_training(args)[outputs]))
+    return run_training
+
+
+def _gatherer(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """The graph inputs from the flat arguments: a slice when they are the leading ones."""
+    if positions == tuple(range(len(positions))):
+        leading = slice(0, len(positions))
+        return lambda flat_args: flat_args[leading]
+    return lambda flat_args: [flat_args[p] for p in positions]
+
+
+def _plain_output_slice(info: FunctionInfo) -> slice | None:
+    """Where the user outputs lie in the graph's results when every one is computed by the
+    graph (no aliases to rebuild): a call then slices instead of running the getters."""
+    if any(o.kind is not OutputKind.PLAIN or o.made_leaf for o in info.outputs):
+        return None
+    first = info.first_user_output
+    return slice(first, first + len(info.outputs))
+
+
+def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[int, Callable]]:
+    """(output index, getter) with every base ahead of the views of it."""
+    first = info.first_user_output
+    first_base = first + len(info.outputs)
+    rows = []
+    for i, o in enumerate(info.outputs):
+        k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else first + i
+        get = _getter(o, k) if sizes is None else _symbolic_getter(o, k, sizes)
+        get = _as_leaf(get) if o.made_leaf else get
+        rows.append((_RANK.get(o.kind, 0), i, get))
+    return [(i, get) for _, i, get in sorted(rows, key=lambda row: row[:2])]
+
+
+def _as_leaf(get: Callable) -> Callable:
+    """The output was made a leaf that requires grad inside the function."""
+    return lambda inputs, raw, outs: get(inputs, raw, outs).requires_grad_()
+
+
+_RANK = {OutputKind.VIEW_OF_INPUT: 1, OutputKind.VIEW_OF_INTERMEDIATE: 1,
+         OutputKind.VIEW_OF_OUTPUT: 1, OutputKind.SAME_AS_OUTPUT: 2}
+
+
+def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
+    """How output `o` is obtained from the inputs, the graph's results and earlier outputs."""
+    kind, src = o.kind, o.source
+    if kind is OutputKind.PLAIN:
+        return lambda inputs, raw, outs: raw[k]
+    if kind is OutputKind.CONSTANT:
+        return lambda inputs, raw, outs: o.constant
+    if kind is OutputKind.INPUT:
+        return lambda inputs, raw, outs: inputs[src]
+    if kind is OutputKind.VIEW_OF_INPUT:
+        return lambda inputs, raw, outs: regenerate_view(o, inputs[src])
+    if kind is OutputKind.VIEW_OF_INTERMEDIATE:
+        return lambda inputs, raw, outs: regenerate_view(o, raw[k])
+    if kind is OutputKind.VIEW_OF_OUTPUT:
+        return lambda inputs, raw, outs: regenerate_view(o, outs[src])
+    return lambda inputs, raw, outs: outs[src]  # SAME_AS_OUTPUT
+
+
+def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Callable:
+    """`_getter`, for a view or a constant (a `torch.Size`) that holds symbolic sizes: their
+    values are those of each call."""
+    if o.kind is OutputKind.CONSTANT and is_symbolic(o.constant):
+        return lambda inputs, raw, outs: sizes.concrete(inputs)(o.constant)
+    if o.kind not in _VIEWS:
+        return _getter(o, k)
+    src = o.source
+    base = {OutputKind.VIEW_OF_INPUT: lambda inputs, raw, outs: inputs[src],
+            OutputKind.VIEW_OF_INTERMEDIATE: lambda inputs, raw, outs: raw[k],
+            OutputKind.VIEW_OF_OUTPUT: lambda inputs, raw, outs: outs[src]}[o.kind]
+    return lambda inputs, raw, outs: regenerate_view(o, base(inputs, raw, outs),
+                                                     sizes.concrete(inputs))
+
+
+_VIEWS = (OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE, OutputKind.VIEW_OF_OUTPUT)
+
+
+def _unflattener(spec: pytree.TreeSpec) -> Callable[[list], Any]:
+    """Rebuild the user's output structure; the common shapes skip pytree."""
+    if spec.is_leaf():
+        return lambda outs: outs[0]
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    if spec.type is tuple and all(child.is_leaf() for child in children):
+        return tuple
+    return lambda outs: pytree.tree_unflatten(outs, spec)
+
+
+def _mutation_steps(plan: RuntimePlan) -> list[Callable]:
+    """One step per mutated input: restore its metadata, then copy its new data in. Inputs
+    set_() to another storage go first, while their sources keep their geometry."""
+    steps = _swap_steps(plan.info)
+    data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
+    for i, x in enumerate(plan.info.inputs):
+        if x.storage_bytes is not None:  # first: the new values need the memory
+            steps.append(_resize_storage(i, x.storage_bytes, x.version_bumps if
+                                         x.mutates_data and x.storage_bytes == 0 else 0))
+        if x.mutates_metadata:
+            steps.append(_restore_metadata(i, x.final_geometry, x.mutation_hidden_from_autograd,
+                                           plan.sizes))
+        # A storage freed at the end holds no value to copy (FSDP writes, then frees): only
+        # the version counter shows the writes.
+        if x.mutates_data and i not in plan.copied_in_graph and x.storage_bytes != 0:
+            steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd,
+                                    x.bumps_version))
+    return steps
+
+
+def _resize_storage(i: int, nbytes: int, bumps: int) -> Callable:
+    """resize_storage_bytes_() as the function did (neither autograd nor the version counter
+    sees it); `bumps`: the version counter's advance by writes whose values it drops."""
+    def step(inputs, raw):
+        inputs[i].untyped_storage().resize_(nbytes)
+        if bumps:
+            _set_version_counters([inputs[i]], [inputs[i]._version + bumps])
+    return step
+
+
+def _swap_steps(info: FunctionInfo) -> list[Callable]:
+    from_graph = info.storages_from_graph
+    first = info.num_graph_outputs - len(from_graph)  # the graph returns them last
+    return [_swap_storage(i, x, first + from_graph.index(i) if i in from_graph else None)
+            for i, x in enumerate(info.inputs) if x.storage_swap is not None]
+
+
+def _swap_storage(i: int, x: InputInfo, k: int | None) -> Callable:
+    """`set_()` input i to its new storage: another input's, or graph output k."""
+    swap, bumps = x.storage_swap, x.version_bumps
+    j = swap.source
+    source = (lambda inputs, raw: raw[k]) if j is None else (lambda inputs, raw: inputs[j])
+
+    def step(inputs, raw):
+        version = inputs[i]._version
+        swaps.set_storage(inputs[i], swap, source(inputs, raw))
+        if bumps != 1:  # one per set_, and per in-place op on it after
+            _set_version_counters([inputs[i]], [version + bumps])
+    return step
+
+
+def _set_versions(inputs, versioned: tuple[tuple[int, int], ...],
+                  before: list[int]) -> tuple[tuple[int, int], ...]:
+    """The graph wrote these inputs in place. Whether that moved their version counters
+    depends on the backend (ATen's copy_ does, Inductor's kernels do not): set them to what
+    eager's would read. Returns the entries that needed it: a graph does the same each call."""
+    wanted = [v + bumps for (_, bumps), v in zip(versioned, before)]
+    wrong = [k for k, ((i, _), v) in enumerate(zip(versioned, wanted)) if inputs[i]._version != v]
+    if wrong:
+        _set_version_counters([inputs[versioned[k][0]] for k in wrong], [wanted[k] for k in wrong])
+    return tuple(versioned[k] for k in wrong)
+
+
+def _version_setter() -> Callable[[list, list], None]:
+    set_counter = torch._C._autograd._unsafe_set_version_counter
+    try:  # newer torch takes tuples of tensors and versions
+        set_counter((torch.zeros(()),), (0,))
+        return lambda tensors, versions: set_counter(tuple(tensors), tuple(versions))
+    except TypeError:
+        def one_by_one(tensors, versions):
+            for t, v in zip(tensors, versions):
+                set_counter(t, v)
+        return one_by_one
+
+
+_set_version_counters = _version_setter()
+
+
+def _restore_metadata(i: int, geometry, hidden: bool, sizes: SizeBindings | None) -> Callable:
+    if sizes is not None:  # symbolic geometry: evaluated for each call's sizes
+        def step(inputs, raw):
+            concrete = sizes.concrete(inputs)(geometry)
+            _set_geometry(inputs[i], concrete, _extent(concrete), hidden)
+        return step
+    extent = _extent(geometry)
+
+    def step(inputs, raw):
+        _set_geometry(inputs[i], geometry, extent, hidden)
+    return step
+
+
+def _extent(geometry) -> int:
+    """Elements the geometry spans: more than the storage holds after a growing resize_."""
+    size, stride, offset = geometry
+    return offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
+
+
+def _set_geometry(t: torch.Tensor, geometry, extent: int, hidden: bool) -> None:
+    storage = t.untyped_storage()
+    if storage.nbytes() < extent * t.element_size():
+        storage.resize_(extent * t.element_size())  # as eager's resize_ does
+    with _grad_hidden(hidden):
+        t.as_strided_(*geometry)
+
+
+def _copy_back(i: int, k: int, hidden: bool, bumps_version: bool) -> Callable:
+    if bumps_version:
+        def step(inputs, raw):
+            with _grad_hidden(hidden):
+                inputs[i].copy_(raw[k])
+    else:  # a mutation through .data: invisible to the version counter as well
+        def step(inputs, raw):
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(inputs[i]):
+                inputs[i].copy_(raw[k])
+    return step
+
+
+def _grad_hidden(hidden: bool):
+    return torch.no_grad() if hidden else contextlib.nullcontext()
+
+
+def _autocast_off(disable: bool):
+    return torch._C._DisableAutocast() if disable else contextlib.nullcontext()

@@ -1,0 +1,279 @@
+"""The nouns that flow between the stages, and every fx `meta` key aotgrad reads or writes.
+
+At the bottom of the package: it imports nothing of aotgrad, so every stage can name these
+types without importing another stage. Each type is a frozen dataclass; each key says which
+module sets it and which reads it.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import fx
+
+
+# ---- fx meta keys: aotgrad's own ------------------------------------------------------------
+# gm.meta keys are on a GraphModule, node.meta keys on a Node. "sets" / "reads" name modules.
+
+# sets pipeline (_attach); reads backends.compilers, pipeline, artifact.
+GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
+# gm.meta key where a backend reports the strides its outputs really have, when it chose a
+# layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.
+# sets backends.compilers; reads pipeline (restride_saved).
+OUTPUT_STRIDES = "aotgrad_output_strides"
+# node.meta key on a backward's placeholder: a saved value that nothing else holds when the
+# backward runs. The compiler may free it early or write into its memory (Inductor does).
+# sets pipeline (mark_donated); reads backends.compilers, pipeline.
+DONATED = "aotgrad_donated"
+# sets capture.joint, capture.pure; reads pipeline, explanation.
+JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
+# sets capture.joint, semantics.aliasing; reads capture.joint, partition.remat.
+OVERWRITTEN = "aotgrad_overwritten"  # node.meta key on primals the runtime mutates
+# sets capture.joint; reads capture.joint, pipeline.
+# gm.meta key: (input, eager's in-place op count) per input whose new value the joint graph
+# returns after the gradients, written by the backward
+BACKWARD_WRITES = "aotgrad_backward_writes"
+# sets capture.joint, compat.export; reads semantics.subclasses, capture.joint, compat.export.
+TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output before splitting
+# sets and reads semantics.effects.
+PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BACKWARD
+# sets and reads replay.random_values.
+RANDOM_VALUE = "aotgrad_random_value"  # node.meta key: (random op index, output index)
+# sets replay.double_backward; reads replay.random_values.
+RANDOM_OP = "aotgrad_random_op"  # node.meta key in a replay trace: the random op's index
+# sets replay.random_values; reads pipeline (mark_donated), verify.
+HELD_FOR_REPLAY = "aotgrad_held_for_replay"  # node.meta key: a saved value the backward ignores
+# set by replay.double_backward (also through replay.custom_functions' grad_mode_key); read
+# by replay.double_backward.
+GRAD_ENABLED = "aotgrad_grad_enabled"  # node.meta key: the grad mode the op ran under
+AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autograd itself
+
+# ---- fx meta keys: torch's, read or written by aotgrad -------------------------------------
+# "val" (node): the fake value; set by make_fx, copied by every pass that makes nodes
+#   (partition.split, pipeline, capture.joint), read by partition, backends, replay.
+# "stack_trace", "seq_nr" (node): set by make_fx/Dynamo; capture.joint copies forward stack
+#   traces onto backward ops of the same seq_nr.
+# "autograd_backward" (node): set by partition.split (tag_backward) on backward ops, as torch's.
+# "recompute", "ac_graph_id" (node): set by torch.utils.checkpoint; read by capture.cse,
+#   partition.split and partition.remat.
+# "desc" (node): set by compat.descriptors on placeholders and the output node.
+# "user_visible_output_idxs" (output node): set by backends.compilers for Inductor.
+# "example_value", "steal_arg", "tensor_dict" (node): Dynamo's; read (and "example_value"
+#   set on unpacked elements) by dynamo.
+# custom_functions' `grad_mode_key` argument: GRAD_ENABLED, passed by replay.double_backward.
+
+
+# ---- the values of a call -------------------------------------------------------------------
+
+Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # size, stride, storage offset
+
+
+@dataclass(frozen=True)
+class StorageSwap:
+    """Where an input's storage comes from after the call."""
+
+    source: int | None  # the input whose storage it ends on; None: a tensor the graph returns
+    # Size, stride and offset from the source's own offset, when they differ from the
+    # source's (`x.set_(y[2:])`); None: the source's own geometry, or the graph output's.
+    geometry: Geometry | None = None
+
+
+@dataclass(frozen=True)
+class PlainMeta:
+    """A plain tensor: what a fake or zero stand-in for it needs."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    num_plain = 1
+
+
+@dataclass(frozen=True)
+class SubclassMeta:
+    """How one subclass tensor splits into plain tensors, and how to build it back."""
+
+    cls: type
+    attrs: tuple[str, ...]  # inner tensor attributes, from __tensor_flatten__
+    ctx: Any  # __tensor_flatten__'s metadata, handed back to __tensor_unflatten__
+    inner: tuple["PlainMeta | SubclassMeta", ...]
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @functools.cached_property
+    def num_plain(self) -> int:
+        return sum(m.num_plain for m in self.inner)
+
+
+Layout = "PlainMeta | SubclassMeta | None"  # None: not a tensor (a None gradient)
+
+
+# ---- what eager does (capture.analysis builds it) ----------------------------------------
+
+class OutputKind(enum.Enum):
+    PLAIN = "computed by the graph"
+    CONSTANT = "a non-tensor value, baked in"
+    INPUT = "the input tensor itself"
+    VIEW_OF_INPUT = "a view of an input"
+    VIEW_OF_INTERMEDIATE = "a view of an intermediate the graph also returns"
+    VIEW_OF_OUTPUT = "a view of another user output"
+    SAME_AS_OUTPUT = "the same tensor as an earlier output"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    subclass: SubclassMeta | None = None  # how a subclass splits into plain tensors
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    requires_grad: bool
+    is_leaf: bool
+    mutates_data: bool
+    mutates_metadata: bool
+    # Every mutation ran under no_grad/inference_mode or through .detach()/.data: the copy back
+    # must not be recorded by autograd either.
+    mutation_hidden_from_autograd: bool
+    version_bumps: int  # how much eager's version counter advances: 0 for .data mutations
+    final_geometry: Geometry
+    # set_() inside the function: the storage it ends on (then neither mutates_* is set).
+    storage_swap: StorageSwap | None = None
+    # resize_storage_bytes_() inside the function: the storage's size in bytes after the call
+    # (FSDP's parameters: 0 when freed). The runtime resizes the caller's storage.
+    storage_bytes: int | None = None
+    # requires_grad_() inside the function: the runtime sets it before the graphs run; the
+    # trace, which starts without it, gives gradients only through the ops after it.
+    gains_requires_grad: bool = False
+
+    @property
+    def mutated(self) -> bool:
+        return self.mutates_data or self.mutates_metadata
+
+    @property
+    def bumps_version(self) -> bool:
+        return self.version_bumps != 0
+
+
+# A symbolic size passed in by Dynamo: read, never mutated, no gradient.
+SIZE_INPUT = InputInfo(False, True, False, False, False, 0, ((), (), 0))
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    kind: OutputKind
+    source: int | None  # input, intermediate base or output index, depending on kind
+    requires_grad: bool
+    geometry: Geometry | None = None
+    dtype: torch.dtype | None = None
+    replay: Callable | None = None  # replays the view chain on a new base
+    constant: Any = None
+    # A leaf that requires grad, made so inside (requires_grad_() on a tensor computed there
+    # or a view of an input): the runtime sets requires_grad on what it returns.
+    made_leaf: bool = False
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """What one call of the user function does, seen from outside."""
+
+    inputs: tuple[InputInfo, ...]
+    outputs: tuple[OutputInfo, ...]
+    out_spec: Any
+    num_intermediate_bases: int
+    # Per graph output (mutated inputs' new values, plain outputs, intermediate bases):
+    # whether it is differentiable, i.e. gets a tangent in the backward.
+    differentiable: tuple[bool, ...]
+    graph_output_metas: tuple[TensorMeta | None, ...]  # None: a symbolic size, not a tensor
+    grad_enabled: bool
+    # Differentiable graph outputs whose backward reads a saved value the function then
+    # modified in place: they get no tangent, and a backward through them raises (stale.py).
+    stale_outputs: tuple[int, ...] = ()
+
+    @property
+    def data_mutated_inputs(self) -> tuple[int, ...]:
+        return tuple(i for i, x in enumerate(self.inputs) if x.mutates_data)
+
+    @property
+    def plain_outputs(self) -> tuple[int, ...]:
+        return tuple(i for i, o in enumerate(self.outputs) if o.kind is OutputKind.PLAIN)
+
+    @property
+    def first_user_output(self) -> int:
+        """Graph output index of user output 0: every user output has its slot, in order."""
+        return len(self.data_mutated_inputs)
+
+    @property
+    def rebuilt_outputs(self) -> tuple[int, ...]:
+        """Graph outputs the runtime does not read: user outputs it rebuilds itself (aliases,
+        constants). The graph returns them anyway, as functorch's does, so that a compiler
+        finds user output i at the same position as there."""
+        first = self.first_user_output
+        return tuple(first + i for i, o in enumerate(self.outputs)
+                     if o.kind is not OutputKind.PLAIN)
+
+    @property
+    def num_graph_outputs(self) -> int:
+        return len(self.differentiable)
+
+    @property
+    def mutations_in_graph(self) -> tuple[int, ...]:
+        """Mutated inputs the training graph may copy into itself: data mutations of inputs
+        outside autograd (BatchNorm's running statistics). A backend then fuses the copy
+        into the kernel computing the new value, instead of one more copy per call."""
+        k = {i: n for n, i in enumerate(self.data_mutated_inputs)}
+        return tuple(i for i, x in enumerate(self.inputs)
+                     if x.mutates_data and not x.mutates_metadata and not x.requires_grad
+                     and x.storage_bytes is None and not self.differentiable[k[i]])
+
+    @property
+    def inference_mutations_in_graph(self) -> tuple[int, ...]:
+        """Mutated inputs an inference graph copies into itself (keep_inference_input_mutations):
+        data mutations only. An input whose metadata changes too gets its new geometry from
+        the runtime after the graph, so the graph's copy would land in the old layout."""
+        return tuple(i for i, x in enumerate(self.inputs)
+                     if x.mutates_data and not x.mutates_metadata)
+
+    @property
+    def storages_from_graph(self) -> tuple[int, ...]:
+        """Inputs set_() to a tensor made inside: the graph returns it, last (swaps.py)."""
+        return tuple(i for i, x in enumerate(self.inputs)
+                     if x.storage_swap is not None and x.storage_swap.source is None)
+
+    @property
+    def gets_tangent(self) -> tuple[bool, ...]:
+        """Per graph output: whether the backward graph takes a tangent for it."""
+        return tuple(d and k not in self.stale_outputs for k, d in enumerate(self.differentiable))
+
+    @property
+    def needs_autograd(self) -> bool:
+        # Not `grad_enabled and ...`: an enable_grad() region inside a no_grad call still
+        # produces outputs that require grad.
+        return any(self.differentiable)
+
+
+# ---- graphs and backends ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GraphInfo:
+    role: str  # "forward", "backward" or "inference"
+    static_inputs: tuple[int, ...]  # inputs that live across calls (parameters, buffers)
+    user_outputs: range  # outputs the user sees, whose strides must match eager
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The compilers for the three graph kinds, and the decompositions traced with."""
+
+    fw_compiler: Callable
+    bw_compiler: Callable
+    inference_compiler: Callable
+    decompositions: Mapping | None = None
+    # The backend's own rewrites of the whole graph (joint or inference), before partitioning.
+    graph_passes: Callable[[fx.GraphModule], fx.GraphModule] | None = None

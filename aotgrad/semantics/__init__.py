@@ -1,0 +1,3 @@
+"""Eager behaviours, each whole in one module: dynamic shapes (dynamic), set_() and storage swaps
+(swaps), error checks and effectful ops (effects), tensor subclasses (subclasses), inputs that share
+memory (aliasing). Every stage consults them; they import only schema, tables and each other."""

@@ -1,0 +1,178 @@
+"""Effectful ops: error checks are traced as plain ops; other side effects are refused.
+
+PyTorch's functionalization threads "effect tokens" through the ops it registers as
+effectful (`torch._higher_order_ops.effects`), so that no later pass drops or reorders them.
+The effectful op a training step meets in practice is an error check: `torch.linalg.inv`,
+`cholesky`, `solve`... compute a result and an `info` tensor, then raise through
+`aten._linalg_check_errors` when the input was singular or not positive definite. Asserts
+(`torch._assert_async`) are the same kind of op, although PyTorch does not register them.
+
+An error check returns nothing, changes no state and only reads its inputs: no token is
+needed to order it, only a data dependence on the value it checks (which it has) and a place
+in the half of the step where eager runs it. So capture traces every op of
+`tables.ERROR_CHECKS` as a plain op with no outputs, tagged with the phase it ran in
+(`PHASE`); FX's dead-code elimination keeps it (`keep_when_unused`); the partitioner makes it
+a root of the forward or of the backward (`partition.split.joint_roots`). A failing check then
+raises at run time exactly as eager does: the same kernel, the same exception type and
+message. Ops with other effects (prints, torchbind calls, custom ops registered effectful)
+need their order kept by tokens: `refuse_effectful_op` turns PyTorch's assertion into a
+clear error.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
+from ..tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS
+from ..schema import PHASE
+
+FORWARD, BACKWARD = "forward", "backward"
+
+
+def keep_when_unused() -> None:
+    """Mark the error checks as side effects, so that FX's dead-code elimination (ours, and
+    any a backend runs) keeps them. PyTorch does the same for the effectful ops it traces;
+    some torch versions already count `_linalg_check_errors` among them, others do not."""
+    for op in ERROR_CHECKS:
+        fx.node.has_side_effect(op)
+
+
+keep_when_unused()
+
+
+class CheckingFunctionalMode(FunctionalTensorMode):
+    """Functionalization that lets error checks through as they are: they neither mutate
+    nor alias, so they need no functional form, and once tagged they need no token. It also
+    records `set_()` calls and gives their target the metadata eager would (swaps.py),
+    records the storage resizes it keeps out of the graph, and runs ops that write arguments
+    without marking it as their declared forms (`tables.UNMARKED_MUTATIONS`), so that their
+    writes are seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase = FORWARD  # the joint trace sets BACKWARD while it takes the gradients
+        self.set_calls = SetCalls()
+        # Per tensor (by id): its storage's size in bytes after its last
+        # resize_storage_bytes_(), which the runtime replays (the graph holds none).
+        self.storage_bytes: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is SET_FROM_TENSOR:
+            self.set_calls.record(args)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            mirror_set_on_wrapper(args)
+            return out
+        if func in STORAGE_RESIZES:
+            self.storage_bytes[id(args[0])] = args[1]
+            with disable_proxy_modes_tracing():
+                return super().__torch_dispatch__(func, types, args, kwargs)
+        declared = UNMARKED_MUTATIONS.get(func)
+        if declared is not None:
+            with self:  # its ops are functionalized in turn
+                return declared(*args, **(kwargs or {}))
+        if func not in ERROR_CHECKS:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        args, kwargs = pytree.tree_map_only(
+            FunctionalTensor, FunctionalTensor.from_functional, (args, kwargs or {}))
+        result = func(*args, **kwargs)  # below functionalization: traced (or run) as is
+        _tag_traced_check(func, self.phase)
+        return result
+
+
+def _tag_traced_check(func, phase: str) -> None:
+    """Tag the node that tracing just recorded for `func` (nothing when not tracing)."""
+    proxy_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
+    if proxy_mode is None:
+        return
+    node = next(iter(reversed(proxy_mode.tracer.graph.nodes)))
+    assert node.target is func, f"effects: expected {func} last in the trace, got {node}"
+    node.meta[PHASE] = phase
+    node.meta["val"] = None  # it returns nothing
+
+
+def is_error_check(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in ERROR_CHECKS
+
+
+def checks_by_phase(graph: fx.Graph) -> tuple[list[fx.Node], list[fx.Node]]:
+    """The error checks eager runs in the forward, and those it runs in the backward.
+
+    A check traced without a phase (a backend's rewrite made it) goes by its data: in the
+    backward when it reads a tangent, else in the forward."""
+    forward, backward = [], []
+    for node in graph.nodes:
+        if is_error_check(node):
+            phase = node.meta.get(PHASE) or _phase_from_data(node)
+            (backward if phase == BACKWARD else forward).append(node)
+    return forward, backward
+
+
+def _phase_from_data(node: fx.Node) -> str:
+    stack, seen = list(node.all_input_nodes), set()
+    while stack:
+        current = stack.pop()
+        if current.op == "placeholder" and current.name.startswith("tangents"):
+            return BACKWARD
+        if current not in seen:
+            seen.add(current)
+            stack.extend(current.all_input_nodes)
+    return FORWARD
+
+
+# ---- backends that schedule ops freely ----------------------------------------------------
+
+def split_checks(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule | None]:
+    """`gm` without its error checks, returning the values they read after its own outputs,
+    and a graph running the checks, in their order, on those values (None: no checks).
+
+    For a compiler that schedules ops by data dependence alone (Inductor): an op with no
+    output may be dropped or run in any order, and then a singular input would raise another
+    check's error, or none. Run after the compiled graph, the checks raise what eager raises:
+    eager stops at the first failing check, and the checks before it passed."""
+    checks = [n for n in gm.graph.nodes if is_error_check(n)]
+    if not checks:
+        return gm, None
+    read = list(dict.fromkeys(i for n in checks for i in n.all_input_nodes))
+    body, env = fx.Graph(), {}
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            outs = [env[o] if isinstance(o, fx.Node) else o for o in node.args[0]]
+            body.output(outs + [env[r] for r in read]).meta = dict(node.meta)
+        elif not is_error_check(node):
+            env[node] = body.node_copy(node, env.__getitem__)
+    checking, inputs = fx.Graph(), {}
+    for r in read:
+        inputs[r] = checking.placeholder(r.name)
+    for node in checks:
+        checking.node_copy(node, inputs.__getitem__)
+    checking.output(None)
+    return fx.GraphModule(gm, body), fx.GraphModule(gm, checking)
+
+
+def run_checks_after(compiled, checks: fx.GraphModule, num_outputs: int):
+    """A boxed function: `compiled` (boxed, returning the values the checks read after its
+    `num_outputs` outputs), then the checks."""
+    from ..backends.codegen import python_function
+    run_checks = python_function(checks)
+
+    def run(args):
+        outs = compiled(args)
+        run_checks(list(outs[num_outputs:]))
+        return outs[:num_outputs]
+
+    run._boxed_call = True
+    return run
+
+
+def refuse_effectful_op(error: AssertionError) -> NotImplementedError:
+    """PyTorch's "no token" assertion, for an op with an effect other than an error check."""
+    op = str(error).rsplit(" ", 1)[-1]
+    return NotImplementedError(
+        f"aotgrad: {op} is an op with ordered side effects (a print, a torchbind call, a custom "
+        "op registered as effectful); aotgrad supports error checks such as linalg's, but not "
+        "effects that need PyTorch's effect tokens. Call it outside the compiled function.")
