@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import check
-from .partition.budget import CURVE, Curve, choose, plan_curve
+from .partition.budget import Curve, choose, plan_curve
+from .schema import CURVE
 from .schema import JOINT_FW_OUTPUTS
 from .partition.memory import MemoryEstimate, estimate_peak
 from .artifact import Artifact, SavedValue

@@ -33,6 +33,10 @@ DONATED = "aotgrad_donated"
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
 # sets capture.joint, semantics.aliasing; reads capture.joint, partition.remat.
 OVERWRITTEN = "aotgrad_overwritten"  # node.meta key on primals the runtime mutates
+# sets partition.budget; reads explanation.
+# gm.meta key on a joint graph: the memory/compute curve a budgeted compile computed, which
+# explain reuses instead of solving it again
+CURVE = "aotgrad_curve"
 # sets capture.joint; reads capture.joint, pipeline.
 # gm.meta key: (input, eager's in-place op count) per input whose new value the joint graph
 # returns after the gradients, written by the backward

@@ -36,11 +36,10 @@ from . import ilp
 from .plans import Plan, PlanSpace, node_cost
 from .remat import CHOICES, split_recomputing_late
 from .memory import tensor_bytes
+from ..schema import CURVE
 
 log = logging.getLogger(__name__)
 
-# gm.meta key on a joint graph: the memory/compute `Curve` a memory budget was chosen on.
-CURVE = "aotgrad_curve"
 MAX_EXHAUSTIVE = 10  # free choices: 2**10 plans scored one by one
 GREEDY_ROUNDS = 16  # the greedy scores about this many plans
 

@@ -26,7 +26,7 @@ import time
 
 from torch import fx
 
-from .log import Progress
+from ..log import Progress
 from .memory import base_of, is_tuple, read_only_in_kernels, simulate, tensor_bytes
 from .plans import Plan, PlanSpace, node_cost
 from .remat import Rule
