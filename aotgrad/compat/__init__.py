@@ -142,7 +142,8 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
                           compiler_config_extra: Any = None, ignore_shape_env: bool = False,
                           disable_functionalization: bool = False,
                           pre_grad_passes: Callable | None = None,
-                          compile_region_name: str | None = None, cudagraphs: Any = None):
+                          compile_region_name: str | None = None, cudagraphs: Any = None,
+                          boxed_forward_device_index: Any = None):
     """Compile now, for these flat `args`; returns `forward(*args)` (Dynamo's convention).
     The caller guards the inputs, as Dynamo does: a call that changes what the graph
     assumes of them (an input's requires_grad, a tensor passed twice) raises
@@ -152,7 +153,8 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     leaves Dynamo's symbolic sizes alone: one graph per shape, as calls arrive.
     `compiler_config_extra` and `compile_region_name` key torch's compile cache, which
     aotgrad does not have; `disable_functionalization` is as in `aot_function`. `cudagraphs`
-    (torch 2.11's keyword, gone in 2.13) is Inductor's flag box; its compiler reads it."""
+    and `boxed_forward_device_index` (torch 2.11's keywords, gone in 2.13) are Inductor's
+    boxes for CUDA graphs, which aotgrad's compiles do not use."""
     check.module("aot_module_simplified", mod)
     check.function("aot_module_simplified", "pre_grad_passes", pre_grad_passes, optional=True)
     if pre_grad_passes is not None and isinstance(mod, fx.GraphModule):
