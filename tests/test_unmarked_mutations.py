@@ -5,7 +5,8 @@ that trusts the schema drops the update and nothing warns (the loss and gradient
 On CPU the mechanism is tested with an op of the same shape: `lying_ema` updates a running
 average in place and its schema says it does not; like cuDNN's, its decomposition under the
 python dispatcher (which the trace runs, and the analysis does not) is its declared form
-(`_ema`, in-place ATen ops that mark the write). `tests/test_gpu_batch_norm.py` runs cuDNN itself on the GPU machine.
+(`_ema`, in-place ATen ops that mark the write). `tests/test_batch_norm_devices.py` runs
+cuDNN itself where there is a GPU, and `tools/gpu_batch_norm.py` five timm models.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ import aotgrad
 MODELS = ["resnet50", "efficientnet_b0", "mobilenetv3_large_100", "regnety_008", "densenet121"]
 DOORS = {
     "aotgrad.compile(eager)": lambda m: aotgrad.compile(m, backend="eager"),
-    "backend(eager) via Dynamo": lambda m: torch.compile(m, backend=aotgrad.backend(backend="eager")),
+    "backend(eager) via Dynamo":
+        lambda m: torch.compile(m, backend=aotgrad.backend(backend="eager")),
     "torch.compile(aotgrad)": lambda m: torch.compile(m, backend="aotgrad"),
 }
 INDUCTOR_DOORS = {"torch.compile(aotgrad)"}
@@ -81,7 +82,8 @@ def main() -> None:
             rows.append(check(name, door))
             r = rows[-1]
             print(f"{'ok' if r['ok'] else 'WRONG':5} {name:22} {door:26} stale buffers "
-                  f"{r['stale_buffers']:3} {r['first_stale']} excess {r['excess_over_tolerance']:.1e} "
+                  f"{r['stale_buffers']:3} {r['first_stale']} "
+                  f"excess {r['excess_over_tolerance']:.1e} "
                   f"({r['worst_buffer']}) {r['seconds']} s", flush=True)
     if args.out:
         write(args.out, rows)

@@ -1,4 +1,6 @@
-"""A CUDA check of the three front doors: losses and gradients against eager, bf16 autocast."""
+"""A CUDA check of the three front doors: losses, gradients and buffers against eager, bf16
+autocast. Buffers too: a compiled step that drops BatchNorm's running-statistics update
+still has eager's loss and gradients (cuDNN's batch norm did, before session 7)."""
 
 import torch
 from torch import nn
@@ -17,7 +19,7 @@ def step(m, x, autocast: bool):
     with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
         loss = m(x).float().pow(2).mean()
     loss.backward()
-    return loss.item(), [p.grad.clone() for p in m.parameters()]
+    return loss.item(), [p.grad.clone() for p in m.parameters()], [b.clone() for b in m.buffers()]
 
 
 def main():
@@ -29,15 +31,17 @@ def main():
         "compat.aot_module(nop)": lambda m: aot_module(m, nop),
     }
     for autocast in (False, True):
-        ref_loss, ref_grads = step(model(), x, autocast)
+        ref_loss, ref_grads, ref_buffers = step(model(), x, autocast)
         for name, make in doors.items():
             m = model()
-            loss, grads = step(make(m), x, autocast)
+            loss, grads, buffers = step(make(m), x, autocast)
             err = max((a - b).abs().max().item() for a, b in zip(grads, ref_grads))
+            buf_err = max((a.float() - b.float()).abs().max().item()
+                          for a, b in zip(buffers, ref_buffers))
             tol = 5e-2 if autocast else 1e-4
-            status = "ok" if abs(loss - ref_loss) < tol and err < tol else "MISMATCH"
+            status = "ok" if abs(loss - ref_loss) < tol and max(err, buf_err) < tol else "MISMATCH"
             print(f"{status:8} autocast={autocast!s:5} {name:28} loss diff "
-                  f"{abs(loss - ref_loss):.1e} grad diff {err:.1e}")
+                  f"{abs(loss - ref_loss):.1e} grad diff {err:.1e} buffer diff {buf_err:.1e}")
 
 
 if __name__ == "__main__":
