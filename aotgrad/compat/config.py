@@ -1,4 +1,4 @@
-"""`aotgrad.compat.config`: the flags of torch's `functorch.compile.config`, by name.
+"""`aotgrad.compat.config`: the flags of torch's functorch compile config, by name.
 
 Every flag of the installed torch reads as torch's default. A flag aotgrad honours
 (`ACCEPTED`) may be set to any value it lists; any other flag may be set to its default

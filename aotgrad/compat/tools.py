@@ -1,4 +1,4 @@
-"""functorch.compile's compilers and debugging tools, for `aotgrad.compat`.
+"""functorch's compile module: its compilers and debugging tools, for `aotgrad.compat`.
 
 Compilers take `(fx_g, example_inputs)` as every aotgrad compiler does (backends/compilers.py).
 The TorchScript ones (`ts_compile`, `nnc_jit`, `memory_efficient_fusion`) work where the
