@@ -34,8 +34,8 @@ from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is
 from .partition.memory import base_of
 from .partition.split import default_partition, tag_backward
 from .partition.remat import forward_values, hoist_masks
-from .runtime.call import (BackwardWrites, CompiledCall, CompiledOnFirstCall, RuntimePlan,
-                           run_graph_boxed)
+from .runtime.call import (BackwardParts, BackwardWrites, CompiledCall, CompiledOnFirstCall,
+                           RuntimePlan, run_graph_boxed)
 from .capture.stale import StaleBackward, find_stale_outputs
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
@@ -163,16 +163,32 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
                             options.static_inputs)
     build = _build_training if c.info.needs_autograd else _build_inference
     with compiling(getattr(fn, "__name__", type(fn).__name__)):
-        call = build(c, options, timer)
-    if options.dynamic:  # last: backends add guards while compiling
-        call.guard = shape_guard(c.fake_mode, c.fakes)
-    call.artifact.timings = timer  # the same dict: a backward compiled later adds its time
-    labels = capture.input_labels(named, in_spec, options.input_names)
-    call.artifact.input_names = c.layout.placeholder_labels(call.artifact.forward_graph, labels)
-    return call
+        built = build(c, options, timer)
+    # Last: backends add guards while compiling.
+    guard = shape_guard(c.fake_mode, c.fakes) if options.dynamic else None
+    labels = c.layout.placeholder_labels(built.graphs[0], capture.input_labels(
+        named, in_spec, options.input_names))
+    # The timer is the same dict: a backward compiled later adds its time.
+    artifact = Artifact(built.plan.info, *built.graphs, timings=timer, input_names=labels)
+    forward, backward = built.forward, built.backward
+    if not built.edge.is_plain:  # decided once: plain calls run the compiled graphs directly
+        forward = built.edge.wrap_forward(forward)
+        backward = backward and backward.wrapped(built.edge.wrap_backward)
+    return CompiledCall(built.plan, forward, artifact, backward, guard)
 
 
-def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
+@dataclass(frozen=True)
+class _Built:
+    """What a build compiled: a CompiledCall's parts before the guard and names are known."""
+
+    plan: RuntimePlan
+    forward: Callable
+    backward: BackwardParts | None
+    graphs: tuple[fx.GraphModule, ...]  # forward (or inference), backward, joint
+    edge: subclasses.Boundary  # where subclass values are split into plain ones
+
+
+def _build_inference(c: Captured, options: Options, timer: _Timer) -> _Built:
     info = c.info
     # A resized input gets its memory from the runtime, after the graph: no copy before it.
     keep = options.keep_inference_input_mutations and \
@@ -190,10 +206,10 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> CompiledCa
         compiled = _compile(options.backend.inference_compiler, gm)
         sizes["ops"] = count_ops(gm)
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=copied)
-    return _with_subclasses(edge, CompiledCall(plan, compiled, None, Artifact(info, gm)))
+    return _Built(plan, compiled, None, (gm,), edge)
 
 
-def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCall:
+def _build_training(c: Captured, options: Options, timer: _Timer) -> _Built:
     with timer("trace") as sizes:
         random_ops = random_values.RandomValueTags()  # for a double backward's replay
         c, joint_gm = _trace_joint(c, options, random_ops)
@@ -217,15 +233,6 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         compiled_fw = _compile(options.backend.fw_compiler, fw)
         sizes["ops"] = count_ops(fw)
     restride_saved(fw, bw, n)
-    # The backward graph as partitioned, for a tracer to inline its ops (Dynamo, for compiled
-    # autograd). Copied where a compiler may rewrite it in place (Inductor does; aotgrad's
-    # eager backend does not, and its compiled code calls ops Dynamo cannot trace).
-    inlined_bw = bw if options.backend.bw_compiler is eager_compiler else copy_graph(bw)
-    compile_bw = functools.partial(random_values.compile_without_held_values,
-                                   functools.partial(_compile, options.backend.bw_compiler))
-    compiled_bw = _compile_later(lambda: compile_bw(bw), timer, count_ops(bw))
-    if options.compile_backward == "ahead" or is_symbolic(c.fakes):
-        compiled_bw = compiled_bw.compiled()
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
@@ -234,17 +241,31 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> CompiledCal
         gradless_inputs=_gradless_inputs(c, grads),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
-    call = CompiledCall(plan, compiled_fw, compiled_bw, Artifact(info, fw, bw, joint_gm))
-    call.double_backward = _double_backward(c, edge, fw, n, held)
-    call.stale = c.stale
-    call.backward_ops = run_graph_boxed(inlined_bw)
-    call.backward_writes = _backward_writes(joint_gm, len(c.fakes))
+    backward = _backward_parts(c, options, timer, bw, joint_gm, _double_backward(
+        c, edge, fw, n, held))
+    return _Built(plan, compiled_fw, backward, (fw, bw, joint_gm), edge)
+
+
+def _backward_parts(c: Captured, options: Options, timer: _Timer, bw: fx.GraphModule,
+                    joint_gm: fx.GraphModule, double_backward: DoubleBackward) -> BackwardParts:
+    """The backward compiled when first called (or now, where asked or sizes are symbolic),
+    and what else a backward may run instead (runtime.call.CompiledFunction chooses)."""
+    compile_bw = functools.partial(random_values.compile_without_held_values,
+                                   functools.partial(_compile, options.backend.bw_compiler))
+    compiled_bw = _compile_later(lambda: compile_bw(bw), timer, count_ops(bw))
+    if options.compile_backward == "ahead" or is_symbolic(c.fakes):
+        compiled_bw = compiled_bw.compiled()
+    keeping_saved = None
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
-        call.backward_keeping_saved = _compile_later(
-            lambda: compile_bw(_without_donations(bw)), timer, count_ops(bw))
-    if edge.is_plain:
-        _call_directly_once_compiled(call)
-    return _with_subclasses(edge, call)
+        keeping_saved = _compile_later(lambda: compile_bw(_without_donations(bw)), timer,
+                                       count_ops(bw))
+    # The backward graph as partitioned, for a tracer to inline its ops (Dynamo, for compiled
+    # autograd). Copied where a compiler may rewrite it in place (Inductor does; aotgrad's
+    # eager backend does not, and its compiled code calls ops Dynamo cannot trace).
+    inlined_bw = bw if options.backend.bw_compiler is eager_compiler else copy_graph(bw)
+    return BackwardParts(compiled=compiled_bw, ops=run_graph_boxed(inlined_bw),
+                         double_backward=double_backward, keeping_saved=keeping_saved,
+                         writes=_backward_writes(joint_gm, len(c.fakes)), stale=c.stale)
 
 
 def _backward_writes(joint_gm: fx.GraphModule, num_inputs: int) -> BackwardWrites | None:
@@ -254,14 +275,6 @@ def _backward_writes(joint_gm: fx.GraphModule, num_inputs: int) -> BackwardWrite
         return None
     return BackwardWrites(inputs=tuple(i for i, _ in writes),
                           version_bumps=tuple(n for _, n in writes), num_grads=num_inputs)
-
-
-def _call_directly_once_compiled(call: CompiledCall) -> None:
-    """Once compiled, a backward runs without the lazy wrapper's frame in between."""
-    for role in ("backward", "backward_keeping_saved"):
-        lazy = getattr(call, role)
-        if isinstance(lazy, CompiledOnFirstCall):
-            lazy.then = functools.partial(setattr, call, role)
 
 
 def _compile_later(compile: Callable[[], Callable], timer: _Timer,
@@ -345,19 +358,6 @@ def _plain_range(edge: subclasses.Boundary, info: FunctionInfo) -> range:
     """The graph's (plain) outputs the user sees: after the mutated inputs' new values."""
     return range(edge.plain_count(len(info.data_mutated_inputs)),
                  edge.plain_count(info.num_graph_outputs))
-
-
-def _with_subclasses(edge: subclasses.Boundary, call: CompiledCall) -> CompiledCall:
-    """Decided once: a call with no subclass anywhere runs the compiled graphs directly."""
-    if not edge.is_plain:
-        call.forward = edge.wrap_forward(call.forward)
-        if call.backward is not None:
-            call.backward = edge.wrap_backward(call.backward)
-        if call.backward_keeping_saved is not None:
-            call.backward_keeping_saved = edge.wrap_backward(call.backward_keeping_saved)
-        if call.backward_ops is not None:
-            call.backward_ops = edge.wrap_backward(call.backward_ops)
-    return call
 
 
 def _is_zero_fill(grad) -> bool:

@@ -8,6 +8,7 @@ rebuilding outputs that alias inputs or intermediates) is decided at compile tim
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 from dataclasses import dataclass
@@ -221,26 +222,49 @@ def apply_compiled(call: "CompiledCall", args: list):
     return _apply_fast(call, *args)
 
 
-class CompiledCall:
-    """One compiled specialization: graphs plus the plan that wraps them."""
+@dataclass(frozen=True)
+class BackwardParts:
+    """What a training call's backward may run, all decided at compile time."""
 
-    guard: ShapeGuard | None = None  # with dynamic shapes: which calls it may serve
-    stale: StaleBackward | None = None  # outputs whose backward raises (stale.py)
+    compiled: Callable  # the compiled backward (a CompiledOnFirstCall until first needed)
+    ops: Callable  # the backward graph as partitioned, run op by op (boxed): what a tracer inlines
+    double_backward: DoubleBackward  # for a backward with create_graph=True
     # Where the backward may write into saved values (pipeline.mark_donated): one that
-    # does not, for the calls whose saved values outlive the backward. Compiled when first
-    # called.
-    backward_keeping_saved: Callable | None = None
-    # The backward graph as partitioned, run op by op (boxed): what a tracer inlines.
-    backward_ops: Callable | None = None
-    backward_writes: BackwardWrites | None = None  # inputs the backward writes into
+    # does not, for the calls whose saved values outlive the backward.
+    keeping_saved: Callable | None = None
+    writes: BackwardWrites | None = None  # inputs the backward writes into
+    stale: StaleBackward | None = None  # outputs whose backward raises (stale.py)
 
-    def __init__(self, plan: RuntimePlan, forward: Callable, backward: Callable | None,
-                 artifact: Any = None):
+    def wrapped(self, wrap: Callable[[Callable], Callable]) -> "BackwardParts":
+        """The same backward with each graph wrapped (subclass support splits and rebuilds
+        subclass values around the plain graphs)."""
+        return dataclasses.replace(
+            self, compiled=wrap(self.compiled), ops=wrap(self.ops),
+            keeping_saved=None if self.keeping_saved is None else wrap(self.keeping_saved))
+
+
+_INFERENCE = BackwardParts(compiled=None, ops=None, double_backward=None)  # no backward
+
+
+class CompiledCall:
+    """One compiled specialization: graphs plus the plan that wraps them, whole from its
+    construction (a lazily compiled backward replaces itself by its compiled graph only)."""
+
+    def __init__(self, plan: RuntimePlan, forward: Callable, artifact: Any,
+                 backward: BackwardParts | None = None, guard: ShapeGuard | None = None):
         self.plan = plan
         self.forward = forward
-        self.backward = backward
         self.artifact = artifact
-        self.double_backward: DoubleBackward | None = None  # set for training graphs
+        self.guard = guard  # with dynamic shapes: which calls it may serve
+        # Read by CompiledFunction on each backward: plain attributes, one lookup each.
+        parts = backward if backward is not None else _INFERENCE
+        self.backward = parts.compiled
+        self.backward_ops = parts.ops
+        self.double_backward = parts.double_backward
+        self.backward_keeping_saved = parts.keeping_saved
+        self.backward_writes = parts.writes
+        self.stale = parts.stale
+        self._call_backward_directly_once_compiled()
         self._mutations = _mutation_steps(plan)
         # Plain outputs of symbolic shape that take a gradient: one the loss does not reach is
         # zeros of the shape this call's forward produced.
@@ -268,6 +292,13 @@ class CompiledCall:
         self._run_graphs = self._run_training if backward is not None else self._run_inference
         self._plain_outputs = _plain_output_slice(plan.info)
         self.run = _direct_runner(self) or self._run_and_unflatten
+
+    def _call_backward_directly_once_compiled(self) -> None:
+        """Once compiled, a backward runs without the lazy wrapper's frame in between."""
+        for role in ("backward", "backward_keeping_saved"):
+            lazy = getattr(self, role)
+            if isinstance(lazy, CompiledOnFirstCall):
+                lazy.then = functools.partial(setattr, self, role)
 
     def _run_and_unflatten(self, flat_args: Sequence[Any]) -> Any:
         return self.unflatten(self(flat_args))
@@ -330,12 +361,13 @@ def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
         return None
     gather, outputs, unflatten = call._gather, call._plain_outputs, call.unflatten
     if call.backward is None:
-        # call.forward looked up per call: subclass support wraps it after construction.
+        forward = call.forward
+
         def run_inference(flat_args):
             if torch.is_grad_enabled():
                 with torch.no_grad():
-                    return unflatten(list(call.forward(list(gather(flat_args)))[outputs]))
-            return unflatten(list(call.forward(list(gather(flat_args)))[outputs]))
+                    return unflatten(list(forward(list(gather(flat_args)))[outputs]))
+            return unflatten(list(forward(list(gather(flat_args)))[outputs]))
         return run_inference
     gradless = plan.gradless_inputs
 
