@@ -11,6 +11,7 @@ part of Dynamo's guards, so one compiled graph serves every size those guards ad
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -40,7 +41,8 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
         if any(isinstance(x, list) for x in example_inputs):  # compiled autograd's graphs
             return unbox_list_inputs(gm, example_inputs, aotgrad_dynamo_backend)
-        graph_options = replace(options, static_inputs=_static_inputs(gm, example_inputs))
+        graph_options = replace(options, static_inputs=_static_inputs(gm, example_inputs),
+                                input_names=_user_names(gm))
         call = compile_dynamo_graph(gm, dynamo_fakes(gm, example_inputs), graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
             lazy = CompiledFunction(gm, graph_options)
@@ -117,6 +119,25 @@ def _flat_placeholders(gm: torch.fx.GraphModule, lengths: list[int | None]
         graph.erase_node(node)
     gm.recompile()
     return gm
+
+
+# Dynamo's source names (`L['self']._modules['fc1']._parameters['weight']`) as the user
+# writes them (`fc1.weight`): the module attribute hops, then the frame's local `L[...]`.
+_SOURCE_HOPS = (re.compile(r"\._(?:modules|parameters|buffers)\['([^']*)'\]"), r".\1")
+_ROOT_MODULE = re.compile(r"^L\['(?:self|fn|mod|model|module)'\]\.")
+_LOCAL = re.compile(r"^L\['([^']*)'\]")
+
+
+def _user_names(gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    """The user's name of each of the graph's inputs, for reports; "" where Dynamo gave none."""
+    names = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        name = getattr(source, "name", "")
+        name = name() if callable(name) else name  # a method before torch 2.13
+        name = _SOURCE_HOPS[0].sub(_SOURCE_HOPS[1], name or "")
+        names.append(_LOCAL.sub(r"\1", _ROOT_MODULE.sub("", name)))
+    return tuple(names)
 
 
 def compile_dynamo_graph(fn: Callable, flat: list, options: Options) -> CompiledCall | None:

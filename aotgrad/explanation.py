@@ -13,7 +13,7 @@ from .schema import JOINT_FW_OUTPUTS
 from .partition.memory import MemoryEstimate, estimate_peak
 from .artifact import Artifact, SavedValue
 from .partition.plans import Plan, node_cost
-from .partition.remat import forward_values
+from .partition.split import joint_of
 from .artifact import format_bytes
 
 BUDGET_STEPS = 11  # budgets 0, 0.1, ..., 1 in the report and the plot
@@ -190,7 +190,7 @@ def explain_artifact(artifact: Artifact, memory_budget: float | None = None,
         raise ValueError("explain: nothing requires grad, so there is no backward to partition")
     joint = artifact.joint_graph
     n = joint.meta[JOINT_FW_OUTPUTS]  # plain outputs (subclasses split)
-    forward = {v.name for v in forward_values(joint, n)}
+    forward = {v.name for v in joint_of(joint, n).forward}
     recomputed = [Recomputed(node.name, str(node.target), node_cost(node))
                   for node in bw.graph.nodes
                   if node.op == "call_function" and node.name in forward]

@@ -32,16 +32,17 @@ from .replay.double_backward import DoubleBackward
 from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
                                 is_symbolic, shape_guard)
 from .partition.memory import base_of
-from .partition.split import default_partition, tag_backward
-from .partition.remat import forward_values, hoist_masks
+from .partition.split import default_partition, find_joint, tag_backward
+from .partition.remat import hoist_masks
 from .runtime.call import (BackwardParts, BackwardWrites, CompiledCall, CompiledOnFirstCall,
                            RuntimePlan, run_graph_boxed)
 from .capture.stale import StaleBackward, find_stale_outputs
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
 from .verify import verify, verify_partition
-from .schema import (BACKWARD_WRITES, DONATED, GRAPH_INFO, HELD_FOR_REPLAY, JOINT_FW_OUTPUTS,
-                     OUTPUT_STRIDES, Backend, FunctionInfo, GraphInfo)
+from .schema import (BACKWARD_WRITES, DONATED, GRAPH_INFO, HELD_FOR_REPLAY, JOINT,
+                     JOINT_FW_OUTPUTS, OUTPUT_STRIDES, Backend, FunctionInfo, GraphInfo,
+                     Partition)
 
 
 @dataclass(frozen=True)
@@ -220,29 +221,32 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> _Built:
     info = c.info
     edge = _boundary(c, joint_gm, info.mutations_in_graph)
     n = joint_gm.meta[JOINT_FW_OUTPUTS]  # plain forward outputs
+    # Found once, after the last pass: every partitioner (and explain) reads it from here.
+    joint_gm.meta[JOINT] = find_joint(joint_gm, n)
     with timer("partition") as sizes:
-        fw, bw = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
+        p = Partition(*options.partition_fn(joint_gm, None, num_fwd_outputs=n), n)
+        fw, bw = p.forward, p.backward
         tag_backward(bw)
         held = random_values.hold_random_values(fw, bw, n, random_ops.ops)
         verify_partition(fw, bw, n)
-        mark_donated(fw, bw, n)
-        sizes.update(_partition_sizes(fw, bw, n))
+        mark_donated(p)
+        sizes.update(_partition_sizes(p))
     _attach(fw, "forward", options, _plain_range(edge, info), c.layout)
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
     with timer("compile_forward") as sizes:
         compiled_fw = _compile(options.backend.fw_compiler, fw)
         sizes["ops"] = count_ops(fw)
-    restride_saved(fw, bw, n)
+    restride_saved(p)
     plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
         plan,
-        num_saved_sizes=sum(not isinstance(v, torch.Tensor) for v in _saved_values(fw, n)),
+        num_saved_sizes=sum(not isinstance(v.meta.get("val"), torch.Tensor) for v in p.saved),
         gradless_inputs=_gradless_inputs(c, grads),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
-    backward = _backward_parts(c, options, timer, bw, joint_gm, _double_backward(
-        c, edge, fw, n, held))
+    backward = _backward_parts(c, options, timer, bw, joint_gm,
+                               _double_backward(c, edge, p, held))
     return _Built(plan, compiled_fw, backward, (fw, bw, joint_gm), edge)
 
 
@@ -323,31 +327,22 @@ def _trace_joint(c: Captured, options: Options, random_ops: random_values.Random
         return c, trace(c)
 
 
-def _partition_sizes(fw: fx.GraphModule, bw: fx.GraphModule, n: int) -> dict[str, Any]:
-    saved = [SavedValue.of(node) for node in fw.graph.output_node().args[0][n:]]
+def _partition_sizes(p: Partition) -> dict[str, Any]:
+    saved = [SavedValue.of(node) for node in p.saved]
     if log.isEnabledFor(logging.DEBUG):
         log.debug("saved for backward: %s", ", ".join(
             f"{s.name} {list(s.shape)} {format_bytes(s.nbytes)}" for s in saved))
-    return {"forward ops": count_ops(fw), "backward ops": count_ops(bw),
+    return {"forward ops": count_ops(p.forward), "backward ops": count_ops(p.backward),
             "saved": f"{len(saved)} values, {format_bytes(sum(s.nbytes for s in saved))}"}
 
 
-def _double_backward(c: Captured, edge: subclasses.Boundary, fw: fx.GraphModule,
-                     num_fw_outputs: int, held: random_values.ForwardRandomValues
-                     ) -> DoubleBackward:
+def _double_backward(c: Captured, edge: subclasses.Boundary, p: Partition,
+                     held: random_values.ForwardRandomValues) -> DoubleBackward:
     if not edge.is_plain:  # the replay would have to split and rebuild subclasses too
         return DoubleBackward.refused("tensor subclass inputs or outputs")
     if any(x.gains_requires_grad for x in c.info.inputs):  # the replay's inputs have it early
         return DoubleBackward.refused("requires_grad_() on an input inside it")
-    return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode,
-                          saved_inputs(fw, num_fw_outputs), held)
-
-
-def saved_inputs(fw: fx.GraphModule, num_fw_outputs: int) -> list[int]:
-    """The graph inputs the forward saves for the backward as they are."""
-    primals = {n: i for i, n in enumerate(fw.graph.find_nodes(op="placeholder"))}
-    saved = fw.graph.output_node().args[0][num_fw_outputs:]
-    return [primals[n] for n in saved if n in primals]
+    return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode, p.saved_inputs, held)
 
 
 def _boundary(c: Captured, gm: fx.GraphModule, copied_in_graph) -> subclasses.Boundary:
@@ -374,9 +369,10 @@ def _fills_zero(node: fx.Node) -> bool:
 def _joint_passes(options: Options, gm: fx.GraphModule) -> fx.GraphModule:
     """The backend's passes, masks moved next to what they test, then one node per repeated
     pure computation (cse.py)."""
-    gm = hoist_masks(_backend_passes(options.backend, gm), gm.meta[JOINT_FW_OUTPUTS])
-    forward = forward_values(gm, gm.meta[JOINT_FW_OUTPUTS])
-    return eliminate_common_subexpressions(gm, forward)
+    gm = _backend_passes(options.backend, gm)
+    j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
+    hoist_masks(j)
+    return eliminate_common_subexpressions(gm, j.forward)
 
 
 def _backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
@@ -421,14 +417,14 @@ def _shared_storages(gm: fx.GraphModule) -> list[fx.Node | None]:
     return shared
 
 
-def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:
+def restride_saved(p: Partition) -> None:
     """Give the backward's saved-value inputs the strides the compiled forward really
     produces, where the forward's compiler reported choosing its own layouts."""
-    strides = fw.meta.get(OUTPUT_STRIDES)
+    strides = p.forward.meta.get(OUTPUT_STRIDES)
     if not strides:
         return
-    saved = [n for n in bw.graph.nodes if n.op == "placeholder"]
-    for node, stride in zip(saved, strides[num_fw_outputs:]):
+    saved = p.backward.graph.find_nodes(op="placeholder")
+    for node, stride in zip(saved, strides[p.num_fw_outputs:]):
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or stride is None:
             continue
@@ -442,11 +438,12 @@ def restride_saved(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) 
         node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
 
 
-def mark_donated(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:
+def mark_donated(p: Partition) -> None:
     """Mark the backward's inputs whose memory nothing but the backward holds: saved values
     that are no input's, no other output's, and that no gradient is a view of. The compiler
     may free them early or reuse their memory; the runtime gives them up to the backward
     (CompiledGraph.backward says when it cannot)."""
+    fw, bw = p.forward, p.backward
     if _swaps_storage(fw) or _swaps_storage(bw):  # the traced storages are not the real ones
         return
     outputs = list(fw.graph.output_node().args[0])
@@ -455,7 +452,7 @@ def mark_donated(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) ->
     holders = [*fw.graph.find_nodes(op="placeholder"), *outputs]
     memory = collections.Counter(key for node in holders for key in _memory_keys(node))
     returned = {base_of(g) for g in bw.graph.output_node().args[0] if isinstance(g, fx.Node)}
-    for value, inp in zip(outputs[num_fw_outputs:], bw.graph.find_nodes(op="placeholder")):
+    for value, inp in zip(p.saved, bw.graph.find_nodes(op="placeholder")):
         keys = _memory_keys(value)
         if keys and all(memory[k] == 1 for k in keys) and inp not in returned \
                 and not inp.meta.get(HELD_FOR_REPLAY):
@@ -481,10 +478,6 @@ def _memory_keys(node) -> tuple:
 def _swaps_storage(gm: fx.GraphModule) -> bool:
     return any(getattr(n.target, "overloadpacket", None) in STORAGE_SWAPS
                for n in gm.graph.nodes)
-
-
-def _saved_values(fw: fx.GraphModule, num_fw_outputs: int) -> list:
-    return [n.meta.get("val") for n in fw.graph.output_node().args[0][num_fw_outputs:]]
 
 
 def _plan(info: FunctionInfo, c: Captured, num_fw_outputs: int,

@@ -43,6 +43,12 @@ CURVE = "aotgrad_curve"
 BACKWARD_WRITES = "aotgrad_backward_writes"
 # sets capture.joint, compat.export; reads semantics.subclasses, capture.joint, compat.export.
 TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output before splitting
+# sets capture.joint (trace); reads schema.is_tangent (semantics.aliasing, semantics.effects,
+# capture.joint, compat.export, partition.split).
+JOINT_ROLE = "aotgrad_joint_role"  # node.meta key on a placeholder: PRIMAL or TANGENT
+PRIMAL, TANGENT = "primal", "tangent"
+# sets pipeline (after the joint passes); reads partition.split (joint_of).
+JOINT = "aotgrad_joint"  # gm.meta key: the graph's Joint, found once
 # sets and reads semantics.effects.
 PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BACKWARD
 # sets and reads replay.random_values.
@@ -281,3 +287,66 @@ class Backend:
     decompositions: Mapping | None = None
     # The backend's own rewrites of the whole graph (joint or inference), before partitioning.
     graph_passes: Callable[[fx.GraphModule], fx.GraphModule] | None = None
+
+
+# ---- the joint graph ------------------------------------------------------------------------
+
+def is_tangent(node: fx.Node) -> bool:
+    """A joint graph's placeholder that takes a tangent: as the trace tagged it, else (a joint
+    graph traced elsewhere and handed to our partitioners) by torch's naming convention."""
+    role = node.meta.get(JOINT_ROLE)
+    return role == TANGENT if role is not None else node.name.startswith("tangents")
+
+
+def primals_of(graph: fx.Graph) -> list[fx.Node]:
+    return [n for n in graph.find_nodes(op="placeholder") if not is_tangent(n)]
+
+
+@dataclass(frozen=True, eq=False)
+class Joint:
+    """A joint forward+backward graph and its parts, found once after the joint passes
+    (`partition.split.joint_of`); partitioners read them instead of deriving them again."""
+
+    module: fx.GraphModule
+    num_fw_outputs: int
+    primals: tuple[fx.Node, ...]
+    tangents: tuple[fx.Node, ...]
+    fw_outputs: tuple[fx.Node | None, ...]
+    grads: tuple[fx.Node | None, ...]  # one per primal
+    fw_checks: tuple[fx.Node, ...]  # error checks eager runs in the forward (effects.py)
+    bw_checks: tuple[fx.Node, ...]  # ... and in the backward
+    # The values the forward computes for its outputs, and the sizes it can save cheaply...
+    computed_forward: frozenset[fx.Node]
+    # ... plus the masks the backward computes from them: what the forward may save.
+    forward: frozenset[fx.Node]
+
+    @property
+    def fw_roots(self) -> list:
+        """What the forward must compute: a check has no output, being a root keeps it."""
+        return [*self.fw_outputs, *self.fw_checks]
+
+    @property
+    def bw_roots(self) -> list:
+        return [*self.grads, *self.bw_checks]
+
+
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """A joint graph split in two: the forward returns its outputs, then the values it saves;
+    the backward takes the saved values, then the tangents, and returns one gradient per
+    primal (`partition.split.split_joint`)."""
+
+    forward: fx.GraphModule
+    backward: fx.GraphModule
+    num_fw_outputs: int  # plain forward outputs, before the saved values
+
+    @property
+    def saved(self) -> list[fx.Node]:
+        """The forward's nodes it saves, in the order the backward takes them."""
+        return list(self.forward.graph.output_node().args[0][self.num_fw_outputs:])
+
+    @property
+    def saved_inputs(self) -> list[int]:
+        """The graph inputs the forward saves as they are, by position."""
+        position = {n: i for i, n in enumerate(self.forward.graph.find_nodes(op="placeholder"))}
+        return [position[n] for n in self.saved if n in position]

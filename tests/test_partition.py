@@ -5,7 +5,7 @@ import torch
 from torch import fx
 
 import aotgrad
-from aotgrad.partition.split import default_partition, joint_parts, split_joint
+from aotgrad.partition.split import default_partition, joint_of, split_joint
 from aotgrad.verify import GraphInvariantError, verify, verify_partition
 
 
@@ -72,7 +72,7 @@ def test_tuple_results_are_saved_by_element():
 
 def test_split_joint_with_explicit_saved_set():
     a = artifact(mlp)
-    primals, _, _, _ = joint_parts(a.joint_graph, a.info.num_graph_outputs)
+    primals = joint_of(a.joint_graph, a.info.num_graph_outputs).primals
     # Saving only the primals forces the backward to recompute everything.
     fw, bw = split_joint(a.joint_graph, a.info.num_graph_outputs, primals)
     verify_partition(fw, bw, a.info.num_graph_outputs)

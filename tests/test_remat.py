@@ -16,9 +16,9 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
 
 import aotgrad
 from aotgrad.partition.flow import FlowNetwork
-from aotgrad.partition.split import default_partition
-from aotgrad.partition.remat import (Rule, as_early_as_possible, forward_rules, forward_values,
-                           just_in_time_order, min_cut_rematerialization_partition)
+from aotgrad.partition.split import default_partition, joint_of
+from aotgrad.partition.remat import (Rule, as_early_as_possible, forward_rules,
+                                     just_in_time_order, min_cut_rematerialization_partition)
 from aotgrad.verify import verify_partition
 
 aten = torch.ops.aten
@@ -200,7 +200,7 @@ def test_recomputation_runs_just_before_its_first_use():
     compiled = aotgrad.compile(f, backend="eager")
     compiled(torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)).backward()
     a = compiled.artifacts[0]
-    forward = {n.name for n in forward_values(a.joint_graph, a.info.num_graph_outputs)}
+    forward = {n.name for n in joint_of(a.joint_graph, a.info.num_graph_outputs).forward}
     order = [n for n in a.backward_graph.graph.nodes if n.op == "call_function"]
     for i, node in enumerate(order):
         if node.name in forward:  # recomputed: its first user comes right after its inputs
@@ -368,7 +368,7 @@ def test_rules_of_a_selective_region():
     compiled = aotgrad.compile(selective(policy_save_sin), backend="eager")
     compiled(*[torch.randn(*s, requires_grad=True) for s in SHAPES])
     art = compiled.artifacts[0]
-    rules = forward_rules(forward_values(art.joint_graph, 1))
+    rules = forward_rules(joint_of(art.joint_graph, 1).forward)
     by_name = {n.name: r for n, r in rules.items()}
     assert by_name["sin"] == Rule.SAVE  # MUST_SAVE
     assert by_name["mm"] == Rule.RECOMPUTE  # MUST_RECOMPUTE, inside the region
@@ -530,10 +530,9 @@ def test_recomputed_values_do_not_outlive_a_backward_matmul(refinements, monkeyp
     n = art.info.num_graph_outputs
     joint, saved_names = art.joint_graph, {s.name for s in art.saved}
     saved = [node for node in joint.graph.nodes if node.name in saved_names]
-    _, tangents, _, _ = aotgrad.partition.split.joint_parts(joint, n)
+    j = joint_of(joint, n)
     spanning = aotgrad.partition.remat.recomputed_across_kernels(
-        joint, forward_values(joint, n), saved, tangents,
-        aotgrad.partition.split.joint_roots(joint, n)[1])
+        joint, j.forward, saved, j.tangents, j.bw_roots)
     # The first layer's stream value is needed by the second layer's backward and, at the
     # backward's start, to rebuild the last layer's: alive across the matmuls between.
     assert bool(spanning) == (refinements == 1)

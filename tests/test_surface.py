@@ -155,6 +155,28 @@ def test_function_arguments_are_named_by_the_signature():
     assert {"x", "params['w']"} <= names
 
 
+def test_dynamo_graphs_name_saved_values_as_the_user_does():
+    from aotgrad.dynamo import make_backend
+    artifacts, backend = [], make_backend(backend="eager")
+
+    def recording(gm, example_inputs):
+        run = backend(gm, example_inputs)
+        artifacts.append(run.artifact)
+        return run
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc2(self.fc1(x).tanh())
+
+    torch.compile(Net(), backend=recording)(torch.randn(3, 4)).sum().backward()
+    names = {s.name for s in artifacts[0].saved}
+    assert {"x", "fc2.weight"} <= names and not any(n.startswith("primals") for n in names)
+
+
 def test_demo_summary_names_parameters():
     from aotgrad.demo import TinyLM
     model = aotgrad.compile(TinyLM(layers=1, width=32), backend="eager")

@@ -23,7 +23,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..semantics import subclasses
 from .analysis import graph_outputs, unseen_writes
-from ..schema import BACKWARD_WRITES, JOINT_FW_OUTPUTS, OVERWRITTEN, TRACED_OUTPUTS, FunctionInfo
+from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
+                      TRACED_OUTPUTS, FunctionInfo, primals_of)
 from .inputs import compiled_autograd_off, from_functional, functional_mode, to_functional
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
@@ -199,7 +200,7 @@ def mark_overwritten_inputs(gm: torch.fx.GraphModule, info: FunctionInfo,
     """Tag the primals the runtime overwrites after the forward: a partitioner must not
     save them for the backward (their clone holds the value the backward needs). A
     subclass input is overwritten through each of its plain primals."""
-    primals = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    primals = primals_of(gm.graph)
     # set_() gives the input other memory, and a resize frees or reallocates it, after the
     # forward: as good as overwritten.
     mutated = [x.mutated or x.storage_swap is not None or x.storage_bytes is not None
@@ -359,6 +360,11 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
             fx_traceback.preserve_node_meta(), _lazy_graph_modules(), compiled_autograd_off():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
+    # Each placeholder's role, from the argument it stands for: `fn` takes the primals, then
+    # (a joint) the tangents. Partitioners read it (schema.is_tangent), not the node's name.
+    roles = [role for role, group in zip((PRIMAL, TANGENT), plain_args) for _ in group]
+    for node, role in zip(gm.graph.find_nodes(op="placeholder"), roles, strict=True):
+        node.meta[JOINT_ROLE] = role
     copy_forward_stack_traces(gm)
     return cleanup(gm)
 

@@ -20,7 +20,7 @@ from .config import config
 from ..pipeline import capture_and_analyze
 from ..verify import verify
 from ..capture.inputs import call_with_state, lift_state
-from ..schema import TRACED_OUTPUTS, FunctionInfo, OutputKind, SubclassMeta
+from ..schema import TRACED_OUTPUTS, FunctionInfo, OutputKind, SubclassMeta, is_tangent
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def call_as_primals_and_tangents(gm: fx.GraphModule, num_fw_outputs: int) -> Non
     """functorch's joint convention: `gm(primals, tangents) -> (outputs, gradients)`."""
     from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    num_tangents = sum(n.name.startswith("tangents") for n in placeholders)
+    num_tangents = sum(map(is_tangent, placeholders))
     num_primals = len(placeholders) - num_tangents
     outs = list(gm.graph.output_node().args[0])
     _, in_spec = pytree.tree_flatten(([0] * num_primals, [0] * num_tangents))

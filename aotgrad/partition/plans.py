@@ -22,8 +22,8 @@ import torch
 from torch import fx
 
 from .memory import Buffers, MemoryEstimate, TwoPhase, fused_in_kernels, owners, program
-from .split import ancestors, joint_parts, joint_roots
-from .remat import (CHOICES, Rule, backward_schedule, forward_rules, forward_values,
+from .split import ancestors, joint_of
+from .remat import (CHOICES, Rule, backward_schedule, forward_rules,
                     min_cut_saved_values, node_cost)
 
 
@@ -45,12 +45,13 @@ class PlanSpace:
     def __init__(self, joint: fx.GraphModule, num_fwd_outputs: int, kernels: bool = True):
         """`kernels`: may plans recompute matmuls and convolutions (`Rule.COSTLY`)?"""
         self.joint, self.num_fwd_outputs = joint, num_fwd_outputs
-        self.primals, self.tangents, self.fw_outs, self.grads = joint_parts(joint,
-                                                                            num_fwd_outputs)
-        self.fw_roots, self.bw_roots = joint_roots(joint, num_fwd_outputs)
+        j = joint_of(joint, num_fwd_outputs)
+        self.primals, self.tangents, self.fw_outs, self.grads = \
+            j.primals, j.tangents, j.fw_outputs, j.grads
+        self.fw_roots, self.bw_roots = j.fw_roots, j.bw_roots
         self.nodes = list(joint.graph.nodes)
         self.position = {node: i for i, node in enumerate(self.nodes)}
-        self.forward = forward_values(joint, num_fwd_outputs)
+        self.forward = j.forward
         self.rules = forward_rules(self.forward)
         if not kernels:
             self.rules.update((n, Rule.SAVE) for n, r in self.rules.items() if r == Rule.COSTLY)
@@ -169,13 +170,13 @@ class PlanSpace:
         def bw_key(node):
             return node if node in saved_set else ("bw", node)
         # Saved values come in as placeholders: in the forward's buffers, reading nothing.
-        bw_nodes = self.tangents + body
+        bw_nodes = [*self.tangents, *body]
         bw_steps = [(-1, ())] * len(saved) + program(
             bw_nodes, buffers, bw_key, fused_in_kernels(bw_nodes, kept=self.grads))
         owner = buffers.owner
         # Each output step reads what its graph returns.
         bw_steps.append((-1, tuple(owners(owner, self.grads, bw_key))))
-        fw_steps = forward + [(-1, tuple(owners(owner, self.fw_outs + ordered_saved)))]
+        fw_steps = forward + [(-1, tuple(owners(owner, [*self.fw_outs, *ordered_saved])))]
         return TwoPhase(buffers, fw_steps, bw_steps,
                         inputs=owners(owner, self.primals),
                         user_outputs=owners(owner, self.fw_outs),

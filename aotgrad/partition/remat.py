@@ -30,10 +30,9 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from ..semantics.dynamic import hint
 from .flow import FlowNetwork
-from ..schema import OVERWRITTEN
+from ..schema import OVERWRITTEN, Joint
 from .memory import base_of, is_tuple, tensor_bytes
-from .split import (ancestors, joint_parts, joint_roots, split_joint, with_masks,
-                        with_sizes, with_tuple_elements)
+from .split import ancestors, joint_of, split_joint
 from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE,
                      TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
 
@@ -69,32 +68,16 @@ CHECKPOINT_POLICY_RULES = {
 }
 
 
-def forward_values(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
-    """The values the forward computes (or may save): inputs, ancestors of its outputs,
-    the elements of its tuples, and the sizes and boolean masks the backward computes from
-    them (cheaper to save than what they are computed from)."""
-    return with_masks(_computed_forward(joint, num_fwd_outputs), joint)
-
-
-def _computed_forward(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
-    """The forward values but the masks: what the forward computes for its outputs."""
-    primals = joint_parts(joint, num_fwd_outputs)[0]
-    fw_roots, _ = joint_roots(joint, num_fwd_outputs)
-    return with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint)
-
-
-def hoist_masks(joint: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
+def hoist_masks(j: Joint) -> None:
     """Move each mask the backward computes from forward values (and the views it reads) to
     just after what it reads: a forward that saves it computes it there, while the value it
-    tests is alive anyway, not at its end."""
-    forward = _computed_forward(joint, num_fwd_outputs)
-    masked = with_masks(forward, joint) - forward
+    tests is alive anyway, not at its end. Only moves nodes: `j` stays right."""
+    masked = j.forward - j.computed_forward
     if masked:
-        order = as_early_as_possible(list(joint.graph.nodes), masked)
+        order = as_early_as_possible(list(j.module.graph.nodes), masked)
         for before, node in zip(order, order[1:]):
             before.append(node)
-        joint.recompile()
-    return joint
+        j.module.recompile()
 
 
 def forward_rules(forward: set[fx.Node]) -> dict[fx.Node, str]:
@@ -250,9 +233,8 @@ def min_cut_rematerialization_partition(joint_module: fx.GraphModule, _joint_inp
 def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
     """The saved values of a minimum-byte cut, among the cuts whose recomputed values stay
     inside the backward's fused kernels."""
-    _, tangents, _, grads = joint_parts(joint, num_fwd_outputs)
-    _, bw_roots = joint_roots(joint, num_fwd_outputs)
-    forward = forward_values(joint, num_fwd_outputs)
+    j = joint_of(joint, num_fwd_outputs)
+    forward, tangents, grads, bw_roots = j.forward, j.tangents, j.grads, j.bw_roots
     rules = forward_rules(forward)
     for _ in range(REFINEMENTS):
         saved = _min_cut(joint, forward, rules, grads, tangents, bw_roots)
@@ -359,7 +341,7 @@ def split_recomputing_late(joint: fx.GraphModule, num_fwd_outputs: int,
                            saved: Sequence[fx.Node]) -> tuple[fx.GraphModule, fx.GraphModule]:
     """`split_joint`, the backward recomputing each forward value just before its first
     use: in joint order they would all run, and be alive, at its start."""
-    forward = forward_values(joint, num_fwd_outputs)
+    forward = joint_of(joint, num_fwd_outputs).forward
     return split_joint(joint, num_fwd_outputs, saved,
                        lambda nodes: backward_schedule(nodes, forward))
 

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import fx
 
+from ..schema import JOINT, Joint, is_tangent
 from ..semantics.dynamic import DynamicShapesUnsupported, free_symbols, is_size
 
 aten = torch.ops.aten
@@ -22,22 +23,30 @@ from ..semantics.effects import checks_by_phase
 from .memory import is_alias
 
 
-def joint_parts(joint: fx.GraphModule, num_fwd_outputs: int):
-    """(primals, tangents, forward outputs, gradient outputs) of a joint graph."""
-    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
-    tangents = [n for n in placeholders if n.name.startswith("tangents")]
-    primals = [n for n in placeholders if not n.name.startswith("tangents")]
+def joint_of(joint: fx.GraphModule, num_fwd_outputs: int) -> Joint:
+    """The graph's Joint: the one the pipeline found after its joint passes, else (a graph
+    traced elsewhere, handed to a functorch-signature partitioner) found now."""
+    found = joint.meta.get(JOINT)
+    if found is not None and found.module is joint and found.num_fw_outputs == num_fwd_outputs:
+        return found
+    return find_joint(joint, num_fwd_outputs)
+
+
+def find_joint(joint: fx.GraphModule, num_fwd_outputs: int) -> Joint:
+    placeholders = joint.graph.find_nodes(op="placeholder")
     outs = list(joint.graph.output_node().args[0])
-    return primals, tangents, outs[:num_fwd_outputs], outs[num_fwd_outputs:]
-
-
-def joint_roots(joint: fx.GraphModule, num_fwd_outputs: int) -> tuple[list, list]:
-    """What each half must compute: the forward outputs and the error checks eager runs in
-    the forward; the gradients and the error checks it runs in the backward (effects.py).
-    A check has no output: only being a root keeps it in its half."""
-    _, _, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
     fw_checks, bw_checks = checks_by_phase(joint.graph)
-    return fw_outs + fw_checks, grads + bw_checks
+    primals = [n for n in placeholders if not is_tangent(n)]
+    fw_outs = outs[:num_fwd_outputs]
+    # The forward: the inputs, the ancestors of its outputs and checks, the elements of its
+    # tuples, and the sizes computed from them (a few bytes to save, where the backward would
+    # need a tensor to read them from).
+    computed = with_sizes(with_tuple_elements(ancestors(fw_outs + fw_checks) | set(primals)),
+                          joint)
+    return Joint(joint, num_fwd_outputs, tuple(primals),
+                 tuple(n for n in placeholders if is_tangent(n)), tuple(fw_outs),
+                 tuple(outs[num_fwd_outputs:]), tuple(fw_checks), tuple(bw_checks),
+                 frozenset(computed), frozenset(with_masks(computed, joint)))
 
 
 def ancestors(roots: Iterable[fx.Node | None], stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
@@ -112,15 +121,14 @@ def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_f
     The forward holds exactly what its outputs need; whatever else the backward needs is
     computed in the backward, from saved forward values.
     """
-    primals, _, _, grads = joint_parts(joint_module, num_fwd_outputs)
-    fw_roots, _ = joint_roots(joint_module, num_fwd_outputs)
-    forward = with_sizes(with_tuple_elements(ancestors(fw_roots) | set(primals)), joint_module)
+    j = joint_of(joint_module, num_fwd_outputs)
+    forward = j.computed_forward
     read_by_backward = {
         inp for node in joint_module.graph.nodes
         if node.op == "call_function" and node not in forward
         for inp in node.all_input_nodes if inp in forward
     }
-    read_by_backward |= {g for g in grads if g in forward}
+    read_by_backward |= {g for g in j.grads if g in forward}
     saved = [n for n in joint_module.graph.nodes if n in read_by_backward]
     return split_joint(joint_module, num_fwd_outputs, saved)
 
@@ -129,12 +137,11 @@ def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.
                 backward_order: Callable[[list[fx.Node]], list[fx.Node]] | None = None):
     """Forward and backward graphs for a given choice of saved values. `backward_order`
     may reorder the backward's ops (given in joint order) before its code is generated."""
-    primals, tangents, fw_outs, grads = joint_parts(joint, num_fwd_outputs)
-    fw_checks, bw_checks = checks_by_phase(joint.graph)
-    saved = list(saved) + symbol_bindings(joint, primals, list(saved) + tangents)
+    j = joint_of(joint, num_fwd_outputs)
+    saved = list(saved) + symbol_bindings(joint, j.primals, [*saved, *j.tangents])
     saved = sorted(saved, key=_is_symbolic)  # tensors first, then sizes (functorch's order)
-    fw = _extract(joint, primals, fw_outs + list(saved), fw_checks)
-    bw = _extract(joint, list(saved) + tangents, grads, bw_checks, backward_order)
+    fw = _extract(joint, j.primals, [*j.fw_outputs, *saved], j.fw_checks)
+    bw = _extract(joint, [*saved, *j.tangents], j.grads, j.bw_checks, backward_order)
     return fw, bw
 
 

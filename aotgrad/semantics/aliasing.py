@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..capture import analysis
 from . import subclasses
-from ..schema import OVERWRITTEN, FunctionInfo, Geometry
+from ..schema import OVERWRITTEN, FunctionInfo, Geometry, primals_of
 from .dynamic import geometry
 
 # Which storage a tensor uses: the address of its StorageImpl, in one C call where torch has
@@ -403,7 +403,7 @@ def mark_bases_overwritten(gm: torch.fx.GraphModule, aliasing: InputAliasing | N
     a partitioner must not save it for the backward."""
     if aliasing is None or not aliasing.groups:
         return
-    primals = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    primals = primals_of(gm.graph)
     for node in primals[len(primals) - len(aliasing.groups):]:
         node.meta[OVERWRITTEN] = True
 

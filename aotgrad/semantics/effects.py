@@ -12,7 +12,7 @@ needed to order it, only a data dependence on the value it checks (which it has)
 in the half of the step where eager runs it. So capture traces every op of
 `tables.ERROR_CHECKS` as a plain op with no outputs, tagged with the phase it ran in
 (`PHASE`); FX's dead-code elimination keeps it (`keep_when_unused`); the partitioner makes it
-a root of the forward or of the backward (`partition.split.joint_roots`). A failing check then
+a root of the forward or of the backward (`partition.split.joint_of`). A failing check then
 raises at run time exactly as eager does: the same kernel, the same exception type and
 message. Ops with other effects (prints, torchbind calls, custom ops registered effectful)
 need their order kept by tokens: `refuse_effectful_op` turns PyTorch's assertion into a
@@ -29,7 +29,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
 from ..tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS
-from ..schema import PHASE
+from ..schema import PHASE, is_tangent
 
 FORWARD, BACKWARD = "forward", "backward"
 
@@ -116,7 +116,7 @@ def _phase_from_data(node: fx.Node) -> str:
     stack, seen = list(node.all_input_nodes), set()
     while stack:
         current = stack.pop()
-        if current.op == "placeholder" and current.name.startswith("tangents"):
+        if current.op == "placeholder" and is_tangent(current):
             return BACKWARD
         if current not in seen:
             seen.add(current)
