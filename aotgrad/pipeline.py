@@ -34,8 +34,9 @@ from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is
 from .partition.memory import base_of
 from .partition.split import default_partition, find_joint, tag_backward
 from .partition.remat import hoist_masks
-from .runtime.call import (BackwardParts, BackwardWrites, CompiledCall, CompiledOnFirstCall,
-                           RuntimePlan, run_graph_boxed)
+from .runtime.call import (BackwardParts, CompiledCall, CompiledOnFirstCall, RuntimePlan,
+                           run_graph_boxed)
+from .runtime.mutations import BackwardWrites
 from .capture.stale import StaleBackward, find_stale_outputs
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS

@@ -72,8 +72,8 @@ AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autog
 #   partition.split and partition.remat.
 # "desc" (node): set by compat.descriptors on placeholders and the output node.
 # "user_visible_output_idxs" (output node): set by backends.compilers for Inductor.
-# "example_value", "steal_arg", "tensor_dict" (node): Dynamo's; read (and "example_value"
-#   set on unpacked elements) by dynamo.
+# "example_value", "steal_arg", "tensor_dict", "grapharg" (node): Dynamo's; read (and
+#   "example_value" set on unpacked elements) by dynamo ("grapharg": the user's input names).
 # custom_functions' `grad_mode_key` argument: GRAD_ENABLED, passed by replay.double_backward.
 
 
