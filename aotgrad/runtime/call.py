@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -23,6 +24,7 @@ from ..schema import FunctionInfo, InputInfo, OutputInfo, OutputKind
 from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
+from ..autograd import state as _compiled_autograd
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -54,6 +56,19 @@ class RuntimePlan:
     def mutated_inputs(self) -> tuple[int, ...]:
         return tuple(i for i, x in enumerate(self.info.inputs)
                      if x.mutated or x.storage_swap is not None or x.storage_bytes is not None)
+
+
+_region_ids = itertools.count(1)
+
+
+def _region_key(call: "CompiledCall", saved_sizes: Sequence[int]) -> int:
+    """A positive id per compiled specialization and the saved sizes its backward reads
+    (plain ints at run time, which a traced backward bakes in)."""
+    ids = call.__dict__.setdefault("compiled_autograd_ids", {})
+    sizes = tuple(saved_sizes)
+    if sizes not in ids:
+        ids[sizes] = next(_region_ids)
+    return ids[sizes]
 
 
 class CompiledFunction(torch.autograd.Function):
@@ -90,6 +105,12 @@ class CompiledFunction(torch.autograd.Function):
         return tuple(outs[:plan.num_fw_outputs])
 
     @staticmethod
+    def _compiled_autograd_key(ctx):
+        # Compiled autograd caches a captured backward under this key: the graph it traced
+        # is this specialization's, with these saved sizes baked in.
+        return (_region_key(ctx.call, ctx.saved_sizes),)
+
+    @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
         if call.stale is not None:  # eager's error, where eager's backward would raise it
@@ -102,9 +123,10 @@ class CompiledFunction(torch.autograd.Function):
             if call.backward_writes is not None:
                 call.backward_writes.refuse_create_graph()
             return (None, *call.double_backward.input_grads(ctx, tangents))
-        if torch.compiler.is_compiling():
-            # Dynamo inlines this backward into the graph compiled autograd captured: run
-            # the backward graph's ops for it to record, not one opaque compiled call.
+        if torch.compiler.is_compiling() or _compiled_autograd.capturing:
+            # Dynamo inlines this backward into the graph torch's compiled autograd captured,
+            # or aotgrad's compiled autograd traces it: run the backward graph's ops for it
+            # to record, not one opaque compiled call.
             outs = call.backward_ops([*ctx.saved_tensors, *ctx.saved_sizes, *tangents])
             if call.backward_writes is not None:
                 outs = call.backward_writes.copy_in(ctx, outs)
