@@ -6,7 +6,7 @@
 
 Modules: `api.py` (enable, the session, the eager fallback), `capture.py` (the instance the
 engine calls), `hooks.py` (what the graph calls at run time), `cache.py` (keys, miss
-reasons), `inductor.py` (the "inductor" compiler), `state.py` (the flag call.py reads,
+reasons), `state.py` (the flag call.py reads,
 importable alone: this package loads the rest on first use).
 """
 

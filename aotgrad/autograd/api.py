@@ -80,9 +80,11 @@ class Session:
 def resolve_compiler(compiler: Any) -> Callable[[fx.GraphModule], Callable]:
     if compiler == "eager":
         return lambda gm: gm
-    if compiler == "inductor":
-        from .inductor import compile_captured
-        return compile_captured
+    if compiler == "inductor":  # the graph holds Python calls (hooks, .grad) Inductor can't
+        raise NotImplementedError(
+            "aotgrad: compiled_autograd.enable('inductor') is not built yet (the captured "
+            "graph's hook and accumulation calls must be split out first); pass 'eager' or "
+            "your own compiler(gm)")
     if callable(compiler):
         return compiler
     raise ValueError(f"aotgrad: compiled_autograd.enable takes 'eager', 'inductor' or a "
@@ -100,12 +102,16 @@ def enable(compiler: Any = "eager", dynamic: bool = True) -> Iterator[Stats]:
     """
     session = Session(resolve_compiler(compiler))
     engine = torch._C._dynamo.compiled_autograd
+    # The engine's cache outlives a context: emptied, it holds only this session's graphs,
+    # compiled by this compiler (not an earlier session's, nor torch's own instance's).
+    engine.clear_cache()
     prior = engine.set_autograd_compiler(functools.partial(BackwardCapture, session), dynamic)
     try:
         with torch.autograd.set_multithreading_enabled(False), _eager_fallback(session):
             yield session.stats
     finally:
         engine.set_autograd_compiler(*prior)
+        engine.clear_cache()
 
 
 @contextlib.contextmanager

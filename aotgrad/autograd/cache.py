@@ -10,6 +10,7 @@ A miss is explained as the difference against the nearest earlier key, part by p
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 log = logging.getLogger("aotgrad.autograd")
@@ -34,7 +35,7 @@ class CaptureKey:
         if self.walk != older.walk:
             return _walk_differences(older.walk, self.walk)
         if len(self.lifted) != len(older.lifted):
-            return [f"{len(older.lifted)} lifted inputs -> {len(self.lifted)}"]
+            return _count_differences(older.lifted, self.lifted)
         return [f"{new.owner}: {new.what} {_show(old.value)} -> {_show(new.value)}"
                 for old, new in zip(older.lifted, self.lifted) if old != new]
 
@@ -45,6 +46,15 @@ def _walk_differences(old: tuple[str, ...], new: tuple[str, ...]) -> list[str]:
             return [f"step {i} of the backward: {a} -> {b}"]
     longer, extra = ("now", new[len(old)]) if len(new) > len(old) else ("before", old[len(new)])
     return [f"{len(old)} steps -> {len(new)} ({longer} also: {extra})"]
+
+
+def _count_differences(old: tuple[Lifted, ...], new: tuple[Lifted, ...]) -> list[str]:
+    """Lifted inputs gained or lost (a .grad to accumulate into, a hook's tensor)."""
+    before = Counter((x.what, _show(x.value)) for x in old)
+    after = Counter((x.what, _show(x.value)) for x in new)
+    gained = [f"now also lifts a {what} {value}" for what, value in after - before]
+    lost = [f"no longer lifts a {what} {value}" for what, value in before - after]
+    return [f"{len(old)} lifted inputs -> {len(new)}"] + gained + lost
 
 
 def _show(value: tuple) -> str:

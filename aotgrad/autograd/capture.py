@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -106,6 +107,7 @@ class BackwardCapture:
         self.tracer.create_node("output", "output",
                                 (self.tracer.create_arg(self.to_proxy(list(outputs))),), {})
         self.close()
+        order_like_eager(self.tracer.graph)
         gm = fx.GraphModule(self.tracer.root, self.tracer.graph, "CompiledAutograd")
         key = CaptureKey(tuple(self.walk), self.key_parts)
         captured = self.session.compile(gm, key)
@@ -254,6 +256,47 @@ class BackwardCapture:
         return fresh
 
 
+def order_like_eager(graph: fx.Graph) -> None:
+    """The engine's walk is a topological order, not eager's: eager runs AccumulateGrad
+    (highest priority) as soon as its gradient is ready, then that parameter's
+    post-accumulate-grad hooks. Move each accumulation there, with its hooks, so hooks
+    observe the same order and `.grad` values as in eager."""
+    _hoist_input_reads(graph)
+    for acc in [n for n in graph.nodes if n.target is hooks.accumulate_into]:
+        followers = _post_accumulate_hooks(acc)
+        needs = {a for n in (acc, *followers) for a in n.all_input_nodes} - set(followers)
+        anchor = max(needs, key=_position)
+        for node in [acc, *followers]:
+            anchor.append(node)
+            anchor = node
+
+
+def _hoist_input_reads(graph: fx.Graph) -> None:
+    """`hooks[3]` is read where the hook runs: read every input up front instead, so that
+    moving a hook's call never moves it before its read."""
+    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    for node in list(graph.nodes):
+        if node.target is operator.getitem and node.args[0].op == "placeholder":
+            last.append(node)
+            last = node
+
+
+def _post_accumulate_hooks(acc: fx.Node) -> list[fx.Node]:
+    found, node = [], acc.next
+    while node.op != "output" and node.target is not hooks.accumulate_into:
+        if node.target is hooks.run_post_accumulate_hook and node.args[1] is acc.args[0]:
+            found.append(node)
+        node = node.next
+    return found
+
+
+def _position(node: fx.Node) -> int:
+    position, cursor = 0, node
+    while cursor.op != "root":
+        cursor, position = cursor.prev, position + 1
+    return position
+
+
 def _source(kind: str, index: int) -> Any:
     """A name for a lifted size's symbol (guards are suppressed: only logs read it)."""
     from torch._dynamo.source import ConstantSource  # Source.name is a property from 2.12
@@ -290,16 +333,26 @@ def _empty(meta: Any) -> torch.Tensor | None:
 
 def _lifted(inputs: Sequence, sizes: Sequence, origins: Any) -> tuple[Lifted, ...]:
     """The key parts a miss is explained by: each lifted tensor and size, with its node."""
+    # The engine names each one's node only with its verbose logger on: else its index.
     tensor_origins, size_origins = (origins[0], origins[1]) if origins else ([], [])
-    owner = lambda o: f"node {o[0]} {o[1].replace('torch::autograd::', '')}"  # noqa: E731
-    parts = [Lifted(owner(o), "tensor" if t.grad is None else "tensor with a .grad",
-                    (tuple(t.shape), t.dtype))
-             for t, o in zip(inputs, tensor_origins)]
-    parts += [Lifted(owner(o), "size", (v,)) for v, o in zip(sizes, size_origins)]
+    parts = [Lifted(_owner(tensor_origins, i, "input"),
+                    "tensor with a .grad" if _has_grad(t) else "tensor", (tuple(t.shape), t.dtype))
+             for i, t in enumerate(inputs)]
+    parts += [Lifted(_owner(size_origins, i, "size"), "size", (v,)) for i, v in enumerate(sizes)]
     return tuple(parts)
+
+
+def _owner(origins: Sequence, i: int, what: str) -> str:
+    if i < len(origins):
+        return f"node {origins[i][0]} {origins[i][1].replace('torch::autograd::', '')}"
+    return f"lifted {what} {i}"
 
 
 def run_captured(captured: Any, inputs: list, sizes: list, scalars: list, hook_list: list,
                  packed: list = ()) -> Any:
     """The engine's runtime wrapper: it calls this with the compiled graph and its inputs."""
     return captured(inputs, sizes, scalars, hook_list, packed)
+
+
+def _has_grad(t: torch.Tensor) -> bool:
+    return t.is_leaf and t.grad is not None  # a non-leaf's .grad warns when read
