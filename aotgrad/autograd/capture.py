@@ -108,6 +108,7 @@ class BackwardCapture:
                                 (self.tracer.create_arg(self.to_proxy(list(outputs))),), {})
         self.close()
         order_like_eager(self.tracer.graph)
+        drop_unused(self.tracer.graph)
         gm = fx.GraphModule(self.tracer.root, self.tracer.graph, "CompiledAutograd")
         key = CaptureKey(tuple(self.walk), self.key_parts)
         captured = self.session.compile(gm, key)
@@ -269,6 +270,24 @@ def order_like_eager(graph: fx.Graph) -> None:
         for node in [acc, *followers]:
             anchor.append(node)
             anchor = node
+
+
+_EFFECTS = frozenset({hooks.accumulate_into, hooks.run_tensor_hook, hooks.run_node_pre_hook,
+                      hooks.run_node_post_hook, hooks.run_post_accumulate_hook,
+                      hooks.run_cpp_tensor_hooks, hooks.run_python_backward})
+
+
+def drop_unused(graph: fx.Graph) -> None:
+    """Drop what nothing reads: size comparisons the formulas branched on, size reads. The
+    Python calls stay: they are run for their effects."""
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and not node.users and node.target not in _EFFECTS \
+                and not _mutates(node.target):
+            graph.erase_node(node)
+
+
+def _mutates(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
 def _hoist_input_reads(graph: fx.Graph) -> None:
