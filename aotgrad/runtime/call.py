@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -24,6 +25,7 @@ from ..schema import FunctionInfo, OutputInfo, OutputKind
 from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
+from ..autograd import state as _compiled_autograd
 from .mutations import BackwardWrites, mutation_steps, set_versions
 
 @dataclass(frozen=True)
@@ -56,6 +58,19 @@ class RuntimePlan:
     def mutated_inputs(self) -> tuple[int, ...]:
         return tuple(i for i, x in enumerate(self.info.inputs)
                      if x.mutated or x.storage_swap is not None or x.storage_bytes is not None)
+
+
+_region_ids = itertools.count(1)
+
+
+def _region_key(call: "CompiledCall", saved_sizes: Sequence[int]) -> int:
+    """A positive id per compiled specialization and the saved sizes its backward reads
+    (plain ints at run time, which a traced backward bakes in)."""
+    ids = call.compiled_autograd_ids
+    sizes = tuple(saved_sizes)
+    if sizes not in ids:
+        ids[sizes] = next(_region_ids)
+    return ids[sizes]
 
 
 class CompiledFunction(torch.autograd.Function):
@@ -92,6 +107,12 @@ class CompiledFunction(torch.autograd.Function):
         return tuple(outs[:plan.num_fw_outputs])
 
     @staticmethod
+    def _compiled_autograd_key(ctx):
+        # Compiled autograd caches a captured backward under this key: the graph it traced
+        # is this specialization's, with these saved sizes baked in.
+        return (_region_key(ctx.call, ctx.saved_sizes),)
+
+    @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
         if call.stale is not None:  # eager's error, where eager's backward would raise it
@@ -104,9 +125,10 @@ class CompiledFunction(torch.autograd.Function):
             if call.backward_writes is not None:
                 call.backward_writes.refuse_create_graph()
             return (None, *call.double_backward.input_grads(ctx, tangents))
-        if torch.compiler.is_compiling():
-            # Dynamo inlines this backward into the graph compiled autograd captured: run
-            # the backward graph's ops for it to record, not one opaque compiled call.
+        if torch.compiler.is_compiling() or _compiled_autograd.capturing:
+            # Dynamo inlines this backward into the graph torch's compiled autograd captured,
+            # or aotgrad's compiled autograd traces it: run the backward graph's ops for it
+            # to record, not one opaque compiled call.
             outs = call.backward_ops([*ctx.saved_tensors, *ctx.saved_sizes, *tangents])
             if call.backward_writes is not None:
                 outs = call.backward_writes.copy_in(ctx, outs)
@@ -226,6 +248,7 @@ class CompiledCall:
         self.backward_keeping_saved = parts.keeping_saved
         self.backward_writes = parts.writes
         self.stale = parts.stale
+        self.compiled_autograd_ids: dict[tuple, int] = {}  # _region_key's, per saved sizes
         self._call_backward_directly_once_compiled()
         self._mutations = mutation_steps(plan.info, plan.copied_in_graph, plan.sizes)
         # Plain outputs of symbolic shape that take a gradient: one the loss does not reach is
