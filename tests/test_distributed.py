@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from filelock import FileLock
 from torch import nn
 
 import aotgrad
@@ -261,20 +262,34 @@ def run_scenarios(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def launch(out_dir: str) -> list[dict]:
+    """Both ranks run every scenario; each rank's results."""
+    init_file = os.path.join(out_dir, "init")
+    context = mp.start_processes(run_scenarios, args=(init_file, out_dir), nprocs=WORLD,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_S
+    while not context.join(timeout=max(1.0, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            pytest.fail(f"the two ranks ran past {DEADLINE_S} s")
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(WORLD)]
+
+
 @pytest.fixture(scope="module")
-def results():
-    """Every scenario's results in each rank: one launch of two processes for the file."""
-    with tempfile.TemporaryDirectory() as out_dir:
-        init_file = os.path.join(out_dir, "init")
-        context = mp.start_processes(run_scenarios, args=(init_file, out_dir), nprocs=WORLD,
-                                     join=False, start_method="spawn")
-        deadline = time.monotonic() + DEADLINE_S
-        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                for p in context.processes:
-                    p.kill()
-                pytest.fail(f"the two ranks ran past {DEADLINE_S} s")
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(WORLD)]
+def results(tmp_path_factory):
+    """Every scenario's results in each rank, from one launch of two processes for the whole
+    run: under pytest-xdist the first worker to get here launches, the other reads its file
+    (their base temporary folders share a parent)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    path = shared / "distributed_results.pt"
+    with FileLock(str(path) + ".lock"):
+        if not path.exists():
+            with tempfile.TemporaryDirectory() as out_dir:
+                torch.save(launch(out_dir), path)
+        return torch.load(path)
 
 
 def scenario(results, name: str) -> list[dict]:
