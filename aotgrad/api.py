@@ -306,5 +306,6 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
                       keep_inference_input_mutations, dynamic=dynamic,
                       compile_backward=compile_backward)
     if isinstance(fn_or_module, torch.nn.Module):
+        check.not_data_parallel("compile", fn_or_module)
         return CompiledModule(fn_or_module, options, max_entries)
     return CompiledFunction(fn_or_module, options, max_entries)

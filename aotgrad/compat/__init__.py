@@ -114,6 +114,7 @@ def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
                         compile_backward, where="aot_module")
 
     check.module("aot_module", mod)
+    check.not_data_parallel("aot_module", mod)
     refuse_fake_state(mod)
     return CompiledModule(mod, with_compilers(*args, **kwargs))
 
