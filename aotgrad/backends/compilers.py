@@ -141,7 +141,8 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
         context.fw_metadata = _InductorBackwardMeta(donated)
     graphed = cudagraphs.inductor_kwargs(info)
     was_graphed = bool(graphed.get("cudagraphs"))
-    with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated):
+    with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
+            cudagraphs.inductor_config(info):
         with TracingContext.report_output_strides() as strides:
             compiled = compile_fx_inner(
                 body, example_inputs,
@@ -151,7 +152,7 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
                 **graphed,
             )
         gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
-    cudagraphs.report_inductor(info, compiled, was_graphed)
+    cudagraphs.report_inductor(info, compiled, was_graphed, body, example_inputs)
     if checks is None:
         return compiled
     return run_checks_after(as_boxed(compiled), checks, len(outputs))

@@ -17,6 +17,7 @@ a replay live in the pool until the next replay of the same graph overwrites the
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from dataclasses import dataclass
@@ -58,12 +59,16 @@ def fallback_reasons(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[
     elif len(devices) > 1:
         reasons.append(f"several devices {sorted(map(str, devices))}")
     if any(_symbolic(v) for v in example_inputs):
-        reasons.append("dynamic shapes (compile with dynamic=False, or use the Inductor "
-                       "backend, which records one graph per size)")
+        reasons.append(_DYNAMIC)
     node = _first_unrecordable(gm)
     if node is not None:
         reasons.append(f"data-dependent op {node.target} ({node.name})")
     return reasons
+
+
+_DYNAMIC = ("dynamic shapes (compile with dynamic=False, or use the Inductor backend, which "
+            "records one graph per size)")
+_INDUCTOR_RECORDS = (_DYNAMIC,)
 
 
 def _symbolic(value: Any) -> bool:
@@ -104,16 +109,30 @@ def inductor_kwargs(info: GraphInfo) -> dict[str, Any]:
     return {"cudagraphs": state.enabled, "boxed_forward_device_index": state.device}
 
 
-def report_inductor(info: GraphInfo, compiled: Any, was_enabled: bool) -> None:
-    """Log why Inductor did not record a graph it was asked to."""
+def inductor_config(info: GraphInfo):
+    """Inductor's config while it compiles a graph to record: some of its passes read the
+    global switch rather than the box (as torch's own annotation path patches it), and its
+    FX graph cache keys on it, so that a graph compiled without recording is not reused."""
+    from torch._inductor import config
+    if info.cudagraphs is None or not info.cudagraphs.enabled or config.triton.cudagraphs:
+        return contextlib.nullcontext()
+    return config.patch({"triton.cudagraphs": True})
+
+
+def report_inductor(info: GraphInfo, compiled: Any, was_enabled: bool, gm: fx.GraphModule,
+                    example_inputs: Sequence[Any]) -> None:
+    """Log why Inductor did not record a graph it was asked to: aotgrad's own reasons where
+    it finds one (Inductor records dynamic shapes, one graph per size), else Inductor's."""
     state = info.cudagraphs
     if state is None or not was_enabled or state.enabled:
         return
-    reason = getattr(compiled, "disabled_cudagraphs_reason", None)
-    cached = getattr(compiled, "cudagraph_info", None)
-    reason = reason or ", ".join(getattr(cached, "cudagraph_fail_reasons", ()) or ()) \
-        or "Inductor did not record it"
-    _log_skip(info.role, [reason.strip()])
+    reasons = [r for r in fallback_reasons(gm, example_inputs) if r not in _INDUCTOR_RECORDS]
+    if not reasons:
+        cached = getattr(compiled, "cudagraph_info", None)
+        reason = getattr(compiled, "disabled_cudagraphs_reason", None) or ", ".join(
+            getattr(cached, "cudagraph_fail_reasons", None) or ["Inductor did not record it"])
+        reasons = [reason.strip()]
+    _log_skip(info.role, reasons)
 
 
 def record(compiled: Callable, gm: fx.GraphModule, example_inputs: Sequence[Any],
