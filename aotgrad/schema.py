@@ -275,6 +275,9 @@ class GraphInfo:
     role: str  # "forward", "backward" or "inference"
     static_inputs: tuple[int, ...]  # inputs that live across calls (parameters, buffers)
     user_outputs: range  # outputs the user sees, whose strides must match eager
+    # With CUDA graphs asked for: the compile's backends.cudagraphs.CudagraphState, one for
+    # its forward and backward together; None otherwise.
+    cudagraphs: Any = None
 
 
 @dataclass(frozen=True)
