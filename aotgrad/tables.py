@@ -26,6 +26,10 @@ ERROR_CHECKS = frozenset({
     aten._assert_async.msg,
 })
 
+# Higher-order ops (by name) whose fake-tensor rule makes symbols: they need a shape
+# environment, which only Dynamo's fake tensors carry (semantics/hops.py).
+HOPS_NEEDING_SHAPE_ENV = frozenset({"while_loop"})
+
 # Ops that return a buffer of unspecified contents: two calls are two buffers, never merged.
 UNINITIALIZED = frozenset({
     aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,

@@ -27,6 +27,7 @@ from torch import fx
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
+from .hops import functionalize_hop
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
 from ..tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS
 from ..schema import PHASE, is_tangent
@@ -61,7 +62,14 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         # resize_storage_bytes_(), which the runtime replays (the graph holds none).
         self.storage_bytes: dict[int, int] = {}
 
+    # Higher-order ops (cond, scan, invoke_subgraph...) look their rule up by the mode's
+    # exact class: without this they would find none for a subclass. `__torch_dispatch__`
+    # hands them to functionalization's own rules (hops.py).
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return functionalize_hop(self, func, args, kwargs or {})
         if func is SET_FROM_TENSOR:
             self.set_calls.record(args)
             out = super().__torch_dispatch__(func, types, args, kwargs)

@@ -1,0 +1,117 @@
+"""Higher-order ops (semantics/hops.py): control flow, compiled regions and effects, through
+each front door, against eager: outputs, gradients, parameters' gradients."""
+
+import pytest
+import torch
+from torch._higher_order_ops import associative_scan, scan, while_loop
+from torch._higher_order_ops.map import map as hop_map
+
+import aotgrad
+from harness import Case, check_case
+from test_semantics import compat, compile_eager, dynamo
+
+DOORS = pytest.mark.parametrize("door", [compile_eager, compat, dynamo],
+                                ids=["compile", "compat", "dynamo"])
+
+
+def dynamo_only(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=aotgrad.backend(backend="eager"), fullgraph=True)
+
+
+class CondNet(torch.nn.Module):
+    """Both branches read the module's parameters; the predicate comes from the data."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.scale = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.lin(x).sin() * self.scale,
+                          lambda x: self.lin(x).cos() + self.scale, (x,))
+
+
+def positive():
+    return (torch.rand(3, 4).requires_grad_(),), {}
+
+
+def negative():
+    return ((-torch.rand(3, 4)).requires_grad_(),), {}
+
+
+def cond_fn(x, w):
+    """Branches that close over an argument (Dynamo lifts it into the op's operands)."""
+    return torch.cond(x.sum() > 0, lambda x: (x * w).sin(), lambda x: x.cos() - w, (x,))
+
+
+def cond_inputs():
+    return (torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)), {}
+
+
+def scan_fn(init, xs):
+    def combine(carry, x):
+        carry = carry * x.sin() + x
+        return carry.clone(), carry.cos()
+    return scan(combine, init, xs)
+
+
+def scan_inputs():
+    return (torch.randn(4, requires_grad=True), torch.randn(5, 4, requires_grad=True)), {}
+
+
+def map_fn(xs, w):
+    return hop_map(lambda x, w: (x @ w).tanh(), xs, w)
+
+
+def map_inputs():
+    return (torch.randn(3, 2, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)), {}
+
+
+def while_fn(x):
+    i, y = while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2 + 1), (torch.tensor(0), x))
+    return i, y
+
+
+def associative_fn(x):
+    return associative_scan(lambda a, b: a + b, x, dim=0, combine_mode="generic")
+
+
+def grad_inputs(*shape):
+    return lambda: ((torch.randn(*shape, requires_grad=True),), {})
+
+
+FUNCTION_CASES = [
+    Case("cond_closure", cond_inputs, cond_fn),
+    Case("scan", scan_inputs, scan_fn),
+    Case("map", map_inputs, map_fn),
+    Case("associative_scan", grad_inputs(5, 4), associative_fn),
+]
+MODULE_CASES = [  # aot_function closes over a module's parameters: compile and Dynamo only
+    Case("cond_true_branch", positive, factory=CondNet),
+    Case("cond_false_branch", negative, factory=CondNet),
+]
+
+
+@pytest.mark.parametrize("case", FUNCTION_CASES, ids=[c.name for c in FUNCTION_CASES])
+@DOORS
+def test_control_flow(case, door):
+    check_case(case, door)
+
+
+@pytest.mark.parametrize("case", MODULE_CASES, ids=[c.name for c in MODULE_CASES])
+@pytest.mark.parametrize("door", [compile_eager, dynamo_only], ids=["compile", "dynamo"])
+def test_cond_reads_parameters(case, door):
+    check_case(case, door)
+
+
+def test_while_loop_forward_through_dynamo():
+    check_case(Case("while_loop", grad_inputs(3, 4), while_fn), dynamo_only)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_while_loop_outside_dynamo_is_refused(door):
+    """torch's own aot_function fails here too, with an AttributeError."""
+    with pytest.raises(NotImplementedError, match="aotgrad: while_loop is supported through "
+                       "torch.compile"):
+        door(while_fn)(torch.randn(3, 4))
