@@ -115,3 +115,95 @@ def test_while_loop_outside_dynamo_is_refused(door):
     with pytest.raises(NotImplementedError, match="aotgrad: while_loop is supported through "
                        "torch.compile"):
         door(while_fn)(torch.randn(3, 4))
+
+
+# ---- effects: prints, ordered by tokens ------------------------------------------------------
+
+class PrintingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        torch._higher_order_ops.print("forward {}", 1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch._higher_order_ops.print("backward {}", 2)
+        return grad * 2
+
+
+def printing(x):
+    torch._higher_order_ops.print("start {}", x.shape[0])
+    y = x.sin()
+    torch.ops.aten._print("middle")
+    return PrintingFunction.apply(y).cos()
+
+
+def printed(fn, x, capfd) -> tuple[str, str]:
+    """What `fn(x)` prints, then what its backward prints."""
+    capfd.readouterr()
+    out = fn(x)
+    forward = capfd.readouterr().out
+    out.sum().backward()
+    return forward, capfd.readouterr().out
+
+
+DOORS_INDUCTOR = pytest.mark.parametrize(
+    "door", [compile_eager, compat, dynamo_only, lambda fn: aotgrad.compile(fn)],
+    ids=["compile", "compat", "dynamo", "inductor"])
+
+
+@DOORS_INDUCTOR
+def test_prints_in_order_in_forward_and_backward(door, capfd):
+    x = torch.randn(3, requires_grad=True)
+    eager = printed(printing, x, capfd)
+    assert eager == ("start 3\nmiddle\nforward 1\n", "backward 2\n")
+    compiled = door(printing)
+    for _ in range(2):  # each call prints again: nothing is cached away
+        assert printed(compiled, x, capfd) == eager
+
+
+# ---- compiled regions: nested_compile_region (invoke_subgraph) -------------------------------
+
+class RegionBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return x + self.lin(self.norm(x)).relu()
+
+
+class RegionNet(torch.nn.Module):
+    def __init__(self, depth=4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(RegionBlock() for _ in range(depth))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_compiled_region_matches_eager():
+    check_case(Case("regions", grad_inputs(2, 8), factory=RegionNet), dynamo_only)
+
+
+def test_compiled_region_is_one_subgraph_called_per_block():
+    """The forward and backward graphs each call one subgraph, once per block: the region
+    is traced, partitioned and handed to the backend once."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    compiled = torch.compile(RegionNet(4), backend=aotgrad.backend(backend=backend))
+    compiled(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    assert len(graphs) == 2
+    for gm in graphs:
+        calls = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+        assert len(calls) == 4 and len({n.args[0].target for n in calls}) == 1
+        assert len(list(gm.named_children())) == 1
