@@ -207,3 +207,72 @@ def test_compiled_region_is_one_subgraph_called_per_block():
         calls = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
         assert len(calls) == 4 and len({n.args[0].target for n in calls}) == 1
         assert len(list(gm.named_children())) == 1
+
+
+# ---- flex attention: forward on CPU (its backward is GPU-only: tools/gpu_hops.py) -------------
+
+def _flex():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 128, 128, device="cpu")
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, q, kv: s + (q - kv) * 0.1,
+                              block_mask=mask)
+    return attend
+
+
+def flex_inputs(requires_grad=False):
+    return lambda: (tuple(torch.randn(1, 2, 128, 16, requires_grad=requires_grad)
+                          for _ in range(3)), {})
+
+
+@DOORS
+def test_flex_attention_forward(door):
+    check_case(Case("flex_attention", flex_inputs(), factory=_flex), door)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_flex_attention_backward_on_cpu_raises_as_eager(door):
+    check_case(Case("flex_attention_grad", flex_inputs(True), factory=_flex), door)
+
+
+# ---- activation checkpointing inside a cond branch and a compiled region ----------------------
+
+def checkpointed_cond(x, w):
+    def branch(x):
+        return torch.utils.checkpoint.checkpoint(lambda x: (x @ w).sin() @ w, x,
+                                                 use_reentrant=False)
+    return torch.cond(x.sum() > 0, branch, lambda x: (x @ w).cos(), (x,))
+
+
+class CheckpointedRegion(RegionBlock):
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+
+    def block(self, x):
+        return x + self.lin(self.norm(x)).relu()
+
+
+def test_checkpoint_inside_cond_branch():
+    inputs = lambda: ((torch.rand(3, 4, requires_grad=True),  # noqa: E731 - the true branch
+                       torch.randn(4, 4, requires_grad=True)), {})
+    check_case(Case("checkpointed_cond", inputs, checkpointed_cond), dynamo_only)
+
+
+def test_checkpoint_inside_compiled_region():
+    net = lambda: torch.nn.Sequential(CheckpointedRegion(), CheckpointedRegion())  # noqa: E731
+    check_case(Case("checkpointed_region", grad_inputs(2, 8), factory=net), dynamo_only)
+
+
+# ---- the partitioner and explain: a higher-order op is one unit -------------------------------
+
+def test_explain_names_higher_order_ops_as_units():
+    report = aotgrad.explain(scan_fn, *scan_inputs()[0])
+    assert report.units == {"scan": 2}  # the forward's scan, and the backward's
+    assert "scan x2" in str(report) and "one unit" in str(report)
+
+
+@pytest.mark.parametrize("case", FUNCTION_CASES[:3], ids=[c.name for c in FUNCTION_CASES[:3]])
+def test_memory_budget_with_higher_order_ops(case):
+    check_case(case, lambda fn: aotgrad.compile(fn, backend="eager", memory_budget=0.3))

@@ -42,3 +42,15 @@ def _refuse_without_shape_env(hop: torch._ops.HigherOrderOperator) -> None:
             f"aotgrad: {hop.name()} is supported through torch.compile(backend=\"aotgrad\") "
             "only (its trip count needs Dynamo's symbolic shapes). Compile the function with "
             "torch.compile, or call it outside the compiled function.")
+
+
+def hop_counts(graph: torch.fx.Graph) -> dict[str, int]:
+    """How many times each higher-order op is called in `graph` (with_effects apart: it
+    wraps one plain op), for `explain`: the partitioner treats each call as one op."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.HigherOrderOperator) \
+                and target is not torch.ops.higher_order.with_effects:
+            counts[target.name()] = counts.get(target.name(), 0) + 1
+    return counts
