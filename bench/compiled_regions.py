@@ -1,15 +1,14 @@
 """Compile time against depth, with and without compiled regions (`nested_compile_region`).
 
-    python bench/compiled_regions.py [--layers 4,16] [--backends eager,inductor] [--out bench/results]
+    python bench/compiled_regions.py [--layers 4,16] [--backends eager,torch-aot_eager] [--out bench/results]
 
 A transformer LM (aotgrad.demo.TinyLM) whose block's forward is, or is not, marked
 `torch.compiler.nested_compile_region`, compiled by `torch.compile(backend=aotgrad.backend(
 backend=...))`: the time is the first training step's (Dynamo, aotgrad's capture, trace,
-partition and the backend's compile of forward and backward) minus a steady step's, by
+partition; the eager backend compiles nothing) minus a steady step's, by
 process CPU time and wall time. With regions, Dynamo hands aotgrad one `invoke_subgraph`
 per block, all calling one subgraph: it is traced and partitioned once (PyTorch's HOP
-autograd caches it by its identifier) and the backend compiles it once, so compile time
-should not grow with depth as a flat graph's does. PyTorch's own AOTAutograd (`aot_eager`)
+autograd caches it by its identifier) and a backend sees it once. PyTorch's own AOTAutograd (`aot_eager`)
 is measured alongside as the reference. Also counted: the distinct subgraphs
 in the forward and backward graphs aotgrad hands the backend.
 """
@@ -53,14 +52,14 @@ def step_seconds(compiled, tokens, targets) -> dict[str, float]:
 
 
 def measure(layers: int, regions: bool, backend: str) -> dict:
-    """`backend`: aotgrad's ("eager", "inductor"), or "torch-aot_eager" (PyTorch's AOTAutograd,
-    the reference: its graphs are not counted)."""
+    """`backend`: "eager" (aotgrad, running the FX graphs it hands the backend), or
+    "torch-aot_eager" (PyTorch's AOTAutograd, the reference: its graphs are not counted)."""
     torch._dynamo.reset()
     graphs: list[torch.fx.GraphModule] = []
 
     def counting(gm, example_inputs):
         graphs.append(gm)
-        return gm if backend == "eager" else _inductor(gm, example_inputs)
+        return gm
 
     lm = model(layers, regions)
     dynamo_backend = "aot_eager" if backend.startswith("torch") else aotgrad.backend(
@@ -76,11 +75,6 @@ def measure(layers: int, regions: bool, backend: str) -> dict:
             "graph_nodes": [len(g.graph.nodes) for g in graphs],
             "subgraphs": [len(list(g.named_children())) for g in graphs],
             "loss_matches_eager": bool(torch.allclose(loss, eager, atol=1e-5))}
-
-
-def _inductor(gm, example_inputs):
-    from torch._inductor.compile_fx import compile_fx_inner
-    return compile_fx_inner(gm, example_inputs)
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
