@@ -14,6 +14,7 @@ from .partition.memory import MemoryEstimate, estimate_peak
 from .artifact import Artifact, SavedValue
 from .partition.plans import Plan, node_cost
 from .partition.split import joint_of
+from .semantics.hops import hop_counts
 from .artifact import format_bytes
 
 BUDGET_STEPS = 11  # budgets 0, 0.1, ..., 1 in the report and the plot
@@ -41,6 +42,8 @@ class Explanation:
     recomputed: list[Recomputed]
     memory: MemoryEstimate
     memory_budget: float | None = None
+    # Higher-order ops in the joint graph (name: calls): each partitioned as one unit.
+    units: dict[str, int] = field(default_factory=dict)
     # Computes the curve (None: explain(..., curve=False)); or the curve itself, known.
     curve_source: Callable[[], Curve] | Curve | None = field(default=None, repr=False,
                                                             compare=False)
@@ -97,6 +100,11 @@ class Explanation:
                f"{format_bytes(total)} of traffic):")
         yield from (f"  {r.name:<24} {r.op:<36} {format_bytes(r.cost_bytes)}"
                     for r in self.recomputed)
+        if self.units:
+            yield ("higher-order ops, each partitioned as one unit (its outputs saved or the "
+                   "whole op recomputed; what its subgraphs compute inside is neither saved "
+                   "nor recomputed apart, their own partition decides): "
+                   + ", ".join(f"{name} x{n}" for name, n in self.units.items()))
         if (curve or self._curve_known()) and self.curve is not None:
             yield from self._curve_lines()
         if graphs:
@@ -197,4 +205,4 @@ def explain_artifact(artifact: Artifact, memory_budget: float | None = None,
     # The curve a memory budget was chosen on, if the compile computed it.
     source = (joint.meta.get(CURVE) or functools.partial(plan_curve, joint, n)) if curve else None
     return Explanation(fw.code, bw.code, artifact.saved, recomputed, estimate_peak(fw, bw, n),
-                       memory_budget, source)
+                       memory_budget, hop_counts(joint.graph), source)

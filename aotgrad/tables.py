@@ -26,6 +26,10 @@ ERROR_CHECKS = frozenset({
     aten._assert_async.msg,
 })
 
+# Higher-order ops (by name) whose fake-tensor rule makes symbols: they need a shape
+# environment, which only Dynamo's fake tensors carry (semantics/hops.py).
+HOPS_NEEDING_SHAPE_ENV = frozenset({"while_loop"})
+
 # Ops that return a buffer of unspecified contents: two calls are two buffers, never merged.
 UNINITIALIZED = frozenset({
     aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
@@ -185,7 +189,7 @@ def needs_functionalization(target) -> bool:
     if not isinstance(target, torch._ops.OpOverload):
         return True
     return (target._schema.is_mutable or target in UNMARKED_MUTATIONS or target in ERROR_CHECKS
-            or target in STORAGE_RESIZES or _has_effect(target))
+            or target in STORAGE_RESIZES or has_effect(target))
 
 
 # Ops that update arguments in place although their schemas do not mark it: batch norm's
@@ -223,7 +227,8 @@ UNMARKED_MUTATIONS = {
 }
 
 
-def _has_effect(op) -> bool:
+def has_effect(op) -> bool:
+    """Does PyTorch order `op` with effect tokens (a print, a torchbind call...)?"""
     from torch._higher_order_ops.effects import has_effects
     try:
         return has_effects(op)

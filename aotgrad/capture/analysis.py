@@ -159,6 +159,8 @@ class _RefuseClosedOverState(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_dynamo_compiling():  # torch.cond's Dynamo capturing a branch:
+            return func(*args, **kwargs)  # the op it records meets this mode after
         for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
             if _is_real(t):
                 _refuse(func, t, mutated=i == 0 and _is_inplace(func))
@@ -178,6 +180,8 @@ class _RefuseRequiresGradOff(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_dynamo_compiling():  # as _RefuseClosedOverState
+            return func(*args, **kwargs)
         if func in _REQUIRES_GRAD_SETTERS and id(args[0]) in self.leaves and \
                 not (args[1] if len(args) > 1 else kwargs.get("requires_grad", True)):
             raise _requires_grad_turned_off()

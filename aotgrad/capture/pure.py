@@ -38,6 +38,13 @@ class NeedsFunctionalization(Exception):
 
 
 class _StopAtImpureOps(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """The Dynamo that `scan` or `map` runs to capture its body (it stops here after)
+        must not see this mode: it would skip the body's frame, and keep skipping it in
+        the user's eager calls."""
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _needs_functionalization(func):
             raise NeedsFunctionalization(str(func))  # before it runs: the fakes stay intact

@@ -85,6 +85,14 @@ class RandomValueTags(TorchDispatchMode):
     the node holding each drawn output's value. Sits above functionalization, so it sees
     the ops the function calls, as a replay's trace does."""
 
+    supports_higher_order_operators = True  # a cond or scan passes through as one op
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """The Dynamo that `scan` or `map` runs to capture its body must not see this mode:
+        it would skip the body's frame, and keep skipping it in the user's eager calls."""
+        return True
+
     def __init__(self):
         super().__init__()
         self.ops: list = []  # the random ops, in call order

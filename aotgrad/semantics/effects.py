@@ -15,8 +15,11 @@ in the half of the step where eager runs it. So capture traces every op of
 a root of the forward or of the backward (`partition.split.joint_of`). A failing check then
 raises at run time exactly as eager does: the same kernel, the same exception type and
 message. Ops with other effects (prints, torchbind calls, custom ops registered effectful)
-need their order kept by tokens: `refuse_effectful_op` turns PyTorch's assertion into a
-clear error.
+need their order kept: PyTorch's functionalization runs each as `with_effects(token, op,
+...)`, which returns a new token that the next such op takes. The chain starts at a token
+the graph makes itself (`prims._make_token`, as torch's AOTAutograd leaves it once it
+unlifts its token inputs: `EffectTokens`); each `with_effects` node is tagged with its phase
+and rooted like an error check, so that it runs once, in order, in the half eager runs it.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from torch import fx
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
+from .hops import functionalize_hop
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from ..tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS
+from ..tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS, has_effect
 from ..schema import PHASE, is_tangent
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -40,6 +44,7 @@ def keep_when_unused() -> None:
     some torch versions already count `_linalg_check_errors` among them, others do not."""
     for op in ERROR_CHECKS:
         fx.node.has_side_effect(op)
+    fx.node.has_side_effect(torch.ops.higher_order.with_effects)  # its token is not returned
 
 
 keep_when_unused()
@@ -55,13 +60,35 @@ class CheckingFunctionalMode(FunctionalTensorMode):
 
     def __init__(self):
         super().__init__()
-        self.phase = FORWARD  # the joint trace sets BACKWARD while it takes the gradients
+        self._phase = FORWARD
+        self._tokens = EffectTokens()  # read by PyTorch's handle_effects
         self.set_calls = SetCalls()
         # Per tensor (by id): its storage's size in bytes after its last
         # resize_storage_bytes_(), which the runtime replays (the graph holds none).
         self.storage_bytes: dict[int, int] = {}
 
+    # Higher-order ops (cond, scan, invoke_subgraph...) look their rule up by the mode's
+    # exact class: without this they would find none for a subclass. `__torch_dispatch__`
+    # hands them to functionalization's own rules (hops.py).
+    supports_higher_order_operators = True
+
+    @property
+    def phase(self) -> str:
+        """FORWARD, or BACKWARD while the joint trace takes the gradients."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, phase: str) -> None:
+        # The backward's effects start a chain of their own: the runtime runs the backward
+        # after the forward, and a token saved across would be an input Inductor cannot lower.
+        self._phase = phase
+        self._tokens = EffectTokens()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            out = functionalize_hop(self, func, args, kwargs or {})
+            _tag_traced_effects(self.phase)
+            return out
         if func is SET_FROM_TENSOR:
             self.set_calls.record(args)
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -76,12 +103,47 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             with self:  # its ops are functionalized in turn
                 return declared(*args, **(kwargs or {}))
         if func not in ERROR_CHECKS:
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if has_effect(func):
+                _tag_traced_effects(self.phase)
+            return out
         args, kwargs = pytree.tree_map_only(
             FunctionalTensor, FunctionalTensor.from_functional, (args, kwargs or {}))
         result = func(*args, **kwargs)  # below functionalization: traced (or run) as is
         _tag_traced_check(func, self.phase)
         return result
+
+
+class EffectTokens(dict):
+    """The last token of each kind of effect. The first op of a kind finds one made where it
+    runs: in a trace, a `prims._make_token` node (PyTorch's functionalization would instead
+    assert that the token was passed in as an input)."""
+
+    def __contains__(self, key) -> bool:
+        return True
+
+    def __missing__(self, key) -> torch.Tensor:
+        with torch.autograd.grad_mode.no_grad():
+            token = torch.ops.prims._make_token.default()
+        self[key] = token
+        return token
+
+
+def _tag_traced_effects(phase: str) -> None:
+    """Tag the `with_effects` nodes the last op traced (nothing when not tracing)."""
+    proxy_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
+    if proxy_mode is None:
+        return
+    for node in reversed(proxy_mode.tracer.graph.nodes):
+        if PHASE in node.meta:
+            return
+        if is_effect(node):
+            node.meta[PHASE] = phase
+
+
+def is_effect(node: fx.Node) -> bool:
+    """An op with ordered side effects, as functionalization left it (a print...)."""
+    return node.op == "call_function" and node.target is torch.ops.higher_order.with_effects
 
 
 def _tag_traced_check(func, phase: str) -> None:
@@ -100,13 +162,13 @@ def is_error_check(node: fx.Node) -> bool:
 
 
 def checks_by_phase(graph: fx.Graph) -> tuple[list[fx.Node], list[fx.Node]]:
-    """The error checks eager runs in the forward, and those it runs in the backward.
+    """The error checks and effects eager runs in the forward, and those in the backward.
 
     A check traced without a phase (a backend's rewrite made it) goes by its data: in the
     backward when it reads a tangent, else in the forward."""
     forward, backward = [], []
     for node in graph.nodes:
-        if is_error_check(node):
+        if is_error_check(node) or is_effect(node):
             phase = node.meta.get(PHASE) or _phase_from_data(node)
             (backward if phase == BACKWARD else forward).append(node)
     return forward, backward

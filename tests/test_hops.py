@@ -1,0 +1,278 @@
+"""Higher-order ops (semantics/hops.py): control flow, compiled regions and effects, through
+each front door, against eager: outputs, gradients, parameters' gradients."""
+
+import pytest
+import torch
+from torch._higher_order_ops import associative_scan, scan, while_loop
+from torch._higher_order_ops.map import map as hop_map
+
+import aotgrad
+from harness import Case, check_case
+from test_semantics import compat, compile_eager, dynamo
+
+DOORS = pytest.mark.parametrize("door", [compile_eager, compat, dynamo],
+                                ids=["compile", "compat", "dynamo"])
+
+
+def dynamo_only(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=aotgrad.backend(backend="eager"), fullgraph=True)
+
+
+class CondNet(torch.nn.Module):
+    """Both branches read the module's parameters; the predicate comes from the data."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.scale = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.lin(x).sin() * self.scale,
+                          lambda x: self.lin(x).cos() + self.scale, (x,))
+
+
+def positive():
+    return (torch.rand(3, 4).requires_grad_(),), {}
+
+
+def negative():
+    return ((-torch.rand(3, 4)).requires_grad_(),), {}
+
+
+def cond_fn(x, w):
+    """Branches that close over an argument (Dynamo lifts it into the op's operands)."""
+    return torch.cond(x.sum() > 0, lambda x: (x * w).sin(), lambda x: x.cos() - w, (x,))
+
+
+def cond_inputs():
+    return (torch.randn(3, 4, requires_grad=True), torch.randn(4, requires_grad=True)), {}
+
+
+def scan_fn(init, xs):
+    def combine(carry, x):
+        carry = carry * x.sin() + x
+        return carry.clone(), carry.cos()
+    return scan(combine, init, xs)
+
+
+def scan_inputs():
+    return (torch.randn(4, requires_grad=True), torch.randn(5, 4, requires_grad=True)), {}
+
+
+def map_fn(xs, w):
+    return hop_map(lambda x, w: (x @ w).tanh(), xs, w)
+
+
+def map_inputs():
+    return (torch.randn(3, 2, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)), {}
+
+
+def while_fn(x):
+    i, y = while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2 + 1), (torch.tensor(0), x))
+    return i, y
+
+
+def associative_fn(x):
+    return associative_scan(lambda a, b: a + b, x, dim=0, combine_mode="generic")
+
+
+def grad_inputs(*shape):
+    return lambda: ((torch.randn(*shape, requires_grad=True),), {})
+
+
+FUNCTION_CASES = [
+    Case("cond_closure", cond_inputs, cond_fn),
+    Case("scan", scan_inputs, scan_fn),
+    Case("map", map_inputs, map_fn),
+    Case("associative_scan", grad_inputs(5, 4), associative_fn),
+]
+MODULE_CASES = [  # aot_function closes over a module's parameters: compile and Dynamo only
+    Case("cond_true_branch", positive, factory=CondNet),
+    Case("cond_false_branch", negative, factory=CondNet),
+]
+
+
+@pytest.mark.parametrize("case", FUNCTION_CASES, ids=[c.name for c in FUNCTION_CASES])
+@DOORS
+def test_control_flow(case, door):
+    check_case(case, door)
+
+
+@pytest.mark.parametrize("case", MODULE_CASES, ids=[c.name for c in MODULE_CASES])
+@pytest.mark.parametrize("door", [compile_eager, dynamo_only], ids=["compile", "dynamo"])
+def test_cond_reads_parameters(case, door):
+    check_case(case, door)
+
+
+def test_while_loop_forward_through_dynamo():
+    check_case(Case("while_loop", grad_inputs(3, 4), while_fn), dynamo_only)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_while_loop_outside_dynamo_is_refused(door):
+    """torch's own aot_function fails here too, with an AttributeError."""
+    with pytest.raises(NotImplementedError, match="aotgrad: while_loop is supported through "
+                       "torch.compile"):
+        door(while_fn)(torch.randn(3, 4))
+
+
+# ---- effects: prints, ordered by tokens ------------------------------------------------------
+
+class PrintingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        torch._higher_order_ops.print("forward {}", 1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch._higher_order_ops.print("backward {}", 2)
+        return grad * 2
+
+
+def printing(x):
+    torch._higher_order_ops.print("start {}", x.shape[0])
+    y = x.sin()
+    torch.ops.aten._print("middle")
+    return PrintingFunction.apply(y).cos()
+
+
+def printed(fn, x, capfd) -> tuple[str, str]:
+    """What `fn(x)` prints, then what its backward prints."""
+    capfd.readouterr()
+    out = fn(x)
+    forward = capfd.readouterr().out
+    out.sum().backward()
+    return forward, capfd.readouterr().out
+
+
+DOORS_INDUCTOR = pytest.mark.parametrize(
+    "door", [compile_eager, compat, dynamo_only, lambda fn: aotgrad.compile(fn)],
+    ids=["compile", "compat", "dynamo", "inductor"])
+
+
+@DOORS_INDUCTOR
+def test_prints_in_order_in_forward_and_backward(door, capfd):
+    x = torch.randn(3, requires_grad=True)
+    eager = printed(printing, x, capfd)
+    assert eager == ("start 3\nmiddle\nforward 1\n", "backward 2\n")
+    compiled = door(printing)
+    for _ in range(2):  # each call prints again: nothing is cached away
+        assert printed(compiled, x, capfd) == eager
+
+
+# ---- compiled regions: nested_compile_region (invoke_subgraph) -------------------------------
+
+class RegionBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return x + self.lin(self.norm(x)).relu()
+
+
+class RegionNet(torch.nn.Module):
+    def __init__(self, depth=4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(RegionBlock() for _ in range(depth))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_compiled_region_matches_eager():
+    check_case(Case("regions", grad_inputs(2, 8), factory=RegionNet), dynamo_only)
+
+
+def test_compiled_region_is_one_subgraph_called_per_block():
+    """The forward and backward graphs each call one subgraph, once per block: the region
+    is traced, partitioned and handed to the backend once."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    compiled = torch.compile(RegionNet(4), backend=aotgrad.backend(backend=backend))
+    compiled(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    assert len(graphs) == 2
+    for gm in graphs:
+        calls = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+        assert len(calls) == 4 and len({n.args[0].target for n in calls}) == 1
+        assert len(list(gm.named_children())) == 1
+
+
+# ---- flex attention: forward on CPU (its backward is GPU-only: tools/gpu_hops.py) -------------
+
+def _flex():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 128, 128, device="cpu")
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, q, kv: s + (q - kv) * 0.1,
+                              block_mask=mask)
+    return attend
+
+
+def flex_inputs(requires_grad=False):
+    return lambda: (tuple(torch.randn(1, 2, 128, 16, requires_grad=requires_grad)
+                          for _ in range(3)), {})
+
+
+@DOORS
+def test_flex_attention_forward(door):
+    check_case(Case("flex_attention", flex_inputs(), factory=_flex), door)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_flex_attention_backward_on_cpu_raises_as_eager(door):
+    check_case(Case("flex_attention_grad", flex_inputs(True), factory=_flex), door)
+
+
+# ---- activation checkpointing inside a cond branch and a compiled region ----------------------
+
+def checkpointed_cond(x, w):
+    def branch(x):
+        return torch.utils.checkpoint.checkpoint(lambda x: (x @ w).sin() @ w, x,
+                                                 use_reentrant=False)
+    return torch.cond(x.sum() > 0, branch, lambda x: (x @ w).cos(), (x,))
+
+
+class CheckpointedRegion(RegionBlock):
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+
+    def block(self, x):
+        return x + self.lin(self.norm(x)).relu()
+
+
+def test_checkpoint_inside_cond_branch():
+    inputs = lambda: ((torch.rand(3, 4, requires_grad=True),  # noqa: E731 - the true branch
+                       torch.randn(4, 4, requires_grad=True)), {})
+    check_case(Case("checkpointed_cond", inputs, checkpointed_cond), dynamo_only)
+
+
+def test_checkpoint_inside_compiled_region():
+    net = lambda: torch.nn.Sequential(CheckpointedRegion(), CheckpointedRegion())  # noqa: E731
+    check_case(Case("checkpointed_region", grad_inputs(2, 8), factory=net), dynamo_only)
+
+
+# ---- the partitioner and explain: a higher-order op is one unit -------------------------------
+
+def test_explain_names_higher_order_ops_as_units():
+    report = aotgrad.explain(scan_fn, *scan_inputs()[0])
+    assert report.units == {"scan": 2}  # the forward's scan, and the backward's
+    assert "scan x2" in str(report) and "one unit" in str(report)
+
+
+@pytest.mark.parametrize("case", FUNCTION_CASES[:3], ids=[c.name for c in FUNCTION_CASES[:3]])
+def test_memory_budget_with_higher_order_ops(case):
+    check_case(case, lambda fn: aotgrad.compile(fn, backend="eager", memory_budget=0.3))
