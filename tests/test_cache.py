@@ -272,8 +272,9 @@ def run_script(tmp_path: Path, backend: str, barrier: Path | None = None,
                start: bool = False) -> subprocess.Popen | dict:
     script = tmp_path / "step.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO),
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    # Inductor's own cache stays where it is: warm from an earlier run, it makes the cold
+    # process fast too, and the warm one must still find its graphs there.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, str(script), backend, *([str(barrier)] if barrier else [])]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

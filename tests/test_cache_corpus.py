@@ -1,0 +1,40 @@
+"""Every corpus case compiled cold, then again from the persistent cache (a hit, or a bypass
+that says why), each compared against eager by the harness: a warm compile behaves exactly
+as a cold one."""
+
+from __future__ import annotations
+
+import pytest
+
+import aotgrad
+from aotgrad import cache
+from corpus import CASES
+from harness import check_case
+from test_corpus import REFUSED
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOTGRAD_CACHE", "1")
+    monkeypatch.setenv("AOTGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    cache.reset_stats()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_warm_compile_matches_eager(case):
+    compile_fn = lambda target: aotgrad.compile(target, backend="eager")  # noqa: E731
+    doors, error = REFUSED.get(case.name, ((), ""))
+
+    def check():
+        if "compile-eager" not in doors:
+            return check_case(case, compile_fn)
+        with pytest.raises(Exception, match=error):  # refused in capture, warm or cold
+            check_case(case, compile_fn)
+    check()
+    cold = cache.events()
+    assert all(event in ("miss", "bypass") for event, _ in cold), cold
+    cache.reset_stats()
+    check()
+    warm = cache.events()
+    # Every compile the cold run stored is a hit now; what it bypassed is bypassed again.
+    assert [e for e, _ in warm] == [{"miss": "hit"}.get(e, e) for e, _ in cold], warm
