@@ -229,7 +229,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> _Built:
         c, joint_gm = _trace_joint(c, options, random_ops)
         sizes["joint graph ops"] = count_ops(joint_gm)
     # Keyed by the joint graph as traced; a hit holds the partition's graphs.
-    with Lookup("training", joint_gm, c, options, random_ops.ops) as lookup:
+    with Lookup("training", joint_gm, c, options) as lookup:
         return _compile_training(c, options, timer, joint_gm, random_ops, lookup)
 
 

@@ -141,11 +141,25 @@ def test_versions_and_configuration_miss_with_their_reason(component, patch, mon
     assert event == "miss" and why.startswith(component + " "), why
 
 
+def test_random_ops_hit_and_draw_as_cold():
+    def drop(x):
+        return torch.nn.functional.dropout(x, 0.5) * 2
+
+    x = torch.randn(64, requires_grad=True)
+    results = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        out = aotgrad.compile(drop, backend="eager")(x)
+        (grad,) = torch.autograd.grad(out.sum(), x, create_graph=True)  # replays the draws
+        results.append((out, grad))
+    assert [e for e, _ in cache.events()] == ["miss", "hit"]
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 def test_bypasses_say_why():
-    aotgrad.compile(lambda x: torch.nn.functional.dropout(x, 0.5), backend="eager")(
-        torch.randn(4, requires_grad=True))
-    assert last_event() == ("bypass", "not cacheable: random ops (the state their replay "
-                                      "needs is not cached)")
+    from torch.testing._internal.two_tensor import TwoTensor
+    aotgrad.compile(torch.sin, backend="eager")(TwoTensor(torch.randn(4), torch.randn(4)))
+    assert last_event() == ("bypass", "not cacheable: tensor subclass inputs or outputs")
     aotgrad.compile(f, backend="eager", dynamic=True)(*args(4, 6))
     assert last_event() == ("bypass", "not cacheable: symbolic shapes (dynamic=True)")
     custom = aotgrad.default_partition

@@ -18,7 +18,7 @@ from torch import fx
 
 from ..partition.remat import min_cut_rematerialization_partition
 from ..partition.split import default_partition
-from ..schema import DONATED, HELD_FOR_REPLAY, PHASE, Partition
+from ..schema import DONATED, HELD_FOR_REPLAY, PHASE, RANDOM_VALUE, Partition
 from ..semantics.subclasses import is_subclass
 from . import codec, key as keys, store
 
@@ -49,8 +49,7 @@ class Lookup:
     the lookup closes without error (after the forward compiled: a process waiting on this
     entry's lock then finds Inductor's code cached too)."""
 
-    def __init__(self, kind: str, graph: fx.GraphModule | None, c: Any, options: Any,
-                 random_ops: Sequence = ()):
+    def __init__(self, kind: str, graph: fx.GraphModule | None, c: Any, options: Any):
         self.graphs: list[fx.GraphModule] | None = None
         self._store: store.Store | None = None
         self._payload: dict | None = None
@@ -58,7 +57,7 @@ class Lookup:
         if not store.enabled() or graph is None:
             return
         try:
-            self.key = _key(kind, graph, c, options, random_ops)
+            self.key = _key(kind, graph, c, options)
         except codec.Unencodable as exc:
             _record("bypass", f"not cacheable: {exc}")
             return
@@ -119,11 +118,8 @@ class Lookup:
             self._lock = None
 
 
-def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any,
-         random_ops: Sequence) -> keys.Key:
+def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
     """Raises `Unencodable` with the reason where the compile cannot be keyed safely."""
-    if random_ops:
-        raise codec.Unencodable("random ops (the state their replay needs is not cached)")
     if any(is_subclass(f) for f in c.fakes) or \
             any(m is not None and m.subclass is not None for m in c.info.graph_output_metas):
         raise codec.Unencodable("tensor subclass inputs or outputs")
@@ -166,6 +162,8 @@ def _stored_meta(node: fx.Node) -> dict:
                 meta[name] = True
     if PHASE in node.meta:
         meta["phase"] = node.meta[PHASE]
+    if RANDOM_VALUE in node.meta:  # a drawn value a double backward's replay reuses
+        meta["random"] = list(node.meta[RANDOM_VALUE])
     return meta
 
 
@@ -183,6 +181,8 @@ def decode(rows: list, fake_mode) -> fx.GraphModule:
             node.meta[HELD_FOR_REPLAY] = True
         if "phase" in meta:
             node.meta[PHASE] = meta["phase"]
+        if "random" in meta:
+            node.meta[RANDOM_VALUE] = tuple(meta["random"])
     _propagate(gm, fake_mode)
     return gm
 

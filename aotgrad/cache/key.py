@@ -21,11 +21,12 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import fx
 
-from ..schema import AUTOGRAD_COPY, BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, PHASE, Backend
+from ..schema import (AUTOGRAD_COPY, BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, PHASE,
+                      RANDOM_VALUE, Backend)
 from . import codec
 
 # Node meta the partition and the passes after the trace read, besides the graph itself.
-_KEYED_META = (JOINT_ROLE, PHASE, AUTOGRAD_COPY, "recompute", "ac_graph_id")
+_KEYED_META = (JOINT_ROLE, PHASE, AUTOGRAD_COPY, RANDOM_VALUE, "recompute", "ac_graph_id")
 
 
 @dataclass(frozen=True)
