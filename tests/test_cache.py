@@ -173,7 +173,7 @@ def test_off_switch(monkeypatch):
     monkeypatch.setenv("AOTGRAD_CACHE", "0")
     compile_once()
     compile_once()
-    assert cache.events() == [] or cache.stats()["hits"] == cache.stats()["misses"] == 0
+    assert cache.events() == [] and cache.stats()["stores"] == 0
 
 
 def test_dynamo_and_compat_front_doors_hit():

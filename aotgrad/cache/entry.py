@@ -61,6 +61,10 @@ class Lookup:
         except codec.Unencodable as exc:
             _record("bypass", f"not cacheable: {exc}")
             return
+        except Exception as exc:  # a cache bug must cost a compile, never break one
+            log.warning("aotgrad cache: could not key this compile (%r); compiling", exc)
+            _record("bypass", f"key error: {exc!r}")
+            return
         path = store.directory()
         if path is None:
             _record("bypass", "the cache directory is not trusted")
@@ -98,6 +102,8 @@ class Lookup:
             self._payload = {"graphs": [encode(gm) for gm in graphs]}
         except codec.Unencodable as exc:
             _record("bypass", f"not stored: {exc}")
+        except Exception as exc:
+            log.warning("aotgrad cache: could not encode this compile (%r)", exc)
 
     def __enter__(self) -> "Lookup":
         return self
@@ -106,8 +112,8 @@ class Lookup:
         try:
             if exc_type is None and self._payload is not None:
                 self._store.write(self.key.digest, self._payload, self.key.as_dict())
-        except OSError as exc:
-            log.warning("aotgrad cache: could not write entry (%s)", exc)
+        except Exception as exc:
+            log.warning("aotgrad cache: could not write entry (%r)", exc)
         finally:
             self._payload = None
             self._release()
