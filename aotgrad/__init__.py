@@ -17,16 +17,20 @@ from .partition.remat import min_cut_rematerialization_partition
 from .partition.split import default_partition
 from .artifact import Artifact
 from .verify import verify
+from . import autograd as compiled_autograd  # lazy: loads its capture at first use
+
+# `import aotgrad.compiled_autograd` works too: the package lives in aotgrad/autograd/.
+sys.modules[__name__ + ".compiled_autograd"] = compiled_autograd
 
 __all__ = ["compile", "backend", "explain", "Explanation", "CompiledFunction", "CompiledModule",
            "Artifact", "Backend", "default_partition", "min_cut_rematerialization_partition",
-           "make_boxed_compiler", "make_boxed_func", "nop", "verify"]
+           "make_boxed_compiler", "make_boxed_func", "nop", "verify", "compiled_autograd"]
 
 
 def backend(**options):
     """A Dynamo backend with these options: `torch.compile(m, backend=aotgrad.backend(...))`.
     They are `aotgrad.compile`'s: backend, partitioner, memory_budget, decompositions,
-    keep_inference_input_mutations, compile_backward."""
+    keep_inference_input_mutations, compile_backward, cudagraphs."""
     from .dynamo import make_backend
     unknown = sorted(set(options) - set(make_backend.__kwdefaults__))
     if unknown:

@@ -280,7 +280,8 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
             partitioner: Callable | None = None, memory_budget: float | None = None,
             decompositions=None, dynamic: bool = False,
             keep_inference_input_mutations: bool = False,
-            max_entries: int = DEFAULT_MAX_ENTRIES, compile_backward: str = "lazy"):
+            max_entries: int = DEFAULT_MAX_ENTRIES, compile_backward: str = "lazy",
+            cudagraphs: bool = False):
     """Compile a function or module ahead of time for training and inference.
 
     `partitioner` decides what the forward saves for the backward (default: the min-cut
@@ -288,6 +289,10 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     lower estimated peak (1: the min-cut plan, 0: recompute everything recomputable).
     `compile_backward`: "lazy" compiles a backward at its first use (a call under no_grad,
     or one whose outputs never see backward, compiles none); "ahead" with its forward.
+    `cudagraphs=True` replays each graph on CUDA from a recorded CUDA graph (torch's
+    `mode="reduce-overhead"`): a module's parameters and buffers are recorded in place,
+    other inputs are copied in; where a graph cannot be recorded it runs as compiled and
+    the "aotgrad" logger says why (backends/cudagraphs.py).
 
     >>> import torch, aotgrad
     >>> f = aotgrad.compile(lambda x: (x.sin() * 2).sum(), backend="eager")
@@ -301,10 +306,12 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
                           decompositions=decompositions, dynamic=dynamic,
                           keep_inference_input_mutations=keep_inference_input_mutations,
                           max_entries=max_entries)
+    check.flag("compile", "cudagraphs", cudagraphs)
     options = Options(resolve_backend(backend, decompositions),
                       choose_partitioner(partitioner, memory_budget),
                       keep_inference_input_mutations, dynamic=dynamic,
-                      compile_backward=compile_backward)
+                      compile_backward=compile_backward, cudagraphs=cudagraphs)
     if isinstance(fn_or_module, torch.nn.Module):
+        check.not_data_parallel("compile", fn_or_module)
         return CompiledModule(fn_or_module, options, max_entries)
     return CompiledFunction(fn_or_module, options, max_entries)

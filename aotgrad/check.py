@@ -8,6 +8,7 @@ first call of the compiled function, deep inside the pipeline.
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,3 +82,32 @@ def compile_options(where: str, *, partitioner=None, memory_budget=None, decompo
     flag(where, "dynamic", dynamic)
     flag(where, "keep_inference_input_mutations", keep_inference_input_mutations)
     count(where, "max_entries", max_entries, least=1)
+
+
+# Data-parallel wrappers communicate in module hooks (DDP's gradient all-reduce, FSDP's
+# all-gather before forward and reshard after it). Traced into a graph, those hooks would run
+# once, at trace time, and never again: each step would skip the communication. Looked up by
+# the module that defines them, so that a program that never imported one pays nothing.
+_DATA_PARALLEL = (  # (module, class name, what it is, how to compile it instead)
+    ("torch.nn.parallel", "DistributedDataParallel", "DistributedDataParallel",
+     "DDP(aotgrad.compile(model)), or torch.compile(DDP(model), backend=\"aotgrad\")"),
+    ("torch.distributed.fsdp", "FSDPModule", "sharded by fully_shard (FSDP2)",
+     "fully_shard(aotgrad.compile(block)) per block, or torch.compile(model, "
+     "backend=\"aotgrad\")"),
+    ("torch.distributed.fsdp", "FullyShardedDataParallel", "FullyShardedDataParallel",
+     "FSDP(aotgrad.compile(block)), or torch.compile(model, backend=\"aotgrad\")"),
+)
+
+
+def not_data_parallel(where: str, mod: torch.nn.Module) -> None:
+    """Refuse a module that is, or holds, a data-parallel wrapper (see _DATA_PARALLEL)."""
+    for module_name, class_name, what, instead in _DATA_PARALLEL:
+        kind = getattr(sys.modules.get(module_name), class_name, None)
+        if kind is None:
+            continue
+        for name, sub in mod.named_modules():
+            if isinstance(sub, kind):
+                raise NotImplementedError(
+                    f"aotgrad: {where}: module {name or 'mod'!r} is {what}, whose "
+                    "communication runs in hooks that a trace would run once; compile the "
+                    f"module it wraps instead: {instead}")

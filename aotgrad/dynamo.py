@@ -11,6 +11,7 @@ part of Dynamo's guards, so one compiled graph serves every size those guards ad
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from dataclasses import replace
 from typing import Any, Callable
@@ -30,19 +31,24 @@ from .runtime.call import CompiledCall
 def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,
                  memory_budget: float | None = None, decompositions=None,
                  keep_inference_input_mutations: bool = False,
-                 compile_backward: str = "lazy") -> Callable:
+                 compile_backward: str = "lazy", cudagraphs: bool = False) -> Callable:
     check.compile_options("backend", partitioner=partitioner, memory_budget=memory_budget,
                           decompositions=decompositions,
                           keep_inference_input_mutations=keep_inference_input_mutations)
-    options = Options(resolve_backend(backend, decompositions),
-                      choose_partitioner(partitioner, memory_budget),
-                      keep_inference_input_mutations, compile_backward=compile_backward)
+    check.flag("backend", "cudagraphs", cudagraphs)
+    base = Options(resolve_backend(backend, decompositions),
+                   choose_partitioner(partitioner, memory_budget),
+                   keep_inference_input_mutations, compile_backward=compile_backward,
+                   cudagraphs=cudagraphs)
 
-    def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs):
+    def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *,
+                               mode: str | None = None, options: dict | None = None):
         if any(isinstance(x, list) for x in example_inputs):  # compiled autograd's graphs
-            return unbox_list_inputs(gm, example_inputs, aotgrad_dynamo_backend)
-        graph_options = replace(options, static_inputs=_static_inputs(gm, example_inputs),
-                                input_names=_user_names(gm))
+            return unbox_list_inputs(gm, example_inputs, functools.partial(
+                aotgrad_dynamo_backend, mode=mode, options=options))
+        graph_options = replace(base, static_inputs=_static_inputs(gm, example_inputs),
+                                input_names=_user_names(gm),
+                                cudagraphs=wants_cudagraphs(mode, options, base.cudagraphs))
         call = compile_dynamo_graph(gm, dynamo_fakes(gm, example_inputs), graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
             lazy = CompiledFunction(gm, graph_options)
@@ -62,6 +68,33 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         return run
 
     return aotgrad_dynamo_backend
+
+
+# torch.compile's modes, as aotgrad takes them: whether each records CUDA graphs.
+MODES = {None: False, "default": False, "reduce-overhead": True}
+# torch.compile's `options` (Inductor config names) that aotgrad takes.
+OPTIONS = ("triton.cudagraphs",)
+
+
+def wants_cudagraphs(mode: str | None, options: dict | None, default: bool) -> bool:
+    """Whether torch.compile's `mode` and `options` ask for CUDA graphs; an `aotgrad:` error
+    for those aotgrad does not take."""
+    if mode not in MODES:
+        raise ValueError(
+            f"aotgrad: torch.compile(mode={mode!r}) is not supported by backend='aotgrad'; it "
+            f"takes mode {' or '.join(repr(m) for m in MODES if m)} (CUDA graphs). For "
+            "Inductor's autotuning modes use backend='inductor'.")
+    unknown = sorted(set(options or {}) - set(OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"aotgrad: torch.compile(options=...) has {', '.join(map(repr, unknown))}, which "
+            f"backend='aotgrad' does not take; it takes {', '.join(map(repr, OPTIONS))}. "
+            "Pass aotgrad's own options through aotgrad.backend(...).")
+    chosen = (options or {}).get("triton.cudagraphs")
+    if chosen is not None:
+        check.flag("torch.compile options", "triton.cudagraphs", chosen)
+        return chosen
+    return MODES[mode] or default
 
 
 def unbox_list_inputs(gm: torch.fx.GraphModule, example_inputs, compile_flat: Callable

@@ -34,8 +34,9 @@ from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is
 from .partition.memory import base_of
 from .partition.split import default_partition, find_joint, tag_backward
 from .partition.remat import hoist_masks
-from .runtime.call import (BackwardParts, BackwardWrites, CompiledCall, CompiledOnFirstCall,
-                           RuntimePlan, run_graph_boxed)
+from .runtime.call import (BackwardParts, CompiledCall, CompiledOnFirstCall, RuntimePlan,
+                           run_graph_boxed)
+from .runtime.mutations import BackwardWrites
 from .capture.stale import StaleBackward, find_stale_outputs
 from .cache.entry import Lookup
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
@@ -66,6 +67,8 @@ class Options:
     # compiled one). `Artifact.saved` shows `blocks.0.attn.weight`, not `primals_3`.
     input_names: tuple[str, ...] = ()
     named_like: Callable | None = None
+    # Replay each graph from a recorded CUDA graph (backends/cudagraphs.py), where it can be.
+    cudagraphs: bool = False
 
     def __post_init__(self):
         if self.compile_backward not in ("lazy", "ahead"):
@@ -215,7 +218,7 @@ def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.Grap
         sizes["inference graph ops"] = count_ops(gm)
     copied = info.inference_mutations_in_graph if keep else ()
     edge = _boundary(c, traced, copied)
-    _attach(gm, "inference", options, _plain_range(edge, info), c.layout)
+    _attach(gm, "inference", options, _plain_range(edge, info), c.layout, _cudagraphs(options))
     with timer("compile_forward") as sizes:
         compiled = _compile(options.backend.inference_compiler, gm)
         sizes["ops"] = count_ops(gm)
@@ -260,8 +263,10 @@ def _compile_training(c: Captured, options: Options, timer: _Timer, joint_gm: fx
             mark_donated(p)
             lookup.keep([fw, bw])
         sizes.update(_partition_sizes(p))
-    _attach(fw, "forward", options, _plain_range(edge, info), c.layout)
-    _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])))
+    graphed = _cudagraphs(options)  # one state for the forward and its backward
+    _attach(fw, "forward", options, _plain_range(edge, info), c.layout, graphed)
+    _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])),
+            cudagraphs=graphed, saved=len(p.saved))
     with timer("compile_forward") as sizes:
         compiled_fw = _compile(options.backend.fw_compiler, fw)
         sizes["ops"] = count_ops(fw)
@@ -544,9 +549,21 @@ def _runtime_sizes(info: FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | N
 
 
 def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range,
-            layout: capture.CallLayout | None = None) -> None:
+            layout: capture.CallLayout | None = None, cudagraphs=None, saved: int = 0) -> None:
     static = _static_graph_inputs(gm, options, layout) if role != "backward" else ()
-    gm.meta[GRAPH_INFO] = GraphInfo(role, static, user_outputs)
+    if role == "backward" and cudagraphs is not None:
+        # As torch's: a recorded backward takes the saved values where the forward's replay
+        # left them (in the pool, or parameters): they are not copied in.
+        static = tuple(range(saved))
+    gm.meta[GRAPH_INFO] = GraphInfo(role, static, user_outputs, cudagraphs)
+
+
+def _cudagraphs(options: Options):
+    """A fresh CUDA-graph state for one compile, where CUDA graphs are asked for."""
+    if not options.cudagraphs:
+        return None
+    from .backends.cudagraphs import CudagraphState
+    return CudagraphState.new()
 
 
 def _static_graph_inputs(gm: fx.GraphModule, options: Options,
@@ -567,4 +584,9 @@ def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
     # Inductor retraces its pattern replacements (attention, for one), and autocast would
     # recast them against the graph's dtypes.
     with torch._C._DisableAutocast():
-        return as_boxed(compiler(gm, example_inputs))
+        compiled = as_boxed(compiler(gm, example_inputs))
+    info = gm.meta[GRAPH_INFO]
+    if info.cudagraphs is not None and not getattr(compiler, "records_cudagraphs", False):
+        from .backends.cudagraphs import record
+        compiled = record(compiled, gm, example_inputs, info)
+    return compiled

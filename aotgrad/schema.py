@@ -72,8 +72,8 @@ AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autog
 #   partition.split and partition.remat.
 # "desc" (node): set by compat.descriptors on placeholders and the output node.
 # "user_visible_output_idxs" (output node): set by backends.compilers for Inductor.
-# "example_value", "steal_arg", "tensor_dict" (node): Dynamo's; read (and "example_value"
-#   set on unpacked elements) by dynamo.
+# "example_value", "steal_arg", "tensor_dict", "grapharg" (node): Dynamo's; read (and
+#   "example_value" set on unpacked elements) by dynamo ("grapharg": the user's input names).
 # The persistent cache keys a traced graph by its code and the node meta the later stages
 # read (cache.key: JOINT_ROLE, PHASE, AUTOGRAD_COPY, RANDOM_VALUE, "recompute", "ac_graph_id");
 # it stores a partition's graphs with "val" of placeholders, DONATED, HELD_FOR_REPLAY, PHASE
@@ -279,6 +279,9 @@ class GraphInfo:
     role: str  # "forward", "backward" or "inference"
     static_inputs: tuple[int, ...]  # inputs that live across calls (parameters, buffers)
     user_outputs: range  # outputs the user sees, whose strides must match eager
+    # With CUDA graphs asked for: the compile's backends.cudagraphs.CudagraphState, one for
+    # its forward and backward together; None otherwise.
+    cudagraphs: Any = None
 
 
 @dataclass(frozen=True)

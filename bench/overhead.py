@@ -7,7 +7,7 @@ Every candidate runs `--calls` calls in a row, the candidates take turns (interl
 `--repeats` rounds, and each keeps its fastest round, by two clocks: the process's CPU time
 (what the table shows: time the process spent descheduled on a shared machine does not
 count) and wall time. The ratios of these minimums are what to read. Cases: forward+backward with grad on, and forward alone
-under torch.no_grad(). aotgrad uses the "eager" backend; functorch's aot_function /
+under torch.no_grad(). aotgrad uses the "eager" backend, its compat door `nop`; functorch's aot_function /
 aot_module with the `nop` compiler is the reference where it imports. `--baseline REV` adds
 aotgrad as of a git revision (its package extracted under another name) to the same rounds.
 """
@@ -32,6 +32,7 @@ from torch import nn
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 import aotgrad  # noqa: E402
+from aotgrad import compat  # noqa: E402
 
 
 def tiny_function(x):
@@ -78,6 +79,9 @@ def candidates(baseline=None) -> dict[str, tuple[dict[str, Callable], tuple]]:
     for name, package in versions.items():
         cases["function"][0][name] = package.compile(tiny_function, backend="eager")
         cases["module"][0][name] = package.compile(module, backend="eager")
+    # The compat door (a drop-in for functorch's compile module) with `nop`: a row each door.
+    cases["function"][0]["compat"] = compat.aot_function(tiny_function, compat.nop)
+    cases["module"][0]["compat"] = compat.aot_module(module, compat.nop)
     for case, fn in functorch_versions(tiny_function, module).items():
         cases[case][0]["functorch"] = fn
     return cases
@@ -139,17 +143,19 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# Per-call overhead ({meta['date']}, torch {meta['torch']}, {meta['device']})", "",
              "Microseconds of process CPU time per call, fastest of the interleaved rounds; "
              "ratios against eager (by wall time in the last column). aotgrad: "
-             "`aotgrad.compile(..., backend=\"eager\")`; functorch: `aot_function`/`aot_module` "
-             "with `nop`.", "",
-             "| case | mode | eager (us) | aotgrad (us) | functorch (us) | aotgrad / eager "
-             "| functorch / eager | aotgrad / eager (wall) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "`aotgrad.compile(..., backend=\"eager\")`; compat: `aotgrad.compat.aot_function`/"
+             "`aot_module` with `nop`; functorch: torch's `aot_function`/`aot_module` with `nop`.",
+             "",
+             "| case | mode | eager (us) | aotgrad (us) | compat (us) | functorch (us) "
+             "| aotgrad / eager | compat / eager | functorch / eager | aotgrad / eager (wall) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         us, ratio = r["us"], r["ratio_to_eager"]
         theirs = f"{us['functorch']:.1f}" if "functorch" in us else "-"
         theirs_ratio = f"{ratio['functorch']:.2f}" if "functorch" in ratio else "-"
         lines.append(f"| {r['case']} | {r['mode']} | {us['eager']:.1f} | {us['aotgrad']:.1f} "
-                     f"| {theirs} | {ratio['aotgrad']:.2f} | {theirs_ratio} "
+                     f"| {us['compat']:.1f} | {theirs} | {ratio['aotgrad']:.2f} "
+                     f"| {ratio['compat']:.2f} | {theirs_ratio} "
                      f"| {r['wall_ratio_to_eager']['aotgrad']:.2f} |")
     if meta.get("baseline"):
         lines += ["", f"aotgrad as of `{meta['baseline']}`, in the same rounds:", ""]

@@ -14,10 +14,14 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import pytest
 import torch
 import torch.utils._pytree as pytree
 
 Inputs = tuple[tuple, dict]
+# Tests that need a GPU: collected everywhere, reported skipped (with this reason) without one.
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                   reason="needs CUDA: runs on the GPU machine")
 SEED_BASE = 100  # call k makes its inputs right after torch.manual_seed(SEED_BASE + k)
 CONTEXTS = {  # what a case's call runs under
     "grad": contextlib.nullcontext,

@@ -1,8 +1,8 @@
 """Inputs written in place by the backward (a custom Function's backward zeroing a tensor
 saved on ctx): eager changes the caller's tensor when that backward runs, not before. The
 backward graph returns the new values after the gradients and the runtime copies them in
-(aotgrad/joint.py `backward_writes`, aotgrad/runtime.py `BackwardWrites`). A backward with
-`create_graph=True` is refused with torch's AOTAutograd's exception type."""
+(aotgrad/capture/joint.py `backward_writes`, aotgrad/runtime/mutations.py `BackwardWrites`).
+A backward with `create_graph=True` is refused with torch's AOTAutograd's exception type."""
 
 from __future__ import annotations
 

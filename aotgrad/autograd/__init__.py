@@ -1,1 +1,22 @@
-"""A room for compiled autograd: capture of the whole backward at .backward() time. Empty for now."""
+"""Compiled autograd: the whole backward pass, captured when `.backward()` (or
+`torch.autograd.grad`) runs, as one FX graph that a compiler sees at once.
+
+    with aotgrad.compiled_autograd.enable("eager"):
+        loss.backward()
+
+Modules: `api.py` (enable, the session, the eager fallback), `capture.py` (the instance the
+engine calls), `hooks.py` (what the graph calls at run time), `cache.py` (keys, miss
+reasons), `state.py` (the flag call.py reads,
+importable alone: this package loads the rest on first use).
+"""
+
+import importlib
+
+__all__ = ["enable", "Stats", "Uncapturable"]
+_HOME = {"enable": "api", "Stats": "api", "Uncapturable": "capture"}
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'aotgrad.compiled_autograd' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

@@ -20,6 +20,7 @@ import torch
 from torch import fx
 
 from ..semantics.effects import run_checks_after, split_checks
+from . import cudagraphs
 from ..schema import DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo
 
 _compiling: contextvars.ContextVar[tuple[list[str], str, int]] = contextvars.ContextVar(
@@ -138,19 +139,26 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     donated = donated_inputs(gm) if info.role == "backward" else None
     if donated is not None:
         context.fw_metadata = _InductorBackwardMeta(donated)
+    graphed = cudagraphs.inductor_kwargs(info)
+    was_graphed = bool(graphed.get("cudagraphs"))
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
-            _shape_env_for_graph_cache(fake_mode):
+            cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode):
         with TracingContext.report_output_strides() as strides:
             compiled = compile_fx_inner(
                 body, example_inputs,
                 static_input_idxs=list(info.static_inputs),
                 is_backward=info.role == "backward",
                 is_inference=info.role == "inference",
+                **graphed,
             )
         gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
+    cudagraphs.report_inductor(info, compiled, was_graphed, body, example_inputs)
     if checks is None:
         return compiled
     return run_checks_after(as_boxed(compiled), checks, len(outputs))
+
+
+inductor_compiler.records_cudagraphs = True  # through compile_fx_inner's own box
 
 
 @contextlib.contextmanager

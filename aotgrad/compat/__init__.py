@@ -19,7 +19,8 @@ from torch._subclasses.fake_tensor import is_fake
 from .. import check
 from ..capture.inputs import lift_state, run_with_state
 from ..api import CompiledFunction, CompiledModule
-from ..backends.compilers import compilation_context, make_boxed_compiler, make_boxed_func, nop
+from ..backends.compilers import (compilation_context, eager_compiler, make_boxed_compiler,
+                                  make_boxed_func, nop)
 from ..partition.split import default_partition
 from ..partition.remat import min_cut_rematerialization_partition
 from ..dynamo import compile_dynamo_graph, dynamo_fakes
@@ -64,11 +65,18 @@ def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompo
     check.count(where, "num_params_buffers", num_params_buffers)
     check.flag(where, "keep_inference_input_mutations", keep_inference_input_mutations)
     check.flag(where, "dynamic", dynamic)
-    backend = Backend(fw_compiler, bw_compiler or fw_compiler,
-                      inference_compiler or fw_compiler, decompositions)
+    backend = Backend(_fast(fw_compiler), _fast(bw_compiler or fw_compiler),
+                      _fast(inference_compiler or fw_compiler), decompositions)
     return Options(backend, config.partitioner(partition_fn), keep_inference_input_mutations,
                    dynamic=dynamic, static_inputs=tuple(range(num_params_buffers)),
                    compile_backward=compile_backward)
+
+
+def _fast(compiler: Callable) -> Callable:
+    """`nop` runs the graph as it is: the eager backend does the same, as straight-line code
+    without FX's per-op dispatch (codegen.py), so that this door's per-call overhead is the
+    native door's. Any other compiler (one wrapping `nop` too) gets the graph itself."""
+    return eager_compiler if compiler is nop else compiler
 
 
 def check_compilers(where: str, fw_compiler, bw_compiler=None, inference_compiler=None,
@@ -114,6 +122,7 @@ def aot_module(mod: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
                         compile_backward, where="aot_module")
 
     check.module("aot_module", mod)
+    check.not_data_parallel("aot_module", mod)
     refuse_fake_state(mod)
     return CompiledModule(mod, with_compilers(*args, **kwargs))
 

@@ -1,0 +1,153 @@
+"""`aotgrad.compiled_autograd.enable(compiler)`: every backward inside runs as one graph.
+
+A `Session` is one `enable()` context: the compiler, the keys captured so far (to explain
+a miss), counters. While it is active, the engine calls `BackwardCapture` on a cache miss;
+a backward that cannot be captured runs on the eager engine instead, its reason logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import fx
+
+from .cache import CaptureKey, CaptureLog
+from .capture import BackwardCapture
+
+log = logging.getLogger("aotgrad.autograd")
+
+
+@dataclass
+class Stats:
+    """What a session did: captures (cache misses), compiles, eager fallbacks."""
+    captures: int = 0
+    compiles: int = 0
+    miss_reasons: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+    opaque: list[str] = field(default_factory=list)  # Python backwards run untraced
+
+
+class Captured:
+    """A compiled captured backward. With create_graph=True (grad mode on) it runs the
+    graph's ops uncompiled, so autograd records them: the gradient is differentiable."""
+
+    def __init__(self, graph: fx.GraphModule, compiled: Callable):
+        self.graph, self.compiled = graph, compiled
+
+    def __call__(self, *args: Any) -> Any:
+        if torch.is_grad_enabled():
+            return self.graph(*args)
+        return self.compiled(*args)
+
+
+class Session:
+    def __init__(self, compiler: Callable[[fx.GraphModule], Callable]):
+        self.compiler = compiler
+        self.stats = Stats()
+        self.keys = CaptureLog()
+        self.open_capture: BackwardCapture | None = None
+
+    def begin(self, capture: BackwardCapture) -> None:
+        self.open_capture = capture
+        self.stats.captures += 1
+
+    def compile(self, gm: fx.GraphModule, key: CaptureKey) -> Captured:
+        self.stats.miss_reasons.append(self.keys.record(key))
+        compiled = self.compiler(gm)
+        self.stats.compiles += 1
+        self.open_capture = None
+        return Captured(gm, compiled)
+
+    def note_opaque(self, cls: type) -> None:
+        if cls.__qualname__ not in self.stats.opaque:
+            self.stats.opaque.append(cls.__qualname__)
+            log.info("compiled autograd: %s.backward runs as eager runs it, untraced (a user "
+                     "autograd.Function: its Python side effects stay at every backward)",
+                     cls.__qualname__)
+
+    def failed_capture(self) -> BackwardCapture | None:
+        capture, self.open_capture = self.open_capture, None
+        if capture is not None:
+            capture.close()
+        return capture
+
+
+def resolve_compiler(compiler: Any) -> Callable[[fx.GraphModule], Callable]:
+    if compiler == "eager":
+        return lambda gm: gm
+    if compiler == "inductor":  # the graph holds Python calls (hooks, .grad) Inductor can't
+        raise NotImplementedError(
+            "aotgrad: compiled_autograd.enable('inductor') is not built yet (the captured "
+            "graph's hook and accumulation calls must be split out first); pass 'eager' or "
+            "your own compiler(gm)")
+    if callable(compiler):
+        return compiler
+    raise ValueError(f"aotgrad: compiled_autograd.enable takes 'eager', 'inductor' or a "
+                     f"callable given the captured GraphModule, not {compiler!r}")
+
+
+@contextlib.contextmanager
+def enable(compiler: Any = "eager", dynamic: bool = True) -> Iterator[Stats]:
+    """Run every backward inside as one captured, compiled graph; yields the session's
+    counters. `compiler`: "eager", "inductor", or `fn(gm) -> callable`.
+
+        with aotgrad.compiled_autograd.enable("eager") as stats:
+            model(x).sum().backward()
+        assert stats.captures == 1
+    """
+    session = Session(resolve_compiler(compiler))
+    engine = torch._C._dynamo.compiled_autograd
+    # The engine's cache outlives a context: emptied, it holds only this session's graphs,
+    # compiled by this compiler (not an earlier session's, nor torch's own instance's).
+    engine.clear_cache()
+    prior = engine.set_autograd_compiler(functools.partial(BackwardCapture, session), dynamic)
+    try:
+        with torch.autograd.set_multithreading_enabled(False), _eager_fallback(session):
+            yield session.stats
+    finally:
+        engine.set_autograd_compiler(*prior)
+        engine.clear_cache()
+
+
+@contextlib.contextmanager
+def _eager_fallback(session: Session) -> Iterator[None]:
+    """Both `.backward()` and `autograd.grad` reach the engine through one function of
+    torch.autograd: wrapped, a capture that fails reruns on the eager engine (the capture
+    ran nothing real, so the graph is intact)."""
+    module = torch.autograd
+    run = getattr(module, "_engine_run_backward", None)
+    if run is None:  # no wrapper point: a failed capture raises
+        yield
+        return
+
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        except Exception as error:
+            if session.failed_capture() is None:
+                raise  # the captured graph itself raised, as eager would have
+            return _run_eagerly(session, run, error, args, kwargs)
+
+    module._engine_run_backward = run_backward
+    try:
+        yield
+    finally:
+        module._engine_run_backward = run
+
+
+def _run_eagerly(session: Session, run: Callable, error: Exception, args, kwargs) -> Any:
+    reason = f"{type(error).__name__}: {error}".splitlines()[0]
+    session.stats.fallbacks.append(reason)
+    log.warning("aotgrad: compiled autograd could not capture this backward; the eager "
+                "engine runs it (%s)", reason, exc_info=log.isEnabledFor(logging.DEBUG))
+    engine = torch._C._dynamo.compiled_autograd
+    prior = engine.set_autograd_compiler(None, False)
+    try:
+        return run(*args, **kwargs)
+    finally:
+        engine.set_autograd_compiler(*prior)
