@@ -327,3 +327,17 @@ def test_inductor_hit_skips_codegen_in_another_process(tmp_path):
     # The forward and the backward: Inductor found both compiled in its own cache.
     assert warm["inductor"].get("fxgraph_cache_hit") == 2, warm["inductor"]
     assert warm["values"] == cold["values"]
+
+
+def test_lock_of_a_dead_process_is_broken_and_a_live_one_times_out(tmp_path):
+    s = store.Store(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (tmp_path / "k.lock").write_text(dead)  # its holder exited without removing it
+    with s.lock("k", timeout=5) as waited:
+        assert not waited and (tmp_path / "k.lock").read_text() == str(os.getpid())
+        # Held by a live process (this one): another compile waits, then goes on without it.
+        with s.lock("k", timeout=0.2) as waited_too:
+            assert waited_too and cache.stats()["lock_timeouts"] == 1
+        assert (tmp_path / "k.lock").exists()  # the holder's lock stays
+    assert not (tmp_path / "k.lock").exists()
