@@ -106,7 +106,7 @@ def run_side(side: str, model: str, device: str, warm_runs: int, timeout: float)
 
 
 def markdown(results: dict, meta: dict) -> str:
-    lines = [f"# Compile cache: first step in a fresh process, cold vs warm caches",
+    lines = ["# Compile cache: first step in a fresh process, cold vs warm caches",
              "",
              f"{meta['date']}, torch {meta['torch']}, {meta['machine']}, commit {meta['commit']}.",
              "Time from compiling to the end of the first forward+backward (imports excluded); "

@@ -106,14 +106,24 @@ def _device_description(device: torch.device) -> str:
 def backend_components(backend: Backend) -> list[tuple[str, str]]:
     """The compilers by name (they run again on a hit: only the passes before the partition
     are skipped, so those must be known ones), and Inductor's configuration where it runs."""
-    names = [codec.fingerprint(c)["callable"] if hasattr(c, "__qualname__") else repr(c)
-             for c in (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)]
+    from ..backends.compilers import inductor_graph_passes
+    names = [_name(c) for c in
+             (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)]
     parts = [("backend", " / ".join(dict.fromkeys(names)))]
-    if backend.graph_passes is not None:
-        parts.append(("graph passes", codec.fingerprint(backend.graph_passes)["callable"]))
+    if backend.graph_passes not in (None, inductor_graph_passes):  # a name may hide a closure
+        raise codec.Unencodable(f"the backend's own graph passes ({_name(backend.graph_passes)})")
+    parts.append(("graph passes", _name(backend.graph_passes)))
     if any("inductor" in n for n in names):
         parts.append(("inductor config", _inductor_config()))
     return parts
+
+
+def _name(f) -> str:
+    """A function by module and qualified name; an object by its type's (never an address)."""
+    if f is None:
+        return "None"
+    named = f if hasattr(f, "__qualname__") else type(f)
+    return f"{getattr(named, '__module__', '')}.{named.__qualname__}"
 
 
 def _inductor_config() -> str:
