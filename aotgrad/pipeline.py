@@ -198,7 +198,7 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> _Built:
     # A resized input gets its memory from the runtime, after the graph: no copy before it.
     keep = options.keep_inference_input_mutations and \
         all(x.storage_bytes is None for x in info.inputs)
-    with timer("trace") as sizes:
+    with timer("trace"):
         trace = pure.trace_inference if c.pure else joint.trace_inference
         gm = trace(c.graph_fn, info, c.fakes, c.fake_mode, options.backend.decompositions, keep)
     with Lookup("inference", gm, c, options) as lookup:  # keyed by the graph as traced
