@@ -38,6 +38,7 @@ from .runtime.call import (BackwardParts, CompiledCall, CompiledOnFirstCall, Run
                            run_graph_boxed)
 from .runtime.mutations import BackwardWrites
 from .capture.stale import StaleBackward, find_stale_outputs
+from .cache.entry import Lookup
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
 from .verify import verify, verify_partition
@@ -197,14 +198,26 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> _Built:
     # A resized input gets its memory from the runtime, after the graph: no copy before it.
     keep = options.keep_inference_input_mutations and \
         all(x.storage_bytes is None for x in info.inputs)
-    with timer("trace") as sizes:
+    with timer("trace"):
         trace = pure.trace_inference if c.pure else joint.trace_inference
         gm = trace(c.graph_fn, info, c.fakes, c.fake_mode, options.backend.decompositions, keep)
-        gm = _backend_passes(options.backend, gm)
-        eliminate_common_subexpressions(gm)
+    with Lookup("inference", gm, c, options) as lookup:  # keyed by the graph as traced
+        return _compile_inference(c, options, timer, gm, keep, lookup)
+
+
+def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.GraphModule,
+                       keep: bool, lookup: Lookup) -> _Built:
+    info, traced = c.info, gm
+    with timer("trace") as sizes:
+        if lookup.graphs is None:
+            gm = _backend_passes(options.backend, gm)
+            eliminate_common_subexpressions(gm)
+            lookup.keep([gm])
+        else:  # a cache hit: the graph after the passes
+            gm, = lookup.graphs
         sizes["inference graph ops"] = count_ops(gm)
     copied = info.inference_mutations_in_graph if keep else ()
-    edge = _boundary(c, gm, copied)
+    edge = _boundary(c, traced, copied)
     _attach(gm, "inference", options, _plain_range(edge, info), c.layout, _cudagraphs(options))
     with timer("compile_forward") as sizes:
         compiled = _compile(options.backend.inference_compiler, gm)
@@ -217,22 +230,38 @@ def _build_training(c: Captured, options: Options, timer: _Timer) -> _Built:
     with timer("trace") as sizes:
         random_ops = random_values.RandomValueTags()  # for a double backward's replay
         c, joint_gm = _trace_joint(c, options, random_ops)
-        joint_gm = random_values.through_passes(joint_gm, lambda gm: _joint_passes(options, gm))
-        aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
-        joint.snapshot_overwritten_inputs(joint_gm)
         sizes["joint graph ops"] = count_ops(joint_gm)
+    # Keyed by the joint graph as traced; a hit holds the partition's graphs.
+    with Lookup("training", joint_gm, c, options) as lookup:
+        return _compile_training(c, options, timer, joint_gm, random_ops, lookup)
+
+
+def _compile_training(c: Captured, options: Options, timer: _Timer, joint_gm: fx.GraphModule,
+                      random_ops: random_values.RandomValueTags, lookup: Lookup) -> _Built:
+    hit = lookup.graphs is not None
+    if not hit:
+        with timer("trace"):
+            joint_gm = random_values.through_passes(joint_gm,
+                                                    lambda gm: _joint_passes(options, gm))
+            aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
+            joint.snapshot_overwritten_inputs(joint_gm)
     info = c.info
     edge = _boundary(c, joint_gm, info.mutations_in_graph)
     n = joint_gm.meta[JOINT_FW_OUTPUTS]  # plain forward outputs
-    # Found once, after the last pass: every partitioner (and explain) reads it from here.
-    joint_gm.meta[JOINT] = find_joint(joint_gm, n)
     with timer("partition") as sizes:
-        p = Partition(*options.partition_fn(joint_gm, None, num_fwd_outputs=n), n)
+        if hit:
+            p = Partition(*lookup.graphs, n)
+        else:
+            # Found once, after the last pass: every partitioner (and explain) reads it here.
+            joint_gm.meta[JOINT] = find_joint(joint_gm, n)
+            p = Partition(*options.partition_fn(joint_gm, None, num_fwd_outputs=n), n)
         fw, bw = p.forward, p.backward
         tag_backward(bw)
         held = random_values.hold_random_values(fw, bw, n, random_ops.ops)
         verify_partition(fw, bw, n)
-        mark_donated(p)
+        if not hit:  # a hit's graphs hold the marks already
+            mark_donated(p)
+            lookup.keep([fw, bw])
         sizes.update(_partition_sizes(p))
     graphed = _cudagraphs(options)  # one state for the forward and its backward
     _attach(fw, "forward", options, _plain_range(edge, info), c.layout, graphed)

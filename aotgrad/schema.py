@@ -74,6 +74,10 @@ AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autog
 # "user_visible_output_idxs" (output node): set by backends.compilers for Inductor.
 # "example_value", "steal_arg", "tensor_dict", "grapharg" (node): Dynamo's; read (and
 #   "example_value" set on unpacked elements) by dynamo ("grapharg": the user's input names).
+# The persistent cache keys a traced graph by its code and the node meta the later stages
+# read (cache.key: JOINT_ROLE, PHASE, AUTOGRAD_COPY, RANDOM_VALUE, "recompute", "ac_graph_id");
+# it stores a partition's graphs with "val" of placeholders, DONATED, HELD_FOR_REPLAY, PHASE
+# and RANDOM_VALUE, and restores them on a hit (cache.entry).
 # custom_functions' `grad_mode_key` argument: GRAD_ENABLED, passed by replay.double_backward.
 
 

@@ -142,7 +142,7 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     graphed = cudagraphs.inductor_kwargs(info)
     was_graphed = bool(graphed.get("cudagraphs"))
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
-            cudagraphs.inductor_config(info):
+            cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode):
         with TracingContext.report_output_strides() as strides:
             compiled = compile_fx_inner(
                 body, example_inputs,
@@ -159,6 +159,24 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
 
 
 inductor_compiler.records_cudagraphs = True  # through compile_fx_inner's own box
+
+
+@contextlib.contextmanager
+def _shape_env_for_graph_cache(fake_mode):
+    """Inductor's FX graph cache serves only compiles whose fake mode has a shape env (it
+    records the guards a graph was compiled under). A static-shapes trace has none: one is
+    lent for the compile alone. Its fake tensors stay static (the mode was made with static
+    shapes); afterwards the mode has none again, so later traces raise on data-dependent
+    shapes as before."""
+    if fake_mode is None or fake_mode.shape_env is not None:
+        yield
+        return
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    fake_mode.shape_env = ShapeEnv()
+    try:
+        yield
+    finally:
+        fake_mode.shape_env = None
 
 
 def donated_inputs(gm: fx.GraphModule) -> list[int]:

@@ -148,6 +148,7 @@ def budget_partition(memory_budget: float, solver: str = "auto") -> Callable:
         by_name = {node.name: node for node in joint_module.graph.nodes}
         saved = [by_name[s] for s in plan.saved]
         return split_recomputing_late(joint_module, num_fwd_outputs, saved)
+    partition.memory_budget, partition.solver = memory_budget, solver  # for cache keys
     return partition
 
 

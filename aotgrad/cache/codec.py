@@ -1,0 +1,207 @@
+"""FX graphs and their values <-> JSON, with no pickle and no code to execute.
+
+A graph is a list of nodes: opcode, name, target, arguments, and the few meta entries a
+later stage reads. Targets are ATen operator overloads, named `aten::add.Tensor` and found
+again through `torch.ops`, or one of a short list of Python functions: decoding resolves
+names, it never evaluates text. Values are JSON literals or tagged objects (dtypes,
+devices, tuples...). Whatever has no encoding raises `Unencodable`, naming it: the compile
+is then not cached, and the bypass log says why.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import operator
+from dataclasses import fields, is_dataclass
+from typing import Any, Callable
+
+import torch
+from torch import fx
+
+
+class Unencodable(Exception):
+    """A value, target or graph the cache cannot write down safely (the reason is the text)."""
+
+
+# Python functions a graph may call, by the name an entry gives them.
+_PY_TARGETS: dict[str, Callable] = {f"operator.{name}": getattr(operator, name) for name in (
+    "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pow", "eq", "ne",
+    "lt", "le", "gt", "ge")}
+_PY_NAMES = {id(f): name for name, f in _PY_TARGETS.items()}
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values()
+           if isinstance(d, torch.dtype)}
+_LAYOUTS = {str(x).removeprefix("torch."): x for x in vars(torch).values()
+            if isinstance(x, torch.layout)}
+_FORMATS = {str(x).removeprefix("torch."): x for x in vars(torch).values()
+            if isinstance(x, torch.memory_format)}
+
+
+# ---- values ---------------------------------------------------------------------------------
+
+def encode_value(v: Any, node_ref: Callable[[fx.Node], Any] | None = None) -> Any:
+    """A JSON value for `v`; nodes through `node_ref` (graph arguments)."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"float": repr(v)}
+    if isinstance(v, fx.Node) and node_ref is not None:
+        return {"node": node_ref(v)}
+    if isinstance(v, list):
+        return [encode_value(x, node_ref) for x in v]
+    if isinstance(v, tuple) and not hasattr(v, "_fields"):  # not a namedtuple
+        return {"tuple": [encode_value(x, node_ref) for x in v]}
+    if isinstance(v, torch.dtype):
+        return {"dtype": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
+    if isinstance(v, torch.layout):
+        return {"layout": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.memory_format):
+        return {"memory_format": str(v).removeprefix("torch.")}
+    if isinstance(v, complex):
+        return {"complex": [encode_value(v.real), encode_value(v.imag)]}
+    if isinstance(v, slice):
+        return {"slice": [encode_value(x, node_ref) for x in (v.start, v.stop, v.step)]}
+    if isinstance(v, enum.Enum):
+        return {"enum": f"{type(v).__qualname__}.{v.name}"}
+    raise Unencodable(f"a graph value of type {type(v).__name__}")
+
+
+def decode_value(v: Any, nodes: dict[str, fx.Node] | None = None) -> Any:
+    if isinstance(v, list):
+        return [decode_value(x, nodes) for x in v]
+    if not isinstance(v, dict):
+        return v
+    (tag, x), = v.items()
+    if tag == "node":
+        return nodes[x]
+    if tag == "tuple":
+        return tuple(decode_value(y, nodes) for y in x)
+    if tag == "float":
+        return float(x)
+    if tag == "dtype":
+        return _DTYPES[x]
+    if tag == "device":
+        return torch.device(x)
+    if tag == "layout":
+        return _LAYOUTS[x]
+    if tag == "memory_format":
+        return _FORMATS[x]
+    if tag == "complex":
+        return complex(decode_value(x[0]), decode_value(x[1]))
+    if tag == "slice":
+        return slice(*(decode_value(y, nodes) for y in x))
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def fingerprint(v: Any) -> Any:
+    """A JSON description of metadata for a cache key (never decoded): frozen dataclasses
+    field by field, functions by qualified name, tree specs by their string."""
+    if is_dataclass(v) and not isinstance(v, type):
+        return {type(v).__qualname__: {f.name: fingerprint(getattr(v, f.name))
+                                        for f in fields(v)}}
+    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
+        return [fingerprint(x) for x in v]
+    if isinstance(v, range):
+        return {"range": [v.start, v.stop, v.step]}
+    if callable(v) and hasattr(v, "__qualname__"):
+        return {"callable": f"{getattr(v, '__module__', '')}.{v.__qualname__}"}
+    if isinstance(v, torch.Tensor):
+        return {"tensor": [list(v.shape), str(v.dtype)]}
+    try:
+        return encode_value(v)
+    except Unencodable:
+        return {"repr": f"{type(v).__qualname__}:{v!s}"}
+
+
+# ---- tensors' metadata ---------------------------------------------------------------------
+
+def encode_tensor_meta(t: Any) -> dict:
+    """What rebuilds a fake value of the same geometry: shape, strides, offset, dtype, device,
+    requires_grad (plain strided tensors of static shapes only)."""
+    if not isinstance(t, torch.Tensor):
+        raise Unencodable(f"a graph input that is a {type(t).__name__}, not a tensor "
+                          "(a symbolic size)")
+    if type(t).__name__ not in ("FakeTensor", "Tensor", "Parameter") or t.layout != torch.strided:
+        raise Unencodable(f"a graph input of type {type(t).__name__}, layout {t.layout}")
+    if any(not isinstance(s, int) for s in (*t.shape, *t.stride(), t.storage_offset())):
+        raise Unencodable("symbolic shapes (dynamic=True)")
+    return {"shape": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset(),
+            "dtype": encode_value(t.dtype), "device": str(t.device),
+            "requires_grad": t.requires_grad}
+
+
+def fake_from_meta(meta: dict, fake_mode) -> torch.Tensor:
+    with fake_mode:
+        t = torch.empty_strided(meta["shape"], meta["stride"], dtype=decode_value(meta["dtype"]),
+                                device=torch.device(meta["device"]))
+        if meta["offset"]:
+            t = t.as_strided(meta["shape"], meta["stride"], meta["offset"])
+    return t.requires_grad_(meta["requires_grad"])
+
+
+# ---- graphs -------------------------------------------------------------------------------
+
+def encode_target(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"op:{target.name()}"
+    name = _PY_NAMES.get(id(target))
+    if name is not None:
+        return f"py:{name}"
+    raise Unencodable(f"a call of {getattr(target, '__qualname__', target)!s}, which the "
+                      "cache cannot name safely")
+
+
+def decode_target(text: str) -> Any:
+    kind, _, name = text.partition(":")
+    if kind == "py":
+        return _PY_TARGETS[name]
+    if kind != "op":
+        raise ValueError(f"unknown target {text!r}")
+    namespace, _, rest = name.partition("::")
+    op_name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), op_name)  # AttributeError: not loaded
+    return getattr(packet, overload or "default")
+
+
+def encode_graph(gm: fx.GraphModule, node_meta: Callable[[fx.Node], dict],
+                 names: Callable[[int, fx.Node], str] | None = None) -> list:
+    """The graph as [[opcode, name, target, args, kwargs, meta], ...]. `names(i, node)`
+    renames nodes (a key renames them by position, so names do not matter)."""
+    renamed: dict[fx.Node, str] = {}
+    rows = []
+    for i, node in enumerate(gm.graph.nodes):
+        renamed[node] = names(i, node) if names is not None else node.name
+        if node.op in ("get_attr", "call_module", "call_method"):
+            raise Unencodable(f"a {node.op} node ({node.target}): graphs holding constants or "
+                              "submodules")
+        target = encode_target(node.target) if node.op == "call_function" else None
+        ref = renamed.__getitem__
+        # Pairs, not an object: the order is part of the code a compiler's cache hashes.
+        kwargs = [[k, encode_value(v, ref)] for k, v in node.kwargs.items()]
+        rows.append([node.op, renamed[node], target, encode_value(node.args, ref), kwargs,
+                     node_meta(node)])
+    return rows
+
+
+def _kwargs(encoded: list, nodes: dict[str, fx.Node]) -> dict:
+    return {k: decode_value(v, nodes) for k, v in encoded}
+
+
+def decode_graph(rows: list) -> fx.GraphModule:
+    """The graph (without meta: the caller restores what it stored)."""
+    graph = fx.Graph()
+    nodes: dict[str, fx.Node] = {}
+    for op, name, target, args, kwargs, _ in rows:
+        if op == "placeholder":
+            node = graph.placeholder(name)
+        elif op == "output":
+            node = graph.output(decode_value(args, nodes)[0])
+        elif op == "call_function":
+            node = graph.create_node(op, decode_target(target), tuple(decode_value(args, nodes)),
+                                     _kwargs(kwargs, nodes), name=name)
+        else:
+            raise ValueError(f"unknown opcode {op!r}")
+        nodes[name] = node
+    return fx.GraphModule(torch.nn.Module(), graph)

@@ -1,0 +1,208 @@
+"""One compile's look-up: its key, its entry if there is one, and the store of its result.
+
+A warm entry holds the graphs the partition produced (forward and backward, or the
+inference graph), each placeholder's metadata and the flags the runtime reads (donated
+saved values, error checks' phase). A hit rebuilds them on fake values and skips the
+backend's passes and the partition; the backend compiler then runs on them again, and
+Inductor finds its own compiled code in its FX graph cache. What the runtime plan needs
+besides comes from the capture and the trace, which run on every compile: they are the key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+
+from ..partition.remat import min_cut_rematerialization_partition
+from ..partition.split import default_partition
+from ..schema import DONATED, HELD_FOR_REPLAY, PHASE, RANDOM_VALUE, Partition
+from ..semantics.subclasses import is_subclass
+from . import codec, key as keys, store
+
+log = logging.getLogger("aotgrad.cache")
+_EVENTS: list[tuple[str, str]] = []  # (event, why), the latest last
+_KNOWN_PARTITIONERS = {default_partition: "default_partition",
+                       min_cut_rematerialization_partition: "min_cut_rematerialization_partition"}
+
+
+def events() -> list[tuple[str, str]]:
+    """This process's recent cache events: ("hit" | "miss" | "bypass", why)."""
+    return list(_EVENTS)
+
+
+def forget_events() -> None:
+    _EVENTS.clear()
+
+
+def _record(event: str, why: str) -> None:
+    _EVENTS.append((event, why))
+    del _EVENTS[:-100]
+    store.count({"hit": "hits", "miss": "misses", "bypass": "bypasses"}[event])
+    log.info("aotgrad cache %s: %s", event, why)
+
+
+class Lookup:
+    """Found (`graphs` set) or not; on a miss, `keep` records what to store, written when
+    the lookup closes without error (after the forward compiled: a process waiting on this
+    entry's lock then finds Inductor's code cached too)."""
+
+    def __init__(self, kind: str, graph: fx.GraphModule | None, c: Any, options: Any):
+        self.graphs: list[fx.GraphModule] | None = None
+        self._store: store.Store | None = None
+        self._payload: dict | None = None
+        self._lock = None
+        if not store.enabled() or graph is None:
+            return
+        try:
+            self.key = _key(kind, graph, c, options)
+        except codec.Unencodable as exc:
+            _record("bypass", f"not cacheable: {exc}")
+            return
+        except Exception as exc:  # a cache bug must cost a compile, never break one
+            log.warning("aotgrad cache: could not key this compile (%r); compiling", exc)
+            _record("bypass", f"key error: {exc!r}")
+            return
+        path = store.directory()
+        if path is None:
+            _record("bypass", "the cache directory is not trusted")
+            return
+        self._store = store.Store(path)
+        self._fake_mode = c.fake_mode
+        if self._load() or self._wait_for_others() and self._load():
+            return
+        _record("miss", keys.explain_miss(self.key.as_dict(), list(self._store.keys())))
+
+    def _load(self) -> bool:
+        payload = self._store.read(self.key.digest)
+        if payload is None:
+            return False
+        try:
+            self.graphs = [decode(rows, self._fake_mode) for rows in payload["graphs"]]
+        except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
+            log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
+            return False
+        _record("hit", f"{self.key.as_dict()['program']}")
+        self._release()
+        return True
+
+    def _wait_for_others(self) -> bool:
+        """Take this entry's lock (waiting while another process compiles it); whether the
+        entry may have appeared meanwhile."""
+        self._lock = self._store.lock(self.key.digest)
+        return self._lock.__enter__()
+
+    def keep(self, graphs: Sequence[fx.GraphModule]) -> None:
+        """Encode the partition's graphs now (a compiler may rewrite them in place)."""
+        if self._store is None or self.graphs is not None:
+            return
+        try:
+            self._payload = {"graphs": [encode(gm) for gm in graphs]}
+        except codec.Unencodable as exc:
+            _record("bypass", f"not stored: {exc}")
+        except Exception as exc:
+            log.warning("aotgrad cache: could not encode this compile (%r)", exc)
+
+    def __enter__(self) -> "Lookup":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        try:
+            if exc_type is None and self._payload is not None:
+                self._store.write(self.key.digest, self._payload, self.key.as_dict())
+        except Exception as exc:
+            log.warning("aotgrad cache: could not write entry (%r)", exc)
+        finally:
+            self._payload = None
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
+
+
+def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
+    """Raises `Unencodable` with the reason where the compile cannot be keyed safely."""
+    if any(is_subclass(f) for f in c.fakes) or \
+            any(m is not None and m.subclass is not None for m in c.info.graph_output_metas):
+        raise codec.Unencodable("tensor subclass inputs or outputs")
+    parts = [("format", store.FORMAT), ("kind", kind), ("program", keys.program(graph))]
+    parts += [(f"input {i}", keys.describe_input(f)) for i, f in enumerate(c.fakes)]
+    parts += [("function info", keys.sha(codec.fingerprint(c.info))),
+              ("input aliasing", keys.sha(codec.fingerprint(c.aliasing)))]
+    if kind == "training":
+        parts += _partitioner(options.partition_fn)
+    parts += keys.backend_components(options.backend)
+    parts += [("static inputs", str(options.static_inputs)),
+              ("keep_inference_input_mutations", str(options.keep_inference_input_mutations))]
+    parts += keys.versions(f.device for f in c.fakes if isinstance(f, torch.Tensor))
+    return keys.Key(tuple(parts))
+
+
+def _partitioner(fn: Callable) -> list[tuple[str, str]]:
+    budget = getattr(fn, "memory_budget", None)
+    if budget is not None:
+        return [("partitioner", "budget_partition"), ("memory_budget", str(budget)),
+                ("solver", str(getattr(fn, "solver", "")))]
+    name = _KNOWN_PARTITIONERS.get(fn)
+    if name is None:
+        raise codec.Unencodable(f"a custom partitioner ({getattr(fn, '__qualname__', fn)})")
+    return [("partitioner", name), ("memory_budget", "None")]
+
+
+# ---- graphs ------------------------------------------------------------------------------
+
+def encode(gm: fx.GraphModule) -> list:
+    return codec.encode_graph(gm, _stored_meta)
+
+
+def _stored_meta(node: fx.Node) -> dict:
+    meta = {}
+    if node.op == "placeholder":
+        meta["val"] = codec.encode_tensor_meta(node.meta.get("val"))
+        for flag, name in ((DONATED, "donated"), (HELD_FOR_REPLAY, "held")):
+            if node.meta.get(flag):
+                meta[name] = True
+    if PHASE in node.meta:
+        meta["phase"] = node.meta[PHASE]
+    if RANDOM_VALUE in node.meta:  # a drawn value a double backward's replay reuses
+        meta["random"] = list(node.meta[RANDOM_VALUE])
+    return meta
+
+
+def decode(rows: list, fake_mode) -> fx.GraphModule:
+    """The graph with fake values on every node: its placeholders' as stored, the others'
+    computed from them (so that views share their base's fake storage, as when traced)."""
+    gm = codec.decode_graph(rows)
+    for node, row in zip(gm.graph.nodes, rows):
+        meta = row[5]
+        if node.op == "placeholder":
+            node.meta["val"] = codec.fake_from_meta(meta["val"], fake_mode)
+        if meta.get("donated"):
+            node.meta[DONATED] = True
+        if meta.get("held"):
+            node.meta[HELD_FOR_REPLAY] = True
+        if "phase" in meta:
+            node.meta[PHASE] = meta["phase"]
+        if "random" in meta:
+            node.meta[RANDOM_VALUE] = tuple(meta["random"])
+    _propagate(gm, fake_mode)
+    return gm
+
+
+def _propagate(gm: fx.GraphModule, fake_mode) -> None:
+    # No grad: the graph's in-place ops (a buffer's new value copied in) write into fake
+    # inputs that may require grad; nothing reads an intermediate's requires_grad.
+    with fake_mode, torch.no_grad():
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                args, kwargs = fx.node.map_arg((node.args, node.kwargs),
+                                               lambda n: n.meta["val"])
+                node.meta["val"] = node.target(*args, **kwargs)
+
+
+def partition_of(graphs: list[fx.GraphModule], num_fw_outputs: int) -> Partition:
+    return Partition(graphs[0], graphs[1], num_fw_outputs)

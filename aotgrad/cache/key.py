@@ -1,0 +1,161 @@
+"""A cache key: a named list of (component, value), so that a miss can be explained part by
+part ("memory_budget 0.5 -> 0.6", "input 2 stride (64, 1) -> (1, 64)").
+
+The program is the graph as traced, before any pass: what the function computes, in ATen
+ops, with its nodes renamed by position (names are noise). Keying the trace rather than the
+Python source is what makes the key safe: a function's source does not say what its globals,
+closures and callees do; its trace does. Input metadata, every option that changes what the
+later stages produce, and the versions of everything that produces it complete the key.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import fx
+
+from ..schema import (AUTOGRAD_COPY, BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, PHASE,
+                      RANDOM_VALUE, Backend)
+from . import codec
+
+# Node meta the partition and the passes after the trace read, besides the graph itself.
+_KEYED_META = (JOINT_ROLE, PHASE, AUTOGRAD_COPY, RANDOM_VALUE, "recompute", "ac_graph_id")
+
+
+@dataclass(frozen=True)
+class Key:
+    components: tuple[tuple[str, str], ...]  # (name, readable value), in order
+
+    @functools.cached_property
+    def digest(self) -> str:
+        text = json.dumps(self.components, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.components)
+
+
+def sha(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def program(gm: fx.GraphModule) -> str:
+    """The traced graph, renamed by position: `sha256:<digest> (<n> nodes)`."""
+    rows = codec.encode_graph(gm, _keyed_meta, names=lambda i, node: f"n{i}")
+    graph_meta = [gm.meta.get(JOINT_FW_OUTPUTS), codec.fingerprint(gm.meta.get(BACKWARD_WRITES))]
+    return f"sha256:{sha([rows, graph_meta])} ({len(rows)} nodes)"
+
+
+def _keyed_meta(node: fx.Node) -> dict:
+    return {k: codec.fingerprint(node.meta[k]) for k in _KEYED_META if k in node.meta}
+
+
+def describe_input(t: Any) -> str:
+    m = codec.encode_tensor_meta(t)
+    dtype = str(t.dtype).removeprefix("torch.")
+    grad = " requires_grad" if m["requires_grad"] else ""
+    offset = f" offset {m['offset']}" if m["offset"] else ""
+    return (f"{dtype}{list(m['shape'])} stride {tuple(m['stride'])}{offset} "
+            f"{m['device']}{grad}")
+
+
+@functools.lru_cache(maxsize=None)
+def aotgrad_version() -> str:
+    """The package's source, hashed: any change to aotgrad may change what it produces."""
+    package = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode())
+        h.update(path.read_bytes())
+    return f"source sha256:{h.hexdigest()[:16]}"
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_version() -> str:
+    try:
+        import importlib.metadata
+        return importlib.metadata.version("triton")
+    except Exception:
+        return "none"
+
+
+def versions(devices: Iterable[torch.device]) -> list[tuple[str, str]]:
+    parts = [("torch", torch.__version__), ("triton", _triton_version()),
+             ("python", platform.python_version()), ("aotgrad", aotgrad_version()),
+             ("machine", platform.machine())]
+    for device in sorted({str(d) for d in devices}):
+        parts.append((f"device {device}", _device_description(torch.device(device))))
+    return parts
+
+
+def _device_description(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name} sm{props.major}{props.minor} cuda {torch.version.cuda}"
+    return device.type
+
+
+def backend_components(backend: Backend) -> list[tuple[str, str]]:
+    """The compilers by name (they run again on a hit: only the passes before the partition
+    are skipped, so those must be known ones), and Inductor's configuration where it runs."""
+    from ..backends.compilers import inductor_graph_passes
+    names = [_name(c) for c in
+             (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)]
+    parts = [("backend", " / ".join(dict.fromkeys(names)))]
+    if backend.graph_passes not in (None, inductor_graph_passes):  # a name may hide a closure
+        raise codec.Unencodable(f"the backend's own graph passes ({_name(backend.graph_passes)})")
+    parts.append(("graph passes", _name(backend.graph_passes)))
+    if any("inductor" in n for n in names):
+        parts.append(("inductor config", _inductor_config()))
+    return parts
+
+
+def _name(f) -> str:
+    """A function by module and qualified name; an object by its type's (never an address)."""
+    if f is None:
+        return "None"
+    named = f if hasattr(f, "__qualname__") else type(f)
+    return f"{getattr(named, '__module__', '')}.{named.__qualname__}"
+
+
+def _inductor_config() -> str:
+    from torch._inductor import config
+    try:
+        saved = config.save_config_portable()
+    except Exception:  # older torch: the whole config
+        saved = config.get_config_copy()
+    return f"sha256:{sha({k: repr(v) for k, v in sorted(saved.items())})}"
+
+
+def diff(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
+    """What differs, as "name theirs -> mine", in this key's order."""
+    out = []
+    for name in [*theirs, *[n for n in mine if n not in theirs]]:
+        a, b = theirs.get(name, "(absent)"), mine.get(name, "(absent)")
+        if a != b:
+            out.append(f"{name} {a} -> {b}")
+    return out
+
+
+def nearest(mine: dict[str, str], others: Sequence[dict[str, str]]) -> dict[str, str] | None:
+    """The entry whose key shares the most components with `mine`, the program first."""
+    def score(theirs):
+        same = sum(theirs.get(k) == v for k, v in mine.items())
+        return (theirs.get("kind") == mine.get("kind"),
+                theirs.get("program") == mine.get("program"), same)
+    return max(others, key=score, default=None)
+
+
+def explain_miss(mine: dict[str, str], others: Sequence[dict[str, str]]) -> str:
+    theirs = nearest(mine, others)
+    if theirs is None:
+        return "no entry in the cache yet"
+    return ", ".join(diff(mine, theirs)) or "the entry with this key is unreadable"

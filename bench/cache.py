@@ -1,0 +1,169 @@
+"""First-step time in a fresh process, with cold caches and with warm ones (issue 18).
+
+    python bench/cache.py                      # CPU: a 4-layer TinyLM
+    python bench/cache.py --gpu                # CUDA: GPT-2 small and ResNet-50 (bench/run.py's)
+    python bench/cache.py --sides aotgrad,torch --warm-runs 2
+
+Each side runs in a fresh process twice or more against one set of cache directories of its
+own (aotgrad's, Inductor's, Triton's, all under a new temporary directory): the first run
+finds them empty (cold), the next ones find what it left (warm). A run times the compile
+and first training step (forward, backward; synchronized on CUDA), not the imports. Sides:
+
+- `aotgrad`: `aotgrad.compile(model)` (Inductor), aotgrad's cache on;
+- `aotgrad_nocache`: the same with `AOTGRAD_CACHE=0` (Inductor's own caches only);
+- `aotgrad_dynamo`: `torch.compile(model, backend="aotgrad")`;
+- `torch`: `torch.compile(model)` (Inductor, AOTAutogradCache and FxGraphCache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+SIDES = ("aotgrad", "aotgrad_nocache", "aotgrad_dynamo", "torch")
+
+
+def build(model: str, device: str):
+    """(loss module, batch, autocast) on `device`, seeded."""
+    import torch
+    torch.manual_seed(0)
+    if model == "tinylm":
+        sys.path.insert(0, str(REPO_ROOT))
+        from aotgrad.demo import TinyLM
+        lm = TinyLM(layers=4).to(device)
+        tokens = torch.randint(0, 256, (8, 64), device=device)
+        return lm, (tokens, torch.roll(tokens, -1, dims=1)), False
+    sys.path.insert(0, str(BENCH_DIR))
+    import run  # bench/run.py: the suite's GPT-2 and ResNet-50, as it runs them
+    job = run.Job(model, "cache", None, False, device, 0, 1)
+    return run.prepare(job)
+
+
+def compile_side(side: str, model):
+    import torch
+    import aotgrad
+    if side in ("aotgrad", "aotgrad_nocache"):
+        return aotgrad.compile(model, backend="inductor")
+    if side == "aotgrad_dynamo":
+        return torch.compile(model, backend="aotgrad")
+    return torch.compile(model)
+
+
+def child(side: str, model_name: str, device: str) -> dict:
+    """One fresh process's first step."""
+    import contextlib
+    import torch
+    model, batch, use_autocast = build(model_name, device)
+    autocast = torch.autocast("cuda", torch.bfloat16) if use_autocast \
+        else contextlib.nullcontext()
+    cuda = device.startswith("cuda")
+    start = time.perf_counter()
+    compiled = compile_side(side, model)
+    with autocast:
+        out = compiled(*batch)
+    loss = out[0] if isinstance(out, tuple) else out
+    loss.backward()
+    if cuda:
+        torch.cuda.synchronize()
+    first_step = time.perf_counter() - start
+    result = {"first_step_s": first_step, "loss": float(loss)}
+    if side.startswith("aotgrad"):
+        from aotgrad import cache
+        result["aotgrad_cache"] = {k: v for k, v in cache.stats().items() if v}
+        result["aotgrad_events"] = [e for e, _ in cache.events()]
+    from torch._dynamo.utils import counters
+    result["inductor_counters"] = {k: v for k, v in counters["inductor"].items()
+                                   if "cache" in k}
+    return result
+
+
+def run_side(side: str, model: str, device: str, warm_runs: int, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"aotgrad-bench-cache-{side}-") as tmp:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT),
+               "AOTGRAD_CACHE_DIR": f"{tmp}/aotgrad", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+               "TRITON_CACHE_DIR": f"{tmp}/triton",
+               "AOTGRAD_CACHE": "0" if side == "aotgrad_nocache" else "1"}
+        runs = []
+        for _ in range(1 + warm_runs):
+            cmd = [sys.executable, __file__, "--child", side, "--models", model, "--device", device]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+            if proc.returncode != 0:
+                return {"error": proc.stderr[-2000:]}
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    warm = min(runs[1:], key=lambda r: r["first_step_s"])
+    return {"cold": runs[0], "warm": warm, "warm_runs": [r["first_step_s"] for r in runs[1:]],
+            "ratio": warm["first_step_s"] / runs[0]["first_step_s"]}
+
+
+def markdown(results: dict, meta: dict) -> str:
+    lines = ["# Compile cache: first step in a fresh process, cold vs warm caches",
+             "",
+             f"{meta['date']}, torch {meta['torch']}, {meta['machine']}, commit {meta['commit']}.",
+             "Time from compiling to the end of the first forward+backward (imports excluded); "
+             "warm: the best of the warm runs.",
+             "",
+             "| model | side | cold (s) | warm (s) | warm / cold | aotgrad cache (warm) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for model, sides in results.items():
+        for side, r in sides.items():
+            if "error" in r:
+                lines.append(f"| {model} | {side} | error | | | {r['error'][-80:]!r} |")
+                continue
+            events = ", ".join(r["warm"].get("aotgrad_events", [])) or "-"
+            lines.append(f"| {model} | {side} | {r['cold']['first_step_s']:.1f} | "
+                         f"{r['warm']['first_step_s']:.1f} | {r['ratio']:.2f}x | {events} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true", help="GPT-2 small and ResNet-50 on CUDA")
+    parser.add_argument("--models", default=None)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--warm-runs", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--out", default=None, help="directory for cache.json and cache.md")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    device = args.device or ("cuda" if args.gpu else "cpu")
+    models = (args.models or ("gpt2,resnet50" if args.gpu else "tinylm")).split(",")
+    if args.child:
+        print(json.dumps(child(args.child, models[0], device)))
+        return 0
+    import torch
+    results = {}
+    for model in models:
+        results[model] = {}
+        for side in args.sides.split(","):
+            r = results[model][side] = run_side(side, model, device, args.warm_runs, args.timeout)
+            print(model, side, json.dumps({k: v for k, v in r.items() if k != "warm"})[:300],
+                  flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    machine = torch.cuda.get_device_name() if device.startswith("cuda") else \
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "machine": machine, "commit": commit, "device": device}
+    table = markdown(results, meta)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cache.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        (out / "cache.md").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

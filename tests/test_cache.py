@@ -1,0 +1,342 @@
+"""The persistent compile cache (aotgrad/cache/): hits across processes with results identical
+to a cold compile, a miss for every key component with its reason, corrupt entries,
+untrusted directories, concurrent writers, eviction, and the compiles it refuses to cache.
+
+Each test gets a cache directory of its own. Cross-process tests run real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import aotgrad
+from aotgrad import cache
+from aotgrad.cache import key as cache_key, store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    monkeypatch.setenv("AOTGRAD_CACHE", "1")
+    monkeypatch.setenv("AOTGRAD_CACHE_DIR", str(path))
+    monkeypatch.delenv("AOTGRAD_CACHE_SIZE_MB", raising=False)
+    cache.reset_stats()
+    return path
+
+
+def last_event() -> tuple[str, str]:
+    return cache.events()[-1]
+
+
+# ---- in one process: hits, misses and their reasons -----------------------------------------
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                               torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def train_step(model, x, **options):
+    """Outputs, gradients and buffers after one compiled step (fresh copy of `model`)."""
+    compiled = aotgrad.compile(model, backend=options.pop("backend", "eager"), **options)
+    out = compiled(x)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    buffers = [b.clone() for b in model.buffers()]
+    model.zero_grad()
+    return out.detach(), grads, buffers
+
+
+def test_second_compile_hits_and_matches_cold():
+    x = torch.randn(5, 8)
+    cold = train_step(mlp(), x)
+    assert last_event()[0] == "miss"
+    warm = train_step(mlp(), x)
+    assert last_event()[0] == "hit"
+    assert cache.stats()["hits"] == 1 and cache.stats()["misses"] == 1
+    for a, b in zip(torch.utils._pytree.tree_leaves(cold), torch.utils._pytree.tree_leaves(warm)):
+        assert torch.equal(a, b)
+
+
+def test_inference_graph_hits():
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        cold = aotgrad.compile(mlp().eval(), backend="eager")(x)
+        warm = aotgrad.compile(mlp().eval(), backend="eager")(x)
+    assert [e for e, _ in cache.events()] == ["miss", "hit"]
+    assert torch.equal(cold, warm)
+
+
+def f(x, y):
+    return (x.sin() * y).sum(-1)
+
+
+def args(*shape, dtype=torch.float32, requires_grad=True, transpose=False):
+    x = torch.randn(*shape, dtype=dtype)
+    x = x.t().contiguous().t() if transpose else x
+    return x.requires_grad_(requires_grad), torch.randn(*shape, dtype=dtype)
+
+
+def compile_once(fn=f, inputs=None, **options):
+    options.setdefault("backend", "eager")
+    out = aotgrad.compile(fn, **options)(*(inputs or args(4, 6)))
+    return out
+
+
+MISSES = {  # variant -> (what the second compile changes, the reason's text)
+    "memory_budget": (dict(memory_budget=0.6), "memory_budget 0.5 -> 0.6"),
+    "stride": (dict(inputs=args(4, 6, transpose=True)), "input 0 float32[4, 6] stride (6, 1)"),
+    "shape": (dict(inputs=args(4, 7)), "input 0 float32[4, 6]"),
+    "dtype": (dict(inputs=args(4, 6, dtype=torch.float64)), "-> float64[4, 6]"),
+    "requires_grad": (dict(inputs=(torch.randn(4, 6), torch.randn(4, 6).requires_grad_())),
+                      "input 1 float32[4, 6] stride (6, 1) cpu -> float32[4, 6] stride (6, 1) "
+                      "cpu requires_grad"),
+    "program": (dict(fn=lambda x, y: (x.cos() * y).sum(-1)), "program sha256:"),
+    "backend": (dict(backend=aotgrad.make_boxed_compiler(lambda gm, _: gm)), "backend "),
+    "partitioner": (dict(memory_budget=None), "partitioner budget_partition -> "
+                                              "min_cut_rematerialization_partition"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(MISSES))
+def test_each_key_component_misses_with_its_reason(variant):
+    compile_once(memory_budget=0.5)
+    assert last_event()[0] == "miss"
+    compile_once(memory_budget=0.5)
+    assert last_event()[0] == "hit"
+    change, reason = MISSES[variant]
+    options = {"memory_budget": 0.5, **change}
+    compile_once(**options)
+    event, why = last_event()
+    assert event == "miss" and reason in why, why
+
+
+@pytest.mark.parametrize("component,patch", [
+    ("torch", lambda mp: mp.setattr(torch, "__version__", "2.11.0")),
+    ("aotgrad", lambda mp: mp.setattr(cache_key, "aotgrad_version", lambda: "source sha256:x")),
+    ("inductor config", None),
+])
+def test_versions_and_configuration_miss_with_their_reason(component, patch, monkeypatch):
+    backend = "inductor" if component == "inductor config" else "eager"
+    opts = dict(backend=backend)
+    x = torch.randn(3)
+    aotgrad.compile(torch.sin, **opts)(x)
+    if patch is None:
+        from torch._inductor import config
+        monkeypatch.setattr(config, "max_autotune", not config.max_autotune)
+    else:
+        patch(monkeypatch)
+    aotgrad.compile(torch.sin, **opts)(x)
+    event, why = last_event()
+    assert event == "miss" and why.startswith(component + " "), why
+
+
+def test_random_ops_hit_and_draw_as_cold():
+    def drop(x):
+        return torch.nn.functional.dropout(x, 0.5) * 2
+
+    x = torch.randn(64, requires_grad=True)
+    results = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        out = aotgrad.compile(drop, backend="eager")(x)
+        (grad,) = torch.autograd.grad(out.sum(), x, create_graph=True)  # replays the draws
+        results.append((out, grad))
+    assert [e for e, _ in cache.events()] == ["miss", "hit"]
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_bypasses_say_why():
+    from torch.testing._internal.two_tensor import TwoTensor
+    aotgrad.compile(torch.sin, backend="eager")(TwoTensor(torch.randn(4), torch.randn(4)))
+    assert last_event() == ("bypass", "not cacheable: tensor subclass inputs or outputs")
+    aotgrad.compile(f, backend="eager", dynamic=True)(*args(4, 6))
+    assert last_event() == ("bypass", "not cacheable: symbolic shapes (dynamic=True)")
+    custom = aotgrad.default_partition
+    aotgrad.compile(f, backend="eager", partitioner=lambda *a, **k: custom(*a, **k))(*args(4, 6))
+    event, why = last_event()
+    assert event == "bypass" and "a custom partitioner" in why
+    assert cache.stats()["bypasses"] == 3 and cache.stats()["stores"] == 0
+
+
+def test_off_switch(monkeypatch):
+    monkeypatch.setenv("AOTGRAD_CACHE", "0")
+    compile_once()
+    compile_once()
+    assert cache.events() == [] and cache.stats()["stores"] == 0
+
+
+def test_dynamo_and_compat_front_doors_hit():
+    from aotgrad.compat import aot_function, nop
+    x = torch.randn(4, 6, requires_grad=True)
+    for _ in range(2):
+        torch._dynamo.reset()
+        torch.compile(f, backend=aotgrad.backend(backend="eager"))(x, x.detach()).sum().backward()
+    assert [e for e, _ in cache.events()] == ["miss", "hit"]
+    for _ in range(2):
+        aot_function(f, fw_compiler=nop)(x, x.detach()).sum().backward()
+    assert [e for e, _ in cache.events()][2:] == ["miss", "hit"]
+
+
+# ---- the store: corruption, trust, eviction, clearing ---------------------------------------
+
+def test_corrupt_entry_is_a_miss_with_a_warning(cache_dir):
+    x = torch.randn(5, 8)
+    cold = train_step(mlp(), x)
+    entry, = (cache_dir / store.FORMAT).glob("*.json")
+    data = entry.read_bytes()
+    entry.write_bytes(data[:len(data) // 2])  # truncated
+    with pytest.warns(UserWarning, match="corrupt .*sha256 does not match"):
+        warm = train_step(mlp(), x)
+    assert last_event()[0] == "miss" and cache.stats()["corrupt"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(cold[1], warm[1]))
+    # the compile wrote the entry again, whole
+    entry.write_bytes(data.replace(b'"op:aten::relu"', b'"op:aten::sigmoid"'))  # edited
+    with pytest.warns(UserWarning, match="corrupt"):
+        train_step(mlp(), x)
+
+
+def test_group_or_world_writable_directory_is_not_read(cache_dir):
+    compile_once()
+    os.chmod(cache_dir, 0o777)
+    with pytest.warns(UserWarning, match="writable by group or others.*not used"):
+        compile_once()
+    assert last_event() == ("bypass", "the cache directory is not trusted")
+    assert cache.stats()["hits"] == 0
+
+
+def test_directory_of_another_user_is_not_read(cache_dir, monkeypatch):
+    compile_once()
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(cache_dir).st_uid + 1)
+    with pytest.warns(UserWarning, match="owned by uid .*not used"):
+        compile_once()
+    assert last_event()[0] == "bypass" and cache.stats()["hits"] == 0
+
+
+def test_least_recently_used_entries_are_evicted(cache_dir, monkeypatch):
+    programs = [torch.sin, torch.cos, torch.tanh]
+    x = torch.randn(3, requires_grad=True)
+    aotgrad.compile(programs[0], backend="eager")(x)
+    entry_size = next((cache_dir / store.FORMAT).glob("*.json")).stat().st_size
+    monkeypatch.setenv("AOTGRAD_CACHE_SIZE_MB", str(2.5 * entry_size / (1 << 20)))
+    aotgrad.compile(programs[1], backend="eager")(x)
+    os.utime(next(iter(sorted((cache_dir / store.FORMAT).glob("*.json"),
+                              key=os.path.getmtime))), (0, 0))  # sin: least recently used
+    aotgrad.compile(programs[2], backend="eager")(x)  # over the limit: sin's goes
+    assert cache.stats()["evictions"] == 1
+    assert len(list((cache_dir / store.FORMAT).glob("*.json"))) == 2
+    aotgrad.compile(programs[1], backend="eager")(x)
+    assert last_event()[0] == "hit"
+    aotgrad.compile(programs[0], backend="eager")(x)
+    assert last_event()[0] == "miss"
+
+
+def test_clear_and_stats(cache_dir):
+    compile_once()
+    compile_once()
+    assert {k: cache.stats()[k] for k in ("hits", "misses", "stores")} == \
+        {"hits": 1, "misses": 1, "stores": 1}
+    assert cache.clear() == 1
+    compile_once()
+    assert last_event() == ("miss", "no entry in the cache yet")
+
+
+def test_checksum_rejects_truncation_and_edits():
+    sealed = store.seal({"a": [1, 2]})
+    assert store.unseal(sealed) == {"a": [1, 2]}
+    for bad in (sealed[:-1], sealed.replace(b"1", b"3"), b"", b"x" * 64):
+        with pytest.raises(ValueError):
+            store.unseal(bad)
+
+
+# ---- across processes -------------------------------------------------------------------
+
+SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    import torch, aotgrad
+    from aotgrad import cache
+    barrier = sys.argv[2] if len(sys.argv) > 2 else None
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                            torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    while barrier and not __import__("os").path.exists(barrier):
+        time.sleep(0.01)
+    out = aotgrad.compile(m, backend=sys.argv[1])(x)
+    out.sum().backward()
+    from torch._dynamo.utils import counters
+    print(json.dumps({"events": cache.events(), "stats": cache.stats(),
+                      "inductor": dict(counters["inductor"]),
+                      "values": [t.tolist() for t in
+                                 [out, *[p.grad for p in m.parameters()], *m.buffers()]]}))
+""")
+
+
+def run_script(tmp_path: Path, backend: str, barrier: Path | None = None,
+               start: bool = False) -> subprocess.Popen | dict:
+    script = tmp_path / "step.py"
+    script.write_text(SCRIPT)
+    # Inductor's own cache stays where it is: warm from an earlier run, it makes the cold
+    # process fast too, and the warm one must still find its graphs there.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(script), backend, *([str(barrier)] if barrier else [])]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    return proc if start else result_of(proc)
+
+
+def result_of(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_hit_in_another_process_gives_identical_results(tmp_path):
+    cold = run_script(tmp_path, "eager")
+    warm = run_script(tmp_path, "eager")
+    assert [e for e, _ in cold["events"]] == ["miss"]
+    assert [e for e, _ in warm["events"]] == ["hit"]
+    assert warm["values"] == cold["values"]  # outputs, gradients, running statistics
+
+
+def test_concurrent_writers_compile_once(tmp_path):
+    barrier = tmp_path / "go"
+    procs = [run_script(tmp_path, "eager", barrier, start=True) for _ in range(3)]
+    barrier.touch()
+    results = [result_of(p) for p in procs]
+    assert sum(r["stats"]["stores"] for r in results) == 1
+    assert sorted(e for r in results for e, _ in r["events"]) == ["hit", "hit", "miss"]
+    assert all(r["values"] == results[0]["values"] for r in results)
+    assert not list((tmp_path / "cache" / store.FORMAT).glob("*.lock"))
+
+
+def test_inductor_hit_skips_codegen_in_another_process(tmp_path):
+    cold = run_script(tmp_path, "inductor")
+    warm = run_script(tmp_path, "inductor")
+    assert [e for e, _ in warm["events"]] == ["hit"]
+    # The forward and the backward: Inductor found both compiled in its own cache.
+    assert warm["inductor"].get("fxgraph_cache_hit") == 2, warm["inductor"]
+    assert warm["values"] == cold["values"]
+
+
+def test_lock_of_a_dead_process_is_broken_and_a_live_one_times_out(tmp_path):
+    s = store.Store(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (tmp_path / "k.lock").write_text(dead)  # its holder exited without removing it
+    with s.lock("k", timeout=5) as waited:
+        assert not waited and (tmp_path / "k.lock").read_text() == str(os.getpid())
+        # Held by a live process (this one): another compile waits, then goes on without it.
+        with s.lock("k", timeout=0.2) as waited_too:
+            assert waited_too and cache.stats()["lock_timeouts"] == 1
+        assert (tmp_path / "k.lock").exists()  # the holder's lock stays
+    assert not (tmp_path / "k.lock").exists()
