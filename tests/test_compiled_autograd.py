@@ -225,6 +225,75 @@ def test_gradient_penalty_with_create_graph(front_door):
     same(expected, actual, "input gradient")
 
 
+# -- sizes: a graph traced for some sizes serves others only where its guards hold ---------------
+
+def shape_steps(loss, shapes, front_door, compiler="eager"):
+    """Gradients of `loss(x, p)` for each (x shape, p shape), eagerly and under compiled
+    autograd (one session): the engine reuses its graph across all of them."""
+    f = aotgrad.compile(loss, backend="eager") if front_door == "aotgrad" else loss
+
+    def steps():
+        out = []
+        for k, (xs, ps) in enumerate(shapes):
+            gen = torch.Generator().manual_seed(k)
+            x = torch.randn(*xs, generator=gen, requires_grad=True)
+            p = torch.randn(*ps, generator=gen, requires_grad=True)
+            out.append(list(torch.autograd.grad(f(x, p), [x, p])))
+        return out
+    expected = steps()
+    with compiled_autograd.enable(compiler) as stats:
+        actual = steps()
+    same(expected, actual, "grads per step")
+    return stats
+
+
+@pytest.mark.parametrize("front_door", ["eager", "aotgrad"])
+def test_broadcast_reduction_when_a_dim_becomes_1(front_door):
+    # (4, 4) + (1, 4) reduces dim 0; (4, 4) + (4, 1) dim 1: the graph of the first
+    # returned a (1, 4) gradient for the (4, 1) input.
+    stats = shape_steps(lambda x, p: (x + p).pow(2).sum(),
+                        [((4, 4), (1, 4)), ((4, 4), (4, 1)), ((4, 4), (1, 4)),
+                         ((4, 4), (4, 1)), ((4, 4), (4,))], front_door)
+    assert stats.fallbacks == []
+    if front_door == "eager":  # (aotgrad's forward compiles per shape: another key)
+        assert any("== 1" in g or "1 ==" in g for g in stats.guard_failures)
+
+
+@pytest.mark.parametrize("front_door", ["eager", "aotgrad"])
+def test_broadcast_through_a_view_keeps_its_values(front_door):
+    # p is 1-D either way; the view decides which dim its gradient sums: same shapes,
+    # different values (the graph of the first summed the wrong dim, silently).
+    def loss(x, p):
+        return (x * p.view(1, -1) if x.shape[0] == 4 else x * p.view(-1, 1)).pow(2).sum()
+    shape_steps(loss, [((4, 3), (3,)), ((3, 3), (3,)), ((4, 3), (3,)), ((3, 3), (3,))],
+                front_door)
+
+
+def test_expand_and_sum_to_size_across_sizes():
+    def loss(x, p):
+        return (x * p.expand(x.shape[0], 5)).sum_to_size(1, 5).pow(2).sum()
+    shape_steps(loss, [((3, 5), (1, 5)), ((3, 5), (3, 5)), ((1, 5), (1, 5)),
+                       ((6, 5), (6, 5)), ((6, 5), (1, 5))], "eager")
+
+
+def test_reshape_whose_sizes_coincide():
+    def loss(x, p):
+        return (x.reshape(x.shape[1], x.shape[0]) @ p).pow(2).sum()
+    stats = shape_steps(loss, [((4, 4), (4, 4)), ((4, 4), (4, 4)), ((2, 8), (2, 2)),
+                               ((8, 2), (8, 8)), ((1, 8), (1, 1))], "eager")
+    assert stats.captures <= 3
+
+
+def test_a_guard_failure_specializes_again_and_is_logged(caplog):
+    with caplog.at_level(logging.INFO, logger="aotgrad"):
+        stats = shape_steps(lambda x, p: (x + p).sum(),
+                            [((4, 4), (4,)), ((4, 4), (4,)), ((4, 1), (4,)), ((4, 7), (7,)),
+                             ((4, 1), (4,))], "eager")
+    assert stats.captures == 1  # one structure: the engine keeps one entry
+    assert stats.compiles == len(stats.guard_failures) + 1 >= 2
+    assert any("specializes again" in r.message for r in caplog.records)
+
+
 def test_enable_refuses_an_unknown_compiler():
     with pytest.raises(ValueError, match="aotgrad: compiled_autograd.enable"):
         with compiled_autograd.enable("nope"):

@@ -5,9 +5,10 @@
         loss.backward()
 
 Modules: `api.py` (enable, the session, the eager fallback), `capture.py` (the instance the
-engine calls), `hooks.py` (what the graph calls at run time), `cache.py` (keys, miss
-reasons), `state.py` (the flag call.py reads,
-importable alone: this package loads the rest on first use).
+engine calls: it records the backward as a program), `specialize.py` (the program traced
+for a run's sizes, guarded), `hooks.py` (what the graph calls at run time), `cache.py`
+(keys, miss reasons), `state.py` (the flag call.py reads, importable alone: this package
+loads the rest on first use).
 """
 
 import importlib

@@ -18,6 +18,7 @@ from torch import fx
 
 from .cache import CaptureKey, CaptureLog
 from .capture import BackwardCapture
+from .specialize import Captured, Variant, specialize, unspecialized
 
 log = logging.getLogger("aotgrad.autograd")
 
@@ -26,23 +27,11 @@ log = logging.getLogger("aotgrad.autograd")
 class Stats:
     """What a session did: captures (cache misses), compiles, eager fallbacks."""
     captures: int = 0
-    compiles: int = 0
+    compiles: int = 0  # specializations: a capture's first run, and each guard failure
     miss_reasons: list[str] = field(default_factory=list)
+    guard_failures: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)  # Python backwards run untraced
-
-
-class Captured:
-    """A compiled captured backward. With create_graph=True (grad mode on) it runs the
-    graph's ops uncompiled, so autograd records them: the gradient is differentiable."""
-
-    def __init__(self, graph: fx.GraphModule, compiled: Callable):
-        self.graph, self.compiled = graph, compiled
-
-    def __call__(self, *args: Any) -> Any:
-        if torch.is_grad_enabled():
-            return self.graph(*args)
-        return self.compiled(*args)
 
 
 class Session:
@@ -56,12 +45,28 @@ class Session:
         self.open_capture = capture
         self.stats.captures += 1
 
-    def compile(self, gm: fx.GraphModule, key: CaptureKey) -> Captured:
+    def captured(self, program: fx.GraphModule, key: CaptureKey) -> Captured:
         self.stats.miss_reasons.append(self.keys.record(key))
-        compiled = self.compiler(gm)
-        self.stats.compiles += 1
         self.open_capture = None
-        return Captured(gm, compiled)
+        return Captured(self, program, len(self.keys.keys))
+
+    def specialize(self, captured: Captured, args: tuple, failed: str | None) -> Variant:
+        """A graph for this run's sizes (its first, or after `failed`: a guard's text)."""
+        if failed is not None:
+            self.stats.guard_failures.append(failed)
+            log.info("compiled autograd: capture %d specializes again: %s", captured.index,
+                     failed)
+        try:
+            variant = specialize(captured.program, args, self.compiler)
+        except Exception as error:  # noqa: BLE001 - the program itself is eager's backward
+            reason = f"{type(error).__name__}: {error}".splitlines()[0]
+            self.stats.fallbacks.append(reason)
+            log.warning("aotgrad: compiled autograd could not trace capture %d for these "
+                        "sizes; its formulas run as the eager engine runs them (%s)",
+                        captured.index, reason, exc_info=log.isEnabledFor(logging.DEBUG))
+            return unspecialized(captured.program)
+        self.stats.compiles += 1
+        return variant
 
     def note_opaque(self, cls: type) -> None:
         if cls.__qualname__ not in self.stats.opaque:

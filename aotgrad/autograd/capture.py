@@ -5,36 +5,32 @@ On a cache miss the engine (`torch._C._dynamo.compiled_autograd`) creates one
 (`begin_capture`), then walks the nodes in execution order, calling a method for each thing
 it would run: a C++ node's formula (`apply_functional`), a Python node's backward
 (`proxy_call_backward`), a hook, a gradient sum, an accumulation into `.grad`. The instance
-records each into one FX graph and returns the compiled graph (`end_capture`); the engine
-runs it for this backward and every later one with the same key.
+records each as one call of a *program* (an FX graph over the lifted inputs) and returns it
+(`end_capture`); the engine runs it for this backward and every later one with the same key.
 
-Unlike torch's instance, C++ formulas are not kept as opaque calls for a second tracer
-(Dynamo) to open: they run here on fake tensors under a proxy mode, so the graph holds
-their ATen ops. An aotgrad region's backward is inlined op by op. What stays a Python call
-in the graph is what must run as eager runs it: hooks, user autograd.Function backwards,
-`.grad` accumulation.
+The program holds no decision about sizes: a formula is one call (`hooks.call_formula`), not
+its ops. `specialize.py` turns it into the graph a compiler sees: the formulas traced into
+ATen ops on fake tensors for the sizes of a call, with the guards those ops assumed (a dim
+is 1, two dims are equal), checked before each run. Sizes that break them specialize again.
+An aotgrad region's backward is inlined op by op; what stays a Python call is what must run
+as eager runs it: hooks, user autograd.Function backwards, `.grad` accumulation.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-import operator
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
-from torch.fx.experimental.proxy_tensor import (
-    PythonKeyTracer, ProxyTorchDispatchMode, disable_proxy_modes_tracing, fetch_object_proxy,
-    track_tensor_tree)
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, track_tensor_tree
 
-from . import hooks, state
+from . import hooks
 from .cache import CaptureKey, Lifted
+from .specialize import Trace
 
 log = logging.getLogger("aotgrad.autograd")
-# The graph's inputs, in the order the engine passes them to the runtime wrapper.
-PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
 _ids = itertools.count()
 
 
@@ -42,76 +38,38 @@ class Uncapturable(RuntimeError):
     """This backward cannot be captured: the engine runs it eagerly (api.py)."""
 
 
-class BackwardCapture:
+class BackwardCapture(Trace):
     """One capture: made by the engine on a cache miss, driven by its calls."""
 
     def __init__(self, session: Any):
+        super().__init__()
         self.session = session
-        self.stack = contextlib.ExitStack()
         self.walk: list[str] = []
         self.node = "the root"
+        self.failure: str | None = None  # raised at end_capture (see `_deferred`)
 
     # -- setup and teardown -------------------------------------------------------------
     def begin_capture(self, inputs: list, sizes: list, scalars: list, origins=None,
                       accumulate_grad: bool = True, check_nans: bool = False, *_):
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        from torch.fx.experimental.symbolic_shapes import _suppress_guards
         self.session.begin(self)
         if check_nans:
             raise Uncapturable("anomaly detection's NaN checks (detect_anomaly)")
         self.key_parts = _lifted(inputs, sizes, origins)
-        self.tracer = _new_tracer()
-        self.proxies = {name: self.tracer.create_proxy("placeholder", name, (), {})
-                        for name in PLACEHOLDERS}
-        self.shape_env = ShapeEnv()
-        self.fake_mode = FakeTensorMode(allow_fallback_kernels=True,
-                                        allow_non_fake_inputs=True, shape_env=self.shape_env)
-        self.symbols: dict[Any, fx.Proxy] = {}
-        fakes = [self.fake_mode.from_tensor(x) for x in inputs]
-        self._bind(fakes, self.proxies["inputs"])
-        sym_sizes = [self._symbol(v, "sizes", i) for i, v in enumerate(sizes)]
-        sym_scalars = [self._symbol(v, "scalars", i) for i, v in enumerate(scalars)]
-        self._enter_modes()
+        fakes, sym_sizes, sym_scalars = self.open(inputs, sizes, scalars, duck=True)
+        # The program decides nothing about sizes (its formulas are calls): what the fake
+        # runs assume here is assumed again, and guarded, where specialize.py traces them.
+        self.stack.enter_context(_suppress_guards(self.shape_env))
         return f"aotgrad-compiled-autograd-{next(_ids)}", fakes, sym_sizes, sym_scalars
 
-    def _enter_modes(self) -> None:
-        from torch._dispatch.python import enable_python_dispatcher
-        from torch.fx.experimental.symbolic_shapes import _suppress_guards
-        self.stack.enter_context(enable_python_dispatcher())
-        self.stack.enter_context(self.fake_mode)
-        self.stack.enter_context(ProxyTorchDispatchMode(self.tracer, "symbolic"))
-        # Sizes the engine marked dynamic stay symbols: no guard may specialize them.
-        self.stack.enter_context(_suppress_guards(self.shape_env))
-        state.capturing = True
-        self.stack.callback(setattr, state, "capturing", False)
-
-    def _symbol(self, value: int | float, kind: str, index: int):
-        """A lifted size or scalar: a symbol, read from the graph's input list."""
-        from torch.fx.experimental.symbolic_shapes import DimDynamic
-        env, source = self.shape_env, _source(kind, index)
-        if isinstance(value, int):
-            sym = env.create_unspecified_symint_and_symbol(value, source, DimDynamic.DYNAMIC)
-        else:
-            sym = env.create_symfloatnode(env.create_unspecified_symbol(
-                value, source=source, dynamic_dim=DimDynamic.DYNAMIC), hint=value, source=source)
-        if isinstance(sym, (torch.SymInt, torch.SymFloat)):
-            proxy = self.proxies[kind][index]
-            self.symbols[sym.node] = proxy
-            track_tensor_tree(sym, proxy, constant=None, tracer=self.tracer)
-        return sym
-
-    def close(self) -> None:
-        self.stack.close()
-
     def end_capture(self, outputs: Sequence[Any]):
+        if self.failure is not None:
+            raise Uncapturable(self.failure)
         self.tracer.create_node("output", "output",
                                 (self.tracer.create_arg(self.to_proxy(list(outputs))),), {})
         self.close()
-        order_like_eager(self.tracer.graph)
-        drop_unused(self.tracer.graph)
-        gm = fx.GraphModule(self.tracer.root, self.tracer.graph, "CompiledAutograd")
-        key = CaptureKey(tuple(self.walk), self.key_parts)
-        captured = self.session.compile(gm, key)
+        program = fx.GraphModule(self.tracer.root, self.tracer.graph, "BackwardProgram")
+        captured = self.session.captured(program, CaptureKey(tuple(self.walk), self.key_parts))
         return run_captured, captured
 
     # -- the engine's calls, in the order it walks -----------------------------------
@@ -128,14 +86,28 @@ class BackwardCapture:
         return name
 
     def apply_functional(self, name: str, grads: Sequence, args: Any, output_metadata):
-        fn, traceable = _bound(name)
+        return self._deferred(self._formula, output_metadata, name, grads, args)
+
+    def _formula(self, name: str, grads: Sequence, args: Any) -> list:
+        _, traceable = _bound(name)
         if not traceable:
             raise Uncapturable(f"{self.node}: its C++ backward is not marked traceable")
-        return fn(grads, *args)  # its ATen ops land in the graph
+        return self._record(hooks.call_formula, (name, list(grads), *args))
+
+    def _deferred(self, call: Callable, metas: Sequence, *args: Any) -> Any:
+        """A failure inside a node's call would leave the engine's swapped-in fakes in the
+        node (it restores its saved tensors only after the call returns), and the eager
+        rerun would compute on them: stand in for the outputs, fail at end_capture."""
+        if self.failure is None:
+            try:
+                return call(*args)
+            except Exception as error:  # noqa: BLE001 - reported whole at end_capture
+                self.failure = f"{type(error).__name__}: {error}".splitlines()[0]
+        return [hooks._empty(_meta(m)) for m in metas]
 
     def validate_outputs(self, _name: str, outputs: Sequence, args: Any, output_metadata):
-        fn, _ = _bound("validate_outputs")
-        return fn(outputs, *args)
+        _bound("validate_outputs")
+        return self._record(hooks.call_formula, ("validate_outputs", list(outputs), *args))
 
     def accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         return torch.add(old, new)
@@ -145,12 +117,8 @@ class BackwardCapture:
         # before grad and returns the new .grad.
         grad, has_post_hooks = (args[0], args[1]) if len(args) == 2 else (args[1], args[2])
         self.walk.append(f"accumulate into .grad ({self.node})")
-        proxy = self._call(hooks.accumulate_into, variable, grad, has_post_hooks)
-        if len(args) == 2:
-            return None
-        result = _like(grad)
-        self._bind([result], [proxy])
-        return result
+        result = self._effect(hooks.accumulate_into, variable, grad, has_post_hooks)
+        return None if len(args) == 2 else result
 
     def tensor_pre_hook(self, inputs: list, hook_id: int, i: int) -> list:
         return self._tensor_hook(inputs, i, "tensor hook", hooks.run_tensor_hook,
@@ -161,29 +129,23 @@ class BackwardCapture:
 
     def _tensor_hook(self, inputs: list, i: int, what: str, run: Callable, hook: Any) -> list:
         self.walk.append(f"{what} on input {i} of {self.node}")
-        proxy = self._call(run, hook, inputs[i])
-        inputs[i] = _like(inputs[i])
-        self._bind([inputs[i]], [proxy])
+        inputs[i] = self._effect(run, hook, inputs[i])
         return inputs
 
     def pre_hook(self, inputs: Sequence, hook_id: int) -> list:
         self.walk.append(f"pre-hook of {self.node}")
-        proxy = self._call(hooks.run_node_pre_hook, self.proxies["hooks"][hook_id], list(inputs))
-        return self._rebind(inputs, proxy)
+        return self._effect(hooks.run_node_pre_hook, self.proxies["hooks"][hook_id],
+                            list(inputs))
 
     def post_hook(self, outputs: Sequence, inputs: Sequence, hook_id: int) -> list:
         self.walk.append(f"post-hook of {self.node}")
-        proxy = self._call(hooks.run_node_post_hook, self.proxies["hooks"][hook_id],
-                           list(outputs), list(inputs))
-        return self._rebind(outputs, proxy)
+        return self._effect(hooks.run_node_post_hook, self.proxies["hooks"][hook_id],
+                            list(outputs), list(inputs))
 
     def post_acc_grad_hook(self, param: torch.Tensor, hook_id: int) -> list:
         self.walk.append(f"post-accumulate-grad hook ({self.node})")
-        proxy = self._call(hooks.run_post_accumulate_hook, self.proxies["hooks"][hook_id],
-                           param)
-        fresh = _like(param)
-        track_tensor_tree(fresh, proxy, constant=None, tracer=self.tracer)
-        return [fresh]
+        return [self._effect(hooks.run_post_accumulate_hook, self.proxies["hooks"][hook_id],
+                             param)]
 
     def unpack_hook(self, hook_id: int, data_id: int) -> torch.Tensor:
         raise Uncapturable("saved-tensor pack/unpack hooks (torch.autograd.graph."
@@ -193,37 +155,31 @@ class BackwardCapture:
     def proxy_call_backward(self, inputs: Sequence, output_metadatas: Sequence,
                             saved_tensors: Sequence, backward_idx: int, ctx: Any,
                             backward_state_idx: int | None = None, *_) -> tuple:
+        return tuple(self._deferred(self._python_backward, output_metadatas, inputs,
+                                    output_metadatas, saved_tensors, backward_idx, ctx,
+                                    backward_state_idx))
+
+    def _python_backward(self, inputs, output_metadatas, saved_tensors, backward_idx, ctx,
+                         backward_state_idx) -> tuple:
         from ..runtime.call import CompiledFunction
         if backward_state_idx is not None:
             raise Uncapturable(f"{self.node}: a backward holding Dynamo's BackwardState")
+        ctx_proxy = self.proxies["hooks"][backward_idx]
         if ctx._forward_cls is CompiledFunction:  # aotgrad's region: inline its ops
-            return tuple(CompiledFunction.backward(hooks._SavedContext(ctx, saved_tensors),
-                                                   *inputs))
+            return self._record(hooks.run_region_backward, (ctx, list(saved_tensors), *inputs),
+                                (ctx_proxy, list(saved_tensors), *inputs))
         self.session.note_opaque(ctx._forward_cls)
-        proxy = self._call(hooks.run_python_backward, self.proxies["hooks"][backward_idx],
-                           list(saved_tensors), *inputs)
-        grads = [_empty(m) for m in output_metadatas]
-        self._bind(grads, proxy)
-        return tuple(grads)
+        metas = [_meta(m) for m in output_metadatas]
+        return self._effect(hooks.run_python_backward, ctx_proxy, list(saved_tensors), metas,
+                            *inputs)
 
     # CopySlices (an in-place op on a view of a leaf-less base): its own prologue and
-    # epilogue around the view's formula, traced like the formula.
-    def call_copy_slices_prologue(self, inputs, base_sizes, base_strides, base_offset,
-                                  view_sizes, view_strides, view_offset):
-        grad = inputs[0]
-        result = grad.new_empty_strided(base_sizes, base_strides)
-        result.copy_(grad)
-        grad_slice = result.as_strided(view_sizes, view_strides, view_offset - base_offset)
-        return [result, grad_slice, grad_slice.clone(memory_format=torch.contiguous_format)]
+    # epilogue around the view's formula, recorded like the formula.
+    def call_copy_slices_prologue(self, *args):
+        return self._record(hooks.copy_slices_prologue, args)
 
-    def call_copy_slices_epilogue(self, needs_input_grad, result, res, grad_slice):
-        grads = [None] * len(needs_input_grad)
-        for i, needed in enumerate(needs_input_grad):
-            if needed and res[i] is not None:
-                if i == 0:
-                    grad_slice.copy_(res[0])
-                grads[i] = result if i == 0 else res[i]
-        return grads
+    def call_copy_slices_epilogue(self, *args):
+        return self._record(hooks.copy_slices_epilogue, args)
 
     def allocate_dummy(self, *_) -> torch.Tensor:
         with disable_proxy_modes_tracing():
@@ -233,101 +189,25 @@ class BackwardCapture:
         raise Uncapturable(f"{self.node}: Dynamo's BackwardState")
 
     # -- helpers -----------------------------------------------------------------------
-    def to_proxy(self, x: Any) -> Any:
-        if isinstance(x, (list, tuple)):
-            return type(x)(self.to_proxy(v) for v in x)
-        if isinstance(x, (torch.SymInt, torch.SymFloat)):
-            found = self.symbols.get(x.node)
-            return found if found is not None else fetch_object_proxy(self.tracer, x).force()
-        if isinstance(x, torch.Tensor):
-            return fetch_object_proxy(self.tracer, x).proxy
-        return x
-
     def _call(self, fn: Callable, *args: Any) -> fx.Proxy:
-        return self.tracer.create_proxy("call_function", fn, self.to_proxy(args), {})
+        if self.failure is not None:  # the stand-ins are not in the graph: stop at once
+            raise Uncapturable(self.failure)
+        return super()._call(fn, *args)
 
-    def _bind(self, objects: Sequence, proxies: Any) -> None:
-        proxies = [proxies[i] for i in range(len(objects))]
-        track_tensor_tree(list(objects), proxies, constant=None, tracer=self.tracer)
+    def _record(self, fn: Callable, args: tuple, graph_args: tuple | None = None) -> Any:
+        """One call of the program: run on the fakes (for the engine to walk on), recorded
+        as a call (for specialize.py to trace with the sizes of each run)."""
+        with disable_proxy_modes_tracing():
+            result = fn(*args)
+        proxy = self._call(fn, *(args if graph_args is None else graph_args))
+        track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
+        return result
 
-    def _rebind(self, tensors: Sequence, proxy: fx.Proxy) -> list:
-        """Fresh tensors for what a hook returned, standing for its outputs."""
-        fresh = [None if t is None else _like(t) for t in tensors]
-        self._bind(fresh, proxy)
-        return fresh
-
-
-def order_like_eager(graph: fx.Graph) -> None:
-    """The engine's walk is a topological order, not eager's: eager runs AccumulateGrad
-    (highest priority) as soon as its gradient is ready, then that parameter's
-    post-accumulate-grad hooks. Move each accumulation there, with its hooks, so hooks
-    observe the same order and `.grad` values as in eager."""
-    _hoist_input_reads(graph)
-    for acc in [n for n in graph.nodes if n.target is hooks.accumulate_into]:
-        followers = _post_accumulate_hooks(acc)
-        needs = {a for n in (acc, *followers) for a in n.all_input_nodes} - set(followers)
-        anchor = max(needs, key=_position)
-        for node in [acc, *followers]:
-            anchor.append(node)
-            anchor = node
-
-
-_EFFECTS = frozenset({hooks.accumulate_into, hooks.run_tensor_hook, hooks.run_node_pre_hook,
-                      hooks.run_node_post_hook, hooks.run_post_accumulate_hook,
-                      hooks.run_cpp_tensor_hooks, hooks.run_python_backward})
-
-
-def drop_unused(graph: fx.Graph) -> None:
-    """Drop what nothing reads: size comparisons the formulas branched on, size reads. The
-    Python calls stay: they are run for their effects."""
-    for node in reversed(list(graph.nodes)):
-        if node.op == "call_function" and not node.users and node.target not in _EFFECTS \
-                and not _mutates(node.target):
-            graph.erase_node(node)
-
-
-def _mutates(target: Any) -> bool:
-    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
-
-
-def _hoist_input_reads(graph: fx.Graph) -> None:
-    """`hooks[3]` is read where the hook runs: read every input up front instead, so that
-    moving a hook's call never moves it before its read."""
-    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
-    for node in list(graph.nodes):
-        if node.target is operator.getitem and node.args[0].op == "placeholder":
-            last.append(node)
-            last = node
-
-
-def _post_accumulate_hooks(acc: fx.Node) -> list[fx.Node]:
-    found, node = [], acc.next
-    while node.op != "output" and node.target is not hooks.accumulate_into:
-        if node.target is hooks.run_post_accumulate_hook and node.args[1] is acc.args[0]:
-            found.append(node)
-        node = node.next
-    return found
-
-
-def _position(node: fx.Node) -> int:
-    position, cursor = 0, node
-    while cursor.op != "root":
-        cursor, position = cursor.prev, position + 1
-    return position
-
-
-def _source(kind: str, index: int) -> Any:
-    """A name for a lifted size's symbol (guards are suppressed: only logs read it)."""
-    from torch._dynamo.source import ConstantSource  # Source.name is a property from 2.12
-    return ConstantSource(f"{kind}_{index}")
-
-
-def _new_tracer() -> PythonKeyTracer:
-    tracer = PythonKeyTracer()
-    tracer.root = torch.nn.Module()
-    tracer.graph = fx.Graph(tracer_cls=PythonKeyTracer)
-    tracer.tensor_attrs = {}
-    return tracer
+    def _effect(self, fn: Callable, *args: Any) -> Any:
+        """A call the graph keeps (a hook, .grad accumulation): a stand-in for its result."""
+        result = hooks.RESULT_LIKE[fn](*args)
+        track_tensor_tree(result, self._call(fn, *args), constant=None, tracer=self.tracer)
+        return result
 
 
 def _bound(name: str) -> tuple[Callable, bool]:
@@ -337,17 +217,10 @@ def _bound(name: str) -> tuple[Callable, bool]:
     return hooks.BOUND[name]
 
 
-def _like(t: torch.Tensor) -> torch.Tensor:
-    with disable_proxy_modes_tracing():
-        return t.clone()
-
-
-def _empty(meta: Any) -> torch.Tensor | None:
-    if meta is None:
-        return None
-    layout, device, dtype, size = meta
-    with disable_proxy_modes_tracing():
-        return torch.empty(size, dtype=dtype, layout=layout, device=device)
+def _meta(meta: Any) -> Any:
+    """(layout, device, dtype, size) of an output, its size a list (FX holds no torch.Size
+    of symbols)."""
+    return None if meta is None else (*meta[:3], list(meta[3]))
 
 
 def _lifted(inputs: Sequence, sizes: Sequence, origins: Any) -> tuple[Lifted, ...]:

@@ -1,5 +1,9 @@
-"""What the captured backward graph calls besides ATen ops: the user's hooks, opaque Python
-backwards, and gradient accumulation into `.grad`.
+"""What a captured backward calls: the engine's C++ formulas (`call_formula`), the user's hooks,
+opaque Python backwards, and gradient accumulation into `.grad`.
+
+A capture records these calls as one program (capture.py); specializing it for some sizes
+(specialize.py) runs the formulas on fake tensors, so their ATen ops land in the graph, and
+keeps the rest (`EFFECTS`) as calls, whose results it stands in for by `RESULT_LIKE`.
 
 Each runs at graph run time on real tensors, so a hook's side effects (appending to a list,
 a data-parallel bucket's all-reduce) happen at every backward, in the order the engine
@@ -15,6 +19,37 @@ import torch
 
 # name -> (function, traceable), as the engine binds them (see capture.bind_function).
 BOUND: dict[str, tuple[Callable, bool]] = {}
+
+
+def call_formula(name: str, grads: list, *args: Any) -> list:
+    """A C++ node's backward formula (or the engine's `validate_outputs`), as bound."""
+    return BOUND[name][0](grads, *args)
+
+
+def run_region_backward(ctx: Any, saved: list, *grads: Any) -> tuple:
+    """An aotgrad region's backward: traced, it runs its partitioned graph op by op."""
+    from ..runtime.call import CompiledFunction
+    return tuple(CompiledFunction.backward(_SavedContext(ctx, saved), *grads))
+
+
+def copy_slices_prologue(inputs: list, base_sizes, base_strides, base_offset, view_sizes,
+                         view_strides, view_offset) -> list:
+    """CopySlices (an in-place op on a view of a leaf-less base), before the view's formula."""
+    grad = inputs[0]
+    result = grad.new_empty_strided(base_sizes, base_strides)
+    result.copy_(grad)
+    grad_slice = result.as_strided(view_sizes, view_strides, view_offset - base_offset)
+    return [result, grad_slice, grad_slice.clone(memory_format=torch.contiguous_format)]
+
+
+def copy_slices_epilogue(needs_input_grad: list, result, res: list, grad_slice) -> list:
+    grads = [None] * len(needs_input_grad)
+    for i, needed in enumerate(needs_input_grad):
+        if needed and res[i] is not None:
+            if i == 0:
+                grad_slice.copy_(res[0])
+            grads[i] = result if i == 0 else res[i]
+    return grads
 
 
 def run_tensor_hook(hook: Callable, grad: torch.Tensor) -> torch.Tensor:
@@ -65,7 +100,7 @@ class _SavedContext:
         return getattr(self._ctx, name)
 
 
-def run_python_backward(ctx: Any, saved: list, *grads: Any) -> tuple:
+def run_python_backward(ctx: Any, saved: list, metas: Any, *grads: Any) -> tuple:
     """A custom autograd.Function's backward, run as eager runs it (untraced)."""
     out = ctx._forward_cls.backward(_SavedContext(ctx, saved), *grads)
     return out if isinstance(out, tuple) else (out,)
@@ -76,3 +111,35 @@ def accumulate_into(variable: torch.Tensor, grad: torch.Tensor, has_post_hooks: 
     sum, the gradient layout contract: the engine's own function, so each is eager's."""
     fn, _ = BOUND["AccumulateGrad"]
     variable.grad = fn([grad], variable, variable.grad, has_post_hooks)[0]
+
+
+def _like(t: Any) -> Any:
+    if t is None:
+        return None
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    with disable_proxy_modes_tracing():
+        return t.clone()
+
+
+def _empty(meta: Any) -> torch.Tensor | None:
+    if meta is None:
+        return None
+    layout, device, dtype, size = meta
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    with disable_proxy_modes_tracing():
+        return torch.empty(size, dtype=dtype, layout=layout, device=device)
+
+
+# What a trace stands in for each call's result, given the call's arguments: the calls run
+# only when the graph runs, so a hook is assumed to return what it was given (a hook that
+# changes a gradient's shape breaks eager's own checks as well).
+RESULT_LIKE: dict[Callable, Callable[..., Any]] = {
+    accumulate_into: lambda variable, grad, has_post_hooks: _like(grad),
+    run_tensor_hook: lambda hook, grad: _like(grad),
+    run_cpp_tensor_hooks: lambda hook_id, grad: _like(grad),
+    run_node_pre_hook: lambda hook, grads: [_like(g) for g in grads],
+    run_node_post_hook: lambda hook, grad_inputs, grad_outputs: [_like(g) for g in grad_inputs],
+    run_post_accumulate_hook: lambda hook, param: _like(param),
+    run_python_backward: lambda ctx, saved, metas, *grads: tuple(_empty(m) for m in metas),
+}
+EFFECTS = frozenset(RESULT_LIKE)  # run for their effects: never dropped, never traced into

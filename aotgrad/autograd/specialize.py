@@ -1,0 +1,328 @@
+"""A captured backward program, specialized for the sizes of a run, and guarded.
+
+The program (capture.py) calls each C++ formula as one opaque call, so it holds for any
+sizes. Specializing it traces those calls on fake tensors whose sizes are symbols of the
+run's tensors and lifted sizes: the formulas' ATen ops land in the graph a compiler sees,
+and whatever they branched on (a dim is 1 when a broadcast is reduced, two dims are equal, a
+size is at least 2) becomes a guard. `Captured`, the object the engine keeps per cache
+entry, checks the guards of each specialization before running it (generated straight-line
+code over the lifted inputs, sizes and scalars); sizes that break every guard specialize
+again, before anything ran, the failed guard logged. A trace that fails runs the program
+itself, on real tensors: each formula then runs as the eager engine runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+from torch.fx.experimental.proxy_tensor import (
+    PythonKeyTracer, ProxyTorchDispatchMode, fetch_object_proxy, track_tensor_tree)
+
+from . import hooks, state
+
+log = logging.getLogger("aotgrad.autograd")
+# The graph's inputs, in the order the engine passes them to the runtime wrapper.
+PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
+GUARDED = PLACEHOLDERS[:3]  # what guards read; `L['sizes_3']` in torch's guard text
+
+
+class Trace:
+    """A tracer over the five graph inputs, fake tensors and symbols standing for them."""
+
+    def __init__(self):
+        self.stack = contextlib.ExitStack()
+        self.tracer = new_tracer()
+        self.proxies = {name: self.tracer.create_proxy("placeholder", name, (), {})
+                        for name in PLACEHOLDERS}
+        self.symbols: dict[Any, fx.Proxy] = {}
+
+    def open(self, inputs: Sequence, sizes: Sequence, scalars: Sequence, duck: bool) -> tuple:
+        """Fakes and symbols for the lifted values, bound to the graph's inputs."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        self.shape_env = ShapeEnv(duck_shape=duck)
+        self.fake_mode = FakeTensorMode(allow_fallback_kernels=True,
+                                        allow_non_fake_inputs=True, shape_env=self.shape_env)
+        fakes = [self._fake(x, i) for i, x in enumerate(inputs)]
+        self._bind(fakes, self.proxies["inputs"])
+        syms = [self._symbol(v, "sizes", i) for i, v in enumerate(sizes)]
+        sym_scalars = [self._symbol(v, "scalars", i) for i, v in enumerate(scalars)]
+        enter_tracing(self.stack, self.fake_mode, self.tracer)
+        return fakes, syms, sym_scalars
+
+    def _fake(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        from torch._dynamo.source import LocalSource
+        from torch.fx.experimental.symbolic_shapes import (
+            DimDynamic, StatelessSymbolicContext)
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * x.dim())
+        return self.fake_mode.from_tensor(x, source=LocalSource(f"inputs_{index}"),
+                                          symbolic_context=context)
+
+    def _symbol(self, value: Any, kind: str, index: int) -> Any:
+        """A lifted size or scalar: a symbol, read from the graph's input list."""
+        sym = lifted_symbol(self.shape_env, value, kind, index)
+        if isinstance(sym, (torch.SymInt, torch.SymFloat)):
+            proxy = self.proxies[kind][index]
+            self.symbols[sym.node] = proxy
+            track_tensor_tree(sym, proxy, constant=None, tracer=self.tracer)
+        return sym
+
+    def close(self) -> None:
+        self.stack.close()
+
+    def to_proxy(self, x: Any) -> Any:
+        if isinstance(x, (list, tuple)):
+            return type(x)(self.to_proxy(v) for v in x)
+        if isinstance(x, (torch.SymInt, torch.SymFloat)):
+            found = self.symbols.get(x.node)
+            return found if found is not None else fetch_object_proxy(self.tracer, x).force()
+        if isinstance(x, torch.Tensor):
+            return fetch_object_proxy(self.tracer, x).proxy
+        return x
+
+    def _call(self, fn: Callable, *args: Any) -> fx.Proxy:
+        return self.tracer.create_proxy("call_function", fn, self.to_proxy(args), {})
+
+    def _bind(self, objects: Sequence, proxies: Any) -> None:
+        proxies = [proxies[i] for i in range(len(objects))]
+        track_tensor_tree(list(objects), proxies, constant=None, tracer=self.tracer)
+
+
+class Specialization(Trace):
+    """Runs a program's calls on fakes of one run's values: formulas trace into ATen ops,
+    the calls in `hooks.EFFECTS` stay calls."""
+
+    def run(self, program: fx.Graph, args: Sequence) -> fx.Graph:
+        inputs, sizes, scalars, hook_list, packed = args
+        values = dict(zip(PLACEHOLDERS, (*self.open(inputs, sizes, scalars, duck=False),
+                                         hook_list, packed)))
+        self.values: dict[fx.Node, Any] = {}
+        self.graph_args: dict[fx.Node, Any] = {}  # a hook's read of the graph's inputs
+        try:
+            for node in program.nodes:
+                self._step(node, values)
+        finally:
+            self.close()
+        return self.tracer.graph
+
+    def _step(self, node: fx.Node, placeholders: dict) -> None:
+        if node.op == "placeholder":
+            self.values[node] = placeholders[node.target]
+            self.graph_args[node] = self.proxies[node.target]
+        elif node.op == "output":
+            outputs = self.to_proxy(self._load(node.args[0]))
+            self.tracer.create_node("output", "output", (self.tracer.create_arg(outputs),), {})
+        elif node.target in hooks.EFFECTS:
+            self.values[node] = self._effect(node)
+        else:
+            self.values[node] = node.target(*self._load(node.args), **self._load(node.kwargs))
+            if node.target is operator.getitem and node.args[0] in self.graph_args:
+                self.graph_args[node] = self.graph_args[node.args[0]][node.args[1]]
+
+    def _load(self, args: Any) -> Any:
+        return fx.node.map_arg(args, self.values.__getitem__)
+
+    def _effect(self, node: fx.Node) -> Any:
+        result = hooks.RESULT_LIKE[node.target](*self._load(node.args))
+        graph_args = fx.node.map_arg(node.args, lambda n: self.graph_args[n] if n in
+                                     self.graph_args else self.to_proxy(self.values[n]))
+        proxy = self.tracer.create_proxy("call_function", node.target, graph_args, {})
+        track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
+        return result
+
+    def guard(self) -> "Guard":
+        """What the trace assumed about the lifted values, as one check of them."""
+        from torch._dynamo.source import LocalSource
+        values = [v for name in GUARDED for v in self.values_of(name)]
+        sources = [LocalSource(f"{name}_{i}") for name in GUARDED
+                   for i in range(len(self.values_of(name)))]
+        values = [v if _guardable(v) else None for v in values]
+        clauses = self.shape_env.produce_guards(values, sources, ignore_static=False)
+        return Guard.of([_readable(c) for c in clauses])
+
+    def values_of(self, name: str) -> list:
+        return next(v for n, v in self.values.items() if n.op == "placeholder"
+                    and n.target == name)
+
+
+def _guardable(value: Any) -> bool:
+    # A lifted bool or constant size is part of what was traced: guarded equal (`== 1`).
+    return isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, int, float))
+
+
+def _readable(clause: str) -> str:
+    """torch's guard text reads `L['sizes_3']`: read the engine's lists instead."""
+    return re.sub(r"L\['(inputs|sizes|scalars)_(\d+)'\]", r"\1[\2]", clause)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """`check(inputs, sizes, scalars)`: the clauses, joined into one generated lambda."""
+    clauses: tuple[str, ...]
+    check: Callable[[list, list, list], bool]
+
+    @staticmethod
+    def of(clauses: Sequence[str]) -> "Guard":
+        return Guard(tuple(clauses), _compile_check(" and ".join(clauses) or "True"))
+
+    def first_failure(self, inputs: list, sizes: list, scalars: list) -> str:
+        """Which clause failed (a miss's reason: evaluated only then, one by one)."""
+        for clause in self.clauses:
+            if not _compile_check(clause)(inputs, sizes, scalars):
+                return clause
+        return "none (all clauses hold)"
+
+
+def _compile_check(code: str) -> Callable[[list, list, list], bool]:
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+    return eval(compile(f"lambda inputs, sizes, scalars: {code}", "<aotgrad backward guard>",
+                        "eval"), dict(SYMPY_INTERP))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One specialization: its graph, compiled, served where its guard holds. With
+    create_graph=True (grad mode on) it runs the graph's ops uncompiled, so autograd
+    records them: the gradient is differentiable."""
+    graph: Callable
+    compiled: Callable
+    guard: Guard
+
+    def __call__(self, *args: Any) -> Any:
+        if torch.is_grad_enabled():
+            return self.graph(*args)
+        return self.compiled(*args)
+
+
+class Captured:
+    """What the engine keeps for one cache entry: the program, and its specializations."""
+
+    def __init__(self, session: Any, program: fx.GraphModule, index: int):
+        self.session, self.program, self.index = session, program, index
+        self.variants: list[Variant] = []
+
+    def __call__(self, inputs: list, sizes: list, scalars: list, hook_list: list,
+                 packed: list) -> Any:
+        for variant in self.variants:
+            if variant.guard.check(inputs, sizes, scalars):
+                return variant(inputs, sizes, scalars, hook_list, packed)
+        variant = self.session.specialize(self, (inputs, sizes, scalars, hook_list, packed),
+                                          self._miss_reason(inputs, sizes, scalars))
+        self.variants.append(variant)
+        return variant(inputs, sizes, scalars, hook_list, packed)
+
+    def _miss_reason(self, inputs: list, sizes: list, scalars: list) -> str | None:
+        if not self.variants:
+            return None
+        failed = [v.guard.first_failure(inputs, sizes, scalars) for v in self.variants]
+        return f"guard {failed[-1]} failed"
+
+
+def specialize(program: fx.GraphModule, args: Sequence,
+               compiler: Callable[[fx.GraphModule], Callable]) -> Variant:
+    """Trace `program` for the values of one run; compile it; guard it."""
+    trace = Specialization()
+    graph = trace.run(program.graph, args)
+    order_like_eager(graph)
+    drop_unused(graph)
+    gm = fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
+    compiled = compiler(gm)
+    return Variant(gm, compiled, trace.guard())  # guards last: a compiler may add some
+
+
+def unspecialized(program: fx.GraphModule) -> Variant:
+    """The program run as it is: each formula on real tensors, as the engine runs it."""
+    return Variant(program, program, Guard.of([]))
+
+
+# -- passes over a specialized graph -------------------------------------------------------
+def order_like_eager(graph: fx.Graph) -> None:
+    """The engine's walk is a topological order, not eager's: eager runs AccumulateGrad
+    (highest priority) as soon as its gradient is ready, then that parameter's
+    post-accumulate-grad hooks. Move each accumulation there, with its hooks, so hooks
+    observe the same order and `.grad` values as in eager."""
+    _hoist_input_reads(graph)
+    for acc in [n for n in graph.nodes if n.target is hooks.accumulate_into]:
+        followers = _post_accumulate_hooks(acc)
+        needs = {a for n in (acc, *followers) for a in n.all_input_nodes} - set(followers)
+        anchor = max(needs, key=_position)
+        for node in [acc, *followers]:
+            anchor.append(node)
+            anchor = node
+
+
+def drop_unused(graph: fx.Graph) -> None:
+    """Drop what nothing reads: size comparisons the formulas branched on, size reads. The
+    Python calls stay: they are run for their effects."""
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and not node.users and node.target not in hooks.EFFECTS \
+                and not _mutates(node.target):
+            graph.erase_node(node)
+
+
+def _mutates(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def _hoist_input_reads(graph: fx.Graph) -> None:
+    """`hooks[3]` is read where the hook runs: read every input up front instead, so that
+    moving a hook's call never moves it before its read."""
+    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    for node in list(graph.nodes):
+        if node.target is operator.getitem and node.args[0].op == "placeholder":
+            last.append(node)
+            last = node
+
+
+def _post_accumulate_hooks(acc: fx.Node) -> list[fx.Node]:
+    found, node = [], acc.next
+    while node.op != "output" and node.target is not hooks.accumulate_into:
+        if node.target is hooks.run_post_accumulate_hook and node.args[1] is acc.args[0]:
+            found.append(node)
+        node = node.next
+    return found
+
+
+def _position(node: fx.Node) -> int:
+    position, cursor = 0, node
+    while cursor.op != "root":
+        cursor, position = cursor.prev, position + 1
+    return position
+
+
+# -- shared with capture.py ------------------------------------------------------------------
+def new_tracer() -> PythonKeyTracer:
+    tracer = PythonKeyTracer()
+    tracer.root = torch.nn.Module()
+    tracer.graph = fx.Graph(tracer_cls=PythonKeyTracer)
+    tracer.tensor_attrs = {}
+    return tracer
+
+
+def enter_tracing(stack: contextlib.ExitStack, fake_mode: Any, tracer: PythonKeyTracer) -> None:
+    from torch._dispatch.python import enable_python_dispatcher
+    stack.enter_context(enable_python_dispatcher())
+    stack.enter_context(fake_mode)
+    stack.enter_context(ProxyTorchDispatchMode(tracer, "symbolic"))
+    state.capturing = True
+    stack.callback(setattr, state, "capturing", False)
+
+
+def lifted_symbol(env: Any, value: Any, kind: str, index: int) -> Any:
+    """A symbol for a lifted size or float scalar (0 and 1 stay constants, guarded so)."""
+    from torch._dynamo.source import ConstantSource  # Source.name is a property from 2.12
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+    source = ConstantSource(f"{kind}_{index}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if isinstance(value, int):
+        return env.create_unspecified_symint_and_symbol(value, source, DimDynamic.DYNAMIC)
+    return env.create_symfloatnode(env.create_unspecified_symbol(
+        value, source=source, dynamic_dim=DimDynamic.DYNAMIC), hint=value, source=source)
