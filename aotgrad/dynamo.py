@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import check
+from .semantics import hops
 from .semantics.aliasing import AliasingChanged
 from .backends.compilers import resolve_backend
 from .api import CompiledFunction, choose_partitioner
@@ -46,6 +47,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         if any(isinstance(x, list) for x in example_inputs):  # compiled autograd's graphs
             return unbox_list_inputs(gm, example_inputs, functools.partial(
                 aotgrad_dynamo_backend, mode=mode, options=options))
+        hops.refuse_in_graph(gm.graph)
         graph_options = replace(base, static_inputs=_static_inputs(gm, example_inputs),
                                 input_names=_user_names(gm),
                                 cudagraphs=wants_cudagraphs(mode, options, base.cudagraphs))

@@ -30,6 +30,15 @@ ERROR_CHECKS = frozenset({
 # environment, which only Dynamo's fake tensors carry (semantics/hops.py).
 HOPS_NEEDING_SHAPE_ENV = frozenset({"while_loop"})
 
+# Higher-order ops refused by name, with what to do instead (semantics/hops.py). A user Triton
+# kernel's wrapper failed inside the trace on an H100 (torch 2.11, session 8), not with a
+# named error: refused until it is supported.
+_CUSTOM_OP_INSTEAD = ("a user-defined Triton kernel is not supported yet: call it from a "
+                      "custom op (torch.library.custom_op with a register_fake), which aotgrad "
+                      "traces as one op, or use torch.compile's default backend")
+REFUSED_HOPS = {"triton_kernel_wrapper_mutation": _CUSTOM_OP_INSTEAD,
+                "triton_kernel_wrapper_functional": _CUSTOM_OP_INSTEAD}
+
 # Ops that return a buffer of unspecified contents: two calls are two buffers, never merged.
 UNINITIALIZED = frozenset({
     aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,

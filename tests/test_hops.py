@@ -276,3 +276,33 @@ def test_explain_names_higher_order_ops_as_units():
 @pytest.mark.parametrize("case", FUNCTION_CASES[:3], ids=[c.name for c in FUNCTION_CASES[:3]])
 def test_memory_budget_with_higher_order_ops(case):
     check_case(case, lambda fn: aotgrad.compile(fn, backend="eager", memory_budget=0.3))
+
+
+def test_user_triton_kernels_are_refused_by_name():
+    """A Dynamo graph calling a user Triton kernel's wrapper: on an H100 (torch 2.11) the trace
+    failed inside torch with an internal assertion; refused up front, with what to do."""
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_function(triton_kernel_wrapper_mutation, (), {"kernel_idx": 0,
+                                                             "constant_args_idx": 0,
+                                                             "grid": [(1, 1, 1)],
+                                                             "tma_descriptor_metadata": {},
+                                                             "kwargs": {"x_ptr": x}})
+    graph.output((x,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(NotImplementedError, match="aotgrad: triton_kernel_wrapper_mutation.*"
+                       "custom_op"):
+        aotgrad.backend(backend="eager")(gm, [torch.randn(4)])
+
+
+@pytest.mark.parametrize("door", ["compile", "compat"])
+def test_reading_a_traced_tensors_address_is_refused(door):
+    """A kernel launched directly (user Triton, a C extension) reads data_ptr(): on a traced
+    tensor that is 0, and on a GPU the launch wrote through it (illegal memory access)."""
+    def f(x):
+        x.data_ptr()
+        return x.sin()
+    fn = compile_eager(f) if door == "compile" else compat(f)
+    with pytest.raises(NotImplementedError, match=r"aotgrad: .*data_ptr\(\)"):
+        fn(torch.randn(3, requires_grad=True))

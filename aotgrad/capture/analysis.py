@@ -161,6 +161,8 @@ class _RefuseClosedOverState(TorchFunctionMode):
         kwargs = kwargs or {}
         if torch.compiler.is_dynamo_compiling():  # torch.cond's Dynamo capturing a branch:
             return func(*args, **kwargs)  # the op it records meets this mode after
+        if func is torch.Tensor.data_ptr and not _is_real(args[0]):
+            raise _address_read()
         for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
             if _is_real(t):
                 _refuse(func, t, mutated=i == 0 and _is_inplace(func))
@@ -189,6 +191,16 @@ class _RefuseRequiresGradOff(TorchFunctionMode):
 
 
 _REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
+
+
+def _address_read() -> NotImplementedError:
+    """A traced tensor has no memory: its address is 0, and a kernel launched on it (a user
+    Triton kernel, a C extension) would write through that, or the trace would go on without
+    its effect. Named here, at the first read."""
+    return NotImplementedError(
+        "aotgrad: the function reads a tensor's data_ptr() while it is traced (a user Triton "
+        "kernel or C extension launched directly?). Call the kernel from a custom op "
+        "(torch.library.custom_op with a register_fake), which aotgrad traces as one op.")
 
 
 def _requires_grad_turned_off() -> NotImplementedError:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
-from ..tables import HOPS_NEEDING_SHAPE_ENV
+from ..tables import HOPS_NEEDING_SHAPE_ENV, REFUSED_HOPS
 
 
 def functionalize_hop(mode: FunctionalTensorMode, hop: torch._ops.HigherOrderOperator,
                       args: tuple, kwargs: dict):
     """Run `hop` under functionalization (`mode` is off the stack: PyTorch's convention)."""
+    refuse_by_name(hop.name())
     _refuse_without_shape_env(hop)
     rule = hop.python_key_table.get(FunctionalTensorMode)
     if rule is None:
@@ -29,6 +30,18 @@ def functionalize_hop(mode: FunctionalTensorMode, hop: torch._ops.HigherOrderOpe
             "torch, so aotgrad cannot trace it. Call it outside the compiled function "
             "(torch.compiler.disable), or use torch.compile's default backend.")
     return rule(mode, *args, **kwargs)
+
+
+def refuse_by_name(name: str) -> None:
+    if name in REFUSED_HOPS:
+        raise NotImplementedError(f"aotgrad: {name}: {REFUSED_HOPS[name]}.")
+
+
+def refuse_in_graph(graph: torch.fx.Graph) -> None:
+    """Before tracing a graph Dynamo made: the refused HOPs it calls, named."""
+    for node in graph.nodes:
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            refuse_by_name(node.target.name())
 
 
 def _refuse_without_shape_env(hop: torch._ops.HigherOrderOperator) -> None:
