@@ -89,7 +89,7 @@ def regions_traced_once() -> Iterator[None]:
     try:
         yield
     finally:
-        del hop.gen_schema
+        vars(hop).pop("gen_schema", None)
 
 
 def _layout(operand: Any) -> tuple:
