@@ -23,6 +23,7 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .semantics import aliasing, subclasses
+from .semantics.hops import regions_traced_once
 from .capture import analysis, inputs as capture, joint, pure
 from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph, eager_compiler,
@@ -160,6 +161,7 @@ def _collector_paused():
 
 
 @_collector_paused()
+@regions_traced_once()
 def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
                  options: Options) -> CompiledCall:
     named = options.named_like or fn  # a module's forward, for CompiledModule

@@ -209,6 +209,30 @@ def test_compiled_region_is_one_subgraph_called_per_block():
         assert len(list(gm.named_children())) == 1
 
 
+def region_traces(depth: int) -> int:
+    """How many times aotgrad's compile of a RegionNet of `depth` blocks runs the region's
+    graph as Dynamo hands it over (each run is a trace: under fake tensors, a proxy mode)."""
+    runs = []
+
+    def counting(gm, example_inputs):
+        for region in gm.children():
+            forward = region.forward
+            region.forward = lambda *args, forward=forward: runs.append(1) or forward(*args)
+        return aotgrad.backend(backend="eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(RegionNet(depth), backend=counting)
+    compiled(torch.randn(2, 8, requires_grad=True)).sum().backward()
+    return len(runs)
+
+
+def test_compiled_region_is_traced_the_same_number_of_times_for_any_depth():
+    """PyTorch's HOP rules cache the region's traces by its identifier; the schema its
+    autograd rule asks each call for is the one they miss (semantics/hops.py)."""
+    shallow, deep = region_traces(2), region_traces(8)
+    assert shallow == deep and deep <= 4
+
+
 # ---- flex attention: forward on CPU (its backward is GPU-only: tools/gpu_hops.py) -------------
 
 def _flex():
