@@ -93,9 +93,18 @@ def _key(program: fx.GraphModule, args: Sequence) -> keys.Key:
     parts = [("format", store.FORMAT), ("kind", "compiled autograd"),
              ("program", f"sha256:{keys.sha(rows)} ({len(rows)} nodes)")]
     parts += [(f"input {i}", keys.describe_input(t)) for i, t in enumerate(inputs)]
-    parts += [("sizes", str(list(sizes))), ("scalars", _scalars(scalars))]
+    parts += [("shared storages", _shared_storages(inputs)), ("sizes", str(list(sizes))),
+              ("scalars", _scalars(scalars))]
     parts += keys.versions(t.device for t in inputs)
     return keys.Key(tuple(parts))
+
+
+def _shared_storages(inputs: Sequence[torch.Tensor]) -> str:
+    """The lifted tensors that share memory (the trace's fakes share it too), by position."""
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(inputs):
+        groups.setdefault(t.untyped_storage().data_ptr(), []).append(i)
+    return str([g for g in groups.values() if len(g) > 1])
 
 
 def _scalars(scalars: Sequence) -> str:

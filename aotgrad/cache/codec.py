@@ -204,8 +204,9 @@ def decode_graph(rows: list, targets: dict[str, Callable] | None = None) -> fx.G
         elif op == "output":
             node = graph.output(decode_value(args, nodes)[0])
         elif op == "call_function":
-            node = graph.create_node(op, decode_target(target, targets), tuple(decode_value(args, nodes)),
-                                     _kwargs(kwargs, nodes), name=name)
+            node = graph.create_node(op, decode_target(target, targets),
+                                     tuple(decode_value(args, nodes)), _kwargs(kwargs, nodes),
+                                     name=name)
         else:
             raise ValueError(f"unknown opcode {op!r}")
         nodes[name] = node
