@@ -139,8 +139,8 @@ def markdown(results: dict, meta: dict) -> str:
              "warm: the best of the warm runs.",
              "",
              "| model | side | cold (s) | warm (s) | warm / cold | CPU s cold / warm "
-             "| aotgrad cache (warm) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| aotgrad cache (warm) | run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model, sides in results.items():
         for side, r in sides.items():
             if "error" in r:
@@ -151,7 +151,7 @@ def markdown(results: dict, meta: dict) -> str:
             cpu_text = " / ".join(f"{c:.1f}" for c in cpu) if None not in cpu else "-"
             lines.append(f"| {model} | {side} | {r['cold']['first_step_s']:.1f} | "
                          f"{r['warm']['first_step_s']:.1f} | {r['ratio']:.2f}x | {cpu_text} | "
-                         f"{events} |")
+                         f"{events} | {r.get('run', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +161,8 @@ def write_merged(out: Path, results: dict, meta: dict) -> None:
     path = out / "cache.json"
     merged = json.loads(path.read_text())["results"] if path.exists() else {}
     for model, sides in results.items():
+        for r in sides.values():  # rows of several runs: each says which
+            r["run"] = f"{meta['commit']} {meta['date']}"
         merged.setdefault(model, {}).update(sides)
     path.write_text(json.dumps({"meta": meta, "results": merged}, indent=1))
     (out / "cache.md").write_text(markdown(merged, meta))
