@@ -422,6 +422,7 @@ def test_compiled_autograd_hit_guards_exact_values():
         actual = steps([(4, 4), (4, 4), (4, 1)])
     assert [e for e, _ in cache.events()] == ["miss", "hit", "miss"]
     assert stats.captures == 1 and len(stats.guard_failures) == 1
+    assert "].size() == (4, 4) failed" in stats.guard_failures[0]  # the fact that changed
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
 
 

@@ -118,10 +118,11 @@ def exact_guard(args: Sequence) -> Guard:
     """A guard that holds for exactly these values: every lifted tensor's geometry, every
     size and scalar (stronger than the traced one, whose every clause read only these)."""
     inputs, sizes, scalars = args[:3]
-    clauses = [f"inputs[{i}].size() == {tuple(t.shape)!r} and "
-               f"inputs[{i}].stride() == {tuple(t.stride())!r} and "
-               f"inputs[{i}].storage_offset() == {t.storage_offset()}"
-               for i, t in enumerate(inputs)]
+    # One clause per fact: a failure (a miss's reason) names the one that changed.
+    clauses = [clause for i, t in enumerate(inputs) for clause in (
+        f"inputs[{i}].size() == {tuple(t.shape)!r}",
+        f"inputs[{i}].stride() == {tuple(t.stride())!r}",
+        f"inputs[{i}].storage_offset() == {t.storage_offset()}")]
     clauses += [f"sizes == {list(sizes)!r}", f"scalars == {list(scalars)!r}"]
     return Guard.of(clauses)
 
