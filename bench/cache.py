@@ -12,7 +12,12 @@ and first training step (forward, backward; synchronized on CUDA), not the impor
 - `aotgrad`: `aotgrad.compile(model)` (Inductor), aotgrad's cache on;
 - `aotgrad_nocache`: the same with `AOTGRAD_CACHE=0` (Inductor's own caches only);
 - `aotgrad_dynamo`: `torch.compile(model, backend="aotgrad")`;
-- `torch`: `torch.compile(model)` (Inductor, AOTAutogradCache and FxGraphCache).
+- `torch`: `torch.compile(model)` (Inductor, AOTAutogradCache and FxGraphCache);
+- `compiled_autograd`: the model run eagerly, its backward under
+  `aotgrad.compiled_autograd.enable("inductor")` ("eager" where that is not built yet).
+
+`--out DIR` merges into DIR/cache.json (one model or side per run, as a device's time
+limit allows) and writes DIR/cache.md from all of it.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-SIDES = ("aotgrad", "aotgrad_nocache", "aotgrad_dynamo", "torch")
+SIDES = ("aotgrad", "aotgrad_nocache", "aotgrad_dynamo", "torch", "compiled_autograd")
 
 
 def build(model: str, device: str):
@@ -56,7 +61,22 @@ def compile_side(side: str, model):
         return aotgrad.compile(model, backend="inductor")
     if side == "aotgrad_dynamo":
         return torch.compile(model, backend="aotgrad")
+    if side == "compiled_autograd":
+        return model
     return torch.compile(model)
+
+
+def enter_backward_context(side: str, stack) -> str | None:
+    """Enters the backward's context on `stack`; the compiled autograd compiler's name."""
+    if side != "compiled_autograd":
+        return None
+    from aotgrad import compiled_autograd
+    try:
+        stack.enter_context(compiled_autograd.enable("inductor"))
+        return "inductor"
+    except NotImplementedError:  # not built on this branch
+        stack.enter_context(compiled_autograd.enable("eager"))
+        return "eager"
 
 
 def child(side: str, model_name: str, device: str) -> dict:
@@ -67,17 +87,23 @@ def child(side: str, model_name: str, device: str) -> dict:
     autocast = torch.autocast("cuda", torch.bfloat16) if use_autocast \
         else contextlib.nullcontext()
     cuda = device.startswith("cuda")
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     compiled = compile_side(side, model)
     with autocast:
         out = compiled(*batch)
     loss = out[0] if isinstance(out, tuple) else out
-    loss.backward()
+    with contextlib.ExitStack() as stack:
+        ca_compiler = enter_backward_context(side, stack)
+        loss.backward()
     if cuda:
         torch.cuda.synchronize()
     first_step = time.perf_counter() - start
-    result = {"first_step_s": first_step, "loss": float(loss)}
-    if side.startswith("aotgrad"):
+    # This process's CPU time too: on a shared machine, wall time follows the others' load.
+    result = {"first_step_s": first_step, "first_step_cpu_s": time.process_time() - cpu_start,
+              "loss": float(loss)}
+    if ca_compiler is not None:
+        result["compiled_autograd"] = ca_compiler
+    if side.startswith("aotgrad") or ca_compiler is not None:
         from aotgrad import cache
         result["aotgrad_cache"] = {k: v for k, v in cache.stats().items() if v}
         result["aotgrad_events"] = [e for e, _ in cache.events()]
@@ -112,17 +138,34 @@ def markdown(results: dict, meta: dict) -> str:
              "Time from compiling to the end of the first forward+backward (imports excluded); "
              "warm: the best of the warm runs.",
              "",
-             "| model | side | cold (s) | warm (s) | warm / cold | aotgrad cache (warm) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| model | side | cold (s) | warm (s) | warm / cold | CPU s cold / warm "
+             "| aotgrad cache (warm) | run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model, sides in results.items():
         for side, r in sides.items():
             if "error" in r:
                 lines.append(f"| {model} | {side} | error | | | {r['error'][-80:]!r} |")
                 continue
             events = ", ".join(r["warm"].get("aotgrad_events", [])) or "-"
+            cpu = [x.get("first_step_cpu_s") for x in (r["cold"], r["warm"])]
+            cpu_text = " / ".join(f"{c:.1f}" for c in cpu) if None not in cpu else "-"
             lines.append(f"| {model} | {side} | {r['cold']['first_step_s']:.1f} | "
-                         f"{r['warm']['first_step_s']:.1f} | {r['ratio']:.2f}x | {events} |")
+                         f"{r['warm']['first_step_s']:.1f} | {r['ratio']:.2f}x | {cpu_text} | "
+                         f"{events} | {r.get('run', '')} |")
     return "\n".join(lines) + "\n"
+
+
+def write_merged(out: Path, results: dict, meta: dict) -> None:
+    """Merge into out/cache.json (a run per model or side), then cache.md from all of it."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "cache.json"
+    merged = json.loads(path.read_text())["results"] if path.exists() else {}
+    for model, sides in results.items():
+        for r in sides.values():  # rows of several runs: each says which
+            r["run"] = f"{meta['commit']} {meta['date']}"
+        merged.setdefault(model, {}).update(sides)
+    path.write_text(json.dumps({"meta": meta, "results": merged}, indent=1))
+    (out / "cache.md").write_text(markdown(merged, meta))
 
 
 def main() -> int:
@@ -158,10 +201,7 @@ def main() -> int:
     table = markdown(results, meta)
     print(table)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "cache.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-        (out / "cache.md").write_text(table)
+        write_merged(Path(args.out), results, meta)
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import fx
 
+from ..cache import autograd as persistent
 from .cache import CaptureKey, CaptureLog
 from .capture import BackwardCapture
 from .specialize import Captured, Variant, specialize, unspecialized
@@ -57,7 +58,8 @@ class Session:
             log.info("compiled autograd: capture %d specializes again: %s", captured.index,
                      failed)
         try:
-            variant = specialize(captured.program, args, self.compiler)
+            # Through the persistent cache: another process may have traced it already.
+            variant = persistent.specialize(captured.program, args, self.compiler, specialize)
         except Exception as error:  # noqa: BLE001 - the program itself is eager's backward
             reason = f"{type(error).__name__}: {error}".splitlines()[0]
             self.stats.fallbacks.append(reason)

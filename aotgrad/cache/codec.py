@@ -143,20 +143,23 @@ def fake_from_meta(meta: dict, fake_mode) -> torch.Tensor:
 
 # ---- graphs -------------------------------------------------------------------------------
 
-def encode_target(target: Any) -> str:
+def encode_target(target: Any, extra: dict[str, Callable] | None = None) -> str:
+    """`extra`: more Python functions by name (a caller's own, e.g. compiled autograd's)."""
     if isinstance(target, torch._ops.OpOverload):
         return f"op:{target.name()}"
     name = _PY_NAMES.get(id(target))
+    if name is None:
+        name = next((n for n, f in (extra or {}).items() if f is target), None)
     if name is not None:
         return f"py:{name}"
     raise Unencodable(f"a call of {getattr(target, '__qualname__', target)!s}, which the "
                       "cache cannot name safely")
 
 
-def decode_target(text: str) -> Any:
+def decode_target(text: str, extra: dict[str, Callable] | None = None) -> Any:
     kind, _, name = text.partition(":")
     if kind == "py":
-        return _PY_TARGETS[name]
+        return {**_PY_TARGETS, **(extra or {})}[name]
     if kind != "op":
         raise ValueError(f"unknown target {text!r}")
     namespace, _, rest = name.partition("::")
@@ -166,9 +169,11 @@ def decode_target(text: str) -> Any:
 
 
 def encode_graph(gm: fx.GraphModule, node_meta: Callable[[fx.Node], dict],
-                 names: Callable[[int, fx.Node], str] | None = None) -> list:
+                 names: Callable[[int, fx.Node], str] | None = None,
+                 targets: dict[str, Callable] | None = None) -> list:
     """The graph as [[opcode, name, target, args, kwargs, meta], ...]. `names(i, node)`
-    renames nodes (a key renames them by position, so names do not matter)."""
+    renames nodes (a key renames them by position, so names do not matter); `targets`
+    names more Python functions the graph may call."""
     renamed: dict[fx.Node, str] = {}
     rows = []
     for i, node in enumerate(gm.graph.nodes):
@@ -176,7 +181,7 @@ def encode_graph(gm: fx.GraphModule, node_meta: Callable[[fx.Node], dict],
         if node.op in ("get_attr", "call_module", "call_method"):
             raise Unencodable(f"a {node.op} node ({node.target}): graphs holding constants or "
                               "submodules")
-        target = encode_target(node.target) if node.op == "call_function" else None
+        target = encode_target(node.target, targets) if node.op == "call_function" else None
         ref = renamed.__getitem__
         # Pairs, not an object: the order is part of the code a compiler's cache hashes.
         kwargs = [[k, encode_value(v, ref)] for k, v in node.kwargs.items()]
@@ -189,8 +194,8 @@ def _kwargs(encoded: list, nodes: dict[str, fx.Node]) -> dict:
     return {k: decode_value(v, nodes) for k, v in encoded}
 
 
-def decode_graph(rows: list) -> fx.GraphModule:
-    """The graph (without meta: the caller restores what it stored)."""
+def decode_graph(rows: list, targets: dict[str, Callable] | None = None) -> fx.GraphModule:
+    """The graph (without meta: the caller restores what it stored); `targets` as encoded."""
     graph = fx.Graph()
     nodes: dict[str, fx.Node] = {}
     for op, name, target, args, kwargs, _ in rows:
@@ -199,8 +204,9 @@ def decode_graph(rows: list) -> fx.GraphModule:
         elif op == "output":
             node = graph.output(decode_value(args, nodes)[0])
         elif op == "call_function":
-            node = graph.create_node(op, decode_target(target), tuple(decode_value(args, nodes)),
-                                     _kwargs(kwargs, nodes), name=name)
+            node = graph.create_node(op, decode_target(target, targets),
+                                     tuple(decode_value(args, nodes)), _kwargs(kwargs, nodes),
+                                     name=name)
         else:
             raise ValueError(f"unknown opcode {op!r}")
         nodes[name] = node

@@ -37,7 +37,7 @@ def forget_events() -> None:
     _EVENTS.clear()
 
 
-def _record(event: str, why: str) -> None:
+def record(event: str, why: str) -> None:
     _EVENTS.append((event, why))
     del _EVENTS[:-100]
     store.count({"hit": "hits", "miss": "misses", "bypass": "bypasses"}[event])
@@ -59,21 +59,21 @@ class Lookup:
         try:
             self.key = _key(kind, graph, c, options)
         except codec.Unencodable as exc:
-            _record("bypass", f"not cacheable: {exc}")
+            record("bypass", f"not cacheable: {exc}")
             return
         except Exception as exc:  # a cache bug must cost a compile, never break one
             log.warning("aotgrad cache: could not key this compile (%r); compiling", exc)
-            _record("bypass", f"key error: {exc!r}")
+            record("bypass", f"key error: {exc!r}")
             return
         path = store.directory()
         if path is None:
-            _record("bypass", "the cache directory is not trusted")
+            record("bypass", "the cache directory is not trusted")
             return
         self._store = store.Store(path)
         self._fake_mode = c.fake_mode
         if self._load() or self._wait_for_others() and self._load():
             return
-        _record("miss", keys.explain_miss(self.key.as_dict(), list(self._store.keys())))
+        record("miss", keys.explain_miss(self.key.as_dict(), list(self._store.keys())))
 
     def _load(self) -> bool:
         payload = self._store.read(self.key.digest)
@@ -84,7 +84,7 @@ class Lookup:
         except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
             log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
             return False
-        _record("hit", f"{self.key.as_dict()['program']}")
+        record("hit", f"{self.key.as_dict()['program']}")
         self._release()
         return True
 
@@ -101,7 +101,7 @@ class Lookup:
         try:
             self._payload = {"graphs": [encode(gm) for gm in graphs]}
         except codec.Unencodable as exc:
-            _record("bypass", f"not stored: {exc}")
+            record("bypass", f"not stored: {exc}")
         except Exception as exc:
             log.warning("aotgrad cache: could not encode this compile (%r)", exc)
 
