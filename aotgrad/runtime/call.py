@@ -86,9 +86,11 @@ class CompiledFunction(torch.autograd.Function):
                 ctx.primals = inputs
             ctx.call = call
             ctx.saved_sizes = ()
-            ctx.set_materialize_grads(False)
+            # What set_materialize_grads(False) and save_for_backward set, without their
+            # Python frames (the C++ side of Function.apply reads these attributes).
+            ctx.materialize_grads = False
             outs = call.forward(list(inputs))
-            ctx.save_for_backward(*outs[call.num_fw_outputs:])
+            ctx.to_save = tuple(outs[call.num_fw_outputs:])
             return tuple(outs[:call.num_fw_outputs])
         call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
         if call.stale is not None:
@@ -126,9 +128,11 @@ class CompiledFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
-        if call.lean and not (torch.is_grad_enabled() or _compiled_autograd.capturing or
-                              torch.compiler.is_compiling()):
-            # The common backward, in this frame: what the general path below does for it.
+        # The common backward, in this frame: what the general path below does for it. Not
+        # for a traced backward: Dynamo (torch's compiled autograd) passes a stand-in ctx,
+        # and so does aotgrad's capture (after marking `capturing` while the engine walks).
+        if call.lean and type(ctx) is _BACKWARD_NODE and not (
+                torch.is_grad_enabled() or _compiled_autograd.capturing):
             args = list(ctx.saved_tensors)
             for i in call.tangent_outputs:
                 grad = grads[i]
@@ -225,6 +229,7 @@ _apply_fast = torch._C._FunctionBase.__dict__["apply"].__get__(None, CompiledGra
 # chooses between `backward` and `vjp` (and boxes the grads, for `boxed_grads_call`): with
 # neither used here, the node calls the backward itself, two Python frames sooner.
 CompiledGraph._backward_cls.apply = CompiledGraph.backward
+_BACKWARD_NODE = CompiledGraph._backward_cls  # the ctx of a call's backward
 
 
 def apply_compiled(call: "CompiledCall", args: list):
