@@ -154,7 +154,9 @@ class DoubleBackward:
         if primals is None:
             raise RuntimeError(_FREED)
         saved = ctx.saved_tensors  # (checks the versions of the inputs the forward saved)
-        self._check_versions(primals, ctx.primal_versions, replay.inputs_read)
+        # (none held when every input is saved: CompiledFunction's short forward)
+        versions = getattr(ctx, "primal_versions", ())
+        self._check_versions(primals, versions, replay.inputs_read)
         random_values = [saved[i].detach() for i in replay.random_values]
         ctx.maybe_clear_saved_tensors()  # the replay needs no other saved value
         release_inputs(ctx)

@@ -79,6 +79,19 @@ class CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: "CompiledCall", *inputs):
+        if call.lean:  # most plans: nothing around the graph but what autograd needs
+            if call.holds_versions:
+                call.double_backward.hold(ctx, inputs)
+            else:  # every input is saved: its version is autograd's to check
+                ctx.primals = inputs
+            ctx.call = call
+            ctx.saved_sizes = ()
+            # What set_materialize_grads(False) and save_for_backward set, without their
+            # Python frames (the C++ side of Function.apply reads these attributes).
+            ctx.materialize_grads = False
+            outs = call.forward(list(inputs))
+            ctx.to_save = tuple(outs[call.num_fw_outputs:])
+            return tuple(outs[:call.num_fw_outputs])
         call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
         if call.stale is not None:
             call.stale.hold(ctx, inputs)
@@ -115,6 +128,20 @@ class CompiledFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
+        # The common backward, in this frame: what the general path below does for it. Not
+        # for a traced backward: Dynamo (torch's compiled autograd) passes a stand-in ctx,
+        # and so does aotgrad's capture (after marking `capturing` while the engine walks).
+        if call.lean and type(ctx) is _BACKWARD_NODE and not (
+                torch.is_grad_enabled() or _compiled_autograd.capturing):
+            args = list(ctx.saved_tensors)
+            for i in call.tangent_outputs:
+                grad = grads[i]
+                args.append(grad.contiguous() if grad is not None else
+                            _tangent(None, call.plan.info.graph_output_metas[i], None))
+            ctx.maybe_clear_saved_tensors()
+            if not torch._C._autograd._get_current_graph_task_keep_graph():
+                ctx.primals = None  # as release_inputs
+            return (None, *call.backward(args))
         if call.stale is not None:  # eager's error, where eager's backward would raise it
             call.stale.check(ctx, grads)
         metas = call.plan.info.graph_output_metas
@@ -198,6 +225,11 @@ def _tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch
 # entry point does the same work a few microseconds sooner.
 CompiledGraph = CompiledFunction  # the name the rest of aotgrad knows it by
 _apply_fast = torch._C._FunctionBase.__dict__["apply"].__get__(None, CompiledGraph)
+# The engine runs a node by its `apply`, whose Python wrapper (BackwardCFunction.apply) only
+# chooses between `backward` and `vjp` (and boxes the grads, for `boxed_grads_call`): with
+# neither used here, the node calls the backward itself, two Python frames sooner.
+CompiledGraph._backward_cls.apply = CompiledGraph.backward
+_BACKWARD_NODE = CompiledGraph._backward_cls  # the ctx of a call's backward
 
 
 def apply_compiled(call: "CompiledCall", args: list):
@@ -276,6 +308,10 @@ class CompiledCall:
         self._detaches = bool(plan.gradless_inputs or plan.overwritten_inputs)
         self._run_graphs = self._run_training if backward is not None else self._run_inference
         self._plain_outputs = _plain_output_slice(plan.info)
+        self.num_fw_outputs = plan.num_fw_outputs
+        self.tangent_outputs = plan.tangent_outputs
+        self.lean = backward is not None and _is_lean(self)
+        self.holds_versions = self.lean and bool(self.double_backward.unsaved_inputs)
         self.run = _direct_runner(self) or self._run_and_unflatten
 
     def _call_backward_directly_once_compiled(self) -> None:
@@ -336,33 +372,58 @@ class CompiledCall:
         return outs
 
 
+def _is_lean(call: CompiledCall) -> bool:
+    """Whether CompiledFunction's forward and backward take their short path: nothing to do
+    around the graphs but hold the inputs, save, and pass plain tangents."""
+    metas = call.plan.info.graph_output_metas
+    return (call.stale is None and call.backward_writes is None and
+            call.backward_keeping_saved is None and not call.symbolic_tangents and
+            call.plan.num_saved_sizes == 0 and not call.unread_outputs and
+            not call.non_differentiable and
+            all(metas[i].subclass is None for i in call.plan.tangent_outputs))
+
+
 def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
     """Flat arguments -> the user's outputs in one frame, for the plans that need nothing
     around the graphs: no mutations, no autocast to turn off, every output computed by the
-    graph. None for the others."""
+    graph. None for the others. Straight-line Python generated per plan (`run.source`): the
+    graph inputs picked by position, the outputs by index, no list copied but the boxed one."""
     plan = call.plan
     if call._mutated or call._versioned or call._gains_grad or plan.overwritten_inputs \
             or plan.disable_autocast or call._plain_outputs is None:
         return None
     gather, outputs, unflatten = call._gather, call._plain_outputs, call.unflatten
+    scope = {"_grad": torch.is_grad_enabled, "_no_grad": torch.no_grad, "_call": call,
+             "_forward": call.forward, "_apply": _apply_fast,
+             "_transforms": torch._C._are_functorch_transforms_active,
+             "_finish": lambda raw: unflatten(list(raw[outputs])),
+             "_general": lambda a: unflatten(list(call._run_training(gather(a))[outputs]))}
+    args = ", ".join(f"a[{p}]" for p in plan.graph_input_positions)
     if call.backward is None:
-        forward = call.forward
+        result = _picked(call, f"_forward([{args}])", from_tuple=False)
+        source = (f"def run(a):\n    if _grad():\n        with _no_grad():\n"
+                  f"            return {result}\n    return {result}\n")
+    else:
+        gradless = "".join(f" and not a[{plan.graph_input_positions[i]}].requires_grad"
+                           for i in plan.gradless_inputs)
+        source = (f"def run(a):\n    if _grad() and not _transforms(){gradless}:\n"
+                  f"        return {_picked(call, f'_apply(_call, {args})', True)}\n"
+                  f"    return _general(a)\n")
+    exec(compile(source, "<aotgrad runner>", "exec"), scope)
+    run = scope["run"]
+    run.source = source
+    return run
 
-        def run_inference(flat_args):
-            if torch.is_grad_enabled():
-                with torch.no_grad():
-                    return unflatten(list(forward(list(gather(flat_args)))[outputs]))
-            return unflatten(list(forward(list(gather(flat_args)))[outputs]))
-        return run_inference
-    gradless = plan.gradless_inputs
 
-    def run_training(flat_args):
-        args = gather(flat_args)
-        if torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active() and \
-                not (gradless and any(args[i].requires_grad for i in gradless)):
-            return unflatten(list(_apply_fast(call, *args)[outputs]))
-        return unflatten(list(call._run_training(args)[outputs]))
-    return run_training
+def _picked(call: CompiledCall, raw: str, from_tuple: bool) -> str:
+    """The user's outputs from the graph's results `raw` (Function.apply's tuple when
+    `from_tuple`): one output by index, all of a flat tuple as they are, else `_finish`."""
+    outputs, spec = call._plain_outputs, call.plan.info.out_spec
+    if spec.is_leaf():
+        return f"{raw}[{outputs.start}]"
+    if from_tuple and call.unflatten is tuple and outputs == slice(0, call.num_fw_outputs):
+        return raw
+    return f"_finish({raw})"
 
 
 def _gatherer(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]]:
