@@ -238,8 +238,13 @@ def specialize(program: fx.GraphModule, args: Sequence,
 
 
 def unspecialized(program: fx.GraphModule) -> Variant:
-    """The program run as it is: each formula on real tensors, as the engine runs it."""
-    return Variant(program, program, Guard.of([]))
+    """The program run as it is: each formula on real tensors, as the engine runs it (its
+    accumulations in eager's order, on a copy: the program is traced again later)."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(program.graph, {}))
+    order_like_eager(graph)
+    gm = fx.GraphModule(program, graph, "BackwardProgram")
+    return Variant(gm, gm, Guard.of([]))
 
 
 # -- passes over a specialized graph -------------------------------------------------------
@@ -263,11 +268,11 @@ def drop_unused(graph: fx.Graph) -> None:
     Python calls stay: they are run for their effects."""
     for node in reversed(list(graph.nodes)):
         if node.op == "call_function" and not node.users and node.target not in hooks.EFFECTS \
-                and not _mutates(node.target):
+                and not mutates(node.target):
             graph.erase_node(node)
 
 
-def _mutates(target: Any) -> bool:
+def mutates(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
