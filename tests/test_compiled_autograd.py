@@ -368,3 +368,40 @@ def test_a_failed_compile_runs_the_program_with_eager_order(caplog):
     same(grads(m), grads(other), "grads")
     assert compiled_calls == eager_calls  # was: accumulations in the engine's walk order
     assert stats.fallbacks == ["RuntimeError: this compiler fails"]
+
+
+def test_guard_serves_only_exact_matches_without_its_clauses():
+    from aotgrad.autograd.guard import Guard
+    guard = Guard.of(["inputs[0].size()[0] == sizes[1]", "inputs[0].stride()[1] == 1",
+                      "inputs[0].storage_offset() == 0", "2 <= sizes[1]"])
+    base = torch.zeros(8, 8)
+    assert guard.check([base[:4]], [99, 4], []) and len(guard.remembered) == 1
+    assert guard.check([torch.ones(4, 8)], [-1, 4], [])  # sizes[0] is not read
+    assert len(guard.remembered) == 1  # served by the exact match
+    assert not guard.check([base.t()[:4]], [99, 4], [])  # another stride
+    assert not guard.check([base[1:5]], [99, 4], [])  # another storage offset
+    assert not guard.check([base[:4]], [99, 5], [])
+    assert guard.check([base[:5]], [99, 5], []) and len(guard.remembered) == 2
+    assert Guard.of(["inputs[0].dim() == 2"]).reads is None  # read otherwise: no shortcut
+
+
+def test_same_sizes_other_strides_match_eager():
+    # x's saved copy is transposed in some steps: the graph's guard must not serve those
+    # by its remembered sizes alone.
+    def loss(x, p):
+        return (x * p).pow(2).sum()
+
+    def steps():
+        out = []
+        for k in range(4):
+            gen = torch.Generator().manual_seed(k)
+            x = torch.randn(6, 6, generator=gen)
+            x = (x.t() if k % 2 else x).requires_grad_()
+            p = torch.randn(6, 6, generator=gen, requires_grad=True)
+            out.append(list(torch.autograd.grad(loss(x, p), [x, p])))
+        return out
+    expected = steps()
+    with compiled_autograd.enable("eager") as stats:
+        actual = steps()
+    same(expected, actual, "grads per step")
+    assert stats.fallbacks == []

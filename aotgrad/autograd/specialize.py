@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import (
     PythonKeyTracer, ProxyTorchDispatchMode, fetch_object_proxy, track_tensor_tree)
 
 from . import hooks, state
+from .guard import Guard
 
 log = logging.getLogger("aotgrad.autograd")
 # The graph's inputs, in the order the engine passes them to the runtime wrapper.
@@ -160,30 +161,6 @@ def _guardable(value: Any) -> bool:
 def _readable(clause: str) -> str:
     """torch's guard text reads `L['sizes_3']`: read the engine's lists instead."""
     return re.sub(r"L\['(inputs|sizes|scalars)_(\d+)'\]", r"\1[\2]", clause)
-
-
-@dataclass(frozen=True)
-class Guard:
-    """`check(inputs, sizes, scalars)`: the clauses, joined into one generated lambda."""
-    clauses: tuple[str, ...]
-    check: Callable[[list, list, list], bool]
-
-    @staticmethod
-    def of(clauses: Sequence[str]) -> "Guard":
-        return Guard(tuple(clauses), _compile_check(" and ".join(clauses) or "True"))
-
-    def first_failure(self, inputs: list, sizes: list, scalars: list) -> str:
-        """Which clause failed (a miss's reason: evaluated only then, one by one)."""
-        for clause in self.clauses:
-            if not _compile_check(clause)(inputs, sizes, scalars):
-                return clause
-        return "none (all clauses hold)"
-
-
-def _compile_check(code: str) -> Callable[[list, list, list], bool]:
-    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
-    return eval(compile(f"lambda inputs, sizes, scalars: {code}", "<aotgrad backward guard>",
-                        "eval"), dict(SYMPY_INTERP))
 
 
 @dataclass(frozen=True)
