@@ -87,11 +87,9 @@ class Session:
 def resolve_compiler(compiler: Any) -> Callable[[fx.GraphModule], Callable]:
     if compiler == "eager":
         return lambda gm: gm
-    if compiler == "inductor":  # the graph holds Python calls (hooks, .grad) Inductor can't
-        raise NotImplementedError(
-            "aotgrad: compiled_autograd.enable('inductor') is not built yet (the captured "
-            "graph's hook and accumulation calls must be split out first); pass 'eager' or "
-            "your own compiler(gm)")
+    if compiler == "inductor":  # its ATen segments; hooks and .grad stay Python calls
+        from .inductor import compile_captured
+        return compile_captured
     if callable(compiler):
         return compiler
     raise ValueError(f"aotgrad: compiled_autograd.enable takes 'eager', 'inductor' or a "

@@ -143,3 +143,20 @@ RESULT_LIKE: dict[Callable, Callable[..., Any]] = {
     run_python_backward: lambda ctx, saved, metas, *grads: tuple(_empty(m) for m in metas),
 }
 EFFECTS = frozenset(RESULT_LIKE)  # run for their effects: never dropped, never traced into
+
+
+def in_layout(grad: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """A hook's gradient in the layout that the compiled code after it was traced with:
+    dense, its dims in memory in `order` (outermost first)."""
+    if list(grad.stride()) == dense_strides(grad.shape, order):
+        return grad
+    out = torch.empty_permuted(grad.shape, order, dtype=grad.dtype, device=grad.device)
+    return out.copy_(grad)
+
+
+def dense_strides(sizes: Any, order: tuple[int, ...]) -> list[int]:
+    stride, strides = 1, [0] * len(sizes)
+    for d in reversed(order):
+        strides[d] = stride
+        stride *= sizes[d]
+    return strides

@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import (
     PythonKeyTracer, ProxyTorchDispatchMode, fetch_object_proxy, track_tensor_tree)
 
 from . import hooks, state
+from .guard import Guard
 
 log = logging.getLogger("aotgrad.autograd")
 # The graph's inputs, in the order the engine passes them to the runtime wrapper.
@@ -163,30 +164,6 @@ def _readable(clause: str) -> str:
 
 
 @dataclass(frozen=True)
-class Guard:
-    """`check(inputs, sizes, scalars)`: the clauses, joined into one generated lambda."""
-    clauses: tuple[str, ...]
-    check: Callable[[list, list, list], bool]
-
-    @staticmethod
-    def of(clauses: Sequence[str]) -> "Guard":
-        return Guard(tuple(clauses), _compile_check(" and ".join(clauses) or "True"))
-
-    def first_failure(self, inputs: list, sizes: list, scalars: list) -> str:
-        """Which clause failed (a miss's reason: evaluated only then, one by one)."""
-        for clause in self.clauses:
-            if not _compile_check(clause)(inputs, sizes, scalars):
-                return clause
-        return "none (all clauses hold)"
-
-
-def _compile_check(code: str) -> Callable[[list, list, list], bool]:
-    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
-    return eval(compile(f"lambda inputs, sizes, scalars: {code}", "<aotgrad backward guard>",
-                        "eval"), dict(SYMPY_INTERP))
-
-
-@dataclass(frozen=True)
 class Variant:
     """One specialization: its graph, compiled, served where its guard holds. With
     create_graph=True (grad mode on) it runs the graph's ops uncompiled, so autograd
@@ -238,8 +215,13 @@ def specialize(program: fx.GraphModule, args: Sequence,
 
 
 def unspecialized(program: fx.GraphModule) -> Variant:
-    """The program run as it is: each formula on real tensors, as the engine runs it."""
-    return Variant(program, program, Guard.of([]))
+    """The program run as it is: each formula on real tensors, as the engine runs it (its
+    accumulations in eager's order, on a copy: the program is traced again later)."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(program.graph, {}))
+    order_like_eager(graph)
+    gm = fx.GraphModule(program, graph, "BackwardProgram")
+    return Variant(gm, gm, Guard.of([]))
 
 
 # -- passes over a specialized graph -------------------------------------------------------
@@ -263,11 +245,11 @@ def drop_unused(graph: fx.Graph) -> None:
     Python calls stay: they are run for their effects."""
     for node in reversed(list(graph.nodes)):
         if node.op == "call_function" and not node.users and node.target not in hooks.EFFECTS \
-                and not _mutates(node.target):
+                and not mutates(node.target):
             graph.erase_node(node)
 
 
-def _mutates(target: Any) -> bool:
+def mutates(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 

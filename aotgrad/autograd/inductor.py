@@ -1,0 +1,200 @@
+"""`enable("inductor")`: a specialized backward graph, its ATen ops compiled by Inductor.
+
+The graph interleaves ATen ops with Python calls Inductor cannot hold (`hooks.EFFECTS`:
+hooks, `.grad` accumulation, opaque custom backwards). It is cut into *segments*, the runs
+of ATen ops between two such calls, each compiled by Inductor (`compile_fx_inner`, as
+backends/compilers.py calls it); an outer graph calls the segments and the Python calls in
+turn. To cut as few segments as possible, each ATen op moves up to just after the last
+Python call it depends on (`hoist_pure_ops`): ATen ops read only graph values, never
+`.grad` or a hook's state, so only the Python calls' order (kept) is observable. A plain
+MLP's backward is then one segment, followed by its accumulations.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+from torch import fx
+
+from . import hooks
+from .specialize import mutates
+
+
+def compile_captured(gm: fx.GraphModule) -> Callable:
+    """The captured graph with its ATen segments compiled by Inductor."""
+    from ..backends.compilers import copy_graph
+    gm = copy_graph(gm)  # the caller's graph runs as it is where grad mode is on
+    hoist_pure_ops(gm.graph)
+    outer = split_segments(gm)
+    for node in outer.graph.find_nodes(op="call_module"):
+        segment = getattr(outer, node.target)
+        setattr(outer, node.target, _Compiled(segment, compile_segment(segment)))
+    outer.recompile()
+    return outer
+
+
+def _outer_only(node: fx.Node) -> bool:
+    """Stays in the outer graph: the inputs, the Python calls, and reads of their lists."""
+    if node.op in ("placeholder", "output") or node.target in hooks.EFFECTS:
+        return True
+    return node.target is operator.getitem and _outer_only(node.args[0])
+
+
+# -- scheduling ------------------------------------------------------------------------------
+def hoist_pure_ops(graph: fx.Graph) -> None:
+    """Each ATen op moves just after the last Python call it reads from (directly or not):
+    the order of the Python calls, and each node after what it reads, are kept. An op
+    that writes into a tensor (CopySlices' copy_) orders its readers, through any view:
+    then nothing moves."""
+    if any(mutates(n.target) for n in graph.nodes):
+        return
+    level: dict[fx.Node, int] = {}
+    effects = 0
+    for node in graph.nodes:
+        if node.target in hooks.EFFECTS:
+            effects += 1
+            level[node] = effects
+        else:
+            level[node] = max((level[a] for a in node.all_input_nodes), default=0)
+    order = sorted(graph.nodes, key=lambda n: (_rank(n, level), _is_effect(n)))
+    # Stable sort: within a level, ATen ops (and reads) first, then the level's next call.
+    for node, after in zip(order[1:], order):
+        after.append(node)
+
+
+def _rank(node: fx.Node, level: dict) -> int:
+    if node.op == "output":
+        return 1 << 30
+    return level[node] - 1 if node.target in hooks.EFFECTS else level[node]
+
+
+def _is_effect(node: fx.Node) -> bool:
+    return node.target in hooks.EFFECTS
+
+
+# -- splitting -------------------------------------------------------------------------------
+def split_segments(gm: fx.GraphModule) -> fx.GraphModule:
+    """An outer graph of the Python calls, calling a submodule per run of ATen ops."""
+    outer, root = fx.Graph(), torch.nn.Module()
+    env: dict[fx.Node, fx.Node] = {}  # a node of `gm` -> the outer node holding its value
+    run: list[fx.Node] = []
+    for node in gm.graph.nodes:
+        if not _outer_only(node):
+            run.append(node)
+            continue
+        if run:
+            _emit_segment(run, gm, outer, root, env)
+            run = []
+        env[node] = outer.node_copy(node, env.__getitem__)
+    return fx.GraphModule(root, outer, "CompiledAutogradSegments")
+
+
+def _emit_segment(run: list[fx.Node], gm: fx.GraphModule, outer: fx.Graph,
+                  root: torch.nn.Module, env: dict) -> None:
+    inside, sub = set(run), fx.Graph()
+    local: dict[fx.Node, Any] = {}
+    reads: list[fx.Node] = []
+    for node in run:
+        for arg in node.all_input_nodes:
+            if arg not in inside and arg not in local:
+                local[arg] = _segment_input(arg, sub, reads)
+        local[node] = sub.node_copy(node, local.__getitem__)
+    results = [n for n in run if any(u not in inside for u in n.users)]
+    sub.output(tuple(local[n] for n in results))
+    name = f"segment_{len(list(root.children()))}"
+    root.add_module(name, fx.GraphModule(gm, sub, name))
+    call = outer.call_module(name, tuple(_as_traced(env[a], outer) for a in reads))
+    for i, node in enumerate(results):
+        env[node] = outer.call_function(operator.getitem, (call, i))
+        env[node].meta = dict(node.meta)
+
+
+def _segment_input(arg: fx.Node, sub: fx.Graph, reads: list[fx.Node]) -> Any:
+    """A placeholder for a value from outside the segment; None (a hook gave no gradient)
+    stays a constant."""
+    value = arg.meta.get("val")
+    if value is None:
+        return None
+    if not isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, int, float, bool)):
+        raise NotImplementedError(f"aotgrad: compiled autograd's Inductor segments take "
+                                  f"tensors and sizes, not {type(value).__name__} ({arg})")
+    placeholder = sub.placeholder(arg.name)
+    placeholder.meta = dict(arg.meta)
+    reads.append(arg)
+    return placeholder
+
+
+def _as_traced(node: fx.Node, outer: fx.Graph) -> fx.Node:
+    """A hook's (or opaque backward's) result, in the layout its stand-in was traced with:
+    Inductor's code assumes the traced strides, and a hook may return any."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or not _from_effect(node):
+        return node  # a graph input's strides are guarded; a segment's are Inductor's own
+    restrided = outer.call_function(hooks.in_layout, (node, _dims_outer_to_inner(value)))
+    restrided.meta = dict(node.meta)
+    return restrided
+
+
+def _dims_outer_to_inner(value: torch.Tensor) -> tuple[int, ...]:
+    """The order of the stand-in's dims in memory. Read from its sizes' hints: the order
+    only decides how a hook's gradient is copied (its values are kept), and Inductor's own
+    input checks catch strides that still differ."""
+    sizes, strides = _hints(value.shape), _hints(value.stride())
+    order = tuple(sorted(range(value.dim()), key=lambda d: -strides[d]))
+    if [s for s, n in zip(strides, sizes) if n > 1] != \
+            [s for s, n in zip(hooks.dense_strides(sizes, order), sizes) if n > 1]:
+        raise NotImplementedError("aotgrad: compiled autograd with 'inductor' cannot compile "
+                                  "a backward that feeds a hook's overlapping or non-dense "
+                                  "gradient to compiled code; use 'eager'")
+    return order
+
+
+def _hints(values: Any) -> list[int]:
+    return [v.node.hint if isinstance(v, torch.SymInt) else v for v in values]
+
+
+def _from_effect(node: fx.Node) -> bool:
+    if node.target in hooks.EFFECTS:
+        return True
+    return node.target is operator.getitem and _from_effect(node.args[0])
+
+
+# -- compiling -------------------------------------------------------------------------------
+def compile_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
+    """Inductor on one segment (a boxed function: it takes its inputs as a list)."""
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.virtualized import V
+
+    if not any(isinstance(n.target, torch._ops.OpOverload) for n in segment.graph.nodes):
+        return lambda args: segment(*args)  # sizes' arithmetic only: nothing to compile
+    example = [n.meta["val"] for n in segment.graph.find_nodes(op="placeholder")]
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in segment.graph.nodes])
+    segment = decompose(segment, example, fake_mode)
+    output = segment.graph.output_node()
+    output.meta["user_visible_output_idxs"] = list(range(len(output.args[0])))
+    with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
+        return compile_fx_inner(segment, example, is_backward=True)
+
+
+def decompose(segment: fx.GraphModule, example: list, fake_mode: Any) -> fx.GraphModule:
+    """The segment in the ops Inductor lowers (its decompositions applied: the captured
+    graph holds the formulas' ATen ops as the engine's kernels call them)."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from ..backends.compilers import INDUCTOR_DECOMPOSITIONS
+    with fake_mode, enable_python_dispatcher():
+        return make_fx(segment, decomposition_table=dict(INDUCTOR_DECOMPOSITIONS))(*example)
+
+
+class _Compiled(torch.nn.Module):
+    """A segment in the outer graph: its inputs boxed into the list Inductor consumes."""
+
+    def __init__(self, segment: fx.GraphModule, compiled: Callable[[list], Any]):
+        super().__init__()
+        self.segment, self.compiled = segment, compiled
+
+    def forward(self, *args: Any) -> Any:
+        return self.compiled(list(args))
