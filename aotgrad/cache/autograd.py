@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import fx
