@@ -210,7 +210,7 @@ def _build_inference(c: Captured, options: Options, timer: _Timer) -> _Built:
 def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.GraphModule,
                        keep: bool, lookup: Lookup) -> _Built:
     info, traced = c.info, gm
-    with timer("trace") as sizes:
+    with timer("passes") as sizes:  # skipped on a cache hit: the entry holds their result
         if lookup.graphs is None:
             gm = _backend_passes(options.backend, gm)
             eliminate_common_subexpressions(gm)
@@ -242,7 +242,7 @@ def _compile_training(c: Captured, options: Options, timer: _Timer, joint_gm: fx
                       random_ops: random_values.RandomValueTags, lookup: Lookup) -> _Built:
     hit = lookup.graphs is not None
     if not hit:
-        with timer("trace"):
+        with timer("passes"):  # skipped on a cache hit: the entry holds the partition
             joint_gm = random_values.through_passes(joint_gm,
                                                     lambda gm: _joint_passes(options, gm))
             aliasing.mark_bases_overwritten(joint_gm, c.aliasing)

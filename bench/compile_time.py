@@ -161,7 +161,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
 def _shares(stages: dict[str, float]) -> dict[str, float]:
     parts = {"capture+analysis": stages["capture"] + stages["analysis"],
-             "trace": stages["trace"], "partition": stages["partition"]}
+             "trace": stages["trace"] + stages.get("passes", 0.0),  # passes: the joint's
+             "partition": stages["partition"]}
     total = sum(stages.values())
     return {name: value / total for name, value in parts.items()}
 

@@ -7,7 +7,8 @@ import functools
 import json
 from pathlib import Path
 
-STAGES = ["capture", "analysis", "trace", "partition", "compile_forward", "compile_backward"]
+STAGES = ["capture", "analysis", "trace", "passes", "partition", "compile_forward",
+          "compile_backward"]
 
 # (header, how to read the cell from a row and the eager row of its model); None prints "-"
 MAIN_COLUMNS = [

@@ -15,7 +15,8 @@ from aotgrad import compat
 from aotgrad.log import configure_from_env, logger
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["capture", "analysis", "trace", "partition", "compile_forward", "compile_backward"]
+STAGES = ["capture", "analysis", "trace", "passes", "partition", "compile_forward",
+          "compile_backward"]
 
 
 def mlp():
@@ -36,7 +37,7 @@ def test_one_info_line_per_stage_with_time_and_sizes(caplog):
     lines = [r.getMessage() for r in _stage_records(caplog)]
     assert [line.split(": ")[1].split(" ")[0] for line in lines] == STAGES
     assert all(line.startswith("Sequential.forward: ") and " ms" in line for line in lines)
-    assert "joint graph ops" in lines[2] and "saved" in lines[3] and "forward ops" in lines[3]
+    assert "joint graph ops" in lines[2] and "saved" in lines[4] and "forward ops" in lines[4]
     timings = model.artifacts[0].timings
     assert list(timings) == STAGES  # the log tells what Artifact.timings holds
 
@@ -46,8 +47,8 @@ def test_inference_compile_logs_its_stages(caplog):
     with torch.no_grad():
         aotgrad.compile(lambda x: x.sin() * 2, backend="eager")(torch.randn(3))
     stages = [r.getMessage().split(": ")[1].split(" ")[0] for r in _stage_records(caplog)]
-    assert stages == ["capture", "analysis", "trace", "compile_forward"]
-    assert "inference graph ops 2" in _stage_records(caplog)[2].getMessage()
+    assert stages == ["capture", "analysis", "trace", "passes", "compile_forward"]
+    assert "inference graph ops 2" in _stage_records(caplog)[3].getMessage()
 
 
 def test_debug_shows_the_partition_and_the_budget_solver(caplog):
