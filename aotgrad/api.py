@@ -276,6 +276,22 @@ def choose_partitioner(partitioner: Callable | None, memory_budget: float | None
     return budget_partition(memory_budget)
 
 
+def checked_options(where: str, *, backend: Any, partitioner: Callable | None,
+                    memory_budget: float | None, decompositions, dynamic: bool = False,
+                    keep_inference_input_mutations: bool = False, max_entries: int = 1,
+                    compile_backward: str = "lazy", cudagraphs: bool = False) -> Options:
+    """The Options of `aotgrad.compile` and `aotgrad.backend`, each argument checked first."""
+    check.compile_options(where, partitioner=partitioner, memory_budget=memory_budget,
+                          decompositions=decompositions, dynamic=dynamic,
+                          keep_inference_input_mutations=keep_inference_input_mutations,
+                          max_entries=max_entries)
+    check.flag(where, "cudagraphs", cudagraphs)
+    return Options(resolve_backend(backend, decompositions),
+                   choose_partitioner(partitioner, memory_budget),
+                   keep_inference_input_mutations, dynamic=dynamic,
+                   compile_backward=compile_backward, cudagraphs=cudagraphs)
+
+
 def compile(fn_or_module: Callable, *, backend: Any = "inductor",
             partitioner: Callable | None = None, memory_budget: float | None = None,
             decompositions=None, dynamic: bool = False,
@@ -302,15 +318,11 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     True
     """
     check.function_or_module("compile", fn_or_module)
-    check.compile_options("compile", partitioner=partitioner, memory_budget=memory_budget,
-                          decompositions=decompositions, dynamic=dynamic,
-                          keep_inference_input_mutations=keep_inference_input_mutations,
-                          max_entries=max_entries)
-    check.flag("compile", "cudagraphs", cudagraphs)
-    options = Options(resolve_backend(backend, decompositions),
-                      choose_partitioner(partitioner, memory_budget),
-                      keep_inference_input_mutations, dynamic=dynamic,
-                      compile_backward=compile_backward, cudagraphs=cudagraphs)
+    options = checked_options(
+        "compile", backend=backend, partitioner=partitioner, memory_budget=memory_budget,
+        decompositions=decompositions, dynamic=dynamic, max_entries=max_entries,
+        keep_inference_input_mutations=keep_inference_input_mutations,
+        compile_backward=compile_backward, cudagraphs=cudagraphs)
     if isinstance(fn_or_module, torch.nn.Module):
         check.not_data_parallel("compile", fn_or_module)
         return CompiledModule(fn_or_module, options, max_entries)

@@ -22,8 +22,7 @@ import torch.utils._pytree as pytree
 from . import check
 from .semantics import hops
 from .semantics.aliasing import AliasingChanged
-from .backends.compilers import resolve_backend
-from .api import CompiledFunction, choose_partitioner
+from .api import CompiledFunction, checked_options
 from .semantics.dynamic import falls_back_to_static, is_symbolic, warn_static_fallback
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
@@ -33,14 +32,11 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                  memory_budget: float | None = None, decompositions=None,
                  keep_inference_input_mutations: bool = False,
                  compile_backward: str = "lazy", cudagraphs: bool = False) -> Callable:
-    check.compile_options("backend", partitioner=partitioner, memory_budget=memory_budget,
-                          decompositions=decompositions,
-                          keep_inference_input_mutations=keep_inference_input_mutations)
-    check.flag("backend", "cudagraphs", cudagraphs)
-    base = Options(resolve_backend(backend, decompositions),
-                   choose_partitioner(partitioner, memory_budget),
-                   keep_inference_input_mutations, compile_backward=compile_backward,
-                   cudagraphs=cudagraphs)
+    base = checked_options(
+        "backend", backend=backend, partitioner=partitioner, memory_budget=memory_budget,
+        decompositions=decompositions,
+        keep_inference_input_mutations=keep_inference_input_mutations,
+        compile_backward=compile_backward, cudagraphs=cudagraphs)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *,
                                mode: str | None = None, options: dict | None = None):
