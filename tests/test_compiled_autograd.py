@@ -14,6 +14,9 @@ import aotgrad
 from aotgrad import compiled_autograd
 from harness import compare_values
 
+from aotgrad.autograd import api as api_module, specialize as specialize_module
+from aotgrad.autograd.guard import exact_guard
+
 
 def same(e, c, path: str) -> None:
     """compare_values over nested lists (None where a grad is missing)."""
@@ -292,6 +295,39 @@ def test_a_guard_failure_specializes_again_and_is_logged(caplog):
     assert stats.captures == 1  # one structure: the engine keeps one entry
     assert stats.compiles == len(stats.guard_failures) + 1 >= 2
     assert any("specializes again" in r.message for r in caplog.records)
+
+
+def test_sizes_are_static_until_one_changes_then_dynamic():
+    # The first graph takes this run's sizes as constants (fast to trace and compile); a new
+    # size costs one more, symbolic, graph; a third size reuses it.
+    traced = []
+    original = specialize_module.specialize
+
+    def spy(program, args, compiler, dynamic=True):
+        traced.append(dynamic)
+        return original(program, args, compiler, dynamic)
+    api_module.specialize = spy
+    try:
+        stats = shape_steps(lambda x, p: (x @ p).tanh().sum(),
+                            [((4, 3), (3, 5)), ((4, 3), (3, 5)), ((6, 3), (3, 5)),
+                             ((9, 3), (3, 5)), ((4, 3), (3, 5))], "eager")
+    finally:
+        api_module.specialize = original
+    assert traced == [False, True] and stats.compiles == 2
+
+
+def test_an_exact_guard_reads_every_size_and_scalar():
+    # A graph served for exactly one run's values (a persistent-cache hit, a static graph)
+    # must not pass a run whose tensors match but whose lifted sizes differ: it did, once
+    # it had passed a run (its shortcut read the tensors only), and returned a (1, 4)
+    # gradient for a (4, 1) input.
+    x = torch.zeros(4, 4)
+    guard = exact_guard(([x], [4, 1], [0.5, float("nan")]))
+    assert guard.check([x], [4, 1], [0.5, float("nan")])
+    assert guard.check([x], [4, 1], [0.5, float("nan")])  # now through the shortcut
+    assert not guard.check([x], [1, 4], [0.5, float("nan")])
+    assert not guard.check([x], [4, 1], [0.25, float("nan")])
+    assert not guard.check([torch.zeros(4, 1)], [4, 1], [0.5, float("nan")])
 
 
 def test_enable_refuses_an_unknown_compiler():

@@ -113,10 +113,12 @@ def measure(model: str, variant: str, tiny: bool, device: str) -> dict:
     optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     times, first = [], {}
-    with backward_context(variant):
+    with backward_context(variant), contextlib.ExitStack() as timing:
         for i in range(WARMUP + STEPS):
-            if i == WARMUP and device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
+            if i == WARMUP:
+                timing.enter_context(_timing_lock())
+                if device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
             sync()
             start = time.perf_counter()
             loss = loss_fn(compiled, batch)
@@ -131,6 +133,20 @@ def measure(model: str, variant: str, tiny: bool, device: str) -> dict:
     timed = sorted(times[WARMUP:])
     return {"model": model, "variant": variant, "step_ms": timed[len(timed) // 2] * 1e3,
             "first_step_s": times[0], "peak_mib": peak, **first}
+
+
+@contextlib.contextmanager
+def _timing_lock():
+    """Under --parallel the runs compile at once, but their timed steps take turns: a step
+    timed while another process runs on the same GPU would be slower than it is."""
+    path = os.environ.get("CA_BENCH_LOCK")
+    if path is None:
+        yield
+        return
+    import fcntl
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _grad_norm(module) -> float:
@@ -159,6 +175,17 @@ def run_one(model: str, variant: str, args, timeout: float) -> dict:
     return json.loads(last[0])
 
 
+def _run_parallel(runs, args) -> list[dict]:
+    """All runs at once, each in its own process: the compiles overlap (first-step times are
+    then those of concurrent compiles), the timed steps take turns (`_timing_lock`)."""
+    from concurrent.futures import ThreadPoolExecutor
+    os.environ["CA_BENCH_LOCK"] = os.path.join(args.out, ".timing.lock")
+    os.makedirs(args.out, exist_ok=True)
+    timeout = min(args.timeout, args.budget)
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda run: run_one(*run, args, timeout), runs))
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| model | backward | step (ms) | first step (s) | peak (MiB) | first loss | "
              "grad norm |", "| --- " * 7 + "|"]
@@ -181,19 +208,26 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=110, help="seconds per run")
     parser.add_argument("--budget", type=float, default=285, help="seconds for all runs")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--parallel", action="store_true",
+                        help="all runs at once; timed steps take turns")
     args = parser.parse_args()
     device = "cpu" if args.cpu else "cuda"
     if args.one:
         print(json.dumps(measure(*args.one, args.tiny, device)))
         return
-    rows, deadline = [], time.perf_counter() + args.budget
-    # The eager engine first: it compiles least, and is what the others are read against.
-    for variant in VARIANTS:
-        for model in MODELS:
+    runs = [(model, variant) for variant in VARIANTS for model in args.models.split(",")]
+    if args.parallel:
+        rows = _run_parallel(runs, args)
+    else:
+        rows, deadline = [], time.perf_counter() + args.budget
+        # The eager engine first: it compiles least, and is what the others are read against.
+        for model, variant in runs:
             left = deadline - time.perf_counter()
             rows.append(run_one(model, variant, args, min(args.timeout, left)) if left > 5 else
                         {"model": model, "variant": variant, "error": "no time left"})
     rows.sort(key=lambda r: (MODELS.index(r["model"]), VARIANTS.index(r["variant"])))
+    args.concurrent_compiles = len(runs) if args.parallel else 1
     _write(rows, args, device)
 
 
@@ -201,7 +235,7 @@ def _write(rows: list[dict], args, device: str) -> None:
     import torch
     meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "device":
             torch.cuda.get_device_name() if device == "cuda" else "cpu", "tiny": args.tiny,
-            "warmup": WARMUP, "steps": STEPS}
+            "concurrent_compiles": args.concurrent_compiles, "warmup": WARMUP, "steps": STEPS}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gpu_compiled_autograd.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

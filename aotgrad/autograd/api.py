@@ -47,9 +47,11 @@ class Session:
         self.stats.captures += 1
 
     def captured(self, program: fx.GraphModule, key: CaptureKey) -> Captured:
+        # A walk seen before missed on its sizes: specialize it dynamic from the start.
+        resized = self.keys.seen_walk(key)
         self.stats.miss_reasons.append(self.keys.record(key))
         self.open_capture = None
-        return Captured(self, program, len(self.keys.keys))
+        return Captured(self, program, len(self.keys.keys), resized)
 
     def specialize(self, captured: Captured, args: tuple, failed: str | None) -> Variant:
         """A graph for this run's sizes (its first, or after `failed`: a guard's text)."""
@@ -59,7 +61,11 @@ class Session:
                      failed)
         try:
             # Through the persistent cache: another process may have traced it already.
-            variant = persistent.specialize(captured.program, args, self.compiler, specialize)
+            # Static first; symbolic once a size has changed (a guard failed, or the walk
+            # was captured before for other sizes): at most one recompile per new size.
+            dynamic = captured.resized or failed is not None
+            trace = functools.partial(specialize, dynamic=dynamic)
+            variant = persistent.specialize(captured.program, args, self.compiler, trace)
         except Exception as error:  # noqa: BLE001 - the program itself is eager's backward
             reason = f"{type(error).__name__}: {error}".splitlines()[0]
             self.stats.fallbacks.append(reason)

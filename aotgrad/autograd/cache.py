@@ -82,6 +82,10 @@ class CaptureLog:
         more = f" (+{len(diffs) - MAX_REASONS} more)" if len(diffs) > MAX_REASONS else ""
         return "; ".join(diffs[:MAX_REASONS]) + more
 
+    def seen_walk(self, key: CaptureKey) -> bool:
+        """Was this walk captured before (then only lifted sizes or metadata differ)?"""
+        return any(old.walk == key.walk for old in self.keys)
+
     def record(self, key: CaptureKey) -> str:
         reason = self.explain_miss(key)
         self.keys.append(key)

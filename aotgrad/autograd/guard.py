@@ -12,6 +12,7 @@ guard has over 400 clauses; evaluated one by one they cost more than its backwar
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import torch
 
 MAX_REMEMBERED = 4  # exact matches kept per guard (say, a few batch sizes in turn)
 _READ = re.compile(r"\b(inputs|sizes|scalars)\[(\d+)\](\.(size|stride|storage_offset)\(\))?")
+_WHOLE = re.compile(r"\b(inputs|sizes|scalars)\b(?!\[)")  # a list read whole
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,8 @@ class Reads:
     def of(clauses: Sequence[str]) -> "Reads | None":
         read: dict[str, set[int]] = {"inputs": set(), "sizes": set(), "scalars": set()}
         for clause in clauses:
-            if "L[" in clause:
-                return None  # a source other than the engine's lists
+            if "L[" in clause or _WHOLE.search(clause):
+                return None  # a source other than the engine's lists, or a whole list
             for found in _READ.finditer(clause):
                 kind, index, method = found.group(1), int(found.group(2)), found.group(3)
                 if kind == "inputs" and method is None:
@@ -133,3 +135,27 @@ class _PythonLayouts:
 
     def check(self, *tensors: torch.Tensor) -> bool:
         return tuple((t.shape, t.stride()) for t in tensors) == self.layouts
+
+
+def exact_guard(args: Sequence) -> Guard:
+    """A guard that holds for exactly these values: every lifted tensor's geometry, every
+    size and scalar (stronger than the traced one, whose every clause read only these)."""
+    inputs, sizes, scalars = args[:3]
+    # One clause per fact: a failure (a miss's reason) names the one that changed.
+    clauses = [clause for i, t in enumerate(inputs) for clause in (
+        f"inputs[{i}].size() == {tuple(t.shape)!r}",
+        f"inputs[{i}].stride() == {tuple(t.stride())!r}",
+        f"inputs[{i}].storage_offset() == {t.storage_offset()}")]
+    # (The lists' lengths are the program's: the same at every run of it.)
+    clauses += [f"sizes[{i}] == {v!r}" for i, v in enumerate(sizes)]
+    clauses += [_equals(f"scalars[{i}]", v) for i, v in enumerate(scalars)]
+    return Guard.of(clauses)
+
+
+def _equals(read: str, value: Any) -> str:
+    """`read == value` as guard code (nan equals nothing; inf has no literal)."""
+    if isinstance(value, float) and math.isnan(value):
+        return f"{read} != {read}"
+    if isinstance(value, float) and math.isinf(value):
+        return f"{read} == float({str(value)!r})"
+    return f"{read} == {value!r}"

@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import (
     PythonKeyTracer, ProxyTorchDispatchMode, fetch_object_proxy, track_tensor_tree)
 
 from . import hooks, state
-from .guard import Guard
+from .guard import Guard, exact_guard
 
 log = logging.getLogger("aotgrad.autograd")
 # The graph's inputs, in the order the engine passes them to the runtime wrapper.
@@ -44,8 +44,11 @@ class Trace:
                         for name in PLACEHOLDERS}
         self.symbols: dict[Any, fx.Proxy] = {}
 
-    def open(self, inputs: Sequence, sizes: Sequence, scalars: Sequence, duck: bool) -> tuple:
-        """Fakes and symbols for the lifted values, bound to the graph's inputs."""
+    def open(self, inputs: Sequence, sizes: Sequence, scalars: Sequence, duck: bool,
+             dynamic: bool = True) -> tuple:
+        """Fakes and symbols for the lifted values, bound to the graph's inputs (static:
+        fakes of these sizes, the sizes and scalars themselves)."""
+        self.dynamic = dynamic
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         self.shape_env = ShapeEnv(duck_shape=duck)
@@ -62,12 +65,15 @@ class Trace:
         from torch._dynamo.source import LocalSource
         from torch.fx.experimental.symbolic_shapes import (
             DimDynamic, StatelessSymbolicContext)
-        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * x.dim())
+        dim = DimDynamic.DYNAMIC if self.dynamic else DimDynamic.STATIC
+        context = StatelessSymbolicContext(dynamic_sizes=[dim] * x.dim())
         return self.fake_mode.from_tensor(x, source=LocalSource(f"inputs_{index}"),
                                           symbolic_context=context)
 
     def _symbol(self, value: Any, kind: str, index: int) -> Any:
         """A lifted size or scalar: a symbol, read from the graph's input list."""
+        if not self.dynamic:
+            return value
         sym = lifted_symbol(self.shape_env, value, kind, index)
         if isinstance(sym, (torch.SymInt, torch.SymFloat)):
             proxy = self.proxies[kind][index]
@@ -100,10 +106,10 @@ class Specialization(Trace):
     """Runs a program's calls on fakes of one run's values: formulas trace into ATen ops,
     the calls in `hooks.EFFECTS` stay calls."""
 
-    def run(self, program: fx.Graph, args: Sequence) -> fx.Graph:
+    def run(self, program: fx.Graph, args: Sequence, dynamic: bool) -> fx.Graph:
         inputs, sizes, scalars, hook_list, packed = args
-        values = dict(zip(PLACEHOLDERS, (*self.open(inputs, sizes, scalars, duck=False),
-                                         hook_list, packed)))
+        opened = self.open(inputs, sizes, scalars, duck=False, dynamic=dynamic)
+        values = dict(zip(PLACEHOLDERS, (*opened, hook_list, packed)))
         self.values: dict[fx.Node, Any] = {}
         self.graph_args: dict[fx.Node, Any] = {}  # a hook's read of the graph's inputs
         try:
@@ -181,8 +187,10 @@ class Variant:
 class Captured:
     """What the engine keeps for one cache entry: the program, and its specializations."""
 
-    def __init__(self, session: Any, program: fx.GraphModule, index: int):
+    def __init__(self, session: Any, program: fx.GraphModule, index: int,
+                 resized: bool = False):
         self.session, self.program, self.index = session, program, index
+        self.resized = resized  # the same walk was captured before, for other sizes
         self.variants: list[Variant] = []
 
     def __call__(self, inputs: list, sizes: list, scalars: list, hook_list: list,
@@ -203,15 +211,19 @@ class Captured:
 
 
 def specialize(program: fx.GraphModule, args: Sequence,
-               compiler: Callable[[fx.GraphModule], Callable]) -> Variant:
-    """Trace `program` for the values of one run; compile it; guard it."""
+               compiler: Callable[[fx.GraphModule], Callable], dynamic: bool = True) -> Variant:
+    """Trace `program` for the values of one run; compile it; guard it. Static (the first
+    specialization of a program): this run's sizes are constants, guarded equal. Symbolic
+    sizes cost many times more to trace (each view's reasoning goes through sympy) and to
+    compile, so they wait until a size does change."""
     trace = Specialization()
-    graph = trace.run(program.graph, args)
+    graph = trace.run(program.graph, args, dynamic)
     order_like_eager(graph)
     drop_unused(graph)
     gm = fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
     compiled = compiler(gm)
-    return Variant(gm, compiled, trace.guard())  # guards last: a compiler may add some
+    guard = trace.guard() if dynamic else exact_guard(args)
+    return Variant(gm, compiled, guard)  # guards last: a compiler may add some
 
 
 def unspecialized(program: fx.GraphModule) -> Variant:

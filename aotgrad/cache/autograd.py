@@ -22,7 +22,8 @@ import torch
 from torch import fx
 
 from ..autograd import hooks
-from ..autograd.specialize import PLACEHOLDERS, Guard, Variant
+from ..autograd.guard import exact_guard
+from ..autograd.specialize import PLACEHOLDERS, Variant
 from . import codec, key as keys, store
 from .entry import record
 
@@ -112,19 +113,6 @@ def _scalars(scalars: Sequence) -> str:
         if not isinstance(s, (bool, int, float)) or isinstance(s, float) and not math.isfinite(s):
             raise codec.Unencodable(f"a lifted scalar {s!r} (only finite numbers are keyed)")
     return repr(list(scalars))
-
-
-def exact_guard(args: Sequence) -> Guard:
-    """A guard that holds for exactly these values: every lifted tensor's geometry, every
-    size and scalar (stronger than the traced one, whose every clause read only these)."""
-    inputs, sizes, scalars = args[:3]
-    # One clause per fact: a failure (a miss's reason) names the one that changed.
-    clauses = [clause for i, t in enumerate(inputs) for clause in (
-        f"inputs[{i}].size() == {tuple(t.shape)!r}",
-        f"inputs[{i}].stride() == {tuple(t.stride())!r}",
-        f"inputs[{i}].storage_offset() == {t.storage_offset()}")]
-    clauses += [f"sizes == {list(sizes)!r}", f"scalars == {list(scalars)!r}"]
-    return Guard.of(clauses)
 
 
 def _keeping(compiler: Callable, kept: list) -> Callable:
