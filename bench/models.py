@@ -80,7 +80,11 @@ def run_model(name: str, args, meta: dict) -> None:
             result["cold"][mode] = row
             save(args.out, result)
         warm = merge_caches(scratch)
-        result["interleaved"] = interleaved_phase(name, args, warm, start + args.timeout)
+        # A mode that failed or ran out of time cold would only do so again, taking the
+        # others' time; its cold row says why.
+        modes = [m for m in args.modes if result["cold"][m].get("status") == "ok"]
+        result["interleaved"] = interleaved_phase(name, modes, args, warm,
+                                                  start + args.timeout)
     result["elapsed_s"] = time.time() - start
     save(args.out, result)
 
@@ -89,7 +93,7 @@ def skip(out: Path, result: dict, reason: str) -> None:
     """Noted for the report, unless an earlier run in --out measured the model."""
     print(f"{result['model']}: not run ({reason})", flush=True)
     if not (out / f"{result['model']}.json").exists():
-        save(out, {**result, "skipped": reason})
+        save(out, {"cold": {}, "interleaved": {}, **result, "skipped": reason})
 
 
 def save(out: Path, result: dict) -> None:
@@ -131,11 +135,12 @@ def merge_caches(scratch: str) -> str:
     return warm
 
 
-def interleaved_phase(name: str, args, warm: str, deadline: float) -> dict:
+def interleaved_phase(name: str, modes: list[str], args, warm: str, deadline: float) -> dict:
     timeout = deadline - time.time()
-    if timeout < bench.MIN_ROW_SECONDS:
-        return {"status": "skipped", "error": "out of time (--timeout)"}
-    spec = {"model": name, "modes": args.modes, "small": args.small, "device": args.device,
+    if timeout < bench.MIN_ROW_SECONDS or not modes:
+        reason = "out of time (--timeout)" if modes else "no mode compiled cold"
+        return {"status": "skipped", "error": reason}
+    spec = {"model": name, "modes": modes, "small": args.small, "device": args.device,
             "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup}
     env = bench._worker_env(SimpleNamespace(cache_dir=None, threads=args.threads, jobs=1,
                                             cold=False))

@@ -546,6 +546,7 @@ def _worker_env(args) -> dict:
         fresh = tempfile.mkdtemp(prefix="bench-inductor-", dir=args.cache_dir)
         env["TORCHINDUCTOR_CACHE_DIR"] = fresh
         env["AOTGRAD_CACHE_DIR"] = os.path.join(fresh, "aotgrad")
+        env.pop("TRITON_CACHE_DIR", None)  # unset, Triton's cache lies in Inductor's
     return env
 
 
