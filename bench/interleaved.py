@@ -46,13 +46,31 @@ def measure(model: str, modes: list[str], budget: float | None, small: bool, dev
             rounds: int, steps: int) -> dict:
     stepping = {m: compiled_step(bench.Job(model, m, budget, small, device, 5, steps))
                 for m in modes}
-    cuda = device.startswith("cuda")
-    times = {m: [] for m in modes}
-    for r in range(rounds):
-        for m in (modes if r % 2 else modes[::-1]):
-            times[m] += [bench.time_step(stepping[m], cuda) for _ in range(steps)]
+    times = take_turns(stepping, rounds, steps, device.startswith("cuda"))
     return {m: {key: statistics.median(t[key] for t in ts) * 1e3 for key in ("host", "step")}
             for m, ts in times.items()}
+
+
+def take_turns(stepping: dict, rounds: int, steps: int, cuda: bool) -> dict[str, list[dict]]:
+    """Each mode's timed steps (bench.time_step): `rounds` turns of `steps` steps each, the
+    order flipping every round."""
+    times = {m: [] for m in stepping}
+    for r in range(rounds):
+        for m in (list(stepping) if r % 2 else list(stepping)[::-1]):
+            times[m] += _turn(stepping[m], steps, cuda)
+    return times
+
+
+def _turn(step, steps: int, cuda: bool) -> list[dict]:
+    """On CUDA each step also carries `peak_above_mb`: the turn's peak allocated memory above
+    what was allocated when the turn began (the other modes' models stay resident)."""
+    if not cuda:
+        return [bench.time_step(step, cuda) for _ in range(steps)]
+    torch.cuda.reset_peak_memory_stats()
+    resident = torch.cuda.memory_allocated()
+    timed = [bench.time_step(step, cuda) for _ in range(steps)]
+    above = (torch.cuda.max_memory_allocated() - resident) / 2**20
+    return [{**t, "peak_above_mb": above} for t in timed]
 
 
 def table(rows: list[dict], modes: list[str]) -> str:

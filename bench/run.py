@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import datetime
 import fcntl
+import importlib
 import importlib.util
 import json
 import os
@@ -61,7 +62,7 @@ class Mode:
         lambda budget: contextlib.nullcontext()
 
 
-def _build_gpt2(small, dropout=True):
+def _build_gpt2(small, dropout=True, shape=(8, 1024)):
     from transformers import GPT2Config, GPT2LMHeadModel
     if small:
         config = GPT2Config(vocab_size=1024, n_positions=64, n_embd=128, n_layer=2, n_head=4)
@@ -70,20 +71,56 @@ def _build_gpt2(small, dropout=True):
     config.use_cache = False  # training: no key/value cache among the outputs
     if not dropout:
         config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    batch, tokens = (2, 64) if small else (8, 1024)
+    batch, tokens = (2, 64) if small else shape
     ids = torch.randint(0, config.vocab_size, (batch, tokens))
     return LanguageModelLoss(GPT2LMHeadModel(config)), (ids,)
 
 
-def _build_resnet50(small):
+def _build_resnet50(small, batch=64):
     if not small:
         import timm
-        return _classifier(timm.create_model("resnet50", pretrained=False), 64, 224, 1000)
-    if importlib.util.find_spec("timm"):
+        return _classifier(timm.create_model("resnet50", pretrained=False), batch, 224, 1000)
+    if _importable("timm"):
         import timm
         return _classifier(timm.create_model("resnet18", pretrained=False, num_classes=10),
                            4, 64, 10)
     return _classifier(SmallConvNet(), 8, 32, 10)  # timm missing: a stand-in with BatchNorm
+
+
+def _build_llama(small):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    if small:
+        shape = dict(vocab_size=1024, hidden_size=128, intermediate_size=256,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    else:  # GPT-2-small sized, with grouped-query attention, RMSNorm, SwiGLU and RoPE
+        shape = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048,
+                     num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4)
+    config = LlamaConfig(**shape, max_position_embeddings=1024, use_cache=False)
+    batch, tokens = (2, 64) if small else (8, 1024)
+    ids = torch.randint(0, config.vocab_size, (batch, tokens))
+    return LanguageModelLoss(LlamaForCausalLM(config)), (ids,)
+
+
+def _build_bert(small):
+    from transformers import BertConfig, BertForMaskedLM
+    if small:
+        config = BertConfig(vocab_size=1024, hidden_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, intermediate_size=256)
+    else:
+        config = BertConfig()  # BERT-base: 12 layers x 768
+    batch, tokens = (2, 64) if small else (16, 512)
+    ids = torch.randint(0, config.vocab_size, (batch, tokens))
+    return LanguageModelLoss(BertForMaskedLM(config)), (ids,)
+
+
+def _timm_classifier(name, batch):
+    """A timm model at 224x224, random init; --small: batch 2 and 10 classes."""
+    def build(small):
+        import timm
+        classes = 10 if small else 1000
+        net = timm.create_model(name, pretrained=False, num_classes=classes)
+        return _classifier(net, 2 if small else batch, 224, classes)
+    return build
 
 
 def _build_mlp(small):
@@ -102,6 +139,21 @@ MODELS = {
     "gpt2_nodropout": ModelSpec(lambda small: _build_gpt2(small, dropout=False),
                                 ("transformers",), ("transformers",), autocast=True),
     "resnet50": ModelSpec(_build_resnet50, ("timm",), (), autocast=True, channels_last=True),
+    # Host-bound steps, where CUDA graphs pay (issue 20's reduce-overhead points)
+    "resnet50_b16": ModelSpec(lambda small: _build_resnet50(small, batch=16), ("timm",), (),
+                              autocast=True, channels_last=True),
+    "gpt2_2x256": ModelSpec(lambda small: _build_gpt2(small, shape=(2, 256)),
+                            ("transformers",), ("transformers",), autocast=True),
+    "llama": ModelSpec(_build_llama, ("transformers",), ("transformers",), autocast=True),
+    "bert": ModelSpec(_build_bert, ("transformers",), ("transformers",), autocast=True),
+    "efficientnet_b0": ModelSpec(_timm_classifier("efficientnet_b0", 64), ("timm",), ("timm",),
+                                 autocast=True, channels_last=True),
+    "vit_s16": ModelSpec(_timm_classifier("vit_small_patch16_224", 64), ("timm",), ("timm",),
+                         autocast=True),
+    "swin_t": ModelSpec(_timm_classifier("swin_tiny_patch4_window7_224", 64), ("timm",),
+                        ("timm",), autocast=True),
+    "convnext_t": ModelSpec(_timm_classifier("convnext_tiny", 64), ("timm",), ("timm",),
+                            autocast=True, channels_last=True),
     "mlp": ModelSpec(_build_mlp, (), (), autocast=False),
     "tiny": ModelSpec(_build_tiny, (), (), autocast=False),
 }
@@ -115,13 +167,13 @@ def _torch_budget(budget):
     return torch._functorch.config.patch(activation_memory_budget=budget)
 
 
-def _aotgrad_dynamo(backend):
+def _aotgrad_dynamo(backend, mode=None):
     def compile_(model, budget, sink):
         if backend == "inductor" and budget is None:
             chosen = torch._dynamo.lookup_backend("aotgrad")  # the registered name itself
         else:
             chosen = aotgrad.backend(backend=backend, memory_budget=budget)
-        return torch.compile(model, backend=_recording(chosen, sink))
+        return torch.compile(model, backend=_recording(chosen, sink), mode=mode)
     return compile_
 
 
@@ -137,14 +189,20 @@ MODES = {
     "eager": Mode(lambda model, budget, sink: model),
     "torch_compile": Mode(lambda model, budget, sink: torch.compile(model), budgeted=True,
                           config=_torch_budget),
+    # CUDA graphs (mode="reduce-overhead"); on CPU both run without them.
+    "torch_compile_ro": Mode(lambda model, budget, sink:
+                             torch.compile(model, mode="reduce-overhead")),
+    "aotgrad_dynamo_ro": Mode(_aotgrad_dynamo("inductor", mode="reduce-overhead")),
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
     "aotgrad_compile": Mode(_aotgrad_compile("inductor")),
     "aotgrad_compile_eager": Mode(_aotgrad_compile("eager")),
 }
-DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]
-DEFAULT_MODES = [m for m in MODES if m != "aotgrad_compile_eager"]  # that one is for CPU tests
+DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]  # bench/models.py runs the longer list
+# aotgrad_compile_eager is for CPU tests; the CUDA-graph modes are bench/models.py's
+DEFAULT_MODES = [m for m in MODES
+                 if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro")]
 
 # Defaults of --warmup, --steps, --timeout (per row), --time-limit (whole run), --jobs (rows
 # compiling at once on a GPU; the timed steps always run one row at a time).
@@ -198,14 +256,25 @@ def _classifier(net, batch, size, classes):
     return ClassifierLoss(net), (images, torch.randint(0, classes, (batch,)))
 
 
+def _importable(module: str) -> bool:
+    """Whether `module` imports: timm beside a torchvision built for another torch is found
+    but fails to import (then the small run uses its stand-in)."""
+    try:
+        importlib.import_module(module)
+    except Exception:  # ImportError, or the RuntimeError of a mismatched extension
+        return False
+    return True
+
+
 def _mlp(width, layers):
     return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.GELU())])
 
 
 def _recording(backend, sink):
-    """Keep what the backend returns: aotgrad's compiled callables carry `.artifact`."""
-    def recorded(gm, example_inputs):
-        compiled = backend(gm, example_inputs)
+    """Keep what the backend returns: aotgrad's compiled callables carry `.artifact`.
+    torch.compile's `mode` and `options` reach the backend as keywords."""
+    def recorded(gm, example_inputs, **kwargs):
+        compiled = backend(gm, example_inputs, **kwargs)
         sink.append(compiled)
         return compiled
     recorded.__name__ = getattr(backend, "__name__", "backend")  # Dynamo's errors name it
@@ -302,6 +371,8 @@ def measure(step, job: Job, lock_path: str | None) -> dict:
         "step_ms": median["step"] * 1e3, "wall_ms": median["wall"] * 1e3,
         "host_ms": median["host"] * 1e3, "loss": first["loss"],
         "peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        # CUDA graphs' pools: recorded once, reserved ever after, never allocated in a replay
+        "reserved_mb": torch.cuda.max_memory_reserved() / 2**20 if cuda else None,
         "base_mb": base / 2**20 if cuda else None, "lock_wait_s": waited,
     }
 
@@ -471,9 +542,11 @@ def _worker_env(args) -> dict:
     if args.jobs > 1:  # share the cores between the rows compiling at once
         threads = max(1, (os.cpu_count() or 1) // args.jobs)
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(threads))
-    if args.cold:
-        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-",
-                                                          dir=args.cache_dir)
+    if args.cold:  # aotgrad's own compile cache too: else a second run finds it warm
+        fresh = tempfile.mkdtemp(prefix="bench-inductor-", dir=args.cache_dir)
+        env["TORCHINDUCTOR_CACHE_DIR"] = fresh
+        env["AOTGRAD_CACHE_DIR"] = os.path.join(fresh, "aotgrad")
+        env.pop("TRITON_CACHE_DIR", None)  # unset, Triton's cache lies in Inductor's
     return env
 
 

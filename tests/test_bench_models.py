@@ -1,0 +1,92 @@
+"""bench/models.py's report on a made-up result set: the ratios, geomeans, failures and the
+hand-written SVG. (The benchmark itself runs on CPU with `python bench/models.py --small`.)"""
+
+import json
+import math
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import models_report  # noqa: E402
+
+# step ms, peak MB, cold compile s per mode
+MEASURED = {
+    "gpt2": {"eager": (30.0, 6000, 0.1), "inductor": (25.0, 5000, 40.0),
+             "inductor_ro": (20.0, 5000, 50.0), "aotgrad": (22.5, 4500, 36.0),
+             "aotgrad_ro": (20.0, 4000, 50.0)},
+    "resnet50": {"eager": (24.0, 3000, 0.1), "inductor": (24.0, 2800, 50.0),
+                 "inductor_ro": (12.0, 1400, 45.0), "aotgrad": (19.2, 2800, 40.0),
+                 "aotgrad_ro": (12.0, 1400, 45.0)},
+}
+
+
+def model_json(model: str, failed_mode: str | None = None) -> dict:
+    cold, timed = {}, {}
+    for mode, (step, peak, compile_s) in MEASURED[model].items():
+        cold[mode] = {"status": "ok", "peak_mb": peak, "reserved_mb": peak + 100,
+                      "compile_s": compile_s, "loss": 10.5}
+        timed[mode] = {"status": "ok", "step_ms": step, "min_ms": step * 0.9}
+    if failed_mode:
+        cold[failed_mode] = {"status": "timeout", "error": "no result after 170s (compiling)"}
+        timed[failed_mode] = {"status": "error", "error": "RuntimeError: boom\nmore"}
+    return {"model": model, "meta": {"date": "2026-11-25T10:00:00+00:00", "torch": "2.11.0",
+                                     "device": "NVIDIA H100 80GB HBM3", "commit": "abc1234"},
+            "cold": cold, "interleaved": {"status": "ok", "modes": timed}}
+
+
+@pytest.fixture
+def report(tmp_path):
+    (tmp_path / "gpt2.json").write_text(json.dumps(model_json("gpt2")))
+    (tmp_path / "resnet50.json").write_text(json.dumps(model_json("resnet50", "aotgrad_ro")))
+    (tmp_path / "bert.json").write_text(json.dumps(
+        {"model": "bert", "meta": {}, "cold": {}, "interleaved": {},
+         "skipped": "--budget 300s spent"}))
+    return tmp_path, models_report.write_report(tmp_path)
+
+
+def test_ratios_against_both_references():
+    result = model_json("gpt2")
+    assert models_report.ratio(result, "aotgrad", "step", "inductor") == pytest.approx(0.9)
+    assert models_report.ratio(result, "aotgrad_ro", "step", "inductor_ro") == 1.0
+    assert models_report.ratio(result, "aotgrad", "peak", "inductor") == pytest.approx(0.9)
+    assert models_report.ratio(result, "aotgrad", "compile", "inductor") == pytest.approx(0.9)
+
+
+def test_a_failed_mode_has_no_ratio():
+    result = model_json("resnet50", "aotgrad_ro")
+    assert models_report.ratio(result, "aotgrad_ro", "step", "inductor") is None
+    assert models_report.ratio(result, "inductor", "step", "aotgrad_ro") is None
+
+
+def test_geomean_skips_missing_values():
+    assert models_report.geomean([0.9, None, 0.8]) == pytest.approx(math.sqrt(0.72))
+    assert models_report.geomean([None]) is None
+
+
+def test_markdown_has_header_geomeans_rows_and_failures(report):
+    out, text = report
+    assert text == (out / "results.md").read_text()
+    assert "2026-11-25" in text and "torch 2.11.0" in text and "NVIDIA H100" in text
+    # aotgrad step: 0.9 (gpt2) and 0.8 (resnet50) x inductor
+    geomean_row = next(line for line in text.splitlines() if line.startswith("| aotgrad |"))
+    assert f"{math.sqrt(0.72):.3f}" in geomean_row.split("|")[2]
+    assert "| gpt2 | aotgrad | 22.50 | 20.25 | 0.900 | 1.125 | 4500 |" in text
+    assert "- resnet50/aotgrad_ro (cold): timeout: no result after 170s" in text
+    assert "- resnet50/aotgrad_ro (interleaved): error: RuntimeError: boom" in text
+    assert "- bert: not run (--budget 300s spent)" in text
+
+
+def test_svg_is_well_formed_with_a_bar_per_measured_ratio(report):
+    out, _ = report
+    svg = ET.parse(out / "plot.svg").getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    bars = [r for r in svg.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
+    # two panels x (2 models x 5 modes), less resnet50/aotgrad_ro in each
+    assert len(bars) == 2 * (2 * 5 - 1)
+    titles = {r.find(f"{ns}title").text for r in bars}
+    assert "gpt2 aotgrad: 0.900" in titles and "resnet50 inductor_ro: 0.500" in titles
+    labels = {t.text for t in svg.iter(f"{ns}text")}
+    assert {"gpt2", "resnet50", "aotgrad_ro"} <= labels and "bert" not in labels
