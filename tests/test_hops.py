@@ -298,6 +298,19 @@ def test_compiled_region_without_gradients():
                dynamo_only)
 
 
+@pytest.mark.xfail(raises=NotImplementedError, strict=True, reason="a double backward's "
+                   "replay runs the region through torch's rules under a mode they have no rule "
+                   "for (internal error, not an aotgrad: one); as before regions.py")
+def test_double_backward_through_a_compiled_region():
+    net, x = RegionNet(2), torch.randn(2, 8, requires_grad=True)
+    compiled = dynamo_only(net)
+    grads = []
+    for fn in (net, compiled):
+        g, = torch.autograd.grad(fn(x).sum(), x, create_graph=True)
+        grads.append(torch.autograd.grad((g ** 2).sum(), x)[0])
+    assert torch.allclose(*grads)
+
+
 def test_inductor_compiles_a_region_once():
     """Through Inductor, the forward and backward each define the region's body once, as a
     subgraph function, and call it once per block."""
