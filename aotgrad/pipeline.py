@@ -23,7 +23,8 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .semantics import aliasing, subclasses
-from .semantics.hops import regions_traced_once
+from .semantics import regions
+from .capture.region_graphs import build_region
 from .capture import analysis, inputs as capture, joint, pure
 from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph, eager_compiler,
@@ -161,7 +162,8 @@ def _collector_paused():
 
 
 @_collector_paused()
-@regions_traced_once()
+@regions.reused_in_compile(lambda options: functools.partial(
+    build_region, options, capture_and_analyze, lambda *args: _trace_joint(*args)))
 def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
                  options: Options) -> CompiledCall:
     named = options.named_like or fn  # a module's forward, for CompiledModule

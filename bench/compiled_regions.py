@@ -8,9 +8,8 @@ backend="eager"))` ("eager": Dynamo, aotgrad's capture, trace, partition; the ea
 compiles nothing) or `torch.compile(backend="aotgrad")` ("inductor": the same, then Inductor).
 The time is the first training step's minus a steady step's, by process CPU time and wall
 time, with aotgrad's and Inductor's on-disk caches off (every compile is cold). With regions, Dynamo hands aotgrad one `invoke_subgraph`
-per block, all calling one subgraph: it is traced and partitioned once (PyTorch's HOP
-rules cache it by its identifier, aotgrad the schema they do not: semantics/hops.py) and a
-backend sees it once. PyTorch's own AOTAutograd (`aot_eager`, `inductor`) is measured
+per block, all calling one subgraph: aotgrad traces and partitions it once, and every call
+reuses that without running the body again (semantics/regions.py); a backend sees it once. PyTorch's own AOTAutograd (`aot_eager`, `inductor`) is measured
 alongside as the reference. Also counted, for aotgrad's eager backend: the nodes and the
 distinct subgraphs of the forward and backward graphs aotgrad hands the backend.
 """

@@ -1,7 +1,8 @@
 """Higher-order ops on CUDA, against eager: flex attention forward and backward (score_mod,
 block_mask), user Triton kernels inside a custom autograd.Function, cond / scan / a compiled
 region with Inductor. One line per case and front door: the largest output and gradient
-difference, or the error. Results go to `--out` as JSON (the CPU tests: tests/test_hops.py).
+difference, or the error. cond, scan, the region and flex attention run before the user
+Triton kernel, and the JSON is rewritten after each line. Results go to `--out` as JSON (the CPU tests: tests/test_hops.py).
 
     python tools/gpu_hops.py [--out bench/results/gpu_hops.json]
 """
@@ -102,8 +103,9 @@ def region_case():
     return fn, [torch.randn(8, 64, device="cuda", requires_grad=True)]
 
 
-CASES = {"flex_attention": flex_case, "user_triton_kernel": triton_case, "cond": cond_case,
-         "scan": scan_case, "compiled_region": region_case}
+# The user Triton case last: a crash there broke the CUDA context for every case after it.
+CASES = {"cond": cond_case, "scan": scan_case, "compiled_region": region_case,
+         "flex_attention": flex_case, "user_triton_kernel": triton_case}
 
 
 def run(fn, inputs):
@@ -124,25 +126,40 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results/gpu_hops.json")
     args = parser.parse_args(argv)
+    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
     rows = []
     for name, make in CASES.items():
+        for row in case_rows(name, make):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            with open(args.out, "w") as f:  # after each row: a later crash keeps the earlier
+                json.dump({**meta, "rows": rows}, f, indent=1)
+
+
+def case_rows(name: str, make):
+    """One row per front door, each with its differences or its error; one row in all when
+    the case cannot even run eagerly."""
+    try:
         fn, inputs = make()
         ref_outs, ref_grads = run(fn, inputs)
-        for door, compile_fn in DOORS.items():
-            torch._dynamo.reset()
-            row = {"case": name, "door": door}
-            try:
-                outs, grads = run(compile_fn(fn), inputs)
-                row.update(output_diff=difference(ref_outs, outs),
-                           grad_diff=difference(ref_grads, grads))
-            except Exception as e:  # noqa: BLE001 - reported per case, not fatal
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                row["where"] = traceback.format_exc(limit=-3).splitlines()[-4:]
-            rows.append(row)
-            print(json.dumps(row))
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
-    with open(args.out, "w") as f:
-        json.dump({**meta, "rows": rows}, f, indent=1)
+    except Exception as e:  # noqa: BLE001 - reported per case, not fatal
+        yield {"case": name, "door": "eager", **failure(e)}
+        return
+    for door, compile_fn in DOORS.items():
+        torch._dynamo.reset()
+        row = {"case": name, "door": door}
+        try:
+            outs, grads = run(compile_fn(fn), inputs)
+            row.update(output_diff=difference(ref_outs, outs),
+                       grad_diff=difference(ref_grads, grads))
+        except Exception as e:  # noqa: BLE001 - reported per case, not fatal
+            row.update(failure(e))
+        yield row
+
+
+def failure(e: Exception) -> dict:
+    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+            "where": traceback.format_exc(limit=-3).splitlines()[-4:]}
 
 
 if __name__ == "__main__":

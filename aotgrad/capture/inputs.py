@@ -19,7 +19,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
-from ..semantics import subclasses
+from ..semantics import regions, subclasses
 from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
 from ..semantics.effects import CheckingFunctionalMode, refuse_effectful_op
 
@@ -346,11 +346,14 @@ def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
 
 class _NodeByNode(torch.fx.Interpreter):
     """Calls `torch._C._autograd._get_data_attr` (Dynamo's `.data`) by its name, as the
-    graph's own code does: a double backward's trace replaces it to see `.data` reads."""
+    graph's own code does: a double backward's trace replaces it to see `.data` reads.
+    Compiled regions' calls go to `regions.call_region`: each body is traced once."""
 
     def call_function(self, target, args, kwargs):
         if target is _GET_DATA_ATTR:
             target = torch._C._autograd._get_data_attr
+        elif target is regions.INVOKE_SUBGRAPH:
+            target = regions.call_region
         return super().call_function(target, args, kwargs)
 
 

@@ -30,6 +30,7 @@ from torch import fx
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
+from . import regions
 from .hops import functionalize_hop
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
 from ..tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS, has_effect
@@ -85,6 +86,8 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         self._tokens = EffectTokens()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is regions.INVOKE_SUBGRAPH and regions.is_built(args[0]):
+            return regions.emit(self, *args)
         if isinstance(func, torch._ops.HigherOrderOperator):
             out = functionalize_hop(self, func, args, kwargs or {})
             _tag_traced_effects(self.phase)

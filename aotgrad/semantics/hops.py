@@ -9,16 +9,12 @@ the op is traced as one node, its subgraphs functionalized, and its autograd (ea
 own autograd.Function) gives the backward as HOP nodes too. The partitioner treats a HOP
 node as one op: it saves or recomputes its outputs, never what its subgraphs compute.
 
-A compiled region (`invoke_subgraph`) called N times is traced, functionalized and
-partitioned once: PyTorch's HOP rules cache those by the region's identifier. What they do
-not cache, `regions_traced_once` does: the schema the autograd rule builds per call, by
-tracing the region again.
+Compiled regions (`invoke_subgraph`) are aotgrad's own while it compiles (regions.py): each
+body is traced and partitioned once, and its calls reuse that. This module's rules take the
+calls regions.py leaves to PyTorch.
 """
 
 from __future__ import annotations
-
-import contextlib
-from typing import Any, Iterator
 
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
@@ -75,47 +71,3 @@ def hop_counts(graph: torch.fx.Graph) -> dict[str, int]:
                 and target is not torch.ops.higher_order.with_effects:
             counts[target.name()] = counts.get(target.name(), 0) + 1
     return counts
-
-
-@contextlib.contextmanager
-def regions_traced_once() -> Iterator[None]:
-    """While aotgrad compiles, `invoke_subgraph` builds its schema once per region and
-    operand layout. PyTorch's autograd rule asks each call of a region for its schema
-    (does it mutate an input?) and builds it by tracing the whole region again: compile
-    time that grows with the number of calls. The schema depends only on the region's
-    graph and its operands' types and layout: one built for an earlier call is the same."""
-    hop = torch.ops.higher_order.invoke_subgraph
-    if "gen_schema" in vars(hop):  # a compile inside a compile keeps the outer one's
-        yield
-        return
-    build = hop.gen_schema
-    # Each entry holds its region: while it lives, no other object can take its id.
-    schemas: dict[tuple, tuple[Any, torch._C.FunctionSchema]] = {}
-
-    def gen_schema(subgraph, identifier, *operands):
-        key = (id(subgraph), identifier, tuple(map(_layout, operands)), _same(operands))
-        if key not in schemas:
-            schemas[key] = (subgraph, build(subgraph, identifier, *operands))
-        return schemas[key][1]
-
-    hop.gen_schema = gen_schema  # shadows the method, for this compile only
-    try:
-        yield
-    finally:
-        vars(hop).pop("gen_schema", None)
-
-
-def _layout(operand: Any) -> tuple:
-    """What a region's schema can read of an operand. (Sizes as text: a symbolic size has
-    no hash.)"""
-    if not isinstance(operand, torch.Tensor):
-        return type(operand), str(operand)
-    strides = operand.stride() if operand.layout == torch.strided else None
-    return (type(operand), str(tuple(operand.shape)), str(strides), operand.dtype,
-            operand.device, operand.requires_grad)
-
-
-def _same(operands: tuple) -> tuple[int, ...]:
-    """For each operand, the first position holding the same object."""
-    first: dict[int, int] = {}
-    return tuple(first.setdefault(id(o), i) for i, o in enumerate(operands))
