@@ -6,7 +6,6 @@ front doors (`api`, `compat`, `dynamo`) add pytrees, caching and modules around 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import gc
@@ -20,7 +19,6 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from .semantics import aliasing, subclasses
 from .semantics.hops import regions_traced_once
@@ -28,22 +26,21 @@ from .capture import analysis, inputs as capture, joint, pure
 from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph, eager_compiler,
                                  set_graph_being_compiled)
-from .capture.cse import eliminate_common_subexpressions
 from .replay.double_backward import DoubleBackward
 from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
                                 is_symbolic, shape_guard)
-from .partition.memory import base_of
 from .partition.split import default_partition, find_joint, tag_backward
-from .partition.remat import hoist_masks
+from .backends.passes import inference_passes, joint_passes
+from .partition.donate import mark_donated, without_donations
 from .runtime.call import (BackwardParts, CompiledCall, CompiledOnFirstCall, RuntimePlan,
                            run_graph_boxed)
 from .runtime.mutations import BackwardWrites
 from .capture.stale import StaleBackward, find_stale_outputs
 from .cache.entry import Lookup
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
-from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
-from .verify import verify, verify_partition
-from .schema import (BACKWARD_WRITES, DONATED, GRAPH_INFO, HELD_FOR_REPLAY, JOINT,
+from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
+from .verify import verify_partition
+from .schema import (BACKWARD_WRITES, DONATED, GRAPH_INFO, JOINT,
                      JOINT_FW_OUTPUTS, OUTPUT_STRIDES, Backend, FunctionInfo, GraphInfo,
                      Partition)
 
@@ -212,8 +209,7 @@ def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.Grap
     info, traced = c.info, gm
     with timer("passes") as sizes:  # skipped on a cache hit: the entry holds their result
         if lookup.graphs is None:
-            gm = _backend_passes(options.backend, gm)
-            eliminate_common_subexpressions(gm)
+            gm = inference_passes(options.backend, gm)
             lookup.keep([gm])
         else:  # a cache hit: the graph after the passes
             gm, = lookup.graphs
@@ -244,7 +240,7 @@ def _compile_training(c: Captured, options: Options, timer: _Timer, joint_gm: fx
     if not hit:
         with timer("passes"):  # skipped on a cache hit: the entry holds the partition
             joint_gm = random_values.through_passes(joint_gm,
-                                                    lambda gm: _joint_passes(options, gm))
+                                                    lambda gm: joint_passes(options.backend, gm))
             aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
             joint.snapshot_overwritten_inputs(joint_gm)
     info = c.info
@@ -297,7 +293,7 @@ def _backward_parts(c: Captured, options: Options, timer: _Timer, bw: fx.GraphMo
         compiled_bw = compiled_bw.compiled()
     keeping_saved = None
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
-        keeping_saved = _compile_later(lambda: compile_bw(_without_donations(bw)), timer,
+        keeping_saved = _compile_later(lambda: compile_bw(without_donations(bw)), timer,
                                        count_ops(bw))
     # The backward graph as partitioned, for a tracer to inline its ops (Dynamo, for compiled
     # autograd). Copied where a compiler may rewrite it in place (Inductor does; aotgrad's
@@ -402,57 +398,6 @@ def _fills_zero(node: fx.Node) -> bool:
     return value == 0
 
 
-def _joint_passes(options: Options, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, masks moved next to what they test, then one node per repeated
-    pure computation (cse.py)."""
-    gm = _backend_passes(options.backend, gm)
-    j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
-    hoist_masks(j)
-    return eliminate_common_subexpressions(gm, j.forward)
-
-
-def _backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
-    verify(gm)
-    if backend.graph_passes is None:
-        return gm
-    meta = dict(gm.meta)
-    fresh = [shared is None for shared in _shared_storages(gm)]
-    gm = backend.graph_passes(gm)
-    gm.meta.update(meta)
-    _keep_outputs_fresh(gm, fresh)
-    return verify(gm)
-
-
-def _keep_outputs_fresh(gm: fx.GraphModule, fresh: Sequence[bool]) -> None:
-    """Copy the outputs that a backend's rewrites made share memory with an input or an
-    earlier output (Inductor simplifies `zeros(4) + y[:4]` to `y[:4]`): eager returns a
-    tensor of their own, which the caller may write to."""
-    aliased = [i for i, shared in enumerate(_shared_storages(gm))
-               if shared is not None and fresh[i]]
-    if not aliased:
-        return
-    output = gm.graph.output_node()
-    outs = list(output.args[0])
-    for i in aliased:
-        with gm.graph.inserting_before(output):
-            copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],))
-        copy.meta["val"] = outs[i].meta["val"].clone()
-        outs[i] = copy
-    output.args = (type(output.args[0])(outs),)
-    gm.recompile()
-
-
-def _shared_storages(gm: fx.GraphModule) -> list[fx.Node | None]:
-    """Per graph output: the graph input or earlier output whose memory it is a view of."""
-    seen = set(gm.graph.find_nodes(op="placeholder"))
-    shared = []
-    for out in gm.graph.output_node().args[0]:
-        base = base_of(out) if isinstance(out, fx.Node) else None
-        shared.append(base if base in seen else None)
-        seen.add(base)
-    return shared
-
-
 def restride_saved(p: Partition) -> None:
     """Give the backward's saved-value inputs the strides the compiled forward really
     produces, where the forward's compiler reported choosing its own layouts."""
@@ -472,48 +417,6 @@ def restride_saved(p: Partition) -> None:
                 f"aotgrad: the forward's compiler chose strides {tuple(stride)} for {node.name}, "
                 "a saved value of symbolic shape; compile with dynamic=False.")
         node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
-
-
-def mark_donated(p: Partition) -> None:
-    """Mark the backward's inputs whose memory nothing but the backward holds: saved values
-    that are no input's, no other output's, and that no gradient is a view of. The compiler
-    may free them early or reuse their memory; the runtime gives them up to the backward
-    (CompiledGraph.backward says when it cannot)."""
-    fw, bw = p.forward, p.backward
-    if _swaps_storage(fw) or _swaps_storage(bw):  # the traced storages are not the real ones
-        return
-    outputs = list(fw.graph.output_node().args[0])
-    # Each holder of a memory counts once: the inputs, and every output (one listed twice is
-    # held twice).
-    holders = [*fw.graph.find_nodes(op="placeholder"), *outputs]
-    memory = collections.Counter(key for node in holders for key in _memory_keys(node))
-    returned = {base_of(g) for g in bw.graph.output_node().args[0] if isinstance(g, fx.Node)}
-    for value, inp in zip(p.saved, bw.graph.find_nodes(op="placeholder")):
-        keys = _memory_keys(value)
-        if keys and all(memory[k] == 1 for k in keys) and inp not in returned \
-                and not inp.meta.get(HELD_FOR_REPLAY):
-            inp.meta[DONATED] = True
-
-
-def _without_donations(bw: fx.GraphModule) -> fx.GraphModule:
-    keeping = copy_graph(bw)
-    for node in keeping.graph.find_nodes(op="placeholder"):
-        node.meta.pop(DONATED, None)
-    return keeping
-
-
-def _memory_keys(node) -> tuple:
-    """Who owns a value's memory, as the graph says (its base node) and as the trace saw it
-    (its storage); none where unknown, which donates nothing."""
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
-        return ()
-    return base_of(node), StorageWeakRef(val.untyped_storage())
-
-
-def _swaps_storage(gm: fx.GraphModule) -> bool:
-    return any(getattr(n.target, "overloadpacket", None) in STORAGE_SWAPS
-               for n in gm.graph.nodes)
 
 
 def _plan(info: FunctionInfo, c: Captured, num_fw_outputs: int,

@@ -27,7 +27,7 @@ GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
 OUTPUT_STRIDES = "aotgrad_output_strides"
 # node.meta key on a backward's placeholder: a saved value that nothing else holds when the
 # backward runs. The compiler may free it early or write into its memory (Inductor does).
-# sets pipeline (mark_donated); reads backends.compilers, pipeline.
+# sets partition.donate (mark_donated); reads backends.compilers, pipeline.
 DONATED = "aotgrad_donated"
 # sets capture.joint, capture.pure; reads pipeline, explanation.
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
@@ -55,7 +55,7 @@ PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BAC
 RANDOM_VALUE = "aotgrad_random_value"  # node.meta key: (random op index, output index)
 # sets replay.double_backward; reads replay.random_values.
 RANDOM_OP = "aotgrad_random_op"  # node.meta key in a replay trace: the random op's index
-# sets replay.random_values; reads pipeline (mark_donated), verify.
+# sets replay.random_values; reads partition.donate (mark_donated), verify.
 HELD_FOR_REPLAY = "aotgrad_held_for_replay"  # node.meta key: a saved value the backward ignores
 # set by replay.double_backward (also through replay.custom_functions' grad_mode_key); read
 # by replay.double_backward.
