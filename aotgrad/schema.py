@@ -41,7 +41,7 @@ CURVE = "aotgrad_curve"
 # gm.meta key: (input, eager's in-place op count) per input whose new value the joint graph
 # returns after the gradients, written by the backward
 BACKWARD_WRITES = "aotgrad_backward_writes"
-# sets capture.joint, compat.export; reads semantics.subclasses, capture.joint, compat.export.
+# sets capture.joint, compat.export; reads schema (TraceFacts.of), capture.joint, compat.export.
 TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output before splitting
 # sets capture.joint (trace); reads schema.is_tangent (semantics.aliasing, semantics.effects,
 # capture.joint, compat.export, partition.split).
@@ -77,7 +77,9 @@ AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autog
 # The persistent cache keys a traced graph by its code and the node meta the later stages
 # read (cache.key: JOINT_ROLE, PHASE, AUTOGRAD_COPY, RANDOM_VALUE, "recompute", "ac_graph_id");
 # it stores a partition's graphs with "val" of placeholders, DONATED, HELD_FOR_REPLAY, PHASE
-# and RANDOM_VALUE, and restores them on a hit (cache.entry).
+# and RANDOM_VALUE, and restores them on a hit (cache.entry). An entry keyed before the
+# trace (cache.program) holds TRACED_OUTPUTS, JOINT_FW_OUTPUTS and BACKWARD_WRITES as a
+# TraceFacts instead of the traced graph.
 # custom_functions' `grad_mode_key` argument: GRAD_ENABLED, passed by replay.double_backward.
 
 
@@ -270,6 +272,22 @@ class FunctionInfo:
         # Not `grad_enabled and ...`: an enable_grad() region inside a no_grad call still
         # produces outputs that require grad.
         return any(self.differentiable)
+
+
+@dataclass(frozen=True)
+class TraceFacts:
+    """What the stages after the trace read from it besides the graph itself. A persistent
+    cache entry keyed before the trace holds them, so that a hit skips the trace."""
+
+    traced_outputs: tuple  # the graph's TRACED_OUTPUTS: a Layout per output
+    num_fw_outputs: int | None = None  # JOINT_FW_OUTPUTS; None: an inference graph
+    backward_writes: tuple = ()  # BACKWARD_WRITES: (input, eager's in-place op count)
+    random_ops: tuple = ()  # the random ops the forward calls, in order (random_values.py)
+
+    @staticmethod
+    def of(gm: fx.GraphModule, random_ops=()) -> "TraceFacts":
+        return TraceFacts(tuple(gm.meta[TRACED_OUTPUTS]), gm.meta.get(JOINT_FW_OUTPUTS),
+                          tuple(gm.meta.get(BACKWARD_WRITES, ())), tuple(random_ops))
 
 
 # ---- graphs and backends ------------------------------------------------------------------

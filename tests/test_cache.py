@@ -187,10 +187,6 @@ def test_dynamo_and_compat_front_doors_hit():
     assert [e for e, _ in cache.events()][2:] == ["miss", "hit"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18, left: a hit is keyed by the traced joint "
-                   "graph, so a warm compile still captures, analyzes and traces (~60% of a "
-                   "warm first step); keying Dynamo's graph before the capture, with "
-                   "FunctionInfo in the entry, would skip them")
 def test_warm_dynamo_compile_skips_analysis_and_trace(monkeypatch):
     from aotgrad.capture import analysis, pure
     calls = []
