@@ -222,8 +222,10 @@ def function_name(f: Any) -> str:
     module = getattr(f, "__module__", None) or \
         getattr(getattr(f, "__objclass__", None), "__module__", None)
     qualname = getattr(f, "__qualname__", None)
-    if module and qualname and _trusted(module) and _resolve(module, qualname) is f:
-        return f"{module}.{qualname}"
+    # torch.cat's qualified name is `_VariableFunctionsClass.cat`; `torch.cat` finds it.
+    for name in dict.fromkeys((qualname, getattr(f, "__name__", None))):
+        if module and name and _trusted(module) and _resolve(module, name) is f:
+            return f"{module}.{name}"
     raise codec.Unencodable(f"a call of {qualname or f!r} (module {module}), whose name "
                             "does not determine its code")
 
