@@ -6,6 +6,8 @@ saved values, error checks' phase). A hit rebuilds them on fake values and skips
 backend's passes and the partition; the backend compiler then runs on them again, and
 Inductor finds its own compiled code in its FX graph cache. What the runtime plan needs
 besides comes from the capture and the trace, which run on every compile: they are the key.
+This is the second level: a GraphModule is first looked up before its analysis and trace
+(program.py), whose entry holds what they found; a miss there comes here after the trace.
 """
 
 from __future__ import annotations
