@@ -90,6 +90,8 @@ def summarize(artifact: Artifact, largest: int = 10) -> str:
 def _graph_line(artifact: Artifact) -> str:
     if artifact.backward_graph is None:
         return f"inference graph: {count_ops(artifact.forward_graph)} ops"
-    return (f"joint graph: {count_ops(artifact.joint_graph)} ops -> forward "
+    joint = "(from the cache)" if artifact.joint_graph is None else \
+        f"{count_ops(artifact.joint_graph)} ops"
+    return (f"joint graph: {joint} -> forward "
             f"{count_ops(artifact.forward_graph)} ops, backward "
             f"{count_ops(artifact.backward_graph)} ops")

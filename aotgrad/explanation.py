@@ -197,6 +197,10 @@ def explain_artifact(artifact: Artifact, memory_budget: float | None = None,
     if bw is None:
         raise ValueError("explain: nothing requires grad, so there is no backward to partition")
     joint = artifact.joint_graph
+    if joint is None:  # a persistent cache hit keyed before the trace: nothing was traced
+        raise ValueError("aotgrad: explain: this compile came from the persistent cache "
+                         "before its trace, so it has no joint graph; compile again with "
+                         "AOTGRAD_CACHE=0 to explain it")
     n = joint.meta[JOINT_FW_OUTPUTS]  # plain outputs (subclasses split)
     forward = {v.name for v in joint_of(joint, n).forward}
     recomputed = [Recomputed(node.name, str(node.target), node_cost(node))

@@ -6,7 +6,6 @@ front doors (`api`, `compat`, `dynamo`) add pytrees, caching and modules around 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import gc
@@ -20,7 +19,6 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from .semantics import aliasing, subclasses
 from .semantics import regions
@@ -29,24 +27,23 @@ from .capture import analysis, inputs as capture, joint, pure
 from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph, eager_compiler,
                                  set_graph_being_compiled)
-from .capture.cse import eliminate_common_subexpressions
 from .replay.double_backward import DoubleBackward
 from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
                                 is_symbolic, shape_guard)
-from .partition.memory import base_of
 from .partition.split import default_partition, find_joint, tag_backward
-from .partition.remat import hoist_masks
+from .backends.passes import inference_passes, joint_passes
+from .partition.donate import mark_donated, without_donations
 from .runtime.call import (BackwardParts, CompiledCall, CompiledOnFirstCall, RuntimePlan,
                            run_graph_boxed)
 from .runtime.mutations import BackwardWrites
 from .capture.stale import StaleBackward, find_stale_outputs
 from .cache.entry import Lookup
+from .cache.program import ProgramLookup
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
-from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE, STORAGE_SWAPS
-from .verify import verify, verify_partition
-from .schema import (BACKWARD_WRITES, DONATED, GRAPH_INFO, HELD_FOR_REPLAY, JOINT,
-                     JOINT_FW_OUTPUTS, OUTPUT_STRIDES, Backend, FunctionInfo, GraphInfo,
-                     Partition)
+from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
+from .verify import verify_partition
+from .schema import (DONATED, GRAPH_INFO, JOINT, OUTPUT_STRIDES, Backend, FunctionInfo,
+                     GraphInfo, Partition, TraceFacts)
 
 
 @dataclass(frozen=True)
@@ -110,16 +107,23 @@ class Captured:
     inputs: list  # the graph inputs as the caller passed them (real, or Dynamo's fakes)
     fake_mode: Any
     fakes: list
-    info: FunctionInfo
+    info: FunctionInfo | None  # None: captured, not analyzed yet
     aliasing: aliasing.InputAliasing | None = None  # the graph takes a base per alias group
     stale: StaleBackward | None = None  # outputs whose backward raises as eager's would
     pure: bool = False  # mutates nothing: traced without functionalization (pure.py)
+    box: Any = None  # receives the output's tree spec when the analysis runs the function
 
 
 def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
                         timer: _Timer | None = None, dynamic: bool = False,
                         static_inputs: Sequence[int] = ()) -> Captured:
     timer = timer if timer is not None else _Timer()
+    return analyze_call(capture_call(fn, flat_args, in_spec, timer, dynamic, static_inputs),
+                        timer)
+
+
+def capture_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,
+                 timer: _Timer, dynamic: bool, static_inputs: Sequence[int]) -> Captured:
     with timer("capture") as sizes:
         layout = capture.layout_call(flat_args, in_spec)
         inputs = layout.graph_inputs(flat_args)
@@ -129,6 +133,11 @@ def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.
                                     set(layout.graph_positions(static_inputs)))
         box = capture.OutputBox()
         graph_fn = capture.flat_graph_fn(fn, layout, box)
+    return Captured(graph_fn, layout, inputs, fake_mode, fakes, None, box=box)
+
+
+def analyze_call(c: Captured, timer: _Timer) -> Captured:
+    graph_fn, inputs, fakes, fake_mode, box = c.graph_fn, c.inputs, c.fakes, c.fake_mode, c.box
     with timer("analysis") as sizes:
         is_leaf = [getattr(t, "is_leaf", True) for t in inputs]  # sizes are leaves
         info = pure.analyze(graph_fn, fakes, is_leaf, box, fake_mode)
@@ -144,7 +153,8 @@ def capture_and_analyze(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.
             graph_fn, fakes, info = aliasing.analyze_merged(graph_fn, inputs, fakes, fake_mode,
                                                             box, alias)
         sizes.update(outputs=len(info.outputs), functionalized=not is_pure)
-    return Captured(graph_fn, layout, inputs, fake_mode, fakes, info, alias, pure=is_pure)
+    return dataclasses.replace(c, graph_fn=graph_fn, fakes=fakes, info=info, aliasing=alias,
+                               pure=is_pure)
 
 
 @contextmanager
@@ -168,11 +178,16 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
                  options: Options) -> CompiledCall:
     named = options.named_like or fn  # a module's forward, for CompiledModule
     timer = _Timer(getattr(named, "__qualname__", type(fn).__name__))
-    c = capture_and_analyze(fn, flat_args, in_spec, timer, options.dynamic,
-                            options.static_inputs)
-    build = _build_training if c.info.needs_autograd else _build_inference
-    with compiling(getattr(fn, "__name__", type(fn).__name__)):
-        built = build(c, options, timer)
+    c = capture_call(fn, flat_args, in_spec, timer, options.dynamic, options.static_inputs)
+    with compiling(getattr(fn, "__name__", type(fn).__name__)), \
+            ProgramLookup(fn, c, options) as program:  # keyed before the analysis, if it can be
+        if program.hit:  # the entry holds what the analysis and the trace found
+            c = program.captured(c)
+            built = _build_from_entry(c, options, timer, program)
+        else:
+            c = analyze_call(c, timer)
+            build = _build_training if c.info.needs_autograd else _build_inference
+            built = build(c, options, timer, program)
     # Last: backends add guards while compiling.
     guard = shape_guard(c.fake_mode, c.fakes) if options.dynamic else None
     labels = c.layout.placeholder_labels(built.graphs[0], capture.input_labels(
@@ -197,31 +212,44 @@ class _Built:
     edge: subclasses.Boundary  # where subclass values are split into plain ones
 
 
-def _build_inference(c: Captured, options: Options, timer: _Timer) -> _Built:
-    info = c.info
-    # A resized input gets its memory from the runtime, after the graph: no copy before it.
-    keep = options.keep_inference_input_mutations and \
-        all(x.storage_bytes is None for x in info.inputs)
+def _build_from_entry(c: Captured, options: Options, timer: _Timer,
+                      program: ProgramLookup) -> _Built:
+    """A hit keyed before the trace: its graphs and what the trace found, from the entry."""
+    if program.facts.num_fw_outputs is None:
+        return _compile_inference(c, options, timer, None, program.facts, program)
+    return _compile_training(c, options, timer, None, program.facts, program)
+
+
+def _build_inference(c: Captured, options: Options, timer: _Timer,
+                     program: ProgramLookup) -> _Built:
     with timer("trace"):
         trace = pure.trace_inference if c.pure else joint.trace_inference
-        gm = trace(c.graph_fn, info, c.fakes, c.fake_mode, options.backend.decompositions, keep)
-    with Lookup("inference", gm, c, options) as lookup:  # keyed by the graph as traced
-        return _compile_inference(c, options, timer, gm, keep, lookup)
+        gm = trace(c.graph_fn, c.info, c.fakes, c.fake_mode, options.backend.decompositions,
+                   _keeps_mutations(c.info, options))
+    facts = TraceFacts.of(gm)
+    # Keyed by the graph as traced.
+    with Lookup("inference", gm, c, options, program, facts) as lookup:
+        return _compile_inference(c, options, timer, gm, facts, lookup)
 
 
-def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.GraphModule,
-                       keep: bool, lookup: Lookup) -> _Built:
-    info, traced = c.info, gm
+def _keeps_mutations(info: FunctionInfo, options: Options) -> bool:
+    # A resized input gets its memory from the runtime, after the graph: no copy before it.
+    return options.keep_inference_input_mutations and \
+        all(x.storage_bytes is None for x in info.inputs)
+
+
+def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.GraphModule | None,
+                       facts: TraceFacts, lookup: Lookup | ProgramLookup) -> _Built:
+    info, keep = c.info, _keeps_mutations(c.info, options)
     with timer("passes") as sizes:  # skipped on a cache hit: the entry holds their result
         if lookup.graphs is None:
-            gm = _backend_passes(options.backend, gm)
-            eliminate_common_subexpressions(gm)
+            gm = inference_passes(options.backend, gm)
             lookup.keep([gm])
         else:  # a cache hit: the graph after the passes
             gm, = lookup.graphs
         sizes["inference graph ops"] = count_ops(gm)
     copied = info.inference_mutations_in_graph if keep else ()
-    edge = _boundary(c, traced, copied)
+    edge = _boundary(c, facts, copied)
     _attach(gm, "inference", options, _plain_range(edge, info), c.layout, _cudagraphs(options))
     with timer("compile_forward") as sizes:
         compiled = _compile(options.backend.inference_compiler, gm)
@@ -230,28 +258,32 @@ def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.Grap
     return _Built(plan, compiled, None, (gm,), edge)
 
 
-def _build_training(c: Captured, options: Options, timer: _Timer) -> _Built:
+def _build_training(c: Captured, options: Options, timer: _Timer,
+                    program: ProgramLookup) -> _Built:
     with timer("trace") as sizes:
         random_ops = random_values.RandomValueTags()  # for a double backward's replay
         c, joint_gm = _trace_joint(c, options, random_ops)
         sizes["joint graph ops"] = count_ops(joint_gm)
+    facts = TraceFacts.of(joint_gm, random_ops.ops)
     # Keyed by the joint graph as traced; a hit holds the partition's graphs.
-    with Lookup("training", joint_gm, c, options) as lookup:
-        return _compile_training(c, options, timer, joint_gm, random_ops, lookup)
+    with Lookup("training", joint_gm, c, options, program, facts) as lookup:
+        return _compile_training(c, options, timer, joint_gm, facts, lookup)
 
 
-def _compile_training(c: Captured, options: Options, timer: _Timer, joint_gm: fx.GraphModule,
-                      random_ops: random_values.RandomValueTags, lookup: Lookup) -> _Built:
+def _compile_training(c: Captured, options: Options, timer: _Timer,
+                      joint_gm: fx.GraphModule | None, facts: TraceFacts,
+                      lookup: Lookup | ProgramLookup) -> _Built:
+    """`joint_gm`: None on a hit keyed before the trace (the artifact has no joint graph)."""
     hit = lookup.graphs is not None
     if not hit:
         with timer("passes"):  # skipped on a cache hit: the entry holds the partition
             joint_gm = random_values.through_passes(joint_gm,
-                                                    lambda gm: _joint_passes(options, gm))
+                                                    lambda gm: joint_passes(options.backend, gm))
             aliasing.mark_bases_overwritten(joint_gm, c.aliasing)
             joint.snapshot_overwritten_inputs(joint_gm)
     info = c.info
-    edge = _boundary(c, joint_gm, info.mutations_in_graph)
-    n = joint_gm.meta[JOINT_FW_OUTPUTS]  # plain forward outputs
+    edge = _boundary(c, facts, info.mutations_in_graph)
+    n = facts.num_fw_outputs  # plain forward outputs
     with timer("partition") as sizes:
         if hit:
             p = Partition(*lookup.graphs, n)
@@ -261,7 +293,7 @@ def _compile_training(c: Captured, options: Options, timer: _Timer, joint_gm: fx
             p = Partition(*options.partition_fn(joint_gm, None, num_fwd_outputs=n), n)
         fw, bw = p.forward, p.backward
         tag_backward(bw)
-        held = random_values.hold_random_values(fw, bw, n, random_ops.ops)
+        held = random_values.hold_random_values(fw, bw, n, facts.random_ops)
         verify_partition(fw, bw, n)
         if not hit:  # a hit's graphs hold the marks already
             mark_donated(p)
@@ -283,13 +315,12 @@ def _compile_training(c: Captured, options: Options, timer: _Timer, joint_gm: fx
         gradless_inputs=_gradless_inputs(c, grads),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
-    backward = _backward_parts(c, options, timer, bw, joint_gm,
-                               _double_backward(c, edge, p, held))
+    backward = _backward_parts(c, options, timer, bw, facts, _double_backward(c, edge, p, held))
     return _Built(plan, compiled_fw, backward, (fw, bw, joint_gm), edge)
 
 
 def _backward_parts(c: Captured, options: Options, timer: _Timer, bw: fx.GraphModule,
-                    joint_gm: fx.GraphModule, double_backward: DoubleBackward) -> BackwardParts:
+                    facts: TraceFacts, double_backward: DoubleBackward) -> BackwardParts:
     """The backward compiled when first called (or now, where asked or sizes are symbolic),
     and what else a backward may run instead (runtime.call.CompiledFunction chooses)."""
     compile_bw = functools.partial(random_values.compile_without_held_values,
@@ -299,7 +330,7 @@ def _backward_parts(c: Captured, options: Options, timer: _Timer, bw: fx.GraphMo
         compiled_bw = compiled_bw.compiled()
     keeping_saved = None
     if any(node.meta.get(DONATED) for node in bw.graph.find_nodes(op="placeholder")):
-        keeping_saved = _compile_later(lambda: compile_bw(_without_donations(bw)), timer,
+        keeping_saved = _compile_later(lambda: compile_bw(without_donations(bw)), timer,
                                        count_ops(bw))
     # The backward graph as partitioned, for a tracer to inline its ops (Dynamo, for compiled
     # autograd). Copied where a compiler may rewrite it in place (Inductor does; aotgrad's
@@ -307,12 +338,12 @@ def _backward_parts(c: Captured, options: Options, timer: _Timer, bw: fx.GraphMo
     inlined_bw = bw if options.backend.bw_compiler is eager_compiler else copy_graph(bw)
     return BackwardParts(compiled=compiled_bw, ops=run_graph_boxed(inlined_bw),
                          double_backward=double_backward, keeping_saved=keeping_saved,
-                         writes=_backward_writes(joint_gm, len(c.fakes)), stale=c.stale)
+                         writes=_backward_writes(facts, len(c.fakes)), stale=c.stale)
 
 
-def _backward_writes(joint_gm: fx.GraphModule, num_inputs: int) -> BackwardWrites | None:
+def _backward_writes(facts: TraceFacts, num_inputs: int) -> BackwardWrites | None:
     """The inputs the backward writes into, whose new values follow its gradients."""
-    writes = joint_gm.meta.get(BACKWARD_WRITES, ())  # none through pure.trace_joint
+    writes = facts.backward_writes  # none through pure.trace_joint
     if not writes:
         return None
     return BackwardWrites(inputs=tuple(i for i, _ in writes),
@@ -383,8 +414,8 @@ def _double_backward(c: Captured, edge: subclasses.Boundary, p: Partition,
     return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode, p.saved_inputs, held)
 
 
-def _boundary(c: Captured, gm: fx.GraphModule, copied_in_graph) -> subclasses.Boundary:
-    return subclasses.make_boundary(c.fakes, gm, c.info, copied_in_graph)
+def _boundary(c: Captured, facts: TraceFacts, copied_in_graph) -> subclasses.Boundary:
+    return subclasses.make_boundary(c.fakes, facts.traced_outputs, c.info, copied_in_graph)
 
 
 def _plain_range(edge: subclasses.Boundary, info: FunctionInfo) -> range:
@@ -402,57 +433,6 @@ def _is_zero_fill(grad) -> bool:
 def _fills_zero(node: fx.Node) -> bool:
     value = node.args[1] if node.target in FILLS_WITH_VALUE else 0
     return value == 0
-
-
-def _joint_passes(options: Options, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, masks moved next to what they test, then one node per repeated
-    pure computation (cse.py)."""
-    gm = _backend_passes(options.backend, gm)
-    j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
-    hoist_masks(j)
-    return eliminate_common_subexpressions(gm, j.forward)
-
-
-def _backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
-    verify(gm)
-    if backend.graph_passes is None:
-        return gm
-    meta = dict(gm.meta)
-    fresh = [shared is None for shared in _shared_storages(gm)]
-    gm = backend.graph_passes(gm)
-    gm.meta.update(meta)
-    _keep_outputs_fresh(gm, fresh)
-    return verify(gm)
-
-
-def _keep_outputs_fresh(gm: fx.GraphModule, fresh: Sequence[bool]) -> None:
-    """Copy the outputs that a backend's rewrites made share memory with an input or an
-    earlier output (Inductor simplifies `zeros(4) + y[:4]` to `y[:4]`): eager returns a
-    tensor of their own, which the caller may write to."""
-    aliased = [i for i, shared in enumerate(_shared_storages(gm))
-               if shared is not None and fresh[i]]
-    if not aliased:
-        return
-    output = gm.graph.output_node()
-    outs = list(output.args[0])
-    for i in aliased:
-        with gm.graph.inserting_before(output):
-            copy = gm.graph.call_function(torch.ops.aten.clone.default, (outs[i],))
-        copy.meta["val"] = outs[i].meta["val"].clone()
-        outs[i] = copy
-    output.args = (type(output.args[0])(outs),)
-    gm.recompile()
-
-
-def _shared_storages(gm: fx.GraphModule) -> list[fx.Node | None]:
-    """Per graph output: the graph input or earlier output whose memory it is a view of."""
-    seen = set(gm.graph.find_nodes(op="placeholder"))
-    shared = []
-    for out in gm.graph.output_node().args[0]:
-        base = base_of(out) if isinstance(out, fx.Node) else None
-        shared.append(base if base in seen else None)
-        seen.add(base)
-    return shared
 
 
 def restride_saved(p: Partition) -> None:
@@ -474,48 +454,6 @@ def restride_saved(p: Partition) -> None:
                 f"aotgrad: the forward's compiler chose strides {tuple(stride)} for {node.name}, "
                 "a saved value of symbolic shape; compile with dynamic=False.")
         node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
-
-
-def mark_donated(p: Partition) -> None:
-    """Mark the backward's inputs whose memory nothing but the backward holds: saved values
-    that are no input's, no other output's, and that no gradient is a view of. The compiler
-    may free them early or reuse their memory; the runtime gives them up to the backward
-    (CompiledGraph.backward says when it cannot)."""
-    fw, bw = p.forward, p.backward
-    if _swaps_storage(fw) or _swaps_storage(bw):  # the traced storages are not the real ones
-        return
-    outputs = list(fw.graph.output_node().args[0])
-    # Each holder of a memory counts once: the inputs, and every output (one listed twice is
-    # held twice).
-    holders = [*fw.graph.find_nodes(op="placeholder"), *outputs]
-    memory = collections.Counter(key for node in holders for key in _memory_keys(node))
-    returned = {base_of(g) for g in bw.graph.output_node().args[0] if isinstance(g, fx.Node)}
-    for value, inp in zip(p.saved, bw.graph.find_nodes(op="placeholder")):
-        keys = _memory_keys(value)
-        if keys and all(memory[k] == 1 for k in keys) and inp not in returned \
-                and not inp.meta.get(HELD_FOR_REPLAY):
-            inp.meta[DONATED] = True
-
-
-def _without_donations(bw: fx.GraphModule) -> fx.GraphModule:
-    keeping = copy_graph(bw)
-    for node in keeping.graph.find_nodes(op="placeholder"):
-        node.meta.pop(DONATED, None)
-    return keeping
-
-
-def _memory_keys(node) -> tuple:
-    """Who owns a value's memory, as the graph says (its base node) and as the trace saw it
-    (its storage); none where unknown, which donates nothing."""
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
-        return ()
-    return base_of(node), StorageWeakRef(val.untyped_storage())
-
-
-def _swaps_storage(gm: fx.GraphModule) -> bool:
-    return any(getattr(n.target, "overloadpacket", None) in STORAGE_SWAPS
-               for n in gm.graph.nodes)
 
 
 def _plan(info: FunctionInfo, c: Captured, num_fw_outputs: int,

@@ -27,7 +27,7 @@ GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
 OUTPUT_STRIDES = "aotgrad_output_strides"
 # node.meta key on a backward's placeholder: a saved value that nothing else holds when the
 # backward runs. The compiler may free it early or write into its memory (Inductor does).
-# sets pipeline (mark_donated); reads backends.compilers, pipeline.
+# sets partition.donate (mark_donated); reads backends.compilers, pipeline.
 DONATED = "aotgrad_donated"
 # sets capture.joint, capture.pure; reads pipeline, explanation.
 JOINT_FW_OUTPUTS = "aotgrad_num_fw_outputs"  # gm.meta key: how many joint outputs are forward
@@ -41,7 +41,7 @@ CURVE = "aotgrad_curve"
 # gm.meta key: (input, eager's in-place op count) per input whose new value the joint graph
 # returns after the gradients, written by the backward
 BACKWARD_WRITES = "aotgrad_backward_writes"
-# sets capture.joint, compat.export; reads semantics.subclasses, capture.joint, compat.export.
+# sets capture.joint, compat.export; reads schema (TraceFacts.of), capture.joint, compat.export.
 TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output before splitting
 # sets capture.joint (trace); reads schema.is_tangent (semantics.aliasing, semantics.effects,
 # capture.joint, compat.export, partition.split).
@@ -55,7 +55,7 @@ PHASE = "aotgrad_phase"  # node.meta key of a traced error check: FORWARD or BAC
 RANDOM_VALUE = "aotgrad_random_value"  # node.meta key: (random op index, output index)
 # sets replay.double_backward; reads replay.random_values.
 RANDOM_OP = "aotgrad_random_op"  # node.meta key in a replay trace: the random op's index
-# sets replay.random_values; reads pipeline (mark_donated), verify.
+# sets replay.random_values; reads partition.donate (mark_donated), verify.
 HELD_FOR_REPLAY = "aotgrad_held_for_replay"  # node.meta key: a saved value the backward ignores
 # set by replay.double_backward (also through replay.custom_functions' grad_mode_key); read
 # by replay.double_backward.
@@ -77,7 +77,9 @@ AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autog
 # The persistent cache keys a traced graph by its code and the node meta the later stages
 # read (cache.key: JOINT_ROLE, PHASE, AUTOGRAD_COPY, RANDOM_VALUE, "recompute", "ac_graph_id");
 # it stores a partition's graphs with "val" of placeholders, DONATED, HELD_FOR_REPLAY, PHASE
-# and RANDOM_VALUE, and restores them on a hit (cache.entry).
+# and RANDOM_VALUE, and restores them on a hit (cache.entry). An entry keyed before the
+# trace (cache.program) holds TRACED_OUTPUTS, JOINT_FW_OUTPUTS and BACKWARD_WRITES as a
+# TraceFacts instead of the traced graph.
 # custom_functions' `grad_mode_key` argument: GRAD_ENABLED, passed by replay.double_backward.
 
 
@@ -270,6 +272,22 @@ class FunctionInfo:
         # Not `grad_enabled and ...`: an enable_grad() region inside a no_grad call still
         # produces outputs that require grad.
         return any(self.differentiable)
+
+
+@dataclass(frozen=True)
+class TraceFacts:
+    """What the stages after the trace read from it besides the graph itself. A persistent
+    cache entry keyed before the trace holds them, so that a hit skips the trace."""
+
+    traced_outputs: tuple  # the graph's TRACED_OUTPUTS: a Layout per output
+    num_fw_outputs: int | None = None  # JOINT_FW_OUTPUTS; None: an inference graph
+    backward_writes: tuple = ()  # BACKWARD_WRITES: (input, eager's in-place op count)
+    random_ops: tuple = ()  # the random ops the forward calls, in order (random_values.py)
+
+    @staticmethod
+    def of(gm: fx.GraphModule, random_ops=()) -> "TraceFacts":
+        return TraceFacts(tuple(gm.meta[TRACED_OUTPUTS]), gm.meta.get(JOINT_FW_OUTPUTS),
+                          tuple(gm.meta.get(BACKWARD_WRITES, ())), tuple(random_ops))
 
 
 # ---- graphs and backends ------------------------------------------------------------------

@@ -61,7 +61,7 @@ DRAWN_OPS = frozenset({
 
 # Ops (by overload packet) that give a tensor other memory: in a graph holding one, the
 # storages seen while tracing are not the ones the call will have (no saved value is then
-# donated to the backward: pipeline.mark_donated).
+# donated to the backward: partition.donate.mark_donated).
 STORAGE_SWAPS = frozenset({aten.set_, aten.resize_, aten.resize_as_})
 
 # Ops that resize an input's storage without a mutable schema (FSDP frees and re-allocates

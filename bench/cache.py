@@ -106,7 +106,9 @@ def child(side: str, model_name: str, device: str) -> dict:
     if side.startswith("aotgrad") or ca_compiler is not None:
         from aotgrad import cache
         result["aotgrad_cache"] = {k: v for k, v in cache.stats().items() if v}
-        result["aotgrad_events"] = [e for e, _ in cache.events()]
+        # "hit before the trace": keyed before the analysis and trace (cache/program.py)
+        result["aotgrad_events"] = [e + " before the trace" * why.startswith("before the trace")
+                                    for e, why in cache.events()]
     from torch._dynamo.utils import counters
     result["inductor_counters"] = {k: v for k, v in counters["inductor"].items()
                                    if "cache" in k}

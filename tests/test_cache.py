@@ -187,10 +187,6 @@ def test_dynamo_and_compat_front_doors_hit():
     assert [e for e, _ in cache.events()][2:] == ["miss", "hit"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18, left: a hit is keyed by the traced joint "
-                   "graph, so a warm compile still captures, analyzes and traces (~60% of a "
-                   "warm first step); keying Dynamo's graph before the capture, with "
-                   "FunctionInfo in the entry, would skip them")
 def test_warm_dynamo_compile_skips_analysis_and_trace(monkeypatch):
     from aotgrad.capture import analysis, pure
     calls = []
@@ -486,3 +482,155 @@ def test_compiled_autograd_hit_in_another_process_skips_the_trace(tmp_path):
     assert [e for e, _ in cold["events"]] == ["miss"] and cold["traces"] == 1
     assert [e for e, _ in warm["events"]] == ["hit"] and warm["traces"] == 0
     assert warm["grads"] == cold["grads"]
+
+
+# ---- the first level: a GraphModule keyed before its analysis and trace ---------------------
+
+DYNAMO_SCRIPT = textwrap.dedent("""
+    import copy, json, sys
+    import torch, aotgrad
+    from aotgrad import cache
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+    def step(m, x, counter):
+        counter.add_(1)  # an input mutation
+        out = m(x)
+        return out, counter  # an output that is an input: an alias
+
+    def run(m, fn):
+        x, counter = torch.randn(5, 8), torch.zeros(3)
+        out, alias = fn(m, x, counter)
+        out.sum().backward()
+        values = [out, counter, *[p.grad for p in m.parameters()], *m.buffers()]
+        return [t.tolist() for t in values], alias is counter
+
+    torch.manual_seed(1)
+    eager = run(copy.deepcopy(model), step)
+    torch.manual_seed(1)
+    compiled = run(model, torch.compile(step, backend=aotgrad.backend(backend="eager")))
+    print(json.dumps({"events": cache.events(), "eager": eager, "compiled": compiled}))
+""")
+
+
+def run_dynamo_script(tmp_path: Path) -> dict:
+    script = tmp_path / "dynamo_step.py"
+    script.write_text(DYNAMO_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    return result_of(proc)
+
+
+def test_hit_before_the_trace_in_another_process_matches_cold_and_eager(tmp_path):
+    cold = run_dynamo_script(tmp_path)
+    warm = run_dynamo_script(tmp_path)
+    assert [e for e, _ in cold["events"]] == ["miss"]
+    assert [(e, w.split(":")[0]) for e, w in warm["events"]] == [("hit", "before the trace")]
+    # outputs, the mutated input, gradients, running statistics; the alias is the input
+    assert warm["compiled"] == cold["compiled"]
+    values, aliased = warm["compiled"]
+    assert aliased and warm["eager"][1]
+    for got, want in zip(values, warm["eager"][0]):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def dynamo_step(x, y, **options):
+    torch._dynamo.reset()
+    out = torch.compile(f, backend=aotgrad.backend(backend="eager", **options))(x, y)
+    out.sum().backward()
+    return out
+
+
+PRE_MISSES = {  # variant -> (what the second compile changes, the reason's text)
+    "memory_budget": (dict(memory_budget=0.6), "memory_budget 0.5 -> 0.6"),
+    "stride": (dict(x=torch.randn(6, 4).t().requires_grad_()),
+               "input 0 float32[4, 6] stride (6, 1) cpu requires_grad -> "
+               "float32[4, 6] stride (1, 4) cpu requires_grad"),
+    "requires_grad": (dict(y=torch.randn(4, 6).requires_grad_()),
+                      "input 1 float32[4, 6] stride (6, 1) cpu -> "
+                      "float32[4, 6] stride (6, 1) cpu requires_grad"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(PRE_MISSES))
+def test_a_changed_input_or_option_misses_before_the_trace_with_its_reason(variant):
+    x, y = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6)
+    dynamo_step(x, y, memory_budget=0.5)
+    dynamo_step(x, y, memory_budget=0.5)
+    assert last_event()[1].startswith("before the trace: ")
+    change, reason = PRE_MISSES[variant]
+    inputs = {"x": x, "y": y, **{k: v for k, v in change.items() if k in "xy"}}
+    budget = change.get("memory_budget", 0.5)
+    out = dynamo_step(inputs["x"], inputs["y"], memory_budget=budget)
+    event, why = last_event()
+    assert event == "miss" and f"before the trace: {reason}" in why, why
+    torch.testing.assert_close(out, f(inputs["x"], inputs["y"]))
+
+
+def test_corrupt_entry_before_the_trace_is_a_miss_with_a_warning(cache_dir):
+    x, y = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6)
+    cold = dynamo_step(x, y)
+    cold_grad, x.grad = x.grad.clone(), None
+    entry = program_entry(cache_dir)
+    data = entry.read_bytes()
+    entry.write_bytes(data[:len(data) // 2])
+    with pytest.warns(UserWarning, match="corrupt .*sha256 does not match"):
+        warm = dynamo_step(x, y)
+    event, why = last_event()
+    assert event == "hit" and "before the trace" in why  # the second level's
+    assert torch.equal(warm, cold) and torch.equal(x.grad, cold_grad)
+
+
+def program_entry(cache_dir: Path) -> Path:
+    """The entry keyed before the trace (its key file says kind 'program')."""
+    for key_file in (cache_dir / store.FORMAT).glob("*.key"):
+        if store.unseal(key_file.read_bytes())["components"]["kind"] == "program":
+            return key_file.with_suffix(".json")
+    raise AssertionError("no entry keyed before the trace")
+
+
+def test_view_output_is_not_cached_before_the_trace_and_says_why():
+    def view_of_input(x):
+        return x.t(), (x * 2).sum()
+
+    x = torch.randn(4, 6, requires_grad=True)
+    outs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        outs.append(torch.compile(view_of_input, backend=aotgrad.backend(backend="eager"))(x))
+    event, why = last_event()
+    assert event == "hit" and "not cached before the trace: an output that is a view" in why
+    assert outs[1][0]._base is x and type(outs[1][0].grad_fn).__name__ == "TBackward0"
+    assert torch.equal(outs[1][1], outs[0][1])
+
+
+def test_aot_function_of_a_graph_module_hits_before_the_trace():
+    from aotgrad.compat import aot_function, nop
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(4, 6, requires_grad=True)
+    results = []
+    for _ in range(2):
+        out = aot_function(gm, fw_compiler=nop)(x, x.detach())
+        out.sum().backward()
+        results.append((out.detach(), x.grad))
+        x.grad = None
+    assert [e for e, _ in cache.events()][-2:] == ["miss", "hit"]
+    assert last_event()[1].startswith("before the trace: ")
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_graph_calling_a_user_function_is_keyed_after_the_trace_only():
+    def helper(x):
+        return x.cos()
+
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    x = gm.graph.placeholder("x")
+    gm.graph.output(gm.graph.call_function(helper, (x,)))
+    gm.recompile()
+    from aotgrad.compat import aot_function, nop
+    aot_function(gm, fw_compiler=nop)(torch.randn(3, requires_grad=True)).sum().backward()
+    event, why = last_event()
+    assert event == "miss" and "not keyed before the trace: a call of " in why
+    assert "whose name does not determine its code" in why

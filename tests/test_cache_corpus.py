@@ -10,7 +10,7 @@ import aotgrad
 from aotgrad import cache
 from corpus import CASES
 from harness import check_case
-from test_corpus import REFUSED, compat_nop
+from test_corpus import REFUSED, compat_nop, dynamo
 
 
 @pytest.fixture(autouse=True)
@@ -23,13 +23,18 @@ def cache_dir(tmp_path, monkeypatch):
 # Inference graphs that copy their inputs' new values in themselves, on the cases that
 # mutate: their in-place ops run again on a hit's fake values.
 MUTATING = [c for c in CASES if any(w in c.name for w in ("mutat", "inplace", "buffer", "copy_"))]
+# Dynamo's graphs are keyed before the trace (cache/program.py): a warm hit skips the
+# analysis and the trace, and runs on what the entry holds of them.
 DOORS = {"compile-eager": lambda target: aotgrad.compile(target, backend="eager"),
-         "compat-nop-keep": lambda target: compat_nop(target, keep_inference_input_mutations=True)}
+         "compat-nop-keep": lambda target: compat_nop(target, keep_inference_input_mutations=True),
+         "dynamo-aotgrad-eager": dynamo(lambda: aotgrad.backend(backend="eager"))}
 
 
 @pytest.mark.parametrize("case,door", [pytest.param(c, "compile-eager", id=c.name) for c in CASES]
                          + [pytest.param(c, "compat-nop-keep", id=f"keep-{c.name}")
-                            for c in MUTATING])
+                            for c in MUTATING]
+                         + [pytest.param(c, "dynamo-aotgrad-eager", id=f"dynamo-{c.name}")
+                            for c in CASES])
 def test_warm_compile_matches_eager(case, door):
     compile_fn = DOORS[door]
     doors, error = REFUSED.get(case.name, ((), ""))

@@ -6,6 +6,8 @@ saved values, error checks' phase). A hit rebuilds them on fake values and skips
 backend's passes and the partition; the backend compiler then runs on them again, and
 Inductor finds its own compiled code in its FX graph cache. What the runtime plan needs
 besides comes from the capture and the trace, which run on every compile: they are the key.
+This is the second level: a GraphModule is first looked up before its analysis and trace
+(program.py), whose entry holds what they found; a miss there comes here after the trace.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import fx
 
 from ..partition.remat import min_cut_rematerialization_partition
 from ..partition.split import default_partition
-from ..schema import DONATED, HELD_FOR_REPLAY, PHASE, RANDOM_VALUE, Partition
+from ..schema import DONATED, HELD_FOR_REPLAY, PHASE, RANDOM_VALUE, Partition, TraceFacts
 from ..semantics.subclasses import is_subclass
 from . import codec, key as keys, store
 
@@ -49,31 +51,41 @@ class Lookup:
     the lookup closes without error (after the forward compiled: a process waiting on this
     entry's lock then finds Inductor's code cached too)."""
 
-    def __init__(self, kind: str, graph: fx.GraphModule | None, c: Any, options: Any):
+    def __init__(self, kind: str, graph: fx.GraphModule | None, c: Any, options: Any,
+                 program: Any = None, facts: TraceFacts | None = None):
         self.graphs: list[fx.GraphModule] | None = None
         self._store: store.Store | None = None
         self._payload: dict | None = None
         self._lock = None
+        # The level keyed before the trace (program.py): told what the trace learned and
+        # the graphs this level stores or finds; its reason for missing joins our event.
+        self._program = program
+        self._note = program.note() if program is not None else ""
+        if program is not None:
+            program.learn(c, facts)
         if not store.enabled() or graph is None:
             return
         try:
             self.key = _key(kind, graph, c, options)
         except codec.Unencodable as exc:
-            record("bypass", f"not cacheable: {exc}")
+            self._record("bypass", f"not cacheable: {exc}")
             return
         except Exception as exc:  # a cache bug must cost a compile, never break one
             log.warning("aotgrad cache: could not key this compile (%r); compiling", exc)
-            record("bypass", f"key error: {exc!r}")
+            self._record("bypass", f"key error: {exc!r}")
             return
         path = store.directory()
         if path is None:
-            record("bypass", "the cache directory is not trusted")
+            self._record("bypass", "the cache directory is not trusted")
             return
         self._store = store.Store(path)
         self._fake_mode = c.fake_mode
         if self._load() or self._wait_for_others() and self._load():
             return
-        record("miss", keys.explain_miss(self.key.as_dict(), list(self._store.keys())))
+        self._record("miss", keys.explain_miss(self.key.as_dict(), list(self._store.keys())))
+
+    def _record(self, event: str, why: str) -> None:
+        record(event, why + self._note)
 
     def _load(self) -> bool:
         payload = self._store.read(self.key.digest)
@@ -84,7 +96,8 @@ class Lookup:
         except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
             log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
             return False
-        record("hit", f"{self.key.as_dict()['program']}")
+        self._record("hit", f"{self.key.as_dict()['program']}")
+        self._share(payload["graphs"])
         self._release()
         return True
 
@@ -100,10 +113,15 @@ class Lookup:
             return
         try:
             self._payload = {"graphs": [encode(gm) for gm in graphs]}
+            self._share(self._payload["graphs"])
         except codec.Unencodable as exc:
-            record("bypass", f"not stored: {exc}")
+            self._record("bypass", f"not stored: {exc}")
         except Exception as exc:
             log.warning("aotgrad cache: could not encode this compile (%r)", exc)
+
+    def _share(self, rows: list) -> None:
+        if self._program is not None:
+            self._program.keep_graphs(rows)
 
     def __enter__(self) -> "Lookup":
         return self
@@ -134,7 +152,7 @@ def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
     parts += [("function info", keys.sha(codec.fingerprint(c.info))),
               ("input aliasing", keys.sha(codec.fingerprint(c.aliasing)))]
     if kind == "training":
-        parts += _partitioner(options.partition_fn)
+        parts += partitioner_components(options.partition_fn)
     parts += keys.backend_components(options.backend)
     parts += [("static inputs", str(options.static_inputs)),
               ("keep_inference_input_mutations", str(options.keep_inference_input_mutations))]
@@ -142,7 +160,7 @@ def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
     return keys.Key(tuple(parts))
 
 
-def _partitioner(fn: Callable) -> list[tuple[str, str]]:
+def partitioner_components(fn: Callable) -> list[tuple[str, str]]:
     budget = getattr(fn, "memory_budget", None)
     if budget is not None:
         return [("partitioner", "budget_partition"), ("memory_budget", str(budget)),

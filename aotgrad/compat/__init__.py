@@ -175,6 +175,8 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     def flat_forward(*flat):
         params = dict(zip(names, flat[:len(state)]))
         return run_with_state(mod, params, tuple(flat[len(state):]))
+    if isinstance(mod, fx.GraphModule):  # keyed by its graph before the trace (cache/program.py)
+        flat_forward.aotgrad_program = (mod, tuple(names))
 
     options = replace(_options(fw_compiler, bw_compiler, inference_compiler, partition_fn,
                                decompositions, len(state), keep_inference_input_mutations,

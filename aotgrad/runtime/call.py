@@ -245,7 +245,7 @@ class BackwardParts:
     compiled: Callable  # the compiled backward (a CompiledOnFirstCall until first needed)
     ops: Callable  # the backward graph as partitioned, run op by op (boxed): what a tracer inlines
     double_backward: DoubleBackward  # for a backward with create_graph=True
-    # Where the backward may write into saved values (pipeline.mark_donated): one that
+    # Where the backward may write into saved values (partition.donate.mark_donated): one that
     # does not, for the calls whose saved values outlive the backward.
     keeping_saved: Callable | None = None
     writes: BackwardWrites | None = None  # inputs the backward writes into

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..schema import TRACED_OUTPUTS, FunctionInfo, Layout, PlainMeta, SubclassMeta
+from ..schema import FunctionInfo, Layout, PlainMeta, SubclassMeta
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -233,12 +233,11 @@ def _name(cls: type | None) -> str:
     return "a plain tensor" if cls is None else f"a {cls.__name__}"
 
 
-def make_boundary(fakes: Sequence[torch.Tensor], gm: torch.fx.GraphModule, info: FunctionInfo,
+def make_boundary(fakes: Sequence[torch.Tensor], traced: Sequence[Layout], info: FunctionInfo,
                   copied_in_graph: Sequence[int] = ()) -> Boundary:
-    """The boundary of one compile, from its fake inputs, its `FunctionInfo` and its traced
-    graph (inference or joint: a joint graph's outputs after the forward's are the input
-    gradients)."""
-    traced = gm.meta[TRACED_OUTPUTS]
+    """The boundary of one compile, from its fake inputs, its `FunctionInfo` and the layouts
+    of its traced graph's outputs (`TRACED_OUTPUTS`; inference or joint: a joint graph's
+    outputs after the forward's are the input gradients)."""
     n = info.num_graph_outputs
     subs = frozenset(i for i, f in enumerate(fakes) if is_subclass(f))
     tangents = tuple(tangent_layout(m)

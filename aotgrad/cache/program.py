@@ -1,0 +1,277 @@
+"""The first level of the cache: a program keyed before its capture is analyzed and traced.
+
+Where the compiled thing is a GraphModule (Dynamo's graph through `torch.compile(backend=
+"aotgrad")`, `aot_function(gm)`, `aot_module_simplified(gm)`), its identity is its graph:
+every call names a function whose name determines its code (an ATen op, a torch function,
+`operator.add`), so the graph, canonicalized (nodes renamed by position), keys what a trace
+of it produces, given the inputs' metadata, the options, the global state a trace reads and
+the versions. A hit holds what the analysis and the trace learned (`FunctionInfo`,
+`TraceFacts`, as JSON: cache/info.py) and the partition's graphs: the compile skips
+analysis, trace, passes and partition.
+
+A plain Python function keeps the key taken after the trace (cache/entry.py): its identity
+is not its code, since what its globals, closures and callees do is not in its source.
+Where a graph cannot be keyed safely here (a call of a user's function, a submodule or a
+constant tensor, a custom op, custom decompositions) or its analysis cannot be written down
+(an output view's replay, inputs sharing memory with a mutated one), the compile goes to the
+second level, and its event says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+from typing import Any, Callable
+
+import torch
+from torch import fx
+
+from ..schema import TraceFacts
+from ..semantics import aliasing
+from . import codec, info as info_codec, key as keys, store
+from .entry import decode, partitioner_components, record
+
+log = logging.getLogger("aotgrad.cache")
+_TRUSTED_MODULES = ("torch", "operator", "_operator", "math", "builtins")
+_UNTRUSTED_MODULES = ("torch._dynamo",)  # compiled autograd's ops refer to per-process tables
+_OP_NAMESPACES = ("aten", "prims")  # a custom op's name does not determine its code
+
+
+class ProgramLookup:
+    """The lookup keyed before the trace. `hit`: `info`, `facts` and `graphs` are set from
+    the entry. Otherwise the build tells it what it learned (`learn`, `keep_graphs`) and the
+    entry is written when the lookup closes without error. `note()` explains, for the
+    second level's event, why this level did not hit."""
+
+    def __init__(self, fn: Callable, c: Any, options: Any):
+        self.hit = False
+        self.graphs = None
+        self.why_not: str | None = None  # not keyed, or refused: the reason
+        self._store = self.key = self._payload = None
+        self._fake_mode = c.fake_mode
+        program = _program_of(fn)
+        if program is None or not store.enabled():
+            return
+        try:
+            self.key = _key(program, c, options)
+        except codec.Unencodable as exc:
+            self.why_not = f"not keyed before the trace: {exc}"
+            return
+        except Exception as exc:  # a cache bug must cost a compile, never break one
+            log.warning("aotgrad cache: could not key this program (%r)", exc)
+            return
+        path = store.directory()
+        if path is not None:
+            self._store = store.Store(path)
+            self._load()
+
+    def _load(self) -> None:
+        payload = self._store.read(self.key.digest)
+        if payload is None:
+            self.why_not = "before the trace: " + keys.explain_miss(
+                self.key.as_dict(), list(self._store.keys()))
+            return
+        if "refused" in payload:
+            self.why_not = f"not cached before the trace: {payload['refused']}"
+            self._store = None  # already says why: nothing to write
+            return
+        try:
+            self.info = info_codec.decode(payload["info"])
+            self.facts = info_codec.decode(payload["facts"])
+            self.graphs = [decode(rows, self._fake_mode) for rows in payload["graphs"]]
+        except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
+            log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
+            self.why_not, self.graphs = f"before the trace: entry unusable ({exc})", None
+            return
+        self.hit = True
+        record("hit", f"before the trace: {self.key.as_dict()['program']}")
+
+    def captured(self, c: Any) -> Any:
+        """The capture `c` with what its analysis found, as the entry holds it."""
+        return dataclasses.replace(c, info=self.info,
+                                   aliasing=aliasing.plan_aliasing(c.inputs, self.info))
+
+    def learn(self, c: Any, facts: TraceFacts) -> None:
+        """The analysis and the trace of a miss, to store; or why they cannot be stored."""
+        if self._store is None or self.hit:
+            return
+        reason = _unstorable(c)
+        try:
+            if reason is None:
+                self._payload = {"info": info_codec.encode(c.info),
+                                 "facts": info_codec.encode(facts)}
+        except codec.Unencodable as exc:
+            reason = str(exc)
+        if reason is not None:
+            self._payload = {"refused": reason}
+            self.why_not = f"not cached before the trace: {reason}"
+
+    def keep(self, graphs) -> None:
+        """A hit's graphs hold every mark already (the build calls this on misses only)."""
+
+    def keep_graphs(self, rows: list) -> None:
+        """The partition's graphs as the second level encoded them (its miss or its hit)."""
+        if self._payload is not None and "refused" not in self._payload:
+            self._payload["graphs"] = rows
+
+    def note(self) -> str:
+        return f"; {self.why_not}" if self.why_not else ""
+
+    def __enter__(self) -> "ProgramLookup":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        payload, self._payload = self._payload, None
+        if exc_type is not None or payload is None or self._store is None:
+            return
+        if "refused" not in payload and "graphs" not in payload:
+            return  # the second level did not store either (it says why)
+        try:
+            self._store.write(self.key.digest, payload, self.key.as_dict())
+        except Exception as exc:
+            log.warning("aotgrad cache: could not write entry (%r)", exc)
+
+
+def _unstorable(c: Any) -> str | None:
+    """Why what the analysis of `c` found cannot be held by an entry, if it cannot."""
+    if c.stale is not None:
+        return "an output whose backward reads a value modified in place (stale.py)"
+    if c.aliasing is not None and c.aliasing.groups:
+        return "inputs that share memory with a mutated input"
+    if any(o.replay is not None for o in c.info.outputs):
+        return "an output that is a view (its view replay has no encoding)"
+    if any(m is not None and m.subclass is not None for m in c.info.graph_output_metas):
+        return "tensor subclass outputs"
+    return None
+
+
+# ---- the key ------------------------------------------------------------------------------
+
+def _program_of(fn: Callable) -> tuple[fx.GraphModule, tuple[str, ...]] | None:
+    """The graph `fn` runs, and the names of the module state it reads by get_attr (lifted
+    into inputs by compat.aot_module_simplified, which marks its function so)."""
+    if isinstance(fn, fx.GraphModule):
+        return fn, ()
+    return getattr(fn, "aotgrad_program", None)
+
+
+def _key(program: tuple[fx.GraphModule, tuple[str, ...]], c: Any, options: Any) -> keys.Key:
+    gm, state = program
+    inputs = [t for t in c.inputs]
+    parts = [("format", store.FORMAT), ("kind", "program"), ("program", program_code(gm, state)),
+             ("call layout", f"{c.layout.in_spec} -> {c.layout.graph_input}"),
+             ("constants", keys.sha(codec.encode_value(list(c.layout.constants))))]
+    parts += [(f"input {i}", _describe(t)) for i, t in enumerate(inputs)]
+    classes: dict = {}
+    parts += [("input storages", str([classes.setdefault(k, i) for i, k in
+                                       enumerate(aliasing.storage_keys(inputs))])),
+              ("global state", global_state())]
+    parts += partitioner_components(options.partition_fn)
+    parts += keys.backend_components(options.backend)
+    parts += [("decompositions", decompositions(options.backend.decompositions)),
+              ("static inputs", str(options.static_inputs)),
+              ("keep_inference_input_mutations", str(options.keep_inference_input_mutations))]
+    parts += keys.versions(t.device for t in inputs if isinstance(t, torch.Tensor))
+    return keys.Key(tuple(parts))
+
+
+def _describe(t: Any) -> str:
+    """An input as the key's other level says it, plus what the analysis reads of it."""
+    flags = [name for name, on in (("parameter", isinstance(t, torch.nn.Parameter)),
+                                   ("non-leaf", not getattr(t, "is_leaf", True)),
+                                   ("view", isinstance(t, torch.Tensor) and t._is_view())) if on]
+    return " ".join([keys.describe_input(t), *flags])
+
+
+def program_code(gm: fx.GraphModule, state: tuple[str, ...] = ()) -> str:
+    """The graph, nodes renamed by position, each call by a name that determines its code:
+    `sha256:<digest> (<n> nodes)`. Unencodable where a call's name does not."""
+    if type(gm.graph._codegen) is not fx.graph.CodeGen:  # a pytree codegen runs more code
+        raise codec.Unencodable("a graph with its own code generator")
+    renamed: dict[fx.Node, str] = {}
+    rows = []
+    for i, node in enumerate(gm.graph.nodes):
+        renamed[node] = f"n{i}"
+        ref = renamed.__getitem__
+        rows.append([node.op, _target(node, state), codec.encode_value(node.args, ref),
+                     [[k, codec.encode_value(v, ref)] for k, v in node.kwargs.items()]])
+    return f"sha256:{keys.sha(rows)} ({len(rows)} nodes)"
+
+
+def _target(node: fx.Node, state: tuple[str, ...]) -> str | None:
+    if node.op in ("placeholder", "output"):
+        return None
+    if node.op == "call_method":
+        return node.target
+    if node.op == "get_attr" and node.target in state:
+        return f"state:{node.target}"
+    if node.op != "call_function":
+        raise codec.Unencodable(f"a {node.op} node ({node.target}): its code or value is not "
+                                "in the graph")
+    return function_name(node.target)
+
+
+def function_name(f: Any) -> str:
+    """`op:aten::add.Tensor`, `torch.nn.functional.relu`: names that find `f` again."""
+    if isinstance(f, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        name = f.name() if isinstance(f, torch._ops.OpOverload) else f._qualified_op_name
+        if name.partition("::")[0] not in _OP_NAMESPACES:
+            raise codec.Unencodable(f"a call of the custom op {name}")
+        return f"op:{name}"
+    module = getattr(f, "__module__", None) or \
+        getattr(getattr(f, "__objclass__", None), "__module__", None)
+    qualname = getattr(f, "__qualname__", None)
+    # torch.cat's qualified name is `_VariableFunctionsClass.cat`; `torch.cat` finds it.
+    for name in dict.fromkeys((qualname, getattr(f, "__name__", None))):
+        if module and name and _trusted(module) and _resolve(module, name) is f:
+            return f"{module}.{name}"
+    raise codec.Unencodable(f"a call of {qualname or f!r} (module {module}), whose name "
+                            "does not determine its code")
+
+
+def _trusted(module: str) -> bool:
+    return module.split(".")[0] in _TRUSTED_MODULES and \
+        not module.startswith(_UNTRUSTED_MODULES)
+
+
+def _resolve(module: str, qualname: str) -> Any:
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except (ImportError, AttributeError):
+        return None
+
+
+def decompositions(table) -> str:
+    """The decomposition table by its ops and functions' names; Unencodable where one has
+    no name that finds it (a closure, a lambda: its code is the user's)."""
+    from ..backends.compilers import INDUCTOR_DECOMPOSITIONS
+    if table is None:
+        return "None"
+    if table is INDUCTOR_DECOMPOSITIONS:  # Inductor's, of this torch and its config
+        return "inductor"
+    try:
+        named = sorted((function_name(op), function_name(fn)) for op, fn in table.items())
+    except codec.Unencodable as exc:
+        raise codec.Unencodable(f"custom decompositions ({exc})") from None
+    return f"sha256:{keys.sha(named)} ({len(named)} ops)"
+
+
+def global_state() -> str:
+    """What a trace reads besides its inputs: grad mode, autocast, default dtype and the
+    flags that choose kernels or decompositions (Dynamo guards them too)."""
+    cuda = torch.backends.cuda
+    state = {"grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
+             "default dtype": torch.get_default_dtype(),
+             "deterministic": torch.are_deterministic_algorithms_enabled(),
+             "matmul precision": torch.get_float32_matmul_precision(),
+             "tf32": (torch.backends.cudnn.allow_tf32, cuda.matmul.allow_tf32),
+             "sdp": (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+                     cuda.math_sdp_enabled())}
+    for device in ("cpu", "cuda"):
+        state[f"autocast {device}"] = (torch.is_autocast_enabled(device) and
+                                       torch.get_autocast_dtype(device))
+    return ", ".join(f"{k} {v}" for k, v in state.items())
