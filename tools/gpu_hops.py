@@ -103,9 +103,43 @@ def region_case():
     return fn, [torch.randn(8, 64, device="cuda", requires_grad=True)]
 
 
+def wrapped_triton_case():
+    """The same kernel launched through `torch.library.wrap_triton`, which make_fx traces
+    (outside Dynamo too) into the kernel wrapper HOP."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
+
+    def scale(x, factor):
+        out = torch.empty_like(x)
+        n = x.numel()
+        torch.library.wrap_triton(scale_kernel)[(triton.cdiv(n, 256),)](
+            x, out, n, factor, BLOCK=256)
+        return out
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return scale(x, 2.0)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return scale(grad, 2.0)
+
+    def wrapped(x):
+        return Scale.apply(x.sin()).cos()
+    return wrapped, [torch.randn(1000, device="cuda", requires_grad=True)]
+
+
 # The user Triton case last: a crash there broke the CUDA context for every case after it.
 CASES = {"cond": cond_case, "scan": scan_case, "compiled_region": region_case,
-         "flex_attention": flex_case, "user_triton_kernel": triton_case}
+         "flex_attention": flex_case, "user_triton_kernel": triton_case,
+         "user_triton_wrap_triton": wrapped_triton_case}
 
 
 def run(fn, inputs):
@@ -125,10 +159,17 @@ def difference(expected, actual) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results/gpu_hops.json")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--try-triton", action="store_true",
+                        help="lift the refusal of Triton kernel wrappers (what would happen)")
     args = parser.parse_args(argv)
+    if args.try_triton:
+        from aotgrad.semantics import hops
+        hops.REFUSED_HOPS.clear()
     meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
     rows = []
-    for name, make in CASES.items():
+    for name in args.cases.split(","):
+        make = CASES[name]
         for row in case_rows(name, make):
             rows.append(row)
             print(json.dumps(row), flush=True)
