@@ -217,15 +217,18 @@ def test_saved_tensor_hooks_fall_back_to_eager_with_a_reason(caplog):
 def test_gradient_penalty_with_create_graph(front_door):
     def step(m):
         f = aotgrad.compile(m, backend="eager") if front_door == "aotgrad" else m
-        for _ in range(2):
-            x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1),
+        out = []
+        for k in range(3):  # each step its own input: a graph reused must read this one's
+            x = torch.randn(3, 8, generator=torch.Generator().manual_seed(k),
                             requires_grad=True)
-            out = f(x).sum()
-            gx, = torch.autograd.grad(out, [x], create_graph=True)
-            (out + gx.pow(2).sum()).backward()
-        return gx.detach()
-    expected, actual, _ = twice(step, mlp())
-    same(expected, actual, "input gradient")
+            y = f(x).sum()
+            gx, = torch.autograd.grad(y, [x], create_graph=True)
+            (y + gx.pow(2).sum()).backward()
+            out.append([gx.detach(), *(g.clone() for g in grads(m))])
+        return out
+    expected, actual, stats = twice(step, mlp())
+    same(expected, actual, "input gradient and grads per step")
+    assert stats.fallbacks == []
 
 
 # -- sizes: a graph traced for some sizes serves others only where its guards hold ---------------
@@ -441,3 +444,60 @@ def test_same_sizes_other_strides_match_eager():
         actual = steps()
     same(expected, actual, "grads per step")
     assert stats.fallbacks == []
+
+
+# -- "inductor" with create_graph=True: the captured graph compiled differentiably -----------
+
+class InductorCompiles:
+    """compile_fx_inner, counted by the role Inductor was told (a wrapper: it still compiles)."""
+
+    def __init__(self, monkeypatch):
+        import torch._inductor.compile_fx as compile_fx
+        self.roles: list[str] = []
+        inner = compile_fx.compile_fx_inner
+
+        def counting(gm, example_inputs, **kwargs):
+            self.roles.append("backward" if kwargs.get("is_backward") else
+                              "inference" if kwargs.get("is_inference") else "forward")
+            return inner(gm, example_inputs, **kwargs)
+        monkeypatch.setattr(compile_fx, "compile_fx_inner", counting)
+
+
+@pytest.mark.parametrize("front_door", ["eager", "aotgrad"])
+def test_inductor_gradient_penalty_runs_compiled_and_hits_the_cache(front_door, monkeypatch,
+                                                                    caplog):
+    compiles = InductorCompiles(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    seen = []  # per step: (roles compiled so far, the input gradient's grad_fn)
+
+    def step(m):
+        f = aotgrad.compile(m, backend="eager") if front_door == "aotgrad" else m
+        out = []
+        for k in range(3):
+            x = torch.randn(3, 8, generator=torch.Generator().manual_seed(k),
+                            requires_grad=True)
+            y = f(x).sum()
+            gx, = torch.autograd.grad(y, [x], create_graph=True)
+            (y + gx.pow(2).sum()).backward()
+            out.append(gx.detach())
+            seen.append((list(compiles.roles), type(gx.grad_fn).__name__))
+        return out
+    with caplog.at_level(logging.WARNING, logger="aotgrad"):
+        expected, actual, stats = twice(step, model, "inductor")
+    same(expected, actual, "input gradient per step")  # and twice(): the parameters' grads
+    assert stats.fallbacks == [] and not [r for r in caplog.records if "uncompiled" in r.message]
+    compiled_steps = seen[3:]
+    # Eager forward: the gradient came out of aotgrad's compiled (differentiable) call, not
+    # the graph's ops. aotgrad forward: its region's double backward replays the region's
+    # ops from this step's inputs (aotgrad's own create_graph path), called by the graph.
+    assert {grad_fn for _, grad_fn in compiled_steps} == (
+        {"CompiledFunctionBackward"} if front_door == "eager" else {"MmBackward0"})
+    # Inductor compiled create_graph's graph through aotgrad: as a forward (an inference
+    # where none of a segment's inputs requires grad). Nothing else compiles one here: the
+    # plain backwards are compiled as backwards, the model's region by the eager backend.
+    first, second, third = (roles for roles, _ in compiled_steps)
+    fresh = [r for r in first if r != "backward"]
+    assert fresh and ("forward" in fresh) == (front_door == "eager")
+    assert [r for r in second if r != "backward"] == fresh  # the create_graph graph: cached
+    assert third == second  # every backward of the third step: cached

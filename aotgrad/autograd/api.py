@@ -8,10 +8,11 @@ a backward that cannot be captured runs on the eager engine instead, its reason 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import fx
@@ -19,7 +20,8 @@ from torch import fx
 from ..cache import autograd as persistent
 from .cache import CaptureKey, CaptureLog
 from .capture import BackwardCapture
-from .specialize import Captured, Variant, specialize, unspecialized
+from .specialize import (Captured, CompiledOnFirstRun, Variant, calls_region, specialize,
+                         specialize_create_graph, unspecialized)
 
 log = logging.getLogger("aotgrad.autograd")
 
@@ -36,8 +38,10 @@ class Stats:
 
 
 class Session:
-    def __init__(self, compiler: Callable[[fx.GraphModule], Callable]):
+    def __init__(self, compiler: Callable[[fx.GraphModule], Callable],
+                 differentiable: Callable[[fx.GraphModule], Callable] | None = None):
         self.compiler = compiler
+        self.differentiable = differentiable  # create_graph's compiler; None: run the ops
         self.stats = Stats()
         self.keys = CaptureLog()
         self.open_capture: BackwardCapture | None = None
@@ -65,7 +69,8 @@ class Session:
             # was captured before for other sizes): at most one recompile per new size.
             dynamic = captured.resized or failed is not None
             trace = functools.partial(specialize, dynamic=dynamic)
-            variant = persistent.specialize(captured.program, args, self.compiler, trace)
+            variant = persistent.specialize(captured.program, args,
+                                            self._compiler_now(captured.index), trace)
         except Exception as error:  # noqa: BLE001 - the program itself is eager's backward
             reason = f"{type(error).__name__}: {error}".splitlines()[0]
             self.stats.fallbacks.append(reason)
@@ -74,7 +79,44 @@ class Session:
                         captured.index, reason, exc_info=log.isEnabledFor(logging.DEBUG))
             return unspecialized(captured.program)
         self.stats.compiles += 1
-        return variant
+        return dataclasses.replace(variant, differentiable=self._for_create_graph(
+            captured, variant.graph, dynamic))
+
+    def _for_create_graph(self, captured: Captured, graph: fx.GraphModule,
+                          dynamic: bool) -> Callable:
+        """What a run with grad mode on (create_graph=True) runs: code autograd records.
+        Built at the first such run (a graph of its own where an aotgrad region's backward
+        must replay; compiled differentiably where the compiler can); where that fails,
+        the program, each formula as the eager engine runs it with grad mode on."""
+        region = calls_region(captured.program)
+        if not region and self.differentiable is None:
+            return graph  # its ops, recorded by autograd
+
+        def build(args: Sequence) -> Callable:
+            code = specialize_create_graph(captured.program, args, dynamic) if region \
+                else graph
+            return code if self.differentiable is None else self.differentiable(code)
+        return CompiledOnFirstRun(build, unspecialized(captured.program).graph,
+                                  self._failed(captured.index, True))
+
+    def _compiler_now(self, index: int) -> Callable[[fx.GraphModule], Callable]:
+        """The compiler for a run without grad mode. A create_graph run specializing a graph
+        compiles only the differentiable code it runs (an Inductor compile takes seconds):
+        the other waits for a run that needs it."""
+        if self.differentiable is None or not torch.is_grad_enabled():
+            return self.compiler
+        return lambda gm: CompiledOnFirstRun(lambda args: self.compiler(gm), gm,
+                                             self._failed(index, False))
+
+    def _failed(self, index: int, create_graph: bool) -> Callable[[Exception], None]:
+        """What a failed compile of capture `index` logs: its graph then runs uncompiled."""
+        def note(error: Exception) -> None:
+            reason = f"{type(error).__name__}: {error}".splitlines()[0]
+            self.stats.fallbacks.append(f"create_graph: {reason}" if create_graph else reason)
+            log.warning("aotgrad: compiled autograd could not compile capture %d%s; its ops "
+                        "run uncompiled (%s)", index, " for create_graph=True" if create_graph
+                        else "", reason, exc_info=log.isEnabledFor(logging.DEBUG))
+        return note
 
     def note_opaque(self, cls: type) -> None:
         if cls.__qualname__ not in self.stats.opaque:
@@ -90,14 +132,16 @@ class Session:
         return capture
 
 
-def resolve_compiler(compiler: Any) -> Callable[[fx.GraphModule], Callable]:
+def resolve_compiler(compiler: Any) -> Session:
+    """A session for `compiler`. "inductor" compiles create_graph's graphs too (through
+    aotgrad, differentiable); "eager" and a callable run them op by op, as autograd records."""
     if compiler == "eager":
-        return lambda gm: gm
+        return Session(lambda gm: gm)
     if compiler == "inductor":  # its ATen segments; hooks and .grad stay Python calls
-        from .inductor import compile_captured
-        return compile_captured
+        from .inductor import compile_captured, compile_differentiable
+        return Session(compile_captured, compile_differentiable)
     if callable(compiler):
-        return compiler
+        return Session(compiler)
     raise ValueError(f"aotgrad: compiled_autograd.enable takes 'eager', 'inductor' or a "
                      f"callable given the captured GraphModule, not {compiler!r}")
 
@@ -111,7 +155,7 @@ def enable(compiler: Any = "eager", dynamic: bool = True) -> Iterator[Stats]:
             model(x).sum().backward()
         assert stats.captures == 1
     """
-    session = Session(resolve_compiler(compiler))
+    session = resolve_compiler(compiler)
     engine = torch._C._dynamo.compiled_autograd
     # The engine's cache outlives a context: emptied, it holds only this session's graphs,
     # compiled by this compiler (not an earlier session's, nor torch's own instance's).

@@ -38,6 +38,10 @@ class Uncapturable(RuntimeError):
     """This backward cannot be captured: the engine runs it eagerly (api.py)."""
 
 
+class MissingMethod(Uncapturable, AttributeError):
+    """The engine called a method aotgrad's capture lacks (another torch release's)."""
+
+
 class BackwardCapture(Trace):
     """One capture: made by the engine on a cache miss, driven by its calls."""
 
@@ -187,6 +191,16 @@ class BackwardCapture(Trace):
 
     def bind_backward_state(self, index: int):
         raise Uncapturable(f"{self.node}: Dynamo's BackwardState")
+
+    def __getattr__(self, name: str) -> Any:
+        """A method this torch's engine calls that this class lacks (its protocol changes
+        between releases; 2.11's and 2.13's calls are all here): the backward runs eagerly,
+        the method named, rather than failing inside the engine. An AttributeError too, so
+        `getattr(capture, name, default)` still works."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise MissingMethod(f"torch {torch.__version__}'s autograd engine calls {name}(), "
+                            "which aotgrad's compiled autograd does not implement")
 
     # -- helpers -----------------------------------------------------------------------
     def _call(self, fn: Callable, *args: Any) -> fx.Proxy:

@@ -32,6 +32,13 @@ def run_region_backward(ctx: Any, saved: list, *grads: Any) -> tuple:
     return tuple(CompiledFunction.backward(_SavedContext(ctx, saved), *grads))
 
 
+def replay_region_backward(ctx: Any, saved: list, *grads: Any) -> tuple:
+    """create_graph=True: an aotgrad region's differentiable backward (grad mode on, it
+    replays the region's forward from the inputs this run's ctx holds), run at each
+    backward: traced, those inputs would be baked into the graph."""
+    return run_region_backward(ctx, saved, *grads)
+
+
 def copy_slices_prologue(inputs: list, base_sizes, base_strides, base_offset, view_sizes,
                          view_strides, view_offset) -> list:
     """CopySlices (an in-place op on a view of a leaf-less base), before the view's formula."""
@@ -142,7 +149,9 @@ RESULT_LIKE: dict[Callable, Callable[..., Any]] = {
     run_post_accumulate_hook: lambda hook, param: _like(param),
     run_python_backward: lambda ctx, saved, metas, *grads: tuple(_empty(m) for m in metas),
 }
-EFFECTS = frozenset(RESULT_LIKE)  # run for their effects: never dropped, never traced into
+# Run for their effects (or, the replay, for what they read at run time): never dropped,
+# never traced into. The replay's results are stood in for by the region's traced backward.
+EFFECTS = frozenset(RESULT_LIKE) | {replay_region_backward}
 
 
 def in_layout(grad: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:

@@ -12,6 +12,7 @@ MLP's backward is then one segment, followed by its accumulations.
 
 from __future__ import annotations
 
+import logging
 import operator
 from typing import Any, Callable
 
@@ -21,16 +22,30 @@ from torch import fx
 from . import hooks
 from .specialize import mutates
 
+log = logging.getLogger("aotgrad.autograd")
+
 
 def compile_captured(gm: fx.GraphModule) -> Callable:
     """The captured graph with its ATen segments compiled by Inductor."""
+    return compile_segments(gm, compile_segment)
+
+
+def compile_differentiable(gm: fx.GraphModule) -> Callable:
+    """create_graph=True's graph (run with grad mode on): each ATen segment compiled by
+    aotgrad itself, with Inductor, into a differentiable call whose backward is compiled
+    too, so the gradients it returns can be differentiated again (a gradient penalty)."""
+    return compile_segments(gm, differentiable_segment)
+
+
+def compile_segments(gm: fx.GraphModule,
+                     compile_one: Callable[[fx.GraphModule], Callable[[list], Any]]) -> Callable:
     from ..backends.compilers import copy_graph
-    gm = copy_graph(gm)  # the caller's graph runs as it is where grad mode is on
+    gm = copy_graph(gm)  # the caller's graph is the fallback where a compile fails
     hoist_pure_ops(gm.graph)
     outer = split_segments(gm)
     for node in outer.graph.find_nodes(op="call_module"):
         segment = getattr(outer, node.target)
-        setattr(outer, node.target, _Compiled(segment, compile_segment(segment)))
+        setattr(outer, node.target, _Compiled(segment, compile_one(segment)))
     outer.recompile()
     return outer
 
@@ -177,6 +192,61 @@ def compile_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
     output.meta["user_visible_output_idxs"] = list(range(len(output.args[0])))
     with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
         return compile_fx_inner(segment, example, is_backward=True)
+
+
+def differentiable_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
+    """aotgrad on one segment: traced at its first call, on that call's tensors, with
+    symbolic sizes (the segment serves every size the captured graph's guard admits)."""
+    from ..api import compile as aotgrad_compile
+    if not any(isinstance(n.target, torch._ops.OpOverload) for n in segment.graph.nodes):
+        return lambda args: segment(*args)
+    constants = lift_constants(segment)
+    compiled = aotgrad_compile(segment.forward, backend="inductor", dynamic=True)
+    return _TracedOnFirstCall(segment, compiled, constants)
+
+
+def lift_constants(segment: fx.GraphModule) -> list[torch.Tensor]:
+    """The tensors the graph holds as attributes (a region's parameter, read by its inlined
+    backward) become inputs, after the others: aotgrad differentiates only its inputs."""
+    lifted: dict[str, fx.Node] = {}  # one input per attribute, however often it is read
+    constants, last = [], segment.graph.find_nodes(op="placeholder")[-1]
+    for node in list(segment.graph.find_nodes(op="get_attr")):
+        value = getattr(segment, node.target)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if node.target not in lifted:
+            with segment.graph.inserting_after(last):
+                last = lifted[node.target] = segment.graph.placeholder(f"lifted_{node.target}")
+            last.meta = dict(node.meta)
+            constants.append(value)
+        node.replace_all_uses_with(lifted[node.target])
+        segment.graph.erase_node(node)
+    segment.recompile()
+    return constants
+
+
+class _TracedOnFirstCall:
+    """A segment compiled by aotgrad, which traces it at the first call. A segment is pure
+    (ATen ops on its inputs): where that trace fails, the segment's ops run instead, logged,
+    and autograd records them."""
+
+    def __init__(self, segment: fx.GraphModule, compiled: Callable, constants: list):
+        self.segment, self.run, self.constants = segment, compiled, constants
+        self.traced = False
+
+    def __call__(self, args: list) -> Any:
+        if self.traced:
+            return self.run(*args, *self.constants)
+        try:
+            result = self.run(*args, *self.constants)
+        except Exception as error:  # noqa: BLE001 - the segment's ops are the fallback
+            log.warning("aotgrad: compiled autograd runs a create_graph segment uncompiled: "
+                        "aotgrad could not compile it (%s)",
+                        f"{type(error).__name__}: {error}".splitlines()[0],
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            self.run = self.segment
+        self.traced = True
+        return result if self.run is not self.segment else self.run(*args, *self.constants)
 
 
 def decompose(segment: fx.GraphModule, example: list, fake_mode: Any) -> fx.GraphModule:

@@ -104,7 +104,12 @@ class Trace:
 
 class Specialization(Trace):
     """Runs a program's calls on fakes of one run's values: formulas trace into ATen ops,
-    the calls in `hooks.EFFECTS` stay calls."""
+    the calls in `hooks.EFFECTS` stay calls. For `create_graph`, an aotgrad region's
+    backward stays a call too (`hooks.replay_region_backward`)."""
+
+    def __init__(self, create_graph: bool = False):
+        super().__init__()
+        self.create_graph = create_graph
 
     def run(self, program: fx.Graph, args: Sequence, dynamic: bool) -> fx.Graph:
         inputs, sizes, scalars, hook_list, packed = args
@@ -113,8 +118,12 @@ class Specialization(Trace):
         self.values: dict[fx.Node, Any] = {}
         self.graph_args: dict[fx.Node, Any] = {}  # a hook's read of the graph's inputs
         try:
-            for node in program.nodes:
-                self._step(node, values)
+            # Grad mode off whatever the run's: a region's backward then traces as its
+            # backward graph's ops, on the lifted saved values (grad mode on, it would replay
+            # its forward from the inputs its ctx holds, baked into the graph as constants).
+            with torch.no_grad():
+                for node in program.nodes:
+                    self._step(node, values)
         finally:
             self.close()
         return self.tracer.graph
@@ -128,6 +137,8 @@ class Specialization(Trace):
             self.tracer.create_node("output", "output", (self.tracer.create_arg(outputs),), {})
         elif node.target in hooks.EFFECTS:
             self.values[node] = self._effect(node)
+        elif node.target is hooks.run_region_backward and self.create_graph:
+            self.values[node] = self._region_replay(node)
         else:
             self.values[node] = node.target(*self._load(node.args), **self._load(node.kwargs))
             if node.target is operator.getitem and node.args[0] in self.graph_args:
@@ -137,10 +148,21 @@ class Specialization(Trace):
         return fx.node.map_arg(args, self.values.__getitem__)
 
     def _effect(self, node: fx.Node) -> Any:
-        result = hooks.RESULT_LIKE[node.target](*self._load(node.args))
+        return self._keep_call(node, node.target,
+                               hooks.RESULT_LIKE[node.target](*self._load(node.args)))
+
+    def _region_replay(self, node: fx.Node) -> Any:
+        """create_graph: the region's backward replays its forward from this run's inputs,
+        so it runs at each backward, a call. Its ops are traced too, for the sizes of its
+        gradients and the guards they assume (drop_unused drops the ops)."""
+        inlined = node.target(*self._load(node.args))
+        return self._keep_call(node, hooks.replay_region_backward,
+                               tuple(hooks._like(g) for g in inlined))
+
+    def _keep_call(self, node: fx.Node, target: Callable, result: Any) -> Any:
         graph_args = fx.node.map_arg(node.args, lambda n: self.graph_args[n] if n in
                                      self.graph_args else self.to_proxy(self.values[n]))
-        proxy = self.tracer.create_proxy("call_function", node.target, graph_args, {})
+        proxy = self.tracer.create_proxy("call_function", target, graph_args, {})
         track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
         return result
 
@@ -172,16 +194,45 @@ def _readable(clause: str) -> str:
 @dataclass(frozen=True)
 class Variant:
     """One specialization: its graph, compiled, served where its guard holds. With
-    create_graph=True (grad mode on) it runs the graph's ops uncompiled, so autograd
-    records them: the gradient is differentiable."""
+    create_graph=True (grad mode on) it runs `differentiable` instead: code autograd
+    records, so the gradient is differentiable (by default the graph's ops, uncompiled)."""
     graph: Callable
     compiled: Callable
     guard: Guard
+    differentiable: Callable | None = None  # None: `graph`
+
+    def __post_init__(self):
+        if self.differentiable is None:
+            object.__setattr__(self, "differentiable", self.graph)
 
     def __call__(self, *args: Any) -> Any:
         if torch.is_grad_enabled():
-            return self.graph(*args)
+            return self.differentiable(*args)
         return self.compiled(*args)
+
+
+class CompiledOnFirstRun:
+    """A specialization's code, built at its first run from that run's arguments (the code
+    for create_graph=True: most graphs never run with grad mode on). Where the build fails,
+    `fallback` runs instead (uncompiled ops, as autograd records them): slower, never a
+    different gradient."""
+
+    def __init__(self, build: Callable[[Sequence], Callable], fallback: Callable,
+                 failed: Callable[[Exception], None]):
+        self.build, self.fallback, self.failed = build, fallback, failed
+        self.run: Callable | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.run is None:
+            self.run = self._build(args)
+        return self.run(*args)
+
+    def _build(self, args: Sequence) -> Callable:
+        try:
+            return self.build(args)
+        except Exception as error:  # noqa: BLE001 - `fallback` computes the same values
+            self.failed(error)
+            return self.fallback
 
 
 class Captured:
@@ -217,13 +268,30 @@ def specialize(program: fx.GraphModule, args: Sequence,
     sizes cost many times more to trace (each view's reasoning goes through sympy) and to
     compile, so they wait until a size does change."""
     trace = Specialization()
-    graph = trace.run(program.graph, args, dynamic)
-    order_like_eager(graph)
-    drop_unused(graph)
-    gm = fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
+    gm = _traced(trace, program, args, dynamic)
     compiled = compiler(gm)
     guard = trace.guard() if dynamic else exact_guard(args)
     return Variant(gm, compiled, guard)  # guards last: a compiler may add some
+
+
+def specialize_create_graph(program: fx.GraphModule, args: Sequence,
+                            dynamic: bool) -> fx.GraphModule:
+    """`program` traced for create_graph=True, for a run that a specialization's guard
+    admitted (its trace takes the branches that one took: the same guard holds)."""
+    return _traced(Specialization(create_graph=True), program, args, dynamic)
+
+
+def _traced(trace: Specialization, program: fx.GraphModule, args: Sequence,
+            dynamic: bool) -> fx.GraphModule:
+    graph = trace.run(program.graph, args, dynamic)
+    order_like_eager(graph)
+    drop_unused(graph)
+    return fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
+
+
+def calls_region(program: fx.GraphModule) -> bool:
+    """Inlines an aotgrad region's backward: then create_graph needs a graph of its own."""
+    return any(n.target is hooks.run_region_backward for n in program.graph.nodes)
 
 
 def unspecialized(program: fx.GraphModule) -> Variant:
