@@ -63,6 +63,8 @@ def encode_value(v: Any, node_ref: Callable[[fx.Node], Any] | None = None) -> An
         return {"complex": [encode_value(v.real), encode_value(v.imag)]}
     if isinstance(v, slice):
         return {"slice": [encode_value(x, node_ref) for x in (v.start, v.stop, v.step)]}
+    if v is Ellipsis:  # x[..., :n] in a Dynamo graph
+        return {"ellipsis": None}
     if isinstance(v, enum.Enum):
         return {"enum": f"{type(v).__qualname__}.{v.name}"}
     raise Unencodable(f"a graph value of type {type(v).__name__}")
@@ -92,6 +94,8 @@ def decode_value(v: Any, nodes: dict[str, fx.Node] | None = None) -> Any:
         return complex(decode_value(x[0]), decode_value(x[1]))
     if tag == "slice":
         return slice(*(decode_value(y, nodes) for y in x))
+    if tag == "ellipsis":
+        return Ellipsis
     raise ValueError(f"unknown tag {tag!r}")
 
 

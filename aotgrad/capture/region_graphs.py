@@ -32,6 +32,7 @@ def build_region(options, capture: Callable, trace_joint: Callable, body: fx.Gra
         gm = joint.trace_inference(c.graph_fn, c.info, c.fakes, c.fake_mode,
                                    options.backend.decompositions)
         n = len(c.info.outputs)
+        tuple_outputs(gm)
         return Region(identifier, body, gm, None, n, (False,) * n, ()) if all_tensors(gm) \
             else None
     c, joint_gm = trace_joint(c, options, RandomValueTags())
@@ -41,5 +42,15 @@ def build_region(options, capture: Callable, trace_joint: Callable, body: fx.Gra
     if not all_tensors(forward):  # a saved size: symbolic shapes, left to PyTorch's rules
         return None
     has_grad = keep_given_grads(backward)
+    tuple_outputs(forward)
+    tuple_outputs(backward)
     return Region(identifier, body, forward, backward, n, c.info.gets_tangent, has_grad)
 
+
+def tuple_outputs(gm: fx.GraphModule) -> None:
+    """A body called by `invoke_subgraph` returns a tuple: torch 2.11 asserts it (our traces
+    return lists)."""
+    output = gm.graph.output_node()
+    if isinstance(output.args[0], list):
+        output.args = (tuple(output.args[0]),)
+        gm.recompile()
