@@ -388,6 +388,21 @@ def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
     around the graphs: no mutations, no autocast to turn off, every output computed by the
     graph. None for the others. Straight-line Python generated per plan (`run.source`): the
     graph inputs picked by position, the outputs by index, no list copied but the boxed one."""
+    body = runner_body(call)
+    if body is None:
+        return None
+    lines, scope = body
+    source = "def run(a):\n" + lines
+    exec(compile(source, "<aotgrad runner>", "exec"), scope)
+    run = scope["run"]
+    run.source = source
+    return run
+
+
+def runner_body(call: CompiledCall, grad: bool | None = None) -> tuple[str, dict] | None:
+    """The direct runner's body over the flat arguments `a` (indented once) and the names it
+    reads; None where the plan needs the general path. `grad`: the grad mode the caller
+    checked already (a guard that specializes on it), which the body then does not read."""
     plan = call.plan
     if call._mutated or call._versioned or call._gains_grad or plan.overwritten_inputs \
             or plan.disable_autocast or call._plain_outputs is None:
@@ -401,18 +416,25 @@ def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
     args = ", ".join(f"a[{p}]" for p in plan.graph_input_positions)
     if call.backward is None:
         result = _picked(call, f"_forward([{args}])", from_tuple=False)
-        source = (f"def run(a):\n    if _grad():\n        with _no_grad():\n"
-                  f"            return {result}\n    return {result}\n")
-    else:
-        gradless = "".join(f" and not a[{plan.graph_input_positions[i]}].requires_grad"
-                           for i in plan.gradless_inputs)
-        source = (f"def run(a):\n    if _grad() and not _transforms(){gradless}:\n"
-                  f"        return {_picked(call, f'_apply(_call, {args})', True)}\n"
-                  f"    return _general(a)\n")
-    exec(compile(source, "<aotgrad runner>", "exec"), scope)
-    run = scope["run"]
-    run.source = source
-    return run
+        return _inference_body(result, grad), scope
+    gradless = "".join(f" and not a[{plan.graph_input_positions[i]}].requires_grad"
+                       for i in plan.gradless_inputs)
+    applied = _picked(call, f"_apply(_call, {args})", True)
+    if grad is False:  # _run_training turns grad mode on, as the trace had it
+        return "    return _general(a)\n", scope
+    check = "not _transforms()" if grad else "_grad() and not _transforms()"
+    return (f"    if {check}{gradless}:\n        return {applied}\n"
+            "    return _general(a)\n"), scope
+
+
+def _inference_body(result: str, grad: bool | None) -> str:
+    """A graph traced without grad runs without it."""
+    if grad is False:
+        return f"    return {result}\n"
+    if grad:
+        return f"    with _no_grad():\n        return {result}\n"
+    return (f"    if _grad():\n        with _no_grad():\n            return {result}\n"
+            f"    return {result}\n")
 
 
 def _picked(call: CompiledCall, raw: str, from_tuple: bool) -> str:
