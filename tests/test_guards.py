@@ -338,3 +338,17 @@ def test_a_plan_without_a_direct_runner_is_guarded_around_its_general_run(monkey
     out.sum().backward()
     expected.sum().backward()
     torch.testing.assert_close(y.grad, y_eager.grad)
+
+
+def test_a_lean_plan_runs_its_own_function_named_as_torch_names_it():
+    f = compiled(lambda x: (x.sin() * 2).sum())
+    x = torch.randn(4, requires_grad=True)
+    out = f(x)
+    call = f.guarded[0][1]
+    assert call.lean and call.function is not type(out.grad_fn)._forward_cls.__base__
+    assert out.grad_fn.name() == "CompiledFunctionBackward"
+    assert "_general(ctx, *grads)" in call.function.backward.source
+    (g,) = torch.autograd.grad(out, x, create_graph=True)  # the general backward's replay
+    torch.testing.assert_close(g, 2 * x.cos())
+    g.sum().backward()
+    torch.testing.assert_close(x.grad, -2 * x.sin())
