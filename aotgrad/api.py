@@ -23,7 +23,7 @@ from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
 from .capture.inputs import flatten, lift_state
 from .partition.budget import budget_partition
-from .runtime.guards import global_state, make_guard, plan_guard
+from .runtime.guards import MISS, global_state, make_guard, make_guarded_run, plan_guard
 from .partition.remat import min_cut_rematerialization_partition
 from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
@@ -100,6 +100,8 @@ class CompiledFunction:
         self.max_entries = max_entries
         self.entries: dict[Hashable, CompiledCall] = {}
         self.guarded: list[tuple[Callable, CompiledCall]] = []  # entries for flat calls
+        # The same entries, each guard and run in one frame (what a call tries first).
+        self.guarded_runs: list[Callable[[tuple], Any]] = []
         self.dynamic_entries: dict[Hashable, list[CompiledCall]] = {}  # dynamic=True
         # Signatures that dynamic shapes failed for, and why: compiled for static shapes.
         self.static_only: dict[Hashable, Exception] = {}
@@ -109,12 +111,13 @@ class CompiledFunction:
         if _tracing():
             return self.fn(*args, **kwargs)
         if not kwargs:
-            for guard, call in self.guarded:
-                if guard(args):
-                    try:
-                        return call.run(args)
-                    except AliasingChanged:  # a later entry may be this aliasing's variant
-                        continue
+            for guarded_run in self.guarded_runs:
+                try:
+                    out = guarded_run(args)
+                except AliasingChanged:  # a later entry may be this aliasing's variant
+                    continue
+                if out is not MISS:
+                    return out
         return self._call_by_signature(args, kwargs)
 
     def _call_by_signature(self, args: tuple, kwargs: dict):
@@ -174,6 +177,7 @@ class CompiledFunction:
         plan = plan_guard(flat, call) if flat_call else None
         if plan is not None:
             self.guarded.append((make_guard(plan, flat, _shape_check(call)), call))
+            self.guarded_runs.append(make_guarded_run(plan, flat, call, _shape_check(call)))
 
     def _dynamic_call(self, shape, flat: list, key: Hashable) -> CompiledCall | None:
         """The first graph compiled for this signature whose shape guard accepts the call; then

@@ -288,3 +288,67 @@ def test_subclass_outputs_of_plain_inputs_through_the_guarded_path():
         torch.testing.assert_close(out.a, x.sin())
         torch.testing.assert_close(out.b, x * 2)
     assert len(f.guarded) == 1 and len(f.entries) == 1
+
+
+# ---- the guarded runs: each entry's guard and run in one frame ------------------------------
+
+def test_a_guarded_run_checks_grad_mode_once_and_serves_each_mode(monkeypatch):
+    f = compiled(lambda x: (x.sin() * 2).sum())
+    x = torch.randn(4, requires_grad=True)
+    f(x).backward()
+    with torch.no_grad():
+        f(x)
+    training, inference = (run.source for run in f.guarded_runs)
+    assert training.count("_grad()") == 1 and "_apply(" in training
+    assert inference.count("_grad()") == 1 and "_no_grad" not in inference
+    no_signature(monkeypatch)
+    y = torch.randn(4, requires_grad=True)
+    f(y).backward()
+    torch.testing.assert_close(y.grad, 2 * y.cos())
+    with torch.no_grad():
+        out = f(y)
+    assert out.grad_fn is None and not out.requires_grad
+    torch.testing.assert_close(out, (y.sin() * 2).sum())
+
+
+def test_a_guarded_run_returns_miss_for_a_call_its_guard_rejects():
+    f = compiled(lambda x: x * 2)
+    f(torch.randn(3))
+    (run,) = f.guarded_runs
+    assert run((torch.randn(4),)) is guards.MISS
+    assert run((torch.randn(3), 1)) is guards.MISS
+    torch.testing.assert_close(run((torch.ones(3),)), torch.full((3,), 2.0))
+
+
+def test_a_plan_without_a_direct_runner_is_guarded_around_its_general_run(monkeypatch):
+    def fn(x, y):
+        x.add_(1)  # a mutated input: the general path copies the new value back
+        return x * y
+    f = compiled(fn)
+    f(torch.ones(3), torch.randn(3, requires_grad=True))
+    (run,) = f.guarded_runs
+    assert "return _run(a)" in run.source
+    no_signature(monkeypatch)
+    x, y = torch.ones(3), torch.randn(3, requires_grad=True)
+    out = f(x, y)
+    x_eager, y_eager = torch.ones(3), y.detach().clone().requires_grad_()
+    expected = fn(x_eager, y_eager)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, x_eager)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(y.grad, y_eager.grad)
+
+
+def test_a_lean_plan_runs_its_own_function_named_as_torch_names_it():
+    f = compiled(lambda x: (x.sin() * 2).sum())
+    x = torch.randn(4, requires_grad=True)
+    out = f(x)
+    call = f.guarded[0][1]
+    assert call.lean and type(out.grad_fn)._forward_cls is call.function
+    assert out.grad_fn.name() == "CompiledFunctionBackward"
+    assert "_general(ctx, *grads)" in call.function.backward.source
+    (g,) = torch.autograd.grad(out, x, create_graph=True)  # the general backward's replay
+    torch.testing.assert_close(g, 2 * x.cos())
+    g.sum().backward()
+    torch.testing.assert_close(x.grad, -2 * x.sin())

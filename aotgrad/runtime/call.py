@@ -27,6 +27,7 @@ from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
 from ..autograd import state as _compiled_autograd
 from .mutations import BackwardWrites, mutation_steps, set_versions
+from .lean import lean_function, tangent as _tangent
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -75,23 +76,11 @@ def _region_key(call: "CompiledCall", saved_sizes: Sequence[int]) -> int:
 
 class CompiledFunction(torch.autograd.Function):
     """The compiled forward and backward as one autograd node. Named as torch's: tools find
-    compiled regions by `grad_fn.name() == "CompiledFunctionBackward"`."""
+    compiled regions by `grad_fn.name() == "CompiledFunctionBackward"`. Lean plans run a
+    subclass of their own (lean.py); this class runs the others."""
 
     @staticmethod
     def forward(ctx, call: "CompiledCall", *inputs):
-        if call.lean:  # most plans: nothing around the graph but what autograd needs
-            if call.holds_versions:
-                call.double_backward.hold(ctx, inputs)
-            else:  # every input is saved: its version is autograd's to check
-                ctx.primals = inputs
-            ctx.call = call
-            ctx.saved_sizes = ()
-            # What set_materialize_grads(False) and save_for_backward set, without their
-            # Python frames (the C++ side of Function.apply reads these attributes).
-            ctx.materialize_grads = False
-            outs = call.forward(list(inputs))
-            ctx.to_save = tuple(outs[call.num_fw_outputs:])
-            return tuple(outs[:call.num_fw_outputs])
         call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
         if call.stale is not None:
             call.stale.hold(ctx, inputs)
@@ -128,20 +117,6 @@ class CompiledFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
-        # The common backward, in this frame: what the general path below does for it. Not
-        # for a traced backward: Dynamo (torch's compiled autograd) passes a stand-in ctx,
-        # and so does aotgrad's capture (after marking `capturing` while the engine walks).
-        if call.lean and type(ctx) is _BACKWARD_NODE and not (
-                torch.is_grad_enabled() or _compiled_autograd.capturing):
-            args = list(ctx.saved_tensors)
-            for i in call.tangent_outputs:
-                grad = grads[i]
-                args.append(grad.contiguous() if grad is not None else
-                            _tangent(None, call.plan.info.graph_output_metas[i], None))
-            ctx.maybe_clear_saved_tensors()
-            if not torch._C._autograd._get_current_graph_task_keep_graph():
-                ctx.primals = None  # as release_inputs
-            return (None, *call.backward(args))
         if call.stale is not None:  # eager's error, where eager's backward would raise it
             call.stale.check(ctx, grads)
         metas = call.plan.info.graph_output_metas
@@ -213,29 +188,22 @@ def run_graph_boxed(gm: torch.fx.GraphModule) -> Callable[[list], list]:
     return run
 
 
-def _tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch.Tensor:
-    if grad is None and shape is not None:  # the meta's shape is symbolic: this call's
-        return torch.zeros(shape, dtype=meta.dtype, device=meta.device)
-    if grad is None:  # the output took no part in the loss
-        return subclasses.zeros(subclasses.tangent_layout(meta))
-    return grad.contiguous()
-
-
-# Function.apply's Python wrapper only unwraps functorch transforms; with none active, the C++
-# entry point does the same work a few microseconds sooner.
 CompiledGraph = CompiledFunction  # the name the rest of aotgrad knows it by
-_apply_fast = torch._C._FunctionBase.__dict__["apply"].__get__(None, CompiledGraph)
 # The engine runs a node by its `apply`, whose Python wrapper (BackwardCFunction.apply) only
-# chooses between `backward` and `vjp` (and boxes the grads, for `boxed_grads_call`): with
-# neither used here, the node calls the backward itself, two Python frames sooner.
+# chooses between `backward` and `vjp`: the node calls the backward itself (see lean.py).
 CompiledGraph._backward_cls.apply = CompiledGraph.backward
-_BACKWARD_NODE = CompiledGraph._backward_cls  # the ctx of a call's backward
+
+
+def fast_apply(function: type) -> Callable:
+    """`function.apply` without its Python wrapper, which only unwraps functorch transforms:
+    with none active, the C++ entry point does the same work a few microseconds sooner."""
+    return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
 
 
 def apply_compiled(call: "CompiledCall", args: list):
     if torch._C._are_functorch_transforms_active():
-        return CompiledGraph.apply(call, *args)
-    return _apply_fast(call, *args)
+        return call.function.apply(call, *args)
+    return call.apply_fast(call, *args)
 
 
 @dataclass(frozen=True)
@@ -312,6 +280,8 @@ class CompiledCall:
         self.tangent_outputs = plan.tangent_outputs
         self.lean = backward is not None and _is_lean(self)
         self.holds_versions = self.lean and bool(self.double_backward.unsaved_inputs)
+        self.function = lean_function(self, CompiledGraph) if self.lean else CompiledGraph
+        self.apply_fast = fast_apply(self.function)
         self.run = _direct_runner(self) or self._run_and_unflatten
 
     def _call_backward_directly_once_compiled(self) -> None:
@@ -388,31 +358,53 @@ def _direct_runner(call: CompiledCall) -> Callable[[Sequence[Any]], Any] | None:
     around the graphs: no mutations, no autocast to turn off, every output computed by the
     graph. None for the others. Straight-line Python generated per plan (`run.source`): the
     graph inputs picked by position, the outputs by index, no list copied but the boxed one."""
+    body = runner_body(call)
+    if body is None:
+        return None
+    lines, scope = body
+    source = "def run(a):\n" + lines
+    exec(compile(source, "<aotgrad runner>", "exec"), scope)
+    run = scope["run"]
+    run.source = source
+    return run
+
+
+def runner_body(call: CompiledCall, grad: bool | None = None) -> tuple[str, dict] | None:
+    """The direct runner's body over the flat arguments `a` (indented once) and the names it
+    reads; None where the plan needs the general path. `grad`: the grad mode the caller
+    checked already (a guard that specializes on it), which the body then does not read."""
     plan = call.plan
     if call._mutated or call._versioned or call._gains_grad or plan.overwritten_inputs \
             or plan.disable_autocast or call._plain_outputs is None:
         return None
     gather, outputs, unflatten = call._gather, call._plain_outputs, call.unflatten
     scope = {"_grad": torch.is_grad_enabled, "_no_grad": torch.no_grad, "_call": call,
-             "_forward": call.forward, "_apply": _apply_fast,
+             "_forward": call.forward, "_apply": call.apply_fast,
              "_transforms": torch._C._are_functorch_transforms_active,
              "_finish": lambda raw: unflatten(list(raw[outputs])),
              "_general": lambda a: unflatten(list(call._run_training(gather(a))[outputs]))}
     args = ", ".join(f"a[{p}]" for p in plan.graph_input_positions)
     if call.backward is None:
         result = _picked(call, f"_forward([{args}])", from_tuple=False)
-        source = (f"def run(a):\n    if _grad():\n        with _no_grad():\n"
-                  f"            return {result}\n    return {result}\n")
-    else:
-        gradless = "".join(f" and not a[{plan.graph_input_positions[i]}].requires_grad"
-                           for i in plan.gradless_inputs)
-        source = (f"def run(a):\n    if _grad() and not _transforms(){gradless}:\n"
-                  f"        return {_picked(call, f'_apply(_call, {args})', True)}\n"
-                  f"    return _general(a)\n")
-    exec(compile(source, "<aotgrad runner>", "exec"), scope)
-    run = scope["run"]
-    run.source = source
-    return run
+        return _inference_body(result, grad), scope
+    gradless = "".join(f" and not a[{plan.graph_input_positions[i]}].requires_grad"
+                       for i in plan.gradless_inputs)
+    applied = _picked(call, f"_apply(_call, {args})", True)
+    if grad is False:  # _run_training turns grad mode on, as the trace had it
+        return "    return _general(a)\n", scope
+    check = "not _transforms()" if grad else "_grad() and not _transforms()"
+    return (f"    if {check}{gradless}:\n        return {applied}\n"
+            "    return _general(a)\n"), scope
+
+
+def _inference_body(result: str, grad: bool | None) -> str:
+    """A graph traced without grad runs without it."""
+    if grad is False:
+        return f"    return {result}\n"
+    if grad:
+        return f"    with _no_grad():\n        return {result}\n"
+    return (f"    if _grad():\n        with _no_grad():\n            return {result}\n"
+            f"    return {result}\n")
 
 
 def _picked(call: CompiledCall, raw: str, from_tuple: bool) -> str:

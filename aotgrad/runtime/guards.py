@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..schema import OutputKind
-from .call import CompiledCall
+from .call import CompiledCall, runner_body
 
 _GUARDABLE_TENSORS = (torch.Tensor, torch.nn.Parameter)  # subclasses keep the signature key
 _CONSTANT_TYPES = (int, float, bool, type(None))
@@ -176,8 +176,38 @@ def make_guard(plan: GuardPlan, flat_args: Sequence[Any],
     return guard
 
 
+MISS = object()  # what a guarded run returns for a call its guard rejects
+
+
+def make_guarded_run(plan: GuardPlan, flat_args: Sequence[Any], call: CompiledCall,
+                     shapes: Callable[[Sequence[Any]], bool] | None = None
+                     ) -> Callable[[Sequence[Any]], Any]:
+    """The entry's guard and its run in one frame: flat arguments -> the user's outputs, or
+    `MISS`. The run's body is inlined where the plan has a direct runner, and does not read
+    again the grad mode the guard checked. Generated per entry (`guarded_run.source`)."""
+    condition, scope = _guard_condition(plan, flat_args, shapes)
+    body = runner_body(call, grad=plan.global_state[0])
+    if body is None:
+        lines, names = "    return _run(a)\n", {"_run": call.run}
+    else:
+        lines, names = body
+    assert all(scope.get(k, v) is v for k, v in names.items()), "clashing names"
+    source = f"def guarded_run(a):\n    if not ({condition}):\n        return _MISS\n{lines}"
+    scope.update(names, _MISS=MISS)
+    exec(compile(source, "<aotgrad guarded run>", "exec"), scope)
+    run = scope["guarded_run"]
+    run.source = source
+    return run
+
+
 def _guard_source(plan: GuardPlan, flat_args: Sequence[Any] | None = None,
                   shapes: Callable | None = None):
+    condition, scope = _guard_condition(plan, flat_args, shapes)
+    return f"def guard(a):\n    return ({condition})\n", scope
+
+
+def _guard_condition(plan: GuardPlan, flat_args: Sequence[Any] | None,
+                     shapes: Callable | None) -> tuple[str, dict]:
     scope: dict[str, Any] = {"_grad": torch.is_grad_enabled,
                              "_inference": torch.is_inference_mode_enabled,
                              "_state": global_state, "_shapes": shapes}
@@ -189,8 +219,7 @@ def _guard_source(plan: GuardPlan, flat_args: Sequence[Any] | None = None,
     terms += [f"a[{p}].is_leaf is {leaf}" for p, leaf in plan.leaves]
     terms += [_constant_term(p, value, scope) for p, value in plan.constants]
     terms += ["_shapes(a)"] if shapes is not None else []
-    body = " and\n            ".join(terms)
-    return f"def guard(a):\n    return ({body})\n", scope
+    return " and\n            ".join(terms), scope
 
 
 def _tensor_terms(plan: GuardPlan, flat_args, scope: dict, dynamic: bool = False) -> list[str]:

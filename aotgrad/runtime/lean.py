@@ -1,0 +1,97 @@
+"""The short path of most training calls: an autograd.Function of one plan alone.
+
+A plan is lean (`call._is_lean`) when nothing happens around its graphs but what autograd
+needs: hold the inputs, save the forward's saved values, pass plain tangents to the backward.
+For such a plan the forward and backward are generated as straight-line Python over its
+constants (how many outputs, which take a tangent, what a missing tangent is made of), so a
+call reads no flag and builds no slice. They are the staticmethods of a subclass of
+CompiledFunction made per plan, still named "CompiledFunction": tools that look for compiled
+regions by `grad_fn.name()` find them. Anything unusual in a backward (a stand-in ctx from a
+tracer, create_graph=True) goes to CompiledFunction's general backward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from ..autograd import state as _compiled_autograd
+from ..semantics import subclasses
+
+
+def tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch.Tensor:
+    """What the backward graph takes for one output's gradient `grad`."""
+    if grad is None and shape is not None:  # the meta's shape is symbolic: this call's
+        return torch.zeros(shape, dtype=meta.dtype, device=meta.device)
+    if grad is None:  # the output took no part in the loss
+        return subclasses.zeros(subclasses.tangent_layout(meta))
+    return grad.contiguous()
+
+
+def lean_function(call: Any, base: type) -> type:
+    """A subclass of `base` (CompiledFunction) whose forward and backward are `call`'s."""
+    cls = type(base)(base.__name__, (base,), {"__module__": base.__module__})
+    node = cls._backward_cls
+    node.call = call  # what the general backward and _compiled_autograd_key read of a ctx
+    node.saved_sizes = ()  # a lean plan saves no sizes
+    cls.forward = staticmethod(_forward(call))
+    cls.backward = staticmethod(_backward(call, node, base.backward))
+    # The engine runs a node by its `apply` (torch's PyNode::apply reads the attribute off the
+    # node and calls it with the gradients, on 2.11 as on 2.13, where only a Function that
+    # sets `boxed_grads_call` is called another way). BackwardCFunction.apply only chooses
+    # between `backward` and `vjp`: with neither used here, the node calls the backward itself.
+    node.apply = cls.backward
+    return cls
+
+
+def _forward(call: Any) -> Callable:
+    """The forward: hold the inputs, run the graph, save the values after the outputs."""
+    n = call.num_fw_outputs
+    hold = ("_hold(ctx, inputs)" if call.holds_versions  # versions of inputs not saved
+            else "ctx.primals = inputs")  # every input is saved: autograd checks its version
+    outputs = "".join(f"outs[{i}], " for i in range(n))
+    # What set_materialize_grads(False) and save_for_backward set, without their frames
+    # (the C++ side of Function.apply reads these attributes).
+    source = ("def forward(ctx, call, *inputs):\n"
+              f"    {hold}\n"
+              "    ctx.materialize_grads = False\n"
+              "    outs = _graph(list(inputs))\n"
+              f"    ctx.to_save = tuple(outs[{n}:])\n"
+              f"    return ({outputs})\n")
+    scope = {"_hold": call.double_backward.hold, "_graph": call.forward}
+    return _generated(source, scope, "forward")
+
+
+def _backward(call: Any, node: type, general: Callable) -> Callable:
+    """The backward, in this frame, for a real node outside create_graph and tracing: the
+    saved values and tangents to the backward graph, then the node's references dropped."""
+    metas = call.plan.info.graph_output_metas
+    scope = {"_node": node, "_grad": torch.is_grad_enabled, "_ca": _compiled_autograd,
+             "_general": general, "_call": call,
+             "_keep_graph": torch._C._autograd._get_current_graph_task_keep_graph}
+    tangents = []
+    for i in call.tangent_outputs:
+        scope[f"_zeros{i}"] = functools.partial(tangent, None, metas[i], None)
+        tangents.append(f"grads[{i}].contiguous() if grads[{i}] is not None else _zeros{i}()")
+    # Dynamo (torch's compiled autograd) passes a stand-in ctx, and so does aotgrad's capture
+    # (after marking `capturing` while the engine walks): those take the general backward.
+    source = ("def backward(ctx, *grads):\n"
+              "    if type(ctx) is not _node or _grad() or _ca.capturing:\n"
+              "        return _general(ctx, *grads)\n"
+              f"    args = [*ctx.saved_tensors, {', '.join(tangents)}]\n"
+              # the backward may free each saved value after its last use: no other
+              # reference may remain, neither autograd's (unless retain_graph) nor ours
+              "    ctx.maybe_clear_saved_tensors()\n"
+              "    if not _keep_graph():\n"
+              "        ctx.primals = None\n"
+              "    return (None, *_call.backward(args))\n")
+    return _generated(source, scope, "backward")
+
+
+def _generated(source: str, scope: dict, name: str) -> Callable:
+    exec(compile(source, f"<aotgrad lean {name}>", "exec"), scope)
+    fn = scope[name]
+    fn.source = source
+    return fn
