@@ -148,6 +148,10 @@ def test_split_checks_returns_what_the_checks_read_and_keeps_their_order():
     assert split_checks(body) == (body, None)
 
 
+@pytest.mark.xfail(torch.__version__ < (2, 12), strict=False,
+                   reason="torch 2.11 traces a print to nothing (seen on the GPU machine); "
+                   "aotgrad now refuses it by name (semantics/effects.py) instead of "
+                   "silently skipping it")
 def test_effects_that_need_tokens_keep_their_order(capfd):
     """aten._print is ordered by effect tokens (tests/test_hops.py has the rest)."""
     def f(x):

@@ -155,6 +155,10 @@ DOORS_INDUCTOR = pytest.mark.parametrize(
     ids=["compile", "compat", "dynamo", "inductor"])
 
 
+@pytest.mark.xfail(torch.__version__ < (2, 12), strict=False,
+                   reason="torch 2.11 traces a print to nothing (seen on the GPU machine); "
+                   "aotgrad now refuses it by name (semantics/effects.py) instead of "
+                   "silently skipping it")
 @DOORS_INDUCTOR
 def test_prints_in_order_in_forward_and_backward(door, capfd):
     x = torch.randn(3, requires_grad=True)

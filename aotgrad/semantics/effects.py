@@ -24,6 +24,8 @@ and rooted like an error check, so that it runs once, in order, in the half eage
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
@@ -90,7 +92,7 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             return regions.emit(self, *args)
         if isinstance(func, torch._ops.HigherOrderOperator):
             out = functionalize_hop(self, func, args, kwargs or {})
-            _tag_traced_effects(self.phase)
+            _tag_traced_effects(self.phase, func if has_effect(func) else None)
             return out
         if func is SET_FROM_TENSOR:
             self.set_calls.record(args)
@@ -108,7 +110,7 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         if func not in ERROR_CHECKS:
             out = super().__torch_dispatch__(func, types, args, kwargs)
             if has_effect(func):
-                _tag_traced_effects(self.phase)
+                _tag_traced_effects(self.phase, func)
             return out
         args, kwargs = pytree.tree_map_only(
             FunctionalTensor, FunctionalTensor.from_functional, (args, kwargs or {}))
@@ -132,16 +134,25 @@ class EffectTokens(dict):
         return token
 
 
-def _tag_traced_effects(phase: str) -> None:
-    """Tag the `with_effects` nodes the last op traced (nothing when not tracing)."""
+def _tag_traced_effects(phase: str, effectful: Any = None) -> None:
+    """Tag the `with_effects` nodes the last op traced (nothing when not tracing). Where
+    `effectful` (an op with effects) traced none, refuse: on torch 2.11 a print traced so
+    left nothing in the graph, and the compiled function silently printed nothing."""
     proxy_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
     if proxy_mode is None:
         return
+    found = False
     for node in reversed(proxy_mode.tracer.graph.nodes):
         if PHASE in node.meta:
-            return
+            break
         if is_effect(node):
             node.meta[PHASE] = phase
+            found = True
+    if effectful is not None and not found:
+        raise NotImplementedError(
+            f"aotgrad: {effectful} has side effects, but tracing it on torch "
+            f"{torch.__version__} left no call in the graph (the compiled function would "
+            f"silently skip it); use torch >= 2.13, or keep the call outside the compiled code")
 
 
 def is_effect(node: fx.Node) -> bool:
