@@ -38,8 +38,10 @@ def flex_case():
     return attend, inputs
 
 
-def triton_case():
-    """A user Triton kernel in a custom Function's forward and backward (y = 2x)."""
+def triton_case(wrapped: bool = False):
+    """A user Triton kernel in a custom Function's forward and backward (y = 2x), launched
+    directly or through `torch.library.wrap_triton` (which make_fx traces, outside Dynamo
+    too, into the kernel wrapper HOP)."""
     import triton
     import triton.language as tl
 
@@ -49,10 +51,12 @@ def triton_case():
         mask = offsets < n
         tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
 
+    kernel = torch.library.wrap_triton(scale_kernel) if wrapped else scale_kernel
+
     def scale(x, factor):
         out = torch.empty_like(x)
         n = x.numel()
-        scale_kernel[(triton.cdiv(n, 256),)](x, out, n, factor, BLOCK=256)
+        kernel[(triton.cdiv(n, 256),)](x, out, n, factor, BLOCK=256)
         return out
 
     class Scale(torch.autograd.Function):
@@ -103,43 +107,10 @@ def region_case():
     return fn, [torch.randn(8, 64, device="cuda", requires_grad=True)]
 
 
-def wrapped_triton_case():
-    """The same kernel launched through `torch.library.wrap_triton`, which make_fx traces
-    (outside Dynamo too) into the kernel wrapper HOP."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < n
-        tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
-
-    def scale(x, factor):
-        out = torch.empty_like(x)
-        n = x.numel()
-        torch.library.wrap_triton(scale_kernel)[(triton.cdiv(n, 256),)](
-            x, out, n, factor, BLOCK=256)
-        return out
-
-    class Scale(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return scale(x, 2.0)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return scale(grad, 2.0)
-
-    def wrapped(x):
-        return Scale.apply(x.sin()).cos()
-    return wrapped, [torch.randn(1000, device="cuda", requires_grad=True)]
-
-
 # The user Triton case last: a crash there broke the CUDA context for every case after it.
 CASES = {"cond": cond_case, "scan": scan_case, "compiled_region": region_case,
          "flex_attention": flex_case, "user_triton_kernel": triton_case,
-         "user_triton_wrap_triton": wrapped_triton_case}
+         "user_triton_wrap_triton": lambda: triton_case(wrapped=True)}
 
 
 def run(fn, inputs):
