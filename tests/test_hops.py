@@ -331,6 +331,27 @@ def test_double_backward_through_a_compiled_region(factory, backend):
         assert e is None or torch.allclose(e, a, atol=1e-5), (e - a).abs().max()
 
 
+class DropoutRegion(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return torch.nn.functional.dropout(self.lin(x).tanh(), 0.5) + x
+
+
+def test_double_backward_through_a_region_that_draws_random_numbers_is_refused():
+    """The region's forward graph keeps its dropout mask: a replay would draw a new one."""
+    compiled = dynamo_only(torch.nn.Sequential(DropoutRegion(), DropoutRegion()))
+    x = torch.randn(2, 8, requires_grad=True)
+    out = compiled(x)
+    with pytest.raises(NotImplementedError, match="aotgrad:.*compiled region.*"
+                       "nested_compile_region"):
+        torch.autograd.grad(out.sum(), x, create_graph=True)
+    torch.autograd.grad(compiled(x).sum(), x)  # first order: as before
+
+
 def test_inductor_compiles_a_region_once():
     """Through Inductor, the forward and backward each define the region's body once, as a
     subgraph function, and call it once per block."""

@@ -353,7 +353,7 @@ class _NodeByNode(torch.fx.Interpreter):
     def call_function(self, target, args, kwargs):
         if target is _GET_DATA_ATTR:
             target = torch._C._autograd._get_data_attr
-        elif target is regions.INVOKE_SUBGRAPH and regions.is_inlined():
+        elif target is regions.INVOKE_SUBGRAPH and regions.inline(args[1]):
             body, _, *operands = args
             return tuple(node_by_node(body)(*operands))
         elif target is regions.INVOKE_SUBGRAPH:

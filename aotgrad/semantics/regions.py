@@ -113,22 +113,28 @@ class RegionCache:
 
 _CACHE: contextvars.ContextVar[RegionCache | None] = contextvars.ContextVar(
     "aotgrad_regions", default=None)
-_INLINED: contextvars.ContextVar[bool] = contextvars.ContextVar("aotgrad_inlined_regions",
-                                                                 default=False)
+# Inside `inlined()`: the identifiers of the regions whose bodies ran in place.
+_INLINED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "aotgrad_inlined_regions", default=None)
 
 
 @contextlib.contextmanager
 def inlined():
-    """Regions' calls run their bodies, as eager does (a double backward's replay)."""
-    token = _INLINED.set(True)
+    """Regions' calls run their bodies, as eager does (a double backward's replay); yields
+    the identifiers of those that did."""
+    token = _INLINED.set([])
     try:
-        yield
+        yield _INLINED.get()
     finally:
         _INLINED.reset(token)
 
 
-def is_inlined() -> bool:
-    return _INLINED.get()
+def inline(identifier: str) -> bool:
+    """Whether a call of region `identifier` runs its body in place (noted if so)."""
+    ran = _INLINED.get()
+    if ran is not None:
+        ran.append(identifier)
+    return ran is not None
 
 
 def reused_in_compile(build: Callable[..., Callable[..., Region | None]]) -> Callable:
