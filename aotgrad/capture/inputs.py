@@ -347,11 +347,15 @@ def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
 class _NodeByNode(torch.fx.Interpreter):
     """Calls `torch._C._autograd._get_data_attr` (Dynamo's `.data`) by its name, as the
     graph's own code does: a double backward's trace replaces it to see `.data` reads.
-    Compiled regions' calls go to `regions.call_region`: each body is traced once."""
+    Compiled regions' calls go to `regions.call_region`: each body is traced once; inside
+    `regions.inlined()` (a double backward's replay) the body runs in place, as in eager."""
 
     def call_function(self, target, args, kwargs):
         if target is _GET_DATA_ATTR:
             target = torch._C._autograd._get_data_attr
+        elif target is regions.INVOKE_SUBGRAPH and regions.inline(args[1]):
+            body, _, *operands = args
+            return tuple(node_by_node(body)(*operands))
         elif target is regions.INVOKE_SUBGRAPH:
             target = regions.call_region
         return super().call_function(target, args, kwargs)

@@ -61,6 +61,7 @@ from ..schema import AUTOGRAD_COPY, GRAD_ENABLED, RANDOM_OP, FunctionInfo
 from ..capture.inputs import compiled_autograd_off, fake_inputs
 from ..backends.codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
+from ..semantics import regions
 from ..semantics.dynamic import no_new_guards
 from ..capture.joint import fake_tangents, input_grads, mutable_copies
 from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random
@@ -209,13 +210,12 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
     dispatcher = enable_python_dispatcher() if random.ops else contextlib.nullcontext()
     with fake_mode, torch.set_grad_enabled(info.grad_enabled), _autocast_as(autocast), \
             _explain_data_dependence(), _explain_custom_functions(), dispatcher, \
-            compiled_autograd_off():
+            compiled_autograd_off(), regions.inlined() as inlined_regions:
         gm = make_fx(grads_of)(fake_inputs(fake_mode, fakes), fake_tangents(info, fake_mode))
         call_functions(gm.graph, functions, GRAD_ENABLED)
     gm.graph._codegen = fx.graph.CodeGen()  # flat arguments, as the backward passes them
     if tuple(random_ops) != random.ops:
-        raise _random_refusal("random ops a replay would not call as the compiled forward "
-                              "did")
+        raise _random_refusal(_unmatched_random_ops(random_ops, random, inlined_regions))
     drop_autograd_copies(gm.graph)
     remove_unused(gm.graph)
     random_values = take_random_values(gm.graph, random)
@@ -472,6 +472,16 @@ def take_random_values(graph: fx.Graph, random: ForwardRandomValues) -> tuple[in
         return draw_from_forward(graph, random)
     except NotTakenFromForward as e:
         raise _random_refusal(f"the random op {e}") from None
+
+
+def _unmatched_random_ops(random_ops: list, random: ForwardRandomValues,
+                          inlined_regions: list) -> str:
+    if inlined_regions and len(random_ops) > len(random.ops):
+        # A compiled region's forward graph keeps its draws: the outer forward cannot save them.
+        names = ", ".join(sorted(set(inlined_regions)))
+        return (f"random ops inside a compiled region ({names}; remove "
+                "torch.compiler.nested_compile_region from it for double backward)")
+    return "random ops a replay would not call as the compiled forward did"
 
 
 def _random_refusal(what: str) -> NotImplementedError:

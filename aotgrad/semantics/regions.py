@@ -19,11 +19,17 @@ Where this does not apply, a call goes to PyTorch's rules as before (`hops.py`):
 compile (a double backward's replay), without functionalization (`capture.pure`, which stops
 at the HOP and retraces functionalized), with symbolic sizes, and for bodies that mutate or
 alias their operands (Dynamo turns those into `auto_functionalized` calls).
+
+A double backward's replay (replay/double_backward.py) traces the ops eager runs, and in
+eager a region is a plain call of its body: inside `inlined()`, the graph's interpreter
+runs the body in place of the HOP (capture/inputs.py), so that its ops are replayed and
+differentiated like the rest.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import functools
 from dataclasses import dataclass
@@ -107,6 +113,28 @@ class RegionCache:
 
 _CACHE: contextvars.ContextVar[RegionCache | None] = contextvars.ContextVar(
     "aotgrad_regions", default=None)
+# Inside `inlined()`: the identifiers of the regions whose bodies ran in place.
+_INLINED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "aotgrad_inlined_regions", default=None)
+
+
+@contextlib.contextmanager
+def inlined():
+    """Regions' calls run their bodies, as eager does (a double backward's replay); yields
+    the identifiers of those that did."""
+    token = _INLINED.set([])
+    try:
+        yield _INLINED.get()
+    finally:
+        _INLINED.reset(token)
+
+
+def inline(identifier: str) -> bool:
+    """Whether a call of region `identifier` runs its body in place (noted if so)."""
+    ran = _INLINED.get()
+    if ran is not None:
+        ran.append(identifier)
+    return ran is not None
 
 
 def reused_in_compile(build: Callable[..., Callable[..., Region | None]]) -> Callable:
