@@ -18,7 +18,7 @@ import torch
 
 import aotgrad
 from aotgrad import cache
-from aotgrad.cache import key as cache_key, store
+from aotgrad.cache import codec, key as cache_key, store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -591,19 +591,124 @@ def program_entry(cache_dir: Path) -> Path:
     raise AssertionError("no entry keyed before the trace")
 
 
-def test_view_output_is_not_cached_before_the_trace_and_says_why():
-    def view_of_input(x):
-        return x.t(), (x * 2).sum()
+VIEW_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch, aotgrad
+    from aotgrad import cache
+
+    def intermediate(x, y):  # (a) views of an intermediate
+        h = x * 2 + y
+        return h.t(), h.view(-1)[2:], h.transpose(0, 1).select(0, 1), h.sum()
+
+    def of_input(x, y):  # (b) views of inputs, one that requires grad and one that does not
+        return (x.t(), x[1:, ::2], x.unsqueeze(0).expand(2, 4, 6), x.reshape(24),
+                y.permute(1, 0), (x * 3).sum())
+
+    def split(x, y):  # (c) several views of one base
+        h = x + y
+        a, b, c = h.split(2, dim=1)
+        return a, b, c, h.unbind(0)[1], x.chunk(2)[1]
+
+    def first_line(exc):
+        return str(exc).splitlines()[0]
+
+    def run(fn, compiled):
+        torch.manual_seed(0)
+        x, y = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6)
+        outs = list((torch.compile(fn, backend=aotgrad.backend(backend="eager"))
+                     if compiled else fn)(x, y))
+        bases = [o._base for o in outs]
+        # a view's grad_fn is eager's; a plain output's is the compiled node
+        facts = [[o._is_view(), o._is_view() and type(o.grad_fn).__name__, o.requires_grad,
+                  ["x" if b is x else "y" if b is y else
+                   next(j for j, c in enumerate(bases) if c is b) if b is not None else None
+                   for b in [bases[i]]][0]] for i, o in enumerate(outs)]
+        values = [o.tolist() for o in outs]
+        inplace = []
+        for o in outs:  # in place on each output, where eager allows it
+            try:
+                o.mul_(2)
+                inplace.append(["ok", o._version, o._base._version if o._is_view() else None,
+                                o._is_view() and type(o.grad_fn).__name__])
+            except RuntimeError as exc:
+                inplace.append(first_line(exc))
+        try:
+            sum(o.sum() for o in outs if o.requires_grad).backward()
+            backward = "ok"
+        except RuntimeError as exc:
+            backward = first_line(exc)
+        grad = x.grad.tolist() if x.grad is not None else None
+        return {"values": values, "facts": facts, "inplace": inplace, "backward": backward,
+                "after": [o.tolist() for o in outs], "x.grad": grad, "y": y.tolist()}
+
+    results = {}
+    for fn in (intermediate, of_input, split):
+        torch._dynamo.reset()
+        results[fn.__name__] = {"eager": run(fn, False), "compiled": run(fn, True)}
+    print(json.dumps({"events": cache.events(), "results": results}))
+""")
+
+
+def test_view_outputs_hit_before_the_trace_in_another_process(tmp_path):
+    script = tmp_path / "views.py"
+    script.write_text(VIEW_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cold, warm = (result_of(subprocess.Popen([sys.executable, str(script)], env=env,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True)) for _ in range(2))
+    assert [e for e, _ in cold["events"]] == ["miss"] * 3, cold["events"]
+    assert [(e, w.split(":")[0]) for e, w in warm["events"]] == [("hit", "before the trace")] * 3
+    for name, runs in warm["results"].items():
+        eager, compiled = runs["eager"], runs["compiled"]
+        assert compiled == cold["results"][name]["compiled"], name
+        # _is_view, grad_fn, requires_grad, _base; in place: error, versions, grad_fn after
+        assert compiled["facts"] == eager["facts"], name
+        assert compiled["inplace"] == eager["inplace"], name
+        assert compiled["backward"] == eager["backward"], name
+        assert (compiled["x.grad"] is None) == (eager["x.grad"] is None), name
+        pairs = zip(compiled["values"] + compiled["after"] + [compiled["y"], compiled["x.grad"]],
+                    eager["values"] + eager["after"] + [eager["y"], eager["x.grad"]])
+        for got, want in pairs:
+            if got is not None:  # x.grad of a failed backward
+                torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_view_outputs_hit_before_the_trace_in_this_process():
+    def views(x):  # view(dtype) has no view replay: the runtime uses as_strided, cold and warm
+        return x.t(), x.view(torch.int32), x[:, 1:].unsqueeze(0), (x * 2).sum()
 
     x = torch.randn(4, 6, requires_grad=True)
     outs = []
     for _ in range(2):
         torch._dynamo.reset()
-        outs.append(torch.compile(view_of_input, backend=aotgrad.backend(backend="eager"))(x))
+        outs.append(torch.compile(views, backend=aotgrad.backend(backend="eager"))(x))
     event, why = last_event()
-    assert event == "hit" and "not cached before the trace: an output that is a view" in why
-    assert outs[1][0]._base is x and type(outs[1][0].grad_fn).__name__ == "TBackward0"
-    assert torch.equal(outs[1][1], outs[0][1])
+    assert event == "hit" and why.startswith("before the trace: "), why
+    for got, want in zip(outs[1], views(x)):
+        assert torch.equal(got, want) and got._is_view() == want._is_view()
+        assert (got._base is x) == (want._base is x)
+    assert [type(o.grad_fn).__name__ for o in outs[1][:3]] == \
+        [type(o.grad_fn).__name__ for o in outs[0][:3]]
+
+
+def test_view_chain_holds_view_ops_only():
+    """An entry names ops by name: one that is not an ATen view op is refused when encoding
+    and when decoding; a replay the recorder cannot follow is Unencodable."""
+    from aotgrad.cache import info as info_codec, views
+    x = torch.randn(4, 6)
+    chain = views.chain_of(lambda base: base[1:].t(), torch.empty(4, 6, device="meta"))
+    assert [step.op for step in chain.steps] == [torch.ops.aten.slice.Tensor,
+                                                 torch.ops.aten.t.default]
+    decoded = info_codec.decode(json.loads(json.dumps(info_codec.encode(chain))))
+    assert decoded == chain and torch.equal(decoded(x), x[1:].t())
+    bad = json.loads(json.dumps(info_codec.encode(chain)).replace("aten::t", "aten::neg"))
+    with pytest.raises(ValueError, match="not an ATen view op"):
+        info_codec.decode(bad)
+    with pytest.raises(codec.Unencodable, match="not an ATen view op"):
+        views.chain_of(lambda base: base.neg(), torch.empty(3, device="meta"))
+    with pytest.raises(codec.Unencodable, match="on another tensor"):
+        views.chain_of(lambda base: torch.empty(3, device="meta").t(),
+                       torch.empty(3, device="meta"))
 
 
 def test_aot_function_of_a_graph_module_hits_before_the_trace():

@@ -1,6 +1,7 @@
 """What the analysis and the trace learned about a call, as JSON, for an entry keyed before
 the trace (cache/program.py): `FunctionInfo` (the plan of input mutations, the outputs'
-aliasing and requires_grad...) and `TraceFacts`.
+aliasing and requires_grad, their view replays as `ViewChain`s: cache/views.py) and
+`TraceFacts`.
 
 Only the frozen dataclasses of `schema` listed here are decoded, field by field, from
 tagged JSON values; nothing is evaluated. A value with no encoding (a callable, a pytree
@@ -20,9 +21,12 @@ from ..schema import (FunctionInfo, InputInfo, OutputInfo, OutputKind, PlainMeta
                       TensorMeta, TraceFacts)
 from . import codec
 from .codec import Unencodable
+from .views import ViewChain, ViewStep
 
+# ViewStep checks, as it is built, that its op is an ATen view op (an output view's replay).
 _CLASSES = {cls.__name__: cls for cls in (FunctionInfo, InputInfo, OutputInfo, TensorMeta,
-                                          StorageSwap, PlainMeta, TraceFacts)}
+                                          StorageSwap, PlainMeta, TraceFacts, ViewChain,
+                                          ViewStep)}
 _ENUMS = {OutputKind.__name__: OutputKind}
 
 

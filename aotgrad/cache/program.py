@@ -13,8 +13,9 @@ A plain Python function keeps the key taken after the trace (cache/entry.py): it
 is not its code, since what its globals, closures and callees do is not in its source.
 Where a graph cannot be keyed safely here (a call of a user's function, a submodule or a
 constant tensor, a custom op, custom decompositions) or its analysis cannot be written down
-(an output view's replay, inputs sharing memory with a mutated one), the compile goes to the
-second level, and its event says why.
+(inputs sharing memory with a mutated one, an output view whose replay takes a symbolic
+size; other output views' replays are written as their ATen view ops: cache/views.py), the
+compile goes to the second level, and its event says why.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import fx
 
 from ..schema import TraceFacts
 from ..semantics import aliasing
-from . import codec, info as info_codec, key as keys, store
+from . import codec, info as info_codec, key as keys, store, views
 from .entry import decode, partitioner_components, record
 
 log = logging.getLogger("aotgrad.cache")
@@ -99,10 +100,14 @@ class ProgramLookup:
         reason = _unstorable(c)
         try:
             if reason is None:
-                self._payload = {"info": info_codec.encode(c.info),
+                info = views.with_encodable_replays(c.info, c.fakes)
+                self._payload = {"info": info_codec.encode(info),
                                  "facts": info_codec.encode(facts)}
         except codec.Unencodable as exc:
             reason = str(exc)
+        except Exception as exc:  # a cache bug must cost an entry, never the compile
+            log.warning("aotgrad cache: could not encode the analysis (%r)", exc)
+            reason = f"the analysis could not be encoded ({exc!r})"
         if reason is not None:
             self._payload = {"refused": reason}
             self.why_not = f"not cached before the trace: {reason}"
@@ -139,8 +144,6 @@ def _unstorable(c: Any) -> str | None:
         return "an output whose backward reads a value modified in place (stale.py)"
     if c.aliasing is not None and c.aliasing.groups:
         return "inputs that share memory with a mutated input"
-    if any(o.replay is not None for o in c.info.outputs):
-        return "an output that is a view (its view replay has no encoding)"
     if any(m is not None and m.subclass is not None for m in c.info.graph_output_metas):
         return "tensor subclass outputs"
     return None
