@@ -169,9 +169,16 @@ class BackwardCapture(Trace):
         if backward_state_idx is not None:
             raise Uncapturable(f"{self.node}: a backward holding Dynamo's BackwardState")
         ctx_proxy = self.proxies["hooks"][backward_idx]
-        if ctx._forward_cls is CompiledFunction:  # aotgrad's region: inline its ops
-            return self._record(hooks.run_region_backward, (ctx, list(saved_tensors), *inputs),
-                                (ctx_proxy, list(saved_tensors), *inputs))
+        if issubclass(ctx._forward_cls, CompiledFunction):  # aotgrad's region: inline its ops
+            # Recorded, not run: its results stand in from the engine's metadata. Run here, on
+            # these symbolic fakes, its few hundred ops cost seconds of size reasoning (40% of
+            # a 2-layer GPT-2's first backward), and specialize.py traces them anyway.
+            metas = [_meta(m) for m in output_metadatas]
+            result = tuple(hooks.RESULT_LIKE[hooks.run_python_backward](ctx, (), metas))
+            proxy = self._call(hooks.run_region_backward, ctx_proxy, list(saved_tensors),
+                               *inputs)
+            track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
+            return result
         self.session.note_opaque(ctx._forward_cls)
         metas = [_meta(m) for m in output_metadatas]
         return self._effect(hooks.run_python_backward, ctx_proxy, list(saved_tensors), metas,
