@@ -333,6 +333,25 @@ def test_an_exact_guard_reads_every_size_and_scalar():
     assert not guard.check([torch.zeros(4, 1)], [4, 1], [0.5, float("nan")])
 
 
+def test_capture_records_a_regions_backward_without_running_it(monkeypatch):
+    # Run on the capture's symbolic fakes, a region's backward cost seconds of size
+    # reasoning; its ops are traced once, where the program is specialized.
+    from aotgrad.autograd import hooks
+    runs = []
+    original = hooks.run_region_backward
+    monkeypatch.setattr(hooks, "run_region_backward",
+                        lambda *args: runs.append(1) or original(*args))
+    model = mlp()
+    compiled = aotgrad.compile(copy.deepcopy(model), backend="eager")
+    x = torch.randn(4, 8)
+    model(x).pow(2).sum().backward()
+    with compiled_autograd.enable("eager") as stats:
+        compiled(x).pow(2).sum().backward()
+    assert runs == [1] and stats.opaque == [] and stats.fallbacks == []
+    for p, q in zip(model.parameters(), compiled.parameters()):
+        same(p.grad, q.grad, "parameter gradient")
+
+
 def test_enable_refuses_an_unknown_compiler():
     with pytest.raises(ValueError, match="aotgrad: compiled_autograd.enable"):
         with compiled_autograd.enable("nope"):
