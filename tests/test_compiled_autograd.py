@@ -148,19 +148,25 @@ def hooked_step(calls):
     return step
 
 
-def test_hooks_run_in_eager_order_with_eager_effects():
+def hooked_steps_match_eager(compiler):
+    """`hooked_step` eagerly and under compiled autograd: the same hook calls, in the same
+    order, and the same gradients; the session's stats."""
     eager_calls, compiled_calls = [], []
     m = mlp(1)
     other = copy.deepcopy(m)
     torch.manual_seed(1)
     expected = hooked_step(eager_calls)(m)
     torch.manual_seed(1)
-    with compiled_autograd.enable("eager") as stats:
+    with compiled_autograd.enable(compiler) as stats:
         actual = hooked_step(compiled_calls)(other)
     same(expected, actual, "retained grad")
     same(grads(m), grads(other), "grads")
-    assert compiled_calls == eager_calls
-    assert stats.fallbacks == []
+    assert compiled_calls == eager_calls and stats.fallbacks == []
+    return stats
+
+
+def test_hooks_run_in_eager_order_with_eager_effects():
+    hooked_steps_match_eager("eager")
 
 
 def test_autograd_grad_inputs_and_retain_graph():
@@ -383,17 +389,7 @@ def test_inductor_keeps_hooks_in_eager_order():
         outer = compile_captured(gm)
         segments.extend(n for n in outer.graph.nodes if n.op == "call_module")
         return outer
-    eager_calls, compiled_calls = [], []
-    m = mlp(1)
-    other = copy.deepcopy(m)
-    torch.manual_seed(1)
-    expected = hooked_step(eager_calls)(m)
-    torch.manual_seed(1)
-    with compiled_autograd.enable(compiler) as stats:
-        actual = hooked_step(compiled_calls)(other)
-    same(expected, actual, "retained grad")
-    same(grads(m), grads(other), "grads")
-    assert compiled_calls == eager_calls and stats.fallbacks == []
+    hooked_steps_match_eager(compiler)
     # the ops before the tensor hook; h's formula, between its pre- and post-hook; the rest
     # (the accumulations wait for no compiled code: they follow the first segment)
     assert len(segments) == 3
