@@ -1,0 +1,27 @@
+#!/bin/bash
+# Session 10's GPU calls: one phase per call (`bash tools/device_s10.sh models`), each step
+# with its own time limit inside the call's budget, logs under $OUT.
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+END=$(( $(date +%s) + ${BUDGET:-585} ))
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  local l=$(( END - $(date +%s) )); (( limit > l )) && limit=$l
+  (( limit < 15 )) && { echo "== $name: no time left"; return; }
+  echo "== $name (limit ${limit}s)"; local t0=$(date +%s)
+  timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc=$? in $(( $(date +%s) - t0 ))s"
+  tail -${TAIL:-3} $OUT/$name.log
+}
+case $1 in
+models)
+  TAIL=30 step models 575 python bench/models.py --models gpt2,resnet50,vit_s16,convnext_t,efficientnet_b0 \
+    --budget 300 --timeout 200 --out $OUT/models ;;
+cache)
+  TAIL=12 step cache 330 python bench/cache.py --gpu --models gpt2,resnet50 \
+    --sides aotgrad,aotgrad_dynamo,torch --timeout 100 --out $OUT/cache
+  TAIL=8 step ca_smoke 90 python tools/gpu_ca_smoke.py
+  TAIL=6 step triton 60 python tools/gpu_hops.py --cases user_triton_kernel,user_triton_wrap_triton \
+    --try-triton --out $OUT/triton.json ;;
+suite)
+  TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
+  grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;
+esac
