@@ -187,24 +187,30 @@ def main() -> int:
         print(json.dumps(child(args.child, models[0], device)))
         return 0
     import torch
-    results = {}
-    for model in models:
-        results[model] = {}
-        for side in args.sides.split(","):
-            r = results[model][side] = run_side(side, model, device, args.warm_runs, args.timeout)
-            print(model, side, json.dumps({k: v for k, v in r.items() if k != "warm"})[:300],
-                  flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
                             capture_output=True, text=True).stdout.strip()
     machine = torch.cuda.get_device_name() if device.startswith("cuda") else \
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "machine": machine, "commit": commit, "device": device}
-    table = markdown(results, meta)
-    print(table)
-    if args.out:
-        write_merged(Path(args.out), results, meta)
+    results = {}
+    for model in models:
+        results[model] = {}
+        for side in args.sides.split(","):
+            r = results[model][side] = run_side(side, model, device, args.warm_runs, args.timeout)
+            print(model, side, _summary(r), flush=True)
+            if args.out:  # after every side: a run cut short keeps what it measured
+                write_merged(Path(args.out), {model: {side: r}}, meta)
+    print(markdown(results, meta))
     return 0
+
+
+def _summary(r: dict) -> str:
+    if "error" in r:
+        return "error: " + r["error"][-300:]
+    events = ", ".join(r["warm"].get("aotgrad_events", [])) or "-"
+    return (f"cold {r['cold']['first_step_s']:.1f} s, warm {r['warm']['first_step_s']:.1f} s "
+            f"({r['ratio']:.2f}x), warm events: {events}")
 
 
 if __name__ == "__main__":

@@ -16,11 +16,16 @@ models)
   TAIL=30 step models 575 python bench/models.py --models gpt2,resnet50,vit_s16,convnext_t,efficientnet_b0 \
     --budget 300 --timeout 200 --out $OUT/models ;;
 cache)
-  TAIL=12 step cache 330 python bench/cache.py --gpu --models gpt2,resnet50 \
+  TAIL=12 step cache 330 python bench/cache.py --gpu --models ${CACHE_MODELS:-gpt2,resnet50} \
     --sides aotgrad,aotgrad_dynamo,torch --timeout 100 --out $OUT/cache
   TAIL=8 step ca_smoke 90 python tools/gpu_ca_smoke.py
   TAIL=6 step triton 60 python tools/gpu_hops.py --cases user_triton_kernel,user_triton_wrap_triton \
     --try-triton --out $OUT/triton.json ;;
+more)
+  TAIL=14 step cache 260 python bench/cache.py --gpu --models gpt2 \
+    --sides aotgrad,aotgrad_dynamo,torch --timeout 100 --out $OUT/cache
+  TAIL=20 step models 300 python bench/models.py --models convnext_t,efficientnet_b0 \
+    --budget 120 --timeout 150 --out $OUT/models ;;
 suite)
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
   grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;
