@@ -11,7 +11,7 @@ from torch._higher_order_ops.map import map as hop_map
 
 import aotgrad
 from aotgrad.semantics import regions
-from harness import Case, check_case
+from harness import Case, check_case, requires_cuda
 from test_semantics import compat, compile_eager, dynamo
 
 DOORS = pytest.mark.parametrize("door", [compile_eager, compat, dynamo],
@@ -617,6 +617,70 @@ def test_dynamo_graph_with_a_user_kernel(requires_grad):
     assert _hop_names(run.artifact.forward_graph) == {"triton_kernel_wrapper_functional"}
     check_case(Case("dynamo_kernel_graph", lambda: ((torch.randn(3, 4).requires_grad_(
         requires_grad),), {}), gm), lambda gm: aotgrad.backend(backend="eager")(gm, [x]))
+
+
+# The same with real Triton kernels, on a GPU (tools/gpu_hops.py reports them door by door).
+def dynamo_inductor(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="aotgrad", fullgraph=True)
+
+
+TRITON_DOORS = {"compile": compile_eager, "compile_inductor": aotgrad.compile, "compat": compat,
+                "dynamo": dynamo_only, "dynamo_inductor": dynamo_inductor}
+
+
+def cuda_inputs(*shapes_and_grads):
+    return lambda: (tuple(torch.randn(n, device="cuda", requires_grad=g)
+                          for n, g in shapes_and_grads), {})
+
+
+def triton_scale_case(wrapped: bool) -> Case:
+    from tools.gpu_hops import triton_case
+    fn, _ = triton_case(wrapped)
+    return Case("triton_scale", cuda_inputs((1000, True)), fn)
+
+
+@requires_cuda
+@pytest.mark.parametrize("door", TRITON_DOORS)
+def test_cuda_wrap_triton_kernel_in_a_custom_function(door):
+    check_case(triton_scale_case(wrapped=True), TRITON_DOORS[door])
+
+
+@requires_cuda
+@pytest.mark.parametrize("door", ["dynamo", "dynamo_inductor"])
+def test_cuda_triton_kernel_through_dynamo(door):
+    """A raw @triton.jit launch: Dynamo turns it into the kernel wrapper HOP."""
+    check_case(triton_scale_case(wrapped=False), TRITON_DOORS[door])
+
+
+@requires_cuda
+@pytest.mark.parametrize("door", ["compile", "compat"])
+def test_cuda_raw_triton_kernel_is_refused(door):
+    """Outside Dynamo a raw launch reads the traced tensors' data_ptr(): refused by name."""
+    fn = triton_scale_case(wrapped=False).fn
+    with pytest.raises(NotImplementedError, match=r"aotgrad: .*data_ptr\(\)"):
+        TRITON_DOORS[door](fn)(torch.randn(1000, device="cuda", requires_grad=True))
+
+
+@requires_cuda
+def test_cuda_triton_kernel_graphs_clone_only_what_it_writes():
+    """On a GPU torch analyses the kernel: the functional wrapper copies only `out_ptr`."""
+    compiled = compile_eager(triton_scale_case(wrapped=True).fn)
+    compiled(torch.randn(1000, device="cuda", requires_grad=True)).sum().backward()
+    for gm in (compiled.artifacts[-1].forward_graph, compiled.artifacts[-1].backward_graph):
+        calls = [n for n in gm.graph.nodes if n.op == "call_function"
+                 and isinstance(n.target, torch._ops.HigherOrderOperator)]
+        assert [(n.target.name(), n.kwargs["tensors_to_clone"]) for n in calls] == [
+            ("triton_kernel_wrapper_functional", ["out_ptr"])]
+
+
+@requires_cuda
+@pytest.mark.parametrize("door", TRITON_DOORS)
+def test_cuda_triton_kernel_writing_an_input(door):
+    from tools.gpu_hops import triton_input_case
+    fn, _ = triton_input_case()
+    check_case(Case("triton_input", cuda_inputs((1000, True), (1000, False)), fn),
+               TRITON_DOORS[door])
 
 
 @pytest.mark.parametrize("door", ["compile", "compat"])
