@@ -596,6 +596,19 @@ def test_user_kernel_graphs_are_functional():
     assert all(isinstance(n.meta["val"], torch.Tensor) for n in saved), saved
 
 
+@pytest.mark.usefixtures("quiet_kernel_analysis")
+def test_user_kernel_compiles_are_not_cached(tmp_path, monkeypatch):
+    """A graph names its kernel by an index into this process's kernel table: never stored
+    for another process, where the index means another kernel or none (the cache says why)."""
+    from aotgrad import cache
+    monkeypatch.setenv("AOTGRAD_CACHE", "1")
+    monkeypatch.setenv("AOTGRAD_CACHE_DIR", str(tmp_path))
+    cache.reset_stats()
+    compile_eager(kernel_scale_fn)(torch.randn(3, 4, requires_grad=True)).sum().backward()
+    event, why = cache.events()[-1]
+    assert event == "bypass" and "triton_kernel_wrapper_functional" in why
+
+
 def kernel_graph(requires_grad: bool) -> torch.fx.GraphModule:
     """What Dynamo gives a backend for `out = x.clone(); kernel[grid](out, n); out.sin()`: the
     mutation wrapper, its arguments in a dict, writing a value autograd does not see."""
