@@ -597,6 +597,24 @@ def test_user_kernel_graphs_are_functional():
 
 
 @pytest.mark.usefixtures("quiet_kernel_analysis")
+def test_double_backward_through_a_user_kernel_is_refused():
+    """The replay of the backward cannot run a higher-order op (cond, scan too): named."""
+    x = torch.randn(3, 4, requires_grad=True)
+    out = compile_eager(kernel_scale_fn)(x)
+    with pytest.raises(NotImplementedError, match="aotgrad: double backward .*"
+                       "triton_kernel_wrapper_mutation"):
+        torch.autograd.grad(out.sum(), x, create_graph=True)
+
+
+@pytest.mark.usefixtures("quiet_kernel_analysis")
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="double backward replays cannot run higher-order ops yet: refused")
+def test_double_backward_through_a_user_kernel():
+    check_case(Case("kernel_scale_double", grad_inputs(3, 4), kernel_scale_fn,
+                    tags=frozenset({"double_backward"})), compile_eager)
+
+
+@pytest.mark.usefixtures("quiet_kernel_analysis")
 def test_user_kernel_compiles_are_not_cached(tmp_path, monkeypatch):
     """A graph names its kernel by an index into this process's kernel table: never stored
     for another process, where the index means another kernel or none (the cache says why)."""
