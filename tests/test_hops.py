@@ -583,6 +583,15 @@ def test_user_kernel_in_a_custom_function(door):
 
 
 @pytest.mark.usefixtures("quiet_kernel_analysis")
+@pytest.mark.parametrize("budget", [0.0, 0.3])
+def test_memory_budget_with_a_user_kernel(budget):
+    """As eager under a memory budget too (its solver takes the wrapper's dict of outputs as
+    several values, as the min-cut does)."""
+    check_case(Case("kernel_scale", grad_inputs(3, 4), kernel_scale_fn),
+               lambda fn: aotgrad.compile(fn, backend="eager", memory_budget=budget))
+
+
+@pytest.mark.usefixtures("quiet_kernel_analysis")
 def test_user_kernel_graphs_are_functional():
     """The kernel's mutation wrapper becomes the functional one in both graphs, and the
     forward saves the tensor it returns, never the wrapper's dict of outputs (on torch 2.11
