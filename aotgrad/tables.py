@@ -30,14 +30,10 @@ ERROR_CHECKS = frozenset({
 # environment, which only Dynamo's fake tensors carry (semantics/hops.py).
 HOPS_NEEDING_SHAPE_ENV = frozenset({"while_loop"})
 
-# Higher-order ops refused by name, with what to do instead (semantics/hops.py). A user Triton
-# kernel's wrapper failed inside the trace on an H100 (torch 2.11, session 8), not with a
-# named error: refused until it is supported.
-_CUSTOM_OP_INSTEAD = ("a user-defined Triton kernel is not supported yet: call it from a "
-                      "custom op (torch.library.custom_op with a register_fake), which aotgrad "
-                      "traces as one op, or use torch.compile's default backend")
-REFUSED_HOPS = {"triton_kernel_wrapper_mutation": _CUSTOM_OP_INSTEAD,
-                "triton_kernel_wrapper_functional": _CUSTOM_OP_INSTEAD}
+# Higher-order ops refused by name, with what to do instead (semantics/hops.py). None now: a
+# user Triton kernel's wrappers (`triton_kernel_wrapper_mutation`, refused until session 10)
+# are functionalized by PyTorch's rule and traced as one op each.
+REFUSED_HOPS: dict[str, str] = {}
 
 # Ops that return a buffer of unspecified contents: two calls are two buffers, never merged.
 UNINITIALIZED = frozenset({

@@ -2,9 +2,16 @@
 block_mask), user Triton kernels inside a custom autograd.Function, cond / scan / a compiled
 region with Inductor. One line per case and front door: the largest output and gradient
 difference, or the error. cond, scan, the region and flex attention run before the user
-Triton kernel, and the JSON is rewritten after each line. Results go to `--out` as JSON (the CPU tests: tests/test_hops.py).
+Triton kernels, and the JSON is rewritten after each line. Results go to `--out` as JSON (the
+CPU tests: tests/test_hops.py).
+
+The user Triton cases print `PASS` or `FAIL` per door, and each failure's full traceback goes
+into the JSON (`traceback`). A raw @triton.jit launch passes at aotgrad.compile and
+compat.aot_function when it is refused by name (it reads data_ptr() of a traced tensor);
+through Dynamo, and wrapped with `torch.library.wrap_triton` everywhere, it must match eager.
 
     python tools/gpu_hops.py [--out bench/results/gpu_hops.json]
+    python tools/gpu_hops.py --cases user_triton_kernel,user_triton_wrap_triton
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ def flex_case():
     return attend, inputs
 
 
-def triton_case(wrapped: bool = False):
+def triton_scale(wrapped: bool = False):
     """A user Triton kernel in a custom Function's forward and backward (y = 2x), launched
     directly or through `torch.library.wrap_triton` (which make_fx traces, outside Dynamo
     too, into the kernel wrapper HOP)."""
@@ -53,8 +60,8 @@ def triton_case(wrapped: bool = False):
 
     kernel = torch.library.wrap_triton(scale_kernel) if wrapped else scale_kernel
 
-    def scale(x, factor):
-        out = torch.empty_like(x)
+    def scale(x, factor, out=None):
+        out = torch.empty_like(x) if out is None else out
         n = x.numel()
         kernel[(triton.cdiv(n, 256),)](x, out, n, factor, BLOCK=256)
         return out
@@ -67,10 +74,27 @@ def triton_case(wrapped: bool = False):
         @staticmethod
         def backward(ctx, grad):
             return scale(grad, 2.0)
+    return scale, Scale
+
+
+def triton_case(wrapped: bool = False):
+    _, Scale = triton_scale(wrapped)
 
     def fn(x):
         return Scale.apply(x.sin()).cos()
     return fn, [torch.randn(1000, device="cuda", requires_grad=True)]
+
+
+def triton_input_case():
+    """The kernel writes into an input of the compiled function (functionalized: the
+    compiled function copies the result back), and its output is differentiated too."""
+    scale, Scale = triton_scale(wrapped=True)
+
+    def fn(x, buf):
+        scale(x.detach(), 3.0, out=buf)
+        return Scale.apply(x).sin() + buf
+    return fn, [torch.randn(1000, device="cuda", requires_grad=True),
+                torch.zeros(1000, device="cuda")]
 
 
 def cond_case():
@@ -110,7 +134,16 @@ def region_case():
 # The user Triton case last: a crash there broke the CUDA context for every case after it.
 CASES = {"cond": cond_case, "scan": scan_case, "compiled_region": region_case,
          "flex_attention": flex_case, "user_triton_kernel": triton_case,
-         "user_triton_wrap_triton": lambda: triton_case(wrapped=True)}
+         "user_triton_wrap_triton": lambda: triton_case(wrapped=True),
+         "user_triton_input_mutation": triton_input_case}
+TRITON_CASES = {name for name in CASES if name.startswith("user_triton")}
+# The user Triton cases also run with Dynamo's symbolic sizes (the grid is computed from them).
+TRITON_DOORS = {**DOORS, "torch.compile(aotgrad eager, dynamic)": lambda fn: torch.compile(
+    fn, backend=aotgrad.backend(backend="eager"), fullgraph=True, dynamic=True)}
+# Doors where a raw @triton.jit launch is refused, not traced: nothing outside Dynamo makes it
+# traceable, and it reads the traced tensors' data_ptr().
+REFUSING_DOORS = {"aotgrad.compile(inductor)", "compat.aot_function(nop)"}
+TOLERANCE = 1e-4
 
 
 def run(fn, inputs):
@@ -119,7 +152,7 @@ def run(fn, inputs):
     outs = out if isinstance(out, (tuple, list)) else (out,)
     loss = sum(o.float().sum() for o in outs if o.requires_grad)
     grads = torch.autograd.grad(loss, [a for a in args if a.requires_grad], allow_unused=True)
-    return [o.detach() for o in outs], grads
+    return [o.detach() for o in outs], grads, [a.detach() for a in args]
 
 
 def difference(expected, actual) -> float:
@@ -132,18 +165,15 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="bench/results/gpu_hops.json")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--try-triton", action="store_true",
-                        help="lift the refusal of Triton kernel wrappers (what would happen)")
+                        help="no effect: Triton kernel wrappers are no longer refused")
     args = parser.parse_args(argv)
-    if args.try_triton:
-        from aotgrad.semantics import hops
-        hops.REFUSED_HOPS.clear()
     meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
     rows = []
     for name in args.cases.split(","):
         make = CASES[name]
         for row in case_rows(name, make):
             rows.append(row)
-            print(json.dumps(row), flush=True)
+            print(verdict_line(row) if name in TRITON_CASES else json.dumps(row), flush=True)
             with open(args.out, "w") as f:  # after each row: a later crash keeps the earlier
                 json.dump({**meta, "rows": rows}, f, indent=1)
 
@@ -153,25 +183,50 @@ def case_rows(name: str, make):
     the case cannot even run eagerly."""
     try:
         fn, inputs = make()
-        ref_outs, ref_grads = run(fn, inputs)
+        ref_outs, ref_grads, ref_inputs = run(fn, inputs)
     except Exception as e:  # noqa: BLE001 - reported per case, not fatal
-        yield {"case": name, "door": "eager", **failure(e)}
+        yield {"case": name, "door": "eager", "passed": False, **failure(e)}
         return
-    for door, compile_fn in DOORS.items():
+    for door, compile_fn in (TRITON_DOORS if name in TRITON_CASES else DOORS).items():
         torch._dynamo.reset()
         row = {"case": name, "door": door}
         try:
-            outs, grads = run(compile_fn(fn), inputs)
+            compiled = compile_fn(fn)
+            outs, grads, after = run(compiled, inputs)
             row.update(output_diff=difference(ref_outs, outs),
-                       grad_diff=difference(ref_grads, grads))
+                       grad_diff=difference(ref_grads, grads),
+                       input_diff=difference(ref_inputs, after), hops=graph_hops(compiled))
+            row["passed"] = max(row["output_diff"], row["grad_diff"],
+                                row["input_diff"]) <= TOLERANCE
         except Exception as e:  # noqa: BLE001 - reported per case, not fatal
             row.update(failure(e))
+            row["passed"] = name == "user_triton_kernel" and door in REFUSING_DOORS and \
+                "data_ptr()" in row["error"] and row["error"].startswith("NotImplementedError")
         yield row
+
+
+def graph_hops(compiled) -> dict:
+    """aotgrad.compile's and aot_function's graphs: the higher-order ops each calls."""
+    artifacts = getattr(compiled, "artifacts", None)
+    if not artifacts:
+        return {}
+    from aotgrad.semantics.hops import hop_counts
+    last = artifacts[-1]
+    graphs = {"forward": last.forward_graph, "backward": last.backward_graph}
+    return {k: hop_counts(g.graph) for k, g in graphs.items() if g is not None}
+
+
+def verdict_line(row: dict) -> str:
+    verdict = "PASS" if row.get("passed") else "FAIL"
+    detail = row.get("error") or (f"out {row['output_diff']:.2e} grad {row['grad_diff']:.2e} "
+                                  f"inputs {row['input_diff']:.2e} {row.get('hops', '')}")
+    return f"{verdict} {row['case']} | {row['door']} | {detail[:300]}"
 
 
 def failure(e: Exception) -> dict:
     return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
-            "where": traceback.format_exc(limit=-3).splitlines()[-4:]}
+            "where": traceback.format_exc(limit=-3).splitlines()[-4:],
+            "traceback": traceback.format_exc()}
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ def python_function(gm: fx.GraphModule) -> Callable[[list], Any]:
         if isinstance(a, (list, tuple)):
             inner = ", ".join(arg(x) for x in a)
             return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        if isinstance(a, dict):  # a user Triton kernel's arguments, by name: values may be nodes
+            return "{" + ", ".join(f"{arg(k)}: {arg(v)}" for k, v in a.items()) + "}"
         return namer.constant(a)
 
     lines, params = [], []

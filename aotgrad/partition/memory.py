@@ -54,6 +54,8 @@ def tensor_bytes(val) -> int:
         return hint(val.numel()) * val.element_size()
     if isinstance(val, (tuple, list)):
         return sum(tensor_bytes(v) for v in val)
+    if isinstance(val, dict):  # a user Triton kernel's functional wrapper: outputs by name
+        return sum(tensor_bytes(v) for v in val.values())
     return 0
 
 
@@ -65,7 +67,9 @@ def is_alias(node: fx.Node) -> bool:
 
 
 def is_tuple(node: fx.Node) -> bool:
-    return isinstance(node.meta.get("val"), (tuple, list))
+    """The node returns several values, which its getitems take apart: a tuple, or the dict
+    (by argument name) a user Triton kernel's functional wrapper returns. Never saved."""
+    return isinstance(node.meta.get("val"), (tuple, list, dict))
 
 
 def base_of(node: fx.Node) -> fx.Node:

@@ -240,6 +240,10 @@ class _GradModeTags(TorchDispatchMode):
     shallow copies autograd makes of the values it saves for backward, and numbers the
     random ops (while `random_ops`, the list of them, is not None)."""
 
+    # A higher-order op reaching this mode has no rule for it (torch's error would not say
+    # what to do): named here instead. Compiled regions are inlined before they reach it.
+    supports_higher_order_operators = True
+
     def __init__(self, graph: fx.Graph, random_ops: list | None):
         super().__init__()
         self.graph = graph
@@ -247,6 +251,11 @@ class _GradModeTags(TorchDispatchMode):
         self.random_ops = random_ops
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            raise NotImplementedError(
+                f"aotgrad: double backward (create_graph=True) through the higher-order op "
+                f"{func.name()} is not supported. Call it outside the compiled function, or "
+                "take the gradient without create_graph.")
         enabled = torch.is_grad_enabled()
         copy = func is aten.detach.default and self._autograd_copy()
         out = func(*args, **(kwargs or {}))
