@@ -568,3 +568,60 @@ def test_a_float32_mlp_saves_only_its_matmul_outputs_at_scale():
     compiled = aotgrad.compile(model, backend=inductor_decomposed_eager())
     compiled(torch.randn(8192, 4096, device="meta")).sum().backward()
     assert saved_ops(compiled.artifacts[0]) == {"placeholder", "aten.addmm.default"}
+
+
+# ---- a kernel input built from values the backward reads after it --------------------------
+
+def gelu_norm_head(x, w, b, norm_w, norm_b, decoder):
+    """ALBERT's masked-LM head as CUDA's bf16 autocast runs it (issue 20): a bf16 projection,
+    gelu_new with its pow in float32 (autocast's float32 list), layer norm in float32, a
+    decoder over a large vocabulary."""
+    h = F.linear(x.bfloat16(), w.bfloat16(), b.bfloat16())
+    p = torch.pow(h.float(), 3.0)
+    g = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * p)))
+    y = F.layer_norm(g, (g.shape[-1],), norm_w, norm_b, 1e-12)
+    return F.linear(y.bfloat16(), decoder.bfloat16()).float().logsumexp(-1).mean()
+
+
+def torch_saved_bytes(fn, args) -> int:
+    """Bytes of the non-input values torch's AOTAutograd (min cut, Inductor's decompositions)
+    saves for the backward."""
+    from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+    saved = []
+
+    def forward_compiler(gm, _):
+        outs = gm.graph.output_node().args[0]
+        saved.extend(n for n in outs[1:] if isinstance(n, fx.Node) and n.op != "placeholder")
+        return make_boxed_func(gm)
+
+    compiled = aot_function(fn, forward_compiler, lambda gm, _: make_boxed_func(gm),
+                            partition_fn=min_cut_rematerialization_partition,
+                            decompositions=select_decomp_table())
+    compiled(*args).backward()
+    bases = {n.args[0] if n.target == aten.permute.default else n for n in saved}
+    return sum(n.meta["val"].nbytes for n in bases)
+
+
+def test_a_matmul_input_is_saved_rather_than_what_it_is_built_from():
+    """The layer norm's bf16 output, which the decoder's weight gradient reads, is recomputed
+    (it hides behind that matmul); the gelu and layer-norm values it is built from would then
+    be alive across the matmul, for the layer norm's backward after it. Saving each of those
+    (18 bytes an element, the forward kernel then writing five more tensors: issue 20's Triton
+    failure) costs more than saving the bf16 output, as torch does (2 bytes an element)."""
+    torch.manual_seed(0)
+    args = [torch.randn(64, 256), torch.randn(128, 256) / 16, torch.zeros(128),
+            torch.ones(128), torch.zeros(128), torch.randn(16384, 128) / 16]
+    args = [a.requires_grad_() for a in args]
+    twins = [a.detach().clone().requires_grad_() for a in args]
+    compiled = aotgrad.compile(gelu_norm_head, backend=inductor_decomposed_eager())
+    compiled(*args).backward()
+    gelu_norm_head(*twins).backward()
+    for a, b in zip(args, twins):
+        torch.testing.assert_close(a.grad, b.grad)
+    art = compiled.artifacts[0]
+    computed = [s for s in art.saved if s.op != "placeholder"]
+    head_sized = [(s.op, s.dtype) for s in computed if s.shape == (64, 128)]
+    assert head_sized == [("aten.addmm.default", torch.bfloat16),
+                          ("prims.convert_element_type.default", torch.bfloat16)]
+    assert sum(s.nbytes for s in computed) <= torch_saved_bytes(gelu_norm_head, twins)

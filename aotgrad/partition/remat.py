@@ -240,14 +240,55 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
         saved = _min_cut(joint, forward, rules, grads, tangents, bw_roots)
         spanning = [n for n in recomputed_across_kernels(joint, forward, saved, tangents, bw_roots)
                     if rules[n] == Rule.CHOOSE]  # not what a checkpoint policy decided
-        rules.update(dict.fromkeys(spanning, Rule.MATERIALIZED))
         if not spanning:
             break
+        stop = set(saved) | set(tangents)
+        rules.update(dict.fromkeys(to_materialize(spanning, kernel_inputs(
+            joint, forward, rules, stop, bw_roots), stop), Rule.MATERIALIZED))
     return saved
 
 
 # Min cuts per partition: each marks the recomputed values that span an unfusible kernel.
 REFINEMENTS = 3
+
+
+def to_materialize(spanning: list[fx.Node], inputs: list[fx.Node], stop: set[fx.Node]
+                   ) -> list[fx.Node]:
+    """The values to save so that the `spanning` ones no longer outlive a backward kernel.
+    A spanning value is often recomputed before a kernel only to build that kernel's input
+    (a layer norm's output, for the weight gradient of the matmul after it), and read again
+    after it (by the layer norm's backward). Saving that input, where it has fewer bytes
+    than the spanning values it is built from, moves their recomputation past the kernel:
+    torch's partitioner saves the same. The other spanning values are saved themselves."""
+    spans, chosen, covered = set(spanning), [], set()
+    for node in inputs:
+        feeds = (ancestors([node], stop=stop) & spans) - covered
+        if feeds and _bytes(node) < sum(map(_bytes, feeds)):
+            chosen.append(node)
+            covered |= feeds
+    return chosen + [n for n in spanning if n not in covered]
+
+
+def kernel_inputs(joint, forward, rules, stop, bw_roots) -> list[fx.Node]:
+    """The recomputed CHOOSE values that a backward matmul, convolution or attention reads,
+    directly or through views, in graph order."""
+    needed = ancestors(bw_roots, stop=stop)
+    found = set()
+    for node in needed:
+        if node not in forward and _is_unfusible(node):
+            found.update(_base_through_views(i) for i in node.all_input_nodes)
+    return [n for n in joint.graph.nodes
+            if n in found and n in needed and n not in stop and rules.get(n) == Rule.CHOOSE]
+
+
+def _base_through_views(node: fx.Node) -> fx.Node:
+    while _is_view(node) and node.all_input_nodes:
+        node = node.all_input_nodes[0]
+    return node
+
+
+def _bytes(node: fx.Node) -> int:
+    return tensor_bytes(node.meta.get("val"))
 
 
 def _min_cut(joint, forward, rules, grads, tangents, bw_roots) -> list[fx.Node]:
