@@ -87,6 +87,8 @@ def child(side: str, model_name: str, device: str) -> dict:
     autocast = torch.autocast("cuda", torch.bfloat16) if use_autocast \
         else contextlib.nullcontext()
     cuda = device.startswith("cuda")
+    if os.environ.get("BENCH_CACHE_KEYS"):
+        _record_inductor_keys(os.environ["BENCH_CACHE_KEYS"])
     start, cpu_start = time.perf_counter(), time.process_time()
     compiled = compile_side(side, model)
     with autocast:
@@ -115,14 +117,31 @@ def child(side: str, model_name: str, device: str) -> dict:
     return result
 
 
-def run_side(side: str, model: str, device: str, warm_runs: int, timeout: float) -> dict:
+def _record_inductor_keys(path: str) -> None:
+    """Append the details of every FX graph cache key this process computes to `path`: a
+    warm run's Inductor miss is then a diff against the cold run's file."""
+    from torch._inductor import codecache
+    original = codecache.compiled_fx_graph_hash
+
+    def recording(*args, **kwargs):
+        key, lines = original(*args, **kwargs)
+        with open(path, "a") as f:
+            f.write(f"== {key}\n" + "\n".join(lines) + "\n")
+        return key, lines
+    codecache.compiled_fx_graph_hash = recording
+
+
+def run_side(side: str, model: str, device: str, warm_runs: int, timeout: float,
+             keys_dir: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"aotgrad-bench-cache-{side}-") as tmp:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT),
                "AOTGRAD_CACHE_DIR": f"{tmp}/aotgrad", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
                "TRITON_CACHE_DIR": f"{tmp}/triton",
                "AOTGRAD_CACHE": "0" if side == "aotgrad_nocache" else "1"}
         runs = []
-        for _ in range(1 + warm_runs):
+        for run in range(1 + warm_runs):
+            if keys_dir:
+                env["BENCH_CACHE_KEYS"] = f"{keys_dir}/{model}-{side}-{run}.txt"
             cmd = [sys.executable, __file__, "--child", side, "--models", model, "--device", device]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
             if proc.returncode != 0:
@@ -179,6 +198,8 @@ def main() -> int:
     parser.add_argument("--warm-runs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=None, help="directory for cache.json and cache.md")
+    parser.add_argument("--keys", default=None,
+                        help="directory for the FX graph cache keys' details of every run")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = args.device or ("cuda" if args.gpu else "cpu")
@@ -193,11 +214,14 @@ def main() -> int:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "machine": machine, "commit": commit, "device": device}
+    if args.keys:
+        os.makedirs(args.keys, exist_ok=True)
     results = {}
     for model in models:
         results[model] = {}
         for side in args.sides.split(","):
-            r = results[model][side] = run_side(side, model, device, args.warm_runs, args.timeout)
+            r = results[model][side] = run_side(side, model, device, args.warm_runs, args.timeout,
+                                                      args.keys)
             print(model, side, _summary(r), flush=True)
             if args.out:  # after every side: a run cut short keeps what it measured
                 write_merged(Path(args.out), {model: {side: r}}, meta)

@@ -26,6 +26,15 @@ more)
     --sides aotgrad,aotgrad_dynamo,torch --timeout 100 --out $OUT/cache
   TAIL=20 step models 300 python bench/models.py --models convnext_t,efficientnet_b0 \
     --budget 120 --timeout 150 --out $OUT/models ;;
+fixes)  # the helpers' fixes, and the diagnoses the first runs called for
+  TAIL=12 step triton 70 python tools/gpu_hops.py --cases user_triton_kernel,user_triton_wrap_triton,user_triton_input_mutation \
+    --out $OUT/triton.json
+  TAIL=3 step hops_cuda 70 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings tests/test_hops.py -k cuda
+  TAIL=4 step albert 150 python tools/gpu_albert.py --out /tmp/albert
+  TAIL=30 step gap 130 python bench/profile_gap.py --models convnext_t --modes torch_compile,aotgrad_dynamo --out /tmp/gap
+  TAIL=4 step cache 160 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo,aotgrad \
+    --timeout 100 --keys /tmp/keys --out /tmp/cache
+  tar czf $OUT/dumps.tgz -C /tmp albert gap keys cache 2>/dev/null; ls -la $OUT ;;
 suite)
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
   grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;
