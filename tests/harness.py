@@ -177,7 +177,7 @@ def _differentiable(t: Any) -> bool:
 
 def _weight(t: torch.Tensor, k: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 + k)
-    return torch.randn(t.shape, generator=g).to(t.dtype)
+    return torch.randn(t.shape, generator=g).to(t.device, t.dtype)
 
 
 def grad_leaves(flat: list[Any]) -> list[torch.Tensor]:

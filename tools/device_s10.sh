@@ -35,6 +35,13 @@ fixes)  # the helpers' fixes, and the diagnoses the first runs called for
   TAIL=4 step cache 160 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo,aotgrad \
     --timeout 100 --keys /tmp/keys --out /tmp/cache
   tar czf $OUT/dumps.tgz -C /tmp albert gap keys cache 2>/dev/null; ls -la $OUT ;;
+gap)
+  grep -n "compiled_fx_graph_hash" $(python -c "import torch,os;print(os.path.dirname(torch.__file__))")/_inductor/*.py | head -5
+  TAIL=3 step hops_cuda 70 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings tests/test_hops.py -k cuda
+  TAIL=40 step gap 300 python bench/profile_gap.py --models convnext_t --modes torch_compile,aotgrad_dynamo --out /tmp/gap
+  TAIL=4 step cache 150 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo \
+    --timeout 100 --keys /tmp/keys --out /tmp/cache
+  tar czf $OUT/dumps.tgz -C /tmp gap keys cache 2>/dev/null; ls -la /tmp/keys ;;
 suite)
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
   grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;
