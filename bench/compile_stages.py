@@ -1,7 +1,8 @@
 """Where a model's first compile goes: aotgrad's stages and Inductor's phases, against torch's.
 
     python bench/compile_stages.py --model deberta_v2 --small            # CPU, 2-layer model
-    python bench/compile_stages.py --model deberta_v2 --rounds 1         # GPU, full size
+    python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor  # GPU, < 3 min
+    python bench/compile_stages.py --model deberta_v2 --fp32             # GPU, no autocast
     python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor --profile DIR
 
 Each mode compiles the model's training step (bench/run.py's: forward with the loss, bf16
@@ -18,7 +19,7 @@ break counts, what Inductor was handed (graphs, their call_function nodes, kerne
 generated), aotgrad's stages (the pipeline's timer, summed over graphs), and torch's own
 `dynamo_timed` phases (Dynamo, AOTAutograd, Inductor's lowering, scheduling, code generation,
 and the wait on kernel compiles), with the time outside them. `--profile DIR` writes a cProfile
-of each mode's first step. `--json PATH` writes everything.
+of each mode's first step and the graphs Inductor got. `--json PATH` writes everything.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ PHASES = [
     "Scheduler.codegen",                      # kernels' source
     "GraphLowering.compile_to_module",        # the wrapper module and its kernels
     "async_compile.wait",                     # waiting on kernel compiles (Triton, C++)
+    "async_compile.precompile",               # Triton kernels compiled in this process, one
+                                              # by one: the worker pool was not ready yet
     "compile_file",                           # C++ compile (CPU)
 ]
 
@@ -60,10 +63,11 @@ def worker(spec: dict) -> dict:
     sys.path.insert(0, str(BENCH_DIR))
     import torch
     import run as bench  # noqa: E402  (bench/run.py: the models and the modes)
-    handed = _count_inductor_graphs(torch)
+    handed = _count_inductor_graphs(torch, spec.get("dump"))
     job = bench.Job(spec["model"], MODES[spec["mode"]], None, spec["small"], spec["device"], 0, 1)
     torch.manual_seed(0)
     model, batch, use_autocast = bench.prepare(job)
+    use_autocast = use_autocast and not spec["fp32"]
     sink: list = []
     compiled = bench.MODES[job.mode].compile(model, None, sink)
     step = bench.make_step(model, compiled, batch, use_autocast)
@@ -98,14 +102,17 @@ def _clocks() -> dict[str, float]:
             "children_cpu": children.ru_utime + children.ru_stime}
 
 
-def _count_inductor_graphs(torch) -> list[dict[str, int]]:
+def _count_inductor_graphs(torch, dump: str | None) -> list[dict[str, int]]:
     """The ops of each graph Inductor lowers (op -> call_function nodes), read by a post-grad
-    pre-pass (called by `compile_fx_inner` on either side; caches are off: no key needs it)."""
+    pre-pass (called by `compile_fx_inner` on either side; caches are off: no key needs it).
+    `dump`: a path prefix to write each graph to, numbered in the order Inductor got them."""
     from collections import Counter
     from torch._inductor import config
     graphs: list[dict[str, int]] = []
 
     def count(graph):
+        if dump:
+            Path(f"{dump}.{len(graphs)}.txt").write_text(str(graph))
         graphs.append(dict(Counter(str(n.target) for n in graph.nodes
                                    if n.op == "call_function")))
     config.post_grad_custom_pre_pass = count
@@ -136,7 +143,9 @@ def _phases(torch) -> dict[str, dict]:
 
 def run_mode(mode: str, args, profile_dir: Path | None) -> dict:
     spec = {"model": args.model, "mode": mode, "small": args.small, "device": args.device,
-            "profile": str(profile_dir / f"{mode}.prof") if profile_dir else None}
+            "fp32": args.fp32,
+            "profile": str(profile_dir / f"{mode}.prof") if profile_dir else None,
+            "dump": str(profile_dir / f"{mode}.graph") if profile_dir else None}
     with tempfile.TemporaryDirectory(prefix="compile-stages-") as scratch:
         out = Path(scratch, "result.json")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec),
@@ -215,8 +224,12 @@ def _row(name: str, best: dict, get, fmt: str = "{:.2f}") -> str:
 def _phase_row(key: str, modes: list[str], best: dict) -> str:
     def cell(m):
         p = best[m]["phases"].get(key)
-        return f"{p['s']:.2f} ({p['n']})" if p else ""
-    return f"| {key} s (calls) | " + " | ".join(cell(m) for m in modes) + " |"
+        if not p:
+            return ""
+        if 1 < p["n"] <= 3:  # a forward and a backward, say: each
+            return " + ".join(f"{s:.2f}" for s in p["each"])
+        return f"{p['s']:.2f} ({p['n']})"
+    return f"| {key}: s (calls) | " + " | ".join(cell(m) for m in modes) + " |"
 
 
 def _outside(row: dict) -> float:
@@ -233,9 +246,11 @@ def main(argv=None) -> None:
                    type=lambda s: [m for m in s.split(",") if m])
     p.add_argument("--small", action="store_true", help="the CPU-sized variant of the model")
     p.add_argument("--device", default=None)
+    p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900, help="seconds per process")
-    p.add_argument("--profile", help="a directory for each mode's cProfile of its first step")
+    p.add_argument("--profile", help="a directory for each mode's cProfile of its first step "
+                   "and the graphs Inductor was handed")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -248,11 +263,19 @@ def main(argv=None) -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.time()
     best = run_rounds(args)
-    print(f"\n{args.model}{' (small)' if args.small else ''} on {args.device}, "
+    print(f"\n{args.model}{' (small)' if args.small else ''} on {_device_name(args.device)}, "
+          f"{'fp32' if args.fp32 or args.device == 'cpu' else 'bf16 autocast'}, "
           f"{args.rounds} round(s), {time.time() - start:.0f} s\n")
     print(table(best))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": best}, indent=1))
+
+
+def _device_name(device: str) -> str:
+    import torch
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    return f"CPU ({os.cpu_count()} cores), torch {torch.__version__}"
 
 
 if __name__ == "__main__":
