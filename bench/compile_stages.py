@@ -59,7 +59,7 @@ PHASES = [
 # ---------------------------------------------------------------------------- one mode (worker)
 
 def worker(spec: dict) -> dict:
-    sys.modules.setdefault("torchvision", None)  # transformers probes it; a mismatched one fails
+    _block_broken_torchvision()
     sys.path.insert(0, str(BENCH_DIR))
     import torch
     import run as bench  # noqa: E402  (bench/run.py: the models and the modes)
@@ -77,6 +77,15 @@ def worker(spec: dict) -> dict:
             "compile_cpu_s": first["cpu"] - steady["cpu"],
             "compile_wall_s": first["wall"] - steady["wall"],
             **_counts(torch, bench, sink, handed), "phases": _phases(torch)}
+
+
+def _block_broken_torchvision() -> None:
+    """transformers imports torchvision where it is found; one built for another torch fails
+    to import, and then transformers with it: hide such a one (timm needs a working one)."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        sys.modules["torchvision"] = None
 
 
 def _timed(step, torch, profile_path: str | None = None) -> dict:
