@@ -312,6 +312,9 @@ class Backend:
     decompositions: Mapping | None = None
     # The backend's own rewrites of the whole graph (joint or inference), before partitioning.
     graph_passes: Callable[[fx.GraphModule], fx.GraphModule] | None = None
+    # Called as each compile starts, before the trace: starts what the compilers will wait on
+    # later (Inductor's kernel-compile workers), so that it gets ready while the trace runs.
+    warm_up: Callable[[], None] | None = None
 
 
 # ---- the joint graph ------------------------------------------------------------------------

@@ -113,6 +113,25 @@ def _build_bert(small):
     return LanguageModelLoss(BertForMaskedLM(config)), (ids,)
 
 
+def _build_deberta_v2(small, relative=True):
+    """DeBERTa-v2 masked LM. relative=True: v3-base's attention (relative positions, p2c and
+    c2p, log buckets, shared keys); False: DebertaV2Config's defaults (absolute positions)."""
+    from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+    attention = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=256,
+                     max_relative_positions=-1, share_att_key=True, norm_rel_ebd="layer_norm",
+                     position_biased_input=False) if relative else {}
+    if small:
+        shape = dict(vocab_size=1024, hidden_size=256, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=512)
+    else:  # deberta-v3-base: 12 layers x 768
+        shape = dict(vocab_size=128100, hidden_size=768, num_hidden_layers=12,
+                     num_attention_heads=12, intermediate_size=3072)
+    config = DebertaV2Config(**shape, **attention, max_position_embeddings=512)
+    batch, tokens = (2, 64) if small else (8, 512)
+    ids = torch.randint(0, config.vocab_size, (batch, tokens))
+    return LanguageModelLoss(DebertaV2ForMaskedLM(config)), (ids,)
+
+
 def _timm_classifier(name, batch):
     """A timm model at 224x224, random init; --small: batch 2 and 10 classes."""
     def build(small):
@@ -146,6 +165,10 @@ MODELS = {
                             ("transformers",), ("transformers",), autocast=True),
     "llama": ModelSpec(_build_llama, ("transformers",), ("transformers",), autocast=True),
     "bert": ModelSpec(_build_bert, ("transformers",), ("transformers",), autocast=True),
+    "deberta_v2": ModelSpec(_build_deberta_v2, ("transformers",), ("transformers",),
+                            autocast=True),
+    "deberta_v2_abs": ModelSpec(lambda small: _build_deberta_v2(small, relative=False),
+                                ("transformers",), ("transformers",), autocast=True),
     "efficientnet_b0": ModelSpec(_timm_classifier("efficientnet_b0", 64), ("timm",), ("timm",),
                                  autocast=True, channels_last=True),
     "vit_s16": ModelSpec(_timm_classifier("vit_small_patch16_224", 64), ("timm",), ("timm",),

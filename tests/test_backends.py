@@ -1,6 +1,7 @@
 """Backends: the eager backend's generated code, boxing, and Inductor on one graph."""
 
 import math
+import os
 import weakref
 
 import torch
@@ -9,6 +10,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import aotgrad
 from aotgrad.backends.compilers import make_boxed_compiler, make_boxed_func
 from aotgrad.backends.codegen import python_function
+from aotgrad.schema import GRAPH_INFO
+from harness import requires_cuda
 
 
 def traced(fn, *args):
@@ -140,3 +143,55 @@ def test_inductor_compiles_outside_the_calls_autocast():
     assert (out.dtype, out.shape) == (expected.dtype, expected.shape)
     out.float().sum().backward()
     assert all(t.grad is not None and t.grad.dtype == t.dtype for t in (q, k, v, w))
+
+
+def test_a_backends_warm_up_runs_as_each_compile_starts_before_its_compilers():
+    """Inductor's kernel-compile workers take seconds to start: the pipeline starts them
+    (`Backend.warm_up`) before the trace, so that they are ready by the first kernel."""
+    from aotgrad.schema import Backend
+    events = []
+
+    def compiler(gm, example_inputs):
+        events.append(gm.meta[GRAPH_INFO].role)
+        return gm
+
+    backend = Backend(compiler, compiler, compiler, warm_up=lambda: events.append("warm up"))
+    compiled = aotgrad.compile(lambda x: x.sin().sum(), backend=backend)
+    x = torch.randn(3, requires_grad=True)
+    compiled(x).backward()
+    assert events == ["warm up", "forward", "backward"]
+    torch.testing.assert_close(x.grad, x.detach().cos())
+    compiled(torch.randn(5, requires_grad=True))  # a new size compiles again: warmed again
+    assert events[3:] == ["warm up", "forward"]
+
+
+WARM_POOL_SCRIPT = """
+import torch, aotgrad
+from torch._inductor.async_compile import AsyncCompile
+from aotgrad.backends import compilers
+from aotgrad.schema import Backend
+pools = []
+def inductor(gm, example_inputs):  # Inductor itself, noting whether its pool was started
+    pools.append(AsyncCompile.process_pool.cache_info().currsize)
+    return compilers.inductor_compiler(gm, example_inputs)
+backend = Backend(inductor, inductor, inductor, compilers.INDUCTOR_DECOMPOSITIONS,
+                  compilers.inductor_graph_passes, compilers.warm_inductor_workers)
+x = torch.randn(64, 64, device="cuda", requires_grad=True)
+torch.compile(lambda x: x.sin().exp().sum(), backend=aotgrad.backend(backend=backend))(x).backward()
+torch.testing.assert_close(x.grad, (x.sin().exp() * x.cos()).detach())
+print("pools", pools)
+"""
+
+
+@requires_cuda
+def test_inductors_compile_workers_are_started_before_the_first_graph_compiles():
+    """In a fresh process (the pool lives as long as the process): torch's `inductor` backend
+    starts it when Dynamo hands it a graph; aotgrad's Inductor backend as well (issue 20)."""
+    import subprocess
+    import sys
+    env = {**os.environ, "AOTGRAD_CACHE": "0", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
+           "TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", WARM_POOL_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pools [1, 1]" in done.stdout

@@ -163,3 +163,22 @@ def test_run_report_merges_runs_and_draws_the_memory_time_curve(tmp_path):
         ("aotgrad_dynamo", 0.5, 70.0)]
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
     assert (out / "tradeoff.png").exists() == has_matplotlib
+
+
+def test_compile_stages_tells_our_stages_from_torchs_phases(tmp_path):
+    """bench/compile_stages.py, each mode in a fresh process: aotgrad's stage times on one
+    side, torch's AOTAutograd on the other, Dynamo's counts on both."""
+    out = tmp_path / "stages.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "compile_stages.py"), "--model", "tiny",
+         "--small", "--device", "cpu", "--modes", "aotgrad_eager,aot_eager",
+         "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    ours, torchs = rows["aotgrad_eager"], rows["aot_eager"]
+    assert {"capture", "analysis", "trace", "partition"} <= set(ours["aotgrad_stages"])
+    assert ours["aotgrad_graphs"] == ours["dynamo_graphs"] == torchs["dynamo_graphs"] == 1
+    assert "create_aot_dispatcher_function" in torchs["phases"]
+    assert "create_aot_dispatcher_function" not in ours["phases"]
+    assert abs(ours["loss"] - torchs["loss"]) < 1e-5  # the same model, seed and batch
+    assert "| aotgrad: trace |" in proc.stdout

@@ -138,7 +138,9 @@ def resolve_compiler(compiler: Any) -> Session:
     if compiler == "eager":
         return Session(lambda gm: gm)
     if compiler == "inductor":  # its ATen segments; hooks and .grad stay Python calls
+        from ..backends.compilers import warm_inductor_workers
         from .inductor import compile_captured, compile_differentiable
+        warm_inductor_workers()  # ready by the first backward's kernels, as in torch.compile
         return Session(compile_captured, compile_differentiable)
     if callable(compiler):
         return Session(compiler)

@@ -161,6 +161,17 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
 inductor_compiler.records_cudagraphs = True  # through compile_fx_inner's own box
 
 
+def warm_inductor_workers() -> None:
+    """Start Inductor's pool of kernel-compile workers now, as torch's own `inductor` backend
+    does when Dynamo hands it a graph. The pool takes seconds to start; until it is ready each
+    Triton kernel compiles in this process, one after another, so a first compile in a process
+    that starts it only at its first kernel pays for that (issue 20). No-op without Triton."""
+    from torch._inductor import async_compile
+    warm = getattr(async_compile, "maybe_warm_pool", None)
+    if warm is not None:
+        warm()
+
+
 @contextlib.contextmanager
 def _shape_env_for_graph_cache(fake_mode):
     """Inductor's FX graph cache serves only compiles whose fake mode has a shape env (it
@@ -252,7 +263,7 @@ def resolve_backend(backend: Any, decompositions: Mapping | None = None) -> Back
     if backend == "inductor":
         decomps = INDUCTOR_DECOMPOSITIONS if decompositions is None else decompositions
         return Backend(inductor_compiler, inductor_compiler, inductor_compiler, decomps,
-                       inductor_graph_passes)
+                       inductor_graph_passes, warm_inductor_workers)
     if callable(backend):
         return Backend(backend, backend, backend, decompositions)
     raise ValueError(f"aotgrad: unknown backend {backend!r}; use 'inductor', 'eager' or a "
