@@ -19,6 +19,7 @@ import torch
 import aotgrad
 from aotgrad import cache
 from aotgrad.cache import codec, key as cache_key, store
+from harness import requires_cuda
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -283,9 +284,10 @@ SCRIPT = textwrap.dedent("""
     from aotgrad import cache
     barrier = sys.argv[2] if len(sys.argv) > 2 else None
     torch.manual_seed(0)
+    device = __import__("os").environ.get("STEP_DEVICE", "cpu")
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
-                            torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    x = torch.randn(5, 8)
+                            torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
+    x = torch.randn(5, 8).to(device)
     while barrier and not __import__("os").path.exists(barrier):
         time.sleep(0.01)
     out = aotgrad.compile(m, backend=sys.argv[1])(x)
@@ -299,12 +301,12 @@ SCRIPT = textwrap.dedent("""
 
 
 def run_script(tmp_path: Path, backend: str, barrier: Path | None = None,
-               start: bool = False) -> subprocess.Popen | dict:
+               start: bool = False, device: str = "cpu") -> subprocess.Popen | dict:
     script = tmp_path / "step.py"
     script.write_text(SCRIPT)
     # Inductor's own cache stays where it is: warm from an earlier run, it makes the cold
     # process fast too, and the warm one must still find its graphs there.
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STEP_DEVICE": device}
     cmd = [sys.executable, str(script), backend, *([str(barrier)] if barrier else [])]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -336,12 +338,16 @@ def test_concurrent_writers_compile_once(tmp_path):
     assert not list((tmp_path / "cache" / store.FORMAT).glob("*.lock"))
 
 
-def test_inductor_hit_skips_codegen_in_another_process(tmp_path):
-    cold = run_script(tmp_path, "inductor")
-    warm = run_script(tmp_path, "inductor")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_inductor_hit_skips_codegen_in_another_process(tmp_path, device):
+    """On a GPU Inductor keys a static input by its storage: the backward's saved parameter
+    must carry the same mark whether its graph was traced or read from our cache."""
+    cold = run_script(tmp_path, "inductor", device=device)
+    warm = run_script(tmp_path, "inductor", device=device)
     assert [e for e, _ in warm["events"]] == ["hit"]
     # The forward and the backward: Inductor found both compiled in its own cache.
     assert warm["inductor"].get("fxgraph_cache_hit") == 2, warm["inductor"]
+    assert "fxgraph_cache_miss" not in warm["inductor"], warm["inductor"]
     assert warm["values"] == cold["values"]
 
 

