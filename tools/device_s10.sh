@@ -42,6 +42,13 @@ gap)
   TAIL=4 step cache 150 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo \
     --timeout 100 --keys /tmp/keys --out /tmp/cache
   tar czf $OUT/dumps.tgz -C /tmp gap keys cache 2>/dev/null; ls -la /tmp/keys ;;
+stages)  # where convnext's and deberta's time goes, and the cache fix
+  TAIL=3 step hops_cuda 60 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings tests/test_hops.py tests/test_cache.py -k "cuda"
+  TAIL=25 step convnext 170 python bench/compile_stages.py --model convnext_t --modes aotgrad,inductor --rounds 1 --timeout 160 --profile /tmp/cs_convnext --json /tmp/cs_convnext/rows.json
+  TAIL=25 step deberta 200 python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor --rounds 1 --timeout 190 --json /tmp/cs_deberta.json
+  TAIL=4 step cache 140 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo,aotgrad \
+    --timeout 100 --out /tmp/cache
+  cp /tmp/cs_deberta.json $OUT/ 2>/dev/null; tar czf $OUT/dumps.tgz -C /tmp cs_convnext cache 2>/dev/null; ls -la $OUT ;;
 suite)
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
   grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;
