@@ -625,3 +625,35 @@ def test_a_matmul_input_is_saved_rather_than_what_it_is_built_from():
     assert head_sized == [("aten.addmm.default", torch.bfloat16),
                           ("prims.convert_element_type.default", torch.bfloat16)]
     assert sum(s.nbytes for s in computed) <= torch_saved_bytes(gelu_norm_head, twins)
+
+
+def _reshape_graph(dims) -> torch.fx.GraphModule:
+    """x.permute(dims).reshape(-1, 4), as Inductor's decompositions leave it: `aten.reshape`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    p = g.call_function(aten.permute.default, (x, dims))
+    r = g.call_function(aten.reshape.default, (p, [-1, 4]))
+    g.output([r])
+    with FakeTensorMode() as mode:
+        x.meta["val"] = mode.from_tensor(torch.randn(2, 4, 3, 3) if dims[-1] == 1
+                                         else torch.randn(2, 3, 3, 4))
+        p.meta["val"] = x.meta["val"].permute(dims)
+        r.meta["val"] = p.meta["val"].reshape(-1, 4)
+    return torch.fx.GraphModule({}, g)
+
+
+def test_a_reshape_that_copies_becomes_a_clone_and_a_view():
+    """A permuted activation flattened for a matmul (ConvNeXt) is copied: the partitioner must
+    see a copy, which it may save, not a free view of its input."""
+    from aotgrad.backends.passes import split_copying_reshapes
+    copying, viewing = _reshape_graph([0, 2, 3, 1]), _reshape_graph([0, 1, 2, 3])
+    split_copying_reshapes(copying)
+    split_copying_reshapes(viewing)
+    targets = [n.target for n in copying.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.aten.permute.default, torch.ops.aten.clone.default,
+                       torch.ops.aten.view.default]
+    assert torch.ops.aten.reshape.default in [n.target for n in viewing.graph.nodes]
+    x = torch.randn(2, 4, 3, 3)
+    assert torch.equal(copying(x)[0], x.permute(0, 2, 3, 1).reshape(-1, 4))

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import torch
 from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..capture.cse import eliminate_common_subexpressions
 from ..partition.memory import base_of
@@ -27,9 +28,10 @@ def inference_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def joint_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, masks moved next to what they test, then one node per repeated
-    pure computation (cse.py)."""
+    """The backend's passes, copying reshapes made explicit, masks moved next to what they
+    test, then one node per repeated pure computation (cse.py)."""
     gm = backend_passes(backend, gm)
+    split_copying_reshapes(gm)
     j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
     hoist_masks(j)
     return eliminate_common_subexpressions(gm, j.forward)
@@ -45,6 +47,30 @@ def backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
     gm.meta.update(meta)
     keep_outputs_fresh(gm, fresh)
     return verify(gm)
+
+
+def split_copying_reshapes(gm: fx.GraphModule) -> None:
+    """`reshape` is a view where its input's strides allow one, and a copy elsewhere (a
+    permuted activation flattened for a matmul, in ConvNeXt), yet its schema says alias. The
+    partitioner took such a copy for a free view: it saved the input, which the forward then
+    wrote out in its permuted layout besides the copy, and the backward copied it again
+    (ConvNeXt-T: 1.34x Inductor's step on an H200). Each reshape that copies becomes what it
+    does: a contiguous clone, then a view of it."""
+    aten = torch.ops.aten
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.reshape.default)):
+        source, val = node.args[0].meta.get("val"), node.meta.get("val")
+        if not (isinstance(source, torch.Tensor) and isinstance(val, torch.Tensor)) or \
+                StorageWeakRef(source.untyped_storage()) == StorageWeakRef(val.untyped_storage()):
+            continue
+        with gm.graph.inserting_before(node):
+            copy = gm.graph.call_function(aten.clone.default, (node.args[0],),
+                                          {"memory_format": torch.contiguous_format})
+            view = gm.graph.call_function(aten.view.default, (copy, node.args[1]))
+        copy.meta = {**node.meta, "val": source.clone(memory_format=torch.contiguous_format)}
+        view.meta = {**node.meta, "val": copy.meta["val"].view(val.shape)}
+        node.replace_all_uses_with(view)
+        gm.graph.erase_node(node)
+    gm.recompile()
 
 
 def keep_outputs_fresh(gm: fx.GraphModule, fresh: Sequence[bool]) -> None:
