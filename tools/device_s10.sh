@@ -49,6 +49,10 @@ stages)  # where convnext's and deberta's time goes, and the cache fix
   TAIL=4 step cache 140 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo,aotgrad \
     --timeout 100 --out /tmp/cache
   cp /tmp/cs_deberta.json $OUT/ 2>/dev/null; tar czf $OUT/dumps.tgz -C /tmp cs_convnext cache 2>/dev/null; ls -la $OUT ;;
+check)  # the reshape fix on ConvNeXt and ViT, the cache again, the CUDA tests
+  TAIL=3 step cuda_tests 60 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings tests/test_hops.py tests/test_cache.py -k "cuda"
+  TAIL=14 step models 270 python bench/models.py --models convnext_t,vit_s16 --budget 150 --timeout 130 --out $OUT/models
+  TAIL=5 step cache 200 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo,aotgrad,torch --timeout 100 --out $OUT/cache ;;
 suite)
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
   grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;
