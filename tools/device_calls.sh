@@ -1,6 +1,7 @@
 #!/bin/bash
-# Session 10's GPU calls: one phase per call (`bash tools/device_s10.sh models`), each step
-# with its own time limit inside the call's budget, logs under $OUT.
+# A session's GPU calls, one phase per call (`bash tools/device_calls.sh models`), each step
+# with its own time limit inside the call's budget, logs under $OUT. Session 10's phases;
+# session 9's scripts are in git's history.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${BUDGET:-585} ))
 step() {  # step NAME SECONDS COMMAND...
