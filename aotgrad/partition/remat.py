@@ -276,15 +276,9 @@ def kernel_inputs(joint, forward, rules, stop, bw_roots) -> list[fx.Node]:
     found = set()
     for node in needed:
         if node not in forward and _is_unfusible(node):
-            found.update(_base_through_views(i) for i in node.all_input_nodes)
+            found.update(base_of(i) for i in node.all_input_nodes)
     return [n for n in joint.graph.nodes
             if n in found and n in needed and n not in stop and rules.get(n) == Rule.CHOOSE]
-
-
-def _base_through_views(node: fx.Node) -> fx.Node:
-    while _is_view(node) and node.all_input_nodes:
-        node = node.all_input_nodes[0]
-    return node
 
 
 def _bytes(node: fx.Node) -> int:
