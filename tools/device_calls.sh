@@ -54,6 +54,21 @@ check)  # the reshape fix on ConvNeXt and ViT, the cache again, the CUDA tests
   TAIL=3 step cuda_tests 60 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings tests/test_hops.py tests/test_cache.py -k "cuda"
   TAIL=14 step models 270 python bench/models.py --models convnext_t,vit_s16 --budget 150 --timeout 130 --out $OUT/models
   TAIL=5 step cache 200 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo,aotgrad,torch --timeout 100 --out $OUT/cache ;;
+# For the next session (issue 20, issue 18's ResNet-50 row), each about 9 minutes:
+list2)  # the rest of the issue's model list
+  TAIL=30 step models 570 python bench/models.py --models efficientnet_b0,swin_t,llama,bert \
+    --budget 420 --timeout 140 --out $OUT/models ;;
+hostbound)  # the issue's three host-bound CUDA-graph steps (resnet50 is batch 64), the cache
+  TAIL=20 step models 330 python bench/models.py --models resnet50_b16,gpt2_2x256,resnet50 \
+    --budget 240 --timeout 110 --out $OUT/models
+  TAIL=6 step cache 240 python bench/cache.py --gpu --models resnet50 --sides aotgrad,aotgrad_dynamo,torch \
+    --timeout 90 --out $OUT/cache ;;
+code)  # ConvNeXt-T's generated kernels, both compilers; DeBERTa-v2's compile stages
+  TAIL=4 step convnext 280 python bench/compile_stages.py --model convnext_t --modes aotgrad,inductor \
+    --rounds 1 --timeout 135 --profile /tmp/cs_convnext
+  TAIL=25 step deberta 290 python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor \
+    --rounds 1 --timeout 140 --json $OUT/deberta.json
+  tar czf $OUT/convnext.tgz -C /tmp cs_convnext 2>/dev/null ;;
 suite)
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
   grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;
