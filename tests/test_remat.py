@@ -450,9 +450,9 @@ def shifted_label_loss(logits, labels):
                          torch.randn(64, requires_grad=True)), "rsqrt", "add"),
     # The padded labels, not the labels (an input, free to save): recomputing the pad
     # inside the loss backward's kernel would run it once per vocabulary entry. Saved
-    # flattened (`view` of the padded `clone`), as the loss reads them.
+    # flattened (`view_1`, of the padded `clone`), as the loss reads them.
     (shifted_label_loss, lambda: (torch.randn(2, 8, 50, requires_grad=True),
-                                  torch.randint(0, 50, (2, 8))), "view", "primals_2"),
+                                  torch.randint(0, 50, (2, 8))), "view_1", "primals_2"),
 ], ids=["layer_norm_statistics", "padded_labels"])
 def test_small_values_broadcast_in_the_backward_are_saved(fn, args, saved, recomputed):
     inputs = args()

@@ -256,13 +256,16 @@ def saved_as_read(saved: list[fx.Node], forward: set[fx.Node], rules: dict[fx.No
     [N, H, W, C] layer-norm and GELU outputs) gets channels-last strides from Inductor's
     layout optimization, a transposed order: the forward then writes it transposed and the
     backward copies it back to flatten it for its matmul (issue 20: two more kernels a
-    block). A flattened value keeps the strides it was traced with."""
+    block). A flattened value keeps the strides it was traced with. An input keeps its own
+    strides: it is saved as it is."""
     needed = ancestors(bw_roots, stop=set(saved) | tangents)
     return list(dict.fromkeys(_flattest_read(n, forward, rules, needed) for n in saved))
 
 
 def _flattest_read(node: fx.Node, forward, rules, needed) -> fx.Node:
     best = node
+    if node.op == "placeholder":
+        return node
     while True:
         readers = [u for u in node.users if u in needed]
         if not (len(readers) == 1 and readers[0] in forward and rules.get(readers[0]) == Rule.FREE
