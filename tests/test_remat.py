@@ -449,9 +449,10 @@ def shifted_label_loss(logits, labels):
     (normalize, lambda: (torch.randn(4, 64, requires_grad=True),
                          torch.randn(64, requires_grad=True)), "rsqrt", "add"),
     # The padded labels, not the labels (an input, free to save): recomputing the pad
-    # inside the loss backward's kernel would run it once per vocabulary entry.
+    # inside the loss backward's kernel would run it once per vocabulary entry. Saved
+    # flattened (`view_1`, of the padded `clone`), as the loss reads them.
     (shifted_label_loss, lambda: (torch.randn(2, 8, 50, requires_grad=True),
-                                  torch.randint(0, 50, (2, 8))), "clone", "primals_2"),
+                                  torch.randint(0, 50, (2, 8))), "view_1", "primals_2"),
 ], ids=["layer_norm_statistics", "padded_labels"])
 def test_small_values_broadcast_in_the_backward_are_saved(fn, args, saved, recomputed):
     inputs = args()
@@ -657,3 +658,62 @@ def test_a_reshape_that_copies_becomes_a_clone_and_a_view():
     assert torch.ops.aten.reshape.default in [n.target for n in viewing.graph.nodes]
     x = torch.randn(2, 4, 3, 3)
     assert torch.equal(copying(x)[0], x.permute(0, 2, 3, 1).reshape(-1, 4))
+
+
+# ---- saved values Inductor lays out channels-last ------------------------------------------
+
+class ConvNeXtBlocks(nn.Module):
+    """ConvNeXt's block (timm's convnext_tiny, issue 20) between two convolutions: a depthwise
+    convolution, then a layer norm and an MLP over [N, H, W, C], back to [N, C, H, W]."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 4, 4)
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(c), nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+        self.head = nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.fc2(F.gelu(self.fc1(self.norm(self.dw(x).permute(0, 2, 3, 1)))))
+        return self.head(y.permute(0, 3, 1, 2) * self.gamma.view(1, -1, 1, 1) + x).mean()
+
+
+def copied_to_reshape(backward: fx.GraphModule) -> list[str]:
+    """The saved values, with the strides the compiled forward produced them in, that the
+    backward must copy to reshape."""
+    copied = []
+    for p in backward.graph.find_nodes(op="placeholder"):
+        val = p.meta.get("val")
+        for user in p.users:
+            if user.target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+                try:
+                    val.view(user.args[1])
+                except (RuntimeError, ValueError):
+                    copied.append(p.name)
+    return copied
+
+
+def test_saved_values_keep_a_layout_the_backward_can_flatten():
+    """Inductor's layout optimization (on by itself on a GPU, forced here) gives every 4-D
+    value upstream of a convolution channels-last strides unless the graph must return it
+    with fixed ones. Saving ConvNeXt's [N, H, W, C] layer-norm and GELU outputs whole, the
+    forward wrote them transposed and the backward copied each back to flatten it for its
+    matmul's weight gradient: 0.48 ms a kernel on an H200 (issue 20). Saved as the 2-D views
+    the matmuls read, as torch's partitioner saves them, they keep their traced strides."""
+    import torch._inductor.config as inductor_config
+    torch.manual_seed(0)
+    model, x = ConvNeXtBlocks(), torch.randn(2, 3, 32, 32)
+    twin = copy.deepcopy(model)
+    with inductor_config.patch(force_layout_optimization=True):
+        compiled = aotgrad.compile(model, backend="inductor")
+        compiled(x).backward()
+    twin(x).backward()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    art = compiled.artifacts[0]
+    assert copied_to_reshape(art.backward_graph) == []
+    views = ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+    flat = [s.shape for s in art.saved if s.op in views]
+    assert sorted(flat) == [(128, 8), (128, 32)]  # the layer norm's and the GELU's outputs

@@ -245,7 +245,40 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
         stop = set(saved) | set(tangents)
         rules.update(dict.fromkeys(to_materialize(spanning, kernel_inputs(
             joint, forward, rules, stop, bw_roots), stop), Rule.MATERIALIZED))
-    return saved
+    return saved_as_read(saved, forward, rules, set(tangents), bw_roots)
+
+
+def saved_as_read(saved: list[fx.Node], forward: set[fx.Node], rules: dict[fx.Node, str],
+                  tangents: set[fx.Node], bw_roots) -> list[fx.Node]:
+    """Each saved value that the backward reads only through a chain of views to fewer
+    dimensions, replaced by the flattest of them (same buffer, same bytes), as torch's
+    partitioner saves it. Saved whole, a 4-D value upstream of a convolution (ConvNeXt's
+    [N, H, W, C] layer-norm and GELU outputs) gets channels-last strides from Inductor's
+    layout optimization, a transposed order: the forward then writes it transposed and the
+    backward copies it back to flatten it for its matmul (issue 20: two more kernels a
+    block). A flattened value keeps the strides it was traced with. An input keeps its own
+    strides: it is saved as it is."""
+    needed = ancestors(bw_roots, stop=set(saved) | tangents)
+    return list(dict.fromkeys(_flattest_read(n, forward, rules, needed) for n in saved))
+
+
+def _flattest_read(node: fx.Node, forward, rules, needed) -> fx.Node:
+    best = node
+    if node.op == "placeholder":
+        return node
+    while True:
+        readers = [u for u in node.users if u in needed]
+        if not (len(readers) == 1 and readers[0] in forward and rules.get(readers[0]) == Rule.FREE
+                and readers[0].all_input_nodes == [node] and not is_tuple(readers[0])):
+            return best
+        node = readers[0]
+        if _ndim(node) < _ndim(best):
+            best = node
+
+
+def _ndim(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    return val.dim() if isinstance(val, torch.Tensor) else 0
 
 
 # Min cuts per partition: each marks the recomputed values that span an unfusible kernel.
