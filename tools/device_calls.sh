@@ -55,6 +55,11 @@ check)  # the reshape fix on ConvNeXt and ViT, the cache again, the CUDA tests
   TAIL=14 step models 270 python bench/models.py --models convnext_t,vit_s16 --budget 150 --timeout 130 --out $OUT/models
   TAIL=5 step cache 200 python bench/cache.py --gpu --models gpt2 --sides aotgrad_dynamo,aotgrad,torch --timeout 100 --out $OUT/cache ;;
 # For the next session (issue 20, issue 18's ResNet-50 row), each about 9 minutes:
+convnext)  # first: session 10's saved_as_read fix, unmeasured (expect ~18 ms, was 24.4)
+  TAIL=14 step models 260 python bench/models.py --models convnext_t,vit_s16 --budget 150 \
+    --timeout 130 --out $OUT/models
+  TAIL=12 step gap 300 python bench/profile_gap.py --models convnext_t --modes torch_compile,aotgrad_dynamo \
+    --out $OUT/gap ;;
 list2)  # the rest of the issue's model list
   TAIL=30 step models 570 python bench/models.py --models efficientnet_b0,swin_t,llama,bert \
     --budget 420 --timeout 140 --out $OUT/models ;;
