@@ -396,25 +396,10 @@ def test_flex_attention_backward_on_cpu_raises_as_eager(door):
     check_case(Case("flex_attention_grad", flex_inputs(True), factory=_flex), door)
 
 
-def closed_over_region():
-    """tools/gpu_hops.py's region_case on the CPU: the region's body reads a block's
-    parameters through its closure (Dynamo lifts them into the call's operands)."""
-    block = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64))
-
-    @torch.compiler.nested_compile_region
-    def region(x):
-        return x + block(x).relu()
-
-    def fn(x):
-        for _ in range(4):
-            x = region(x)
-        return x
-    return block, fn
-
-
 def run_closed_over_region(compile_fn) -> list:
+    from tools.gpu_hops import closed_over_region  # the GPU script's case, on the CPU
     torch.manual_seed(0)
-    block, fn = closed_over_region()
+    block, fn = closed_over_region("cpu")
     x = torch.randn(8, 64, requires_grad=True)
     out = compile_fn(fn)(x)
     out.sin().sum().backward()

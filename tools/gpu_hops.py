@@ -117,8 +117,11 @@ def scan_case():
                 torch.randn(16, 64, device="cuda", requires_grad=True)]
 
 
-def region_case():
-    block = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64)).cuda()
+def closed_over_region(device: str = "cuda"):
+    """A compiled region called four times, its body reading a block's parameters through
+    its closure (Dynamo lifts them into the call's operands): (block, fn). The CPU tests
+    (tests/test_hops.py) build the same."""
+    block = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64)).to(device)
 
     @torch.compiler.nested_compile_region
     def region(x):
@@ -128,6 +131,11 @@ def region_case():
         for _ in range(4):
             x = region(x)
         return x
+    return block, fn
+
+
+def region_case():
+    _, fn = closed_over_region()
     return fn, [torch.randn(8, 64, device="cuda", requires_grad=True)]
 
 
