@@ -145,6 +145,48 @@ def test_inductor_compiles_outside_the_calls_autocast():
     assert all(t.grad is not None and t.grad.dtype == t.dtype for t in (q, k, v, w))
 
 
+def _bmm_as_mm(gm):
+    """A graph pass that traces its replacement, as Inductor's pattern replacements do (its
+    `bmm_to_mm`, on a GPU only, rewrote Llama's rotary matmul)."""
+    from torch._inductor.pattern_matcher import (Arg, CallFunction, PatternMatcherPass,
+                                                 register_graph_pattern)
+    patterns = PatternMatcherPass()
+
+    @register_graph_pattern(CallFunction(torch.ops.aten.bmm.default, Arg(), Arg()),
+                            pass_dict=patterns)
+    def replace(match, a, b):
+        match.replace_by_example(
+            lambda a, b: torch.mm(a.squeeze(0), b.squeeze(0)).unsqueeze(0), [a, b])
+    patterns.apply(gm.graph)
+    gm.recompile()
+    return gm
+
+
+def test_graph_passes_run_outside_the_calls_autocast():
+    """A float32 region inside an autocast one (Llama's rotary embedding): the traced graph
+    holds its casts, and a backend pass that retraces a replacement under the call's autocast
+    cast the region's matmul to bfloat16 again, while the values after it kept their float32
+    metadata (on the GPU, Inductor then read a bfloat16 buffer as float32: wrong gradients
+    and a CUDA fault)."""
+    from aotgrad.schema import Backend
+
+    def rotary(x, inv_freq, positions):
+        with torch.autocast("cpu", enabled=False):
+            freqs = torch.bmm(inv_freq[None, :, None], positions[None, None, :].float())
+            cos = freqs.transpose(1, 2).cos()
+        return (x @ x.T).float().sum() + (x * cos[0]).sum()
+
+    x = torch.randn(512, 16, requires_grad=True)
+    inv_freq, positions = 1.0 / (10000 ** (torch.arange(16) / 16)), torch.arange(512)
+    eager = make_boxed_compiler(lambda gm, _: gm)
+    compiled = aotgrad.compile(rotary, backend=Backend(eager, eager, eager,
+                                                       graph_passes=_bmm_as_mm))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = compiled(x, inv_freq, positions), rotary(x, inv_freq, positions)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out, x), torch.autograd.grad(expected, x))
+
+
 def test_a_backends_warm_up_runs_as_each_compile_starts_before_its_compilers():
     """Inductor's kernel-compile workers take seconds to start: the pipeline starts them
     (`Backend.warm_up`) before the trace, so that they are ready by the first kernel."""

@@ -74,6 +74,11 @@ code)  # ConvNeXt-T's generated kernels, both compilers; DeBERTa-v2's compile st
   TAIL=25 step deberta 290 python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor \
     --rounds 1 --timeout 140 --json $OUT/deberta.json
   tar czf $OUT/convnext.tgz -C /tmp cs_convnext 2>/dev/null ;;
+llama)  # the Llama-like model's CUDA fault (session 11): which choice of ours it follows
+  TAIL=8 step llama 400 python tools/gpu_llama.py --variants ${VARIANTS:-small,small_nocudnn,small_inductor,small_eager_backend,nocudnn,inductor} \
+    --timeout 390 --out /tmp/gl
+  grep "^ATTENTION" /tmp/gl/*.log | sort | uniq -c | head -30
+  (cd /tmp/gl && tar czf $OUT/llama.tgz *.log $(grep -l _attention -r --include='*.py' inductor-small* 2>/dev/null)) ;;
 suite)
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
   grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;

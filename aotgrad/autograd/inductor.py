@@ -255,7 +255,9 @@ def decompose(segment: fx.GraphModule, example: list, fake_mode: Any) -> fx.Grap
     from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
     from ..backends.compilers import INDUCTOR_DECOMPOSITIONS
-    with fake_mode, enable_python_dispatcher():
+    # The segment holds the casts its kernels were called with: a backward run under autocast
+    # must not cast them again.
+    with fake_mode, enable_python_dispatcher(), torch._C._DisableAutocast():
         return make_fx(segment, decomposition_table=dict(INDUCTOR_DECOMPOSITIONS))(*example)
 
 

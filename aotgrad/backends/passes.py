@@ -43,7 +43,12 @@ def backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
         return gm
     meta = dict(gm.meta)
     fresh = [shared is None for shared in shared_storages(gm)]
-    gm = backend.graph_passes(gm)
+    # The graph holds autocast's casts already. Pattern replacements are traced (Inductor's
+    # bmm_to_mm, on a GPU): under the call's autocast they would be cast again, against the
+    # dtypes the graph's values were traced with (Llama's float32 rotary matmul ran in
+    # bfloat16 and its backward read the bfloat16 buffer as float32: a CUDA fault).
+    with torch._C._DisableAutocast():
+        gm = backend.graph_passes(gm)
     gm.meta.update(meta)
     keep_outputs_fresh(gm, fresh)
     return verify(gm)
