@@ -187,6 +187,30 @@ def test_graph_passes_run_outside_the_calls_autocast():
     torch.testing.assert_close(torch.autograd.grad(out, x), torch.autograd.grad(expected, x))
 
 
+def test_a_pass_that_retypes_a_nodes_inputs_is_refused_by_name():
+    """The guard behind the test above: whatever the cause, a pass that hands a node inputs of
+    another dtype and leaves the node's metadata as it was is refused, not compiled."""
+    import pytest
+    from aotgrad.schema import Backend
+
+    def cast_cos_input(gm):
+        cos = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.cos.default)
+        with gm.graph.inserting_before(cos):
+            cast = gm.graph.call_function(torch.ops.prims.convert_element_type.default,
+                                          (cos.args[0], torch.bfloat16))
+        cast.meta["val"] = cos.args[0].meta["val"].to(torch.bfloat16)
+        cos.replace_input_with(cos.args[0], cast)
+        gm.recompile()
+        return gm
+
+    eager = make_boxed_compiler(lambda gm, _: gm)
+    compiled = aotgrad.compile(lambda x: x.cos() * 2, backend=Backend(
+        eager, eager, eager, graph_passes=cast_cos_input))
+    with pytest.raises(RuntimeError, match=r"aotgrad: the backend's graph passes changed what "
+                                           r"`cos` .* torch.float32 .* torch.bfloat16"):
+        compiled(torch.randn(4, requires_grad=True))
+
+
 def test_a_backends_warm_up_runs_as_each_compile_starts_before_its_compilers():
     """Inductor's kernel-compile workers take seconds to start: the pipeline starts them
     (`Backend.warm_up`) before the trace, so that they are ready by the first kernel."""

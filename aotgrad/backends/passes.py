@@ -43,6 +43,7 @@ def backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
         return gm
     meta = dict(gm.meta)
     fresh = [shared is None for shared in shared_storages(gm)]
+    dtypes = {node: _input_dtypes(node) for node in gm.graph.nodes}
     # The graph holds autocast's casts already. Pattern replacements are traced (Inductor's
     # bmm_to_mm, on a GPU): under the call's autocast they would be cast again, against the
     # dtypes the graph's values were traced with (Llama's float32 rotary matmul ran in
@@ -51,7 +52,39 @@ def backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
         gm = backend.graph_passes(gm)
     gm.meta.update(meta)
     keep_outputs_fresh(gm, fresh)
+    check_retyped(gm, dtypes)
     return verify(gm)
+
+
+def check_retyped(gm: fx.GraphModule, before: dict[fx.Node, tuple]) -> None:
+    """A pass that hands a node inputs of other dtypes, and leaves the node's own value as it
+    was, makes the graph lie: the compiler allocates by what the nodes compute, the next graph
+    reads by their metadata (the autocast fault above read bfloat16 buffers as float32). Each
+    node whose inputs' dtypes changed is run again on fake values; a value of another dtype
+    than its metadata says is refused, by name."""
+    for node in gm.graph.nodes:
+        if node in before and len(before[node]) == len(_input_dtypes(node)) \
+                and before[node] != _input_dtypes(node):
+            _check_dtype(node)
+
+
+def _input_dtypes(node: fx.Node) -> tuple:
+    return tuple(getattr(n.meta.get("val"), "dtype", None) for n in node.all_input_nodes)
+
+
+def _check_dtype(node: fx.Node) -> None:
+    from torch._guards import detect_fake_mode
+    want = node.meta.get("val")
+    if not isinstance(node.target, torch._ops.OpOverload) or not isinstance(want, torch.Tensor):
+        return
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    with detect_fake_mode([want]), torch._C._DisableAutocast():
+        got = node.target(*args, **kwargs)
+    if isinstance(got, torch.Tensor) and got.dtype != want.dtype:
+        raise RuntimeError(
+            f"aotgrad: the backend's graph passes changed what `{node.name}` ({node.target}) "
+            f"computes: {want.dtype} in the traced graph, {got.dtype} after the passes. "
+            "This is a bug in aotgrad or in the backend's passes: please report it.")
 
 
 def split_copying_reshapes(gm: fx.GraphModule) -> None:
