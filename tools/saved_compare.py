@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
+os.environ.setdefault("AOTGRAD_CACHE", "0")  # a cached entry would skip the partitioners
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import aotgrad  # noqa: E402
 from aotgrad.backends.compilers import (_inductor_decompositions, copy_graph,  # noqa: E402
                                         eager_compiler, inductor_graph_passes)
-from aotgrad.partition.memory import base_of, tensor_bytes  # noqa: E402
+from aotgrad.partition.memory import base_of, estimate_peak, tensor_bytes  # noqa: E402
 from aotgrad.partition.remat import min_cut_rematerialization_partition  # noqa: E402
 from aotgrad.schema import Backend  # noqa: E402
 
@@ -105,9 +107,11 @@ def partition_both(model, batch, cuda_like: bool):
 
     def partitioner(joint, _inputs=None, *, num_fwd_outputs, **kwargs):
         found["joint"] = joint
-        found["torch"] = torch_saved(copy_graph(joint), num_fwd_outputs, joint)
+        found["torch"], found["torch peak"] = torch_saved(copy_graph(joint), num_fwd_outputs,
+                                                          joint)
         fw, bw = min_cut_rematerialization_partition(joint, None, num_fwd_outputs=num_fwd_outputs)
         found["aotgrad"] = saved_of(fw, num_fwd_outputs, joint)
+        found["aotgrad peak"] = estimate_peak(fw, bw, num_fwd_outputs)
         return fw, bw
 
     backend = Backend(eager_compiler, eager_compiler, eager_compiler,
@@ -136,8 +140,8 @@ def torch_saved(joint: fx.GraphModule, num_fwd_outputs: int, original: fx.GraphM
     for node in joint.graph.find_nodes(op="placeholder"):  # torch tells inputs apart by name
         node.name = node.target = _torch_name(node)
     joint.recompile()
-    fw, _ = torch_mincut(joint, None, num_fwd_outputs=num_fwd_outputs)
-    return saved_of(fw, num_fwd_outputs, original)
+    fw, bw = torch_mincut(joint, None, num_fwd_outputs=num_fwd_outputs)
+    return saved_of(fw, num_fwd_outputs, original), estimate_peak(fw, bw, num_fwd_outputs)
 
 
 def _torch_name(node: fx.Node) -> str:
@@ -192,9 +196,11 @@ def mib(n: int) -> str:
     return f"{n / 2**20:9.1f} MiB"
 
 
-def report_side(side: str, bufs: dict[fx.Node, int], inputs: int) -> None:
+def report_side(side: str, bufs: dict[fx.Node, int], inputs: int, peak) -> None:
     print(f"\n== {side}: {len(bufs)} saved buffers, {mib(sum(bufs.values()))}"
-          f" (+{inputs} saved inputs)")
+          f" (+{inputs} saved inputs); aotgrad's memory model (partition/memory.py), graphs"
+          f" in the partitioner's order: forward peak {mib(peak.forward_peak_bytes)}, backward"
+          f" peak {mib(peak.backward_peak_bytes)}")
     for title, key in (("dtype", lambda n: str(n.meta["val"].dtype)),
                        ("op", lambda n: getattr(n.target, "__name__", str(n.target)))):
         totals = collections.Counter()
@@ -202,12 +208,15 @@ def report_side(side: str, bufs: dict[fx.Node, int], inputs: int) -> None:
             totals[key(node)] += size
         print(f"  by {title}: " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in
                                            totals.most_common(12)))
+    for node in sorted(bufs, key=lambda n: -bufs[n])[:5]:
+        print(f"  largest {mib(bufs[node])}  {describe(node)}")
 
 
 def report(found: dict, top: int) -> dict[str, int]:
     sides = {side: buffers(found[side]) for side in ("aotgrad", "torch")}
     for side, bufs in sides.items():
-        report_side(side, bufs, sum(n.op == "placeholder" for n in found[side]))
+        report_side(side, bufs, sum(n.op == "placeholder" for n in found[side]),
+                    found[f"{side} peak"])
     ours, theirs = sides["aotgrad"], sides["torch"]
     for title, a, b in (("aotgrad only", ours, theirs), ("torch only", theirs, ours)):
         extra = sorted((n for n in a if n not in b), key=lambda n: -a[n])
