@@ -240,6 +240,7 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
         saved = _min_cut(joint, forward, rules, grads, tangents, bw_roots)
         spanning = [n for n in recomputed_across_kernels(joint, forward, saved, tangents, bw_roots)
                     if rules[n] == Rule.CHOOSE]  # not what a checkpoint policy decided
+        spanning = saved_below_peak(spanning, joint, forward, saved, tangents, bw_roots, grads)
         if not spanning:
             break
         stop = set(saved) | set(tangents)
@@ -334,11 +335,7 @@ def recomputed_across_kernels(joint, forward, saved, tangents, bw_roots) -> list
     or attention. Such a value cannot fuse into its users: it is a buffer of its own, and
     a chain of them (a residual stream, recomputed layer by layer) is rebuilt whole at the
     backward's start. The min cut's cost, bytes saved, does not see that."""
-    stop = set(saved) | set(tangents)
-    needed = ancestors(bw_roots, stop=stop)
-    # The backward's schedule: saved values are its inputs, computed by nothing in it.
-    order = backward_schedule([n for n in joint.graph.nodes if n in needed and n not in stop],
-                              forward)
+    order = _schedule(joint, forward, saved, tangents, bw_roots)
     position = {n: i for i, n in enumerate(order)}
     unfusible = list(itertools.accumulate(map(_is_unfusible, order), initial=0))
     spanning = []
@@ -348,6 +345,65 @@ def recomputed_across_kernels(joint, forward, saved, tangents, bw_roots) -> list
             if unfusible[last] - unfusible[position[node] + 1] > 0:
                 spanning.append(node)
     return spanning
+
+
+def _schedule(joint, forward, saved, tangents, bw_roots) -> list[fx.Node]:
+    """The backward's ops in the order they run; saved values are its inputs, computed by
+    nothing in it."""
+    stop = set(saved) | set(tangents)
+    needed = ancestors(bw_roots, stop=stop)
+    return backward_schedule([n for n in joint.graph.nodes if n in needed and n not in stop],
+                             forward)
+
+
+def saved_below_peak(spanning, joint, forward, saved, tangents, bw_roots, grads
+                     ) -> list[fx.Node]:
+    """The `spanning` values that the forward may save without raising the backward's peak.
+    Saved, a value is alive from the backward's start, with everything else saved; recomputed,
+    only across its span, after the backward has freed what it read before. Where the span
+    lies at the peak (a residual stream rebuilt at the backward's start, ALBERT's head), saving
+    it costs no memory and spares a buffer the backward would write and read again; further
+    on, where the backward has freed more than the value's bytes (EfficientNet's squeeze-and-
+    excitation, whose block input spans its two small convolutions), saving it would add its
+    bytes to the peak, and torch's partitioner recomputes it too (issue 20)."""
+    order = _schedule(joint, forward, saved, tangents, bw_roots)
+    position = {n: i for i, n in enumerate(order)}
+    live = _live_bytes(order, position, saved, grads, spanning)
+    peak, chosen = max(live, default=0), []
+    for node in sorted(spanning, key=position.__getitem__):
+        start = position[node]
+        if max(live[:start], default=0) + _bytes(node) <= peak:
+            chosen.append(node)
+            live[:start] = [b + _bytes(node) for b in live[:start]]
+    return chosen
+
+
+def _live_bytes(order, position, saved, grads, spanning) -> list[int]:
+    """Bytes alive at each step of the backward: the saved buffers until their last reader,
+    the gradients once made, the `spanning` recomputed values across their span."""
+    delta = [0] * (len(order) + 1)
+    spans = {base_of(n): (0, _last_read(n, position)) for n in saved}
+    spans.update({base_of(g): (position[g], len(order) - 1) for g in grads
+                  if isinstance(g, fx.Node) and g in position})
+    spans.update({n: (position[n], _last_use(n, position)) for n in spanning})
+    for node, (start, end) in spans.items():
+        if node.op != "placeholder" and end >= start:
+            delta[start] += _bytes(node)
+            delta[end + 1] -= _bytes(node)
+    return list(itertools.accumulate(delta[:-1]))
+
+
+def _last_read(node: fx.Node, position: dict[fx.Node, int]) -> int:
+    """The position of the last backward op reading `node`, directly or through views (-1
+    for none)."""
+    last, stack = -1, [node]
+    while stack:
+        for user in stack.pop().users:
+            if user in position:
+                last = max(last, position[user])
+                if _is_view(user):
+                    stack.append(user)
+    return last
 
 
 def _is_unfusible(node: fx.Node) -> bool:
