@@ -279,7 +279,7 @@ def test_checksum_rejects_truncation_and_edits():
 # ---- across processes -------------------------------------------------------------------
 
 SCRIPT = textwrap.dedent("""
-    import json, sys, time
+    import copy, json, sys, time
     import torch, aotgrad
     from aotgrad import cache
     barrier = sys.argv[2] if len(sys.argv) > 2 else None
@@ -288,25 +288,36 @@ SCRIPT = textwrap.dedent("""
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
                             torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
     x = torch.randn(5, 8).to(device)
+    eager = copy.deepcopy(m)
+    eager_out = eager(x)
+    eager_out.sum().backward()
+    prepared = []  # Inductor hashing a graph for its FX graph cache key
+    if sys.argv[1] == "inductor":
+        from torch._inductor import codecache
+        hash_graph = codecache.FxGraphCache.prepare_key
+        codecache.FxGraphCache.prepare_key = staticmethod(
+            lambda *a, **k: prepared.append(1) or hash_graph(*a, **k))
     while barrier and not __import__("os").path.exists(barrier):
         time.sleep(0.01)
     out = aotgrad.compile(m, backend=sys.argv[1])(x)
     out.sum().backward()
     from torch._dynamo.utils import counters
     print(json.dumps({"events": cache.events(), "stats": cache.stats(),
-                      "inductor": dict(counters["inductor"]),
+                      "inductor": dict(counters["inductor"]), "prepared": len(prepared),
                       "values": [t.tolist() for t in
-                                 [out, *[p.grad for p in m.parameters()], *m.buffers()]]}))
+                                 [out, *[p.grad for p in m.parameters()], *m.buffers()]],
+                      "eager": [t.tolist() for t in [eager_out, *[p.grad for p in eager.parameters()],
+                                                     *eager.buffers()]]}))
 """)
 
 
 def run_script(tmp_path: Path, backend: str, barrier: Path | None = None,
-               start: bool = False, device: str = "cpu") -> subprocess.Popen | dict:
+               start: bool = False, device: str = "cpu", **env_vars) -> subprocess.Popen | dict:
     script = tmp_path / "step.py"
     script.write_text(SCRIPT)
     # Inductor's own cache stays where it is: warm from an earlier run, it makes the cold
     # process fast too, and the warm one must still find its graphs there.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "STEP_DEVICE": device}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STEP_DEVICE": device, **env_vars}
     cmd = [sys.executable, str(script), backend, *([str(barrier)] if barrier else [])]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
