@@ -139,6 +139,9 @@ def test_versions_and_configuration_miss_with_their_reason(component, patch, mon
     aotgrad.compile(torch.sin, **opts)(x)
     event, why = last_event()
     assert event == "miss" and why.startswith(component + " "), why
+    if component == "inductor config":  # the option by name: its entry's code is not loaded
+        assert f"max_autotune={not config.max_autotune!r}" not in why.split("->")[0]
+        assert f"max_autotune={config.max_autotune!r}" in why.split("->")[1], why
 
 
 def test_random_ops_hit_and_draw_as_cold():
@@ -360,6 +363,52 @@ def test_inductor_hit_skips_codegen_in_another_process(tmp_path, device):
     assert warm["inductor"].get("fxgraph_cache_hit") == 2, warm["inductor"]
     assert "fxgraph_cache_miss" not in warm["inductor"], warm["inductor"]
     assert warm["values"] == cold["values"]
+
+
+def test_warm_process_loads_inductor_graphs_by_key_without_hashing(tmp_path):
+    """A hit hands Inductor the FX graph cache keys stored with the entry: Inductor does not
+    hash the graphs again (`prepare_key`), and the results are the cold process's."""
+    inductor_dir = str(tmp_path / "inductor")
+    cold = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    warm = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    assert cold["stats"]["inductor_by_key"] == 0 and cold["prepared"] == 2
+    assert [e for e, _ in warm["events"]] == ["hit"]
+    assert warm["stats"]["inductor_by_key"] == 2, warm["stats"]  # the forward and the backward
+    assert warm["prepared"] == 0
+    assert warm["inductor"].get("fxgraph_cache_hit") == 2, warm["inductor"]
+    assert warm["values"] == cold["values"]
+    for got, want in zip(warm["values"], warm["eager"]):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_stored_inductor_key_without_its_artifact_falls_back(tmp_path):
+    """Inductor's cache emptied under ours: the keys find nothing, each graph is traced to
+    fake values and compiled again, and the step still matches eager."""
+    import shutil
+    inductor_dir = tmp_path / "inductor"
+    cold = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
+    shutil.rmtree(inductor_dir)
+    warm = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
+    assert [e for e, _ in warm["events"]] == ["hit"]
+    assert warm["stats"]["inductor_by_key"] == 0
+    assert warm["stats"]["inductor_by_key_missing"] == 2, warm["stats"]
+    assert warm["inductor"].get("fxgraph_cache_miss") == 2, warm["inductor"]
+    assert warm["values"] == cold["values"]
+    for got, want in zip(warm["values"], warm["eager"]):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_inductor_key_is_not_taken_in_another_context(monkeypatch):
+    """The keys are stored by the context Inductor computed them in: another thread count
+    (Inductor's CPU kernels specialize on it) is not that context."""
+    from aotgrad.backends import fxcache
+    from aotgrad.schema import GraphInfo
+    info = GraphInfo("forward", (0,), range(1), None)
+    here = fxcache.context_digest(info, None)
+    assert here == fxcache.context_digest(info, None)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1000)
+    assert fxcache.context_digest(info, None) != here
+    assert fxcache.context_digest(GraphInfo("backward", (0,), range(1), None), [0]) != here
 
 
 def test_lock_of_a_dead_process_is_broken_and_a_live_one_times_out(tmp_path):
