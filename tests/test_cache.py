@@ -392,7 +392,8 @@ def test_stored_inductor_key_without_its_artifact_falls_back(tmp_path):
     assert [e for e, _ in warm["events"]] == ["hit"]
     assert warm["stats"]["inductor_by_key"] == 0
     assert warm["stats"]["inductor_by_key_missing"] == 2, warm["stats"]
-    assert warm["inductor"].get("fxgraph_cache_miss") == 2, warm["inductor"]
+    # Each graph misses twice: by our stored key, then by the key Inductor computes again.
+    assert warm["inductor"].get("fxgraph_cache_miss") == 4, warm["inductor"]
     assert warm["values"] == cold["values"]
     for got, want in zip(warm["values"], warm["eager"]):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
