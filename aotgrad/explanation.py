@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import check
+from .backends.fxcache import fill_fake_values, lacks_fake_values
 from .partition.budget import Curve, choose, plan_curve
 from .schema import CURVE
 from .schema import JOINT_FW_OUTPUTS
@@ -201,6 +202,9 @@ def explain_artifact(artifact: Artifact, memory_budget: float | None = None,
         raise ValueError("aotgrad: explain: this compile came from the persistent cache "
                          "before its trace, so it has no joint graph; compile again with "
                          "AOTGRAD_CACHE=0 to explain it")
+    for gm in (fw, bw):  # a cache hit Inductor loaded by key: its ops have no fake values
+        if lacks_fake_values(gm):
+            fill_fake_values(gm)
     n = joint.meta[JOINT_FW_OUTPUTS]  # plain outputs (subclasses split)
     forward = {v.name for v in joint_of(joint, n).forward}
     recomputed = [Recomputed(node.name, str(node.target), node_cost(node))

@@ -31,6 +31,7 @@ from .replay.double_backward import DoubleBackward
 from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
                                 is_symbolic, shape_guard)
 from .partition.split import default_partition, find_joint, tag_backward
+from .backends.fxcache import lacks_fake_values
 from .backends.passes import inference_passes, joint_passes
 from .partition.donate import mark_donated, without_donations
 from .runtime.call import (BackwardParts, CompiledCall, CompiledOnFirstCall, RuntimePlan,
@@ -289,6 +290,7 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
     with timer("partition") as sizes:
         if hit:
             p = Partition(*lookup.graphs, n)
+            _share_saved_values(p)
         else:
             # Found once, after the last pass: every partitioner (and explain) reads it here.
             joint_gm.meta[JOINT] = find_joint(joint_gm, n)
@@ -296,7 +298,8 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         fw, bw = p.forward, p.backward
         tag_backward(bw)
         held = random_values.hold_random_values(fw, bw, n, facts.random_ops)
-        verify_partition(fw, bw, n)
+        if not (hit and (lacks_fake_values(fw) or lacks_fake_values(bw))):
+            verify_partition(fw, bw, n)  # a hit loaded by Inductor's key: verified when stored
         if not hit:  # a hit's graphs hold the marks already
             mark_donated(p)
             lookup.keep([fw, bw])
@@ -319,6 +322,14 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     backward = _backward_parts(c, options, timer, bw, facts, _double_backward(c, edge, p, held))
     return _Built(plan, compiled_fw, backward, (fw, bw, joint_gm), edge)
+
+
+def _share_saved_values(p: Partition) -> None:
+    """A hit whose ops have no fake values (Inductor loads them by key): the saved values
+    get their backward inputs', stored with the entry, for what reads them here."""
+    saved = p.backward.graph.find_nodes(op="placeholder")
+    for node, taken in zip(p.saved, saved):
+        node.meta.setdefault("val", taken.meta["val"])
 
 
 def _backward_parts(c: Captured, options: Options, timer: _Timer, bw: fx.GraphModule,

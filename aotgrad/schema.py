@@ -25,6 +25,10 @@ GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
 # layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.
 # sets backends.compilers; reads pipeline (restride_saved).
 OUTPUT_STRIDES = "aotgrad_output_strides"
+# gm.meta key on a graph aotgrad's cache stores or read: its Inductor FX graph cache keys, by
+# the context they were computed in (cache.fxkeys.InductorKeys: `records`, `remember`,
+# `loaded`). sets cache.entry, cache.program; reads backends.compilers (inductor_compiler).
+INDUCTOR_FX_KEY = "aotgrad_inductor_fx_key"
 # node.meta key on a backward's placeholder: a saved value that nothing else holds when the
 # backward runs. The compiler may free it early or write into its memory (Inductor does).
 # sets partition.donate (mark_donated); reads backends.compilers, pipeline.

@@ -139,6 +139,9 @@ def test_versions_and_configuration_miss_with_their_reason(component, patch, mon
     aotgrad.compile(torch.sin, **opts)(x)
     event, why = last_event()
     assert event == "miss" and why.startswith(component + " "), why
+    if component == "inductor config":  # the option by name: its entry's code is not loaded
+        assert f"max_autotune={not config.max_autotune!r}" not in why.split("->")[0]
+        assert f"max_autotune={config.max_autotune!r}" in why.split("->")[1], why
 
 
 def test_random_ops_hit_and_draw_as_cold():
@@ -279,7 +282,7 @@ def test_checksum_rejects_truncation_and_edits():
 # ---- across processes -------------------------------------------------------------------
 
 SCRIPT = textwrap.dedent("""
-    import json, sys, time
+    import copy, json, sys, time
     import torch, aotgrad
     from aotgrad import cache
     barrier = sys.argv[2] if len(sys.argv) > 2 else None
@@ -288,25 +291,36 @@ SCRIPT = textwrap.dedent("""
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
                             torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
     x = torch.randn(5, 8).to(device)
+    eager = copy.deepcopy(m)
+    eager_out = eager(x)
+    eager_out.sum().backward()
+    prepared = []  # Inductor hashing a graph for its FX graph cache key
+    if sys.argv[1] == "inductor":
+        from torch._inductor import codecache
+        hash_graph = codecache.FxGraphCache.prepare_key
+        codecache.FxGraphCache.prepare_key = staticmethod(
+            lambda *a, **k: prepared.append(1) or hash_graph(*a, **k))
     while barrier and not __import__("os").path.exists(barrier):
         time.sleep(0.01)
     out = aotgrad.compile(m, backend=sys.argv[1])(x)
     out.sum().backward()
     from torch._dynamo.utils import counters
     print(json.dumps({"events": cache.events(), "stats": cache.stats(),
-                      "inductor": dict(counters["inductor"]),
+                      "inductor": dict(counters["inductor"]), "prepared": len(prepared),
                       "values": [t.tolist() for t in
-                                 [out, *[p.grad for p in m.parameters()], *m.buffers()]]}))
+                                 [out, *[p.grad for p in m.parameters()], *m.buffers()]],
+                      "eager": [t.tolist() for t in [eager_out, *[p.grad for p in eager.parameters()],
+                                                     *eager.buffers()]]}))
 """)
 
 
 def run_script(tmp_path: Path, backend: str, barrier: Path | None = None,
-               start: bool = False, device: str = "cpu") -> subprocess.Popen | dict:
+               start: bool = False, device: str = "cpu", **env_vars) -> subprocess.Popen | dict:
     script = tmp_path / "step.py"
     script.write_text(SCRIPT)
     # Inductor's own cache stays where it is: warm from an earlier run, it makes the cold
     # process fast too, and the warm one must still find its graphs there.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "STEP_DEVICE": device}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STEP_DEVICE": device, **env_vars}
     cmd = [sys.executable, str(script), backend, *([str(barrier)] if barrier else [])]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -349,6 +363,53 @@ def test_inductor_hit_skips_codegen_in_another_process(tmp_path, device):
     assert warm["inductor"].get("fxgraph_cache_hit") == 2, warm["inductor"]
     assert "fxgraph_cache_miss" not in warm["inductor"], warm["inductor"]
     assert warm["values"] == cold["values"]
+
+
+def test_warm_process_loads_inductor_graphs_by_key_without_hashing(tmp_path):
+    """A hit hands Inductor the FX graph cache keys stored with the entry: Inductor does not
+    hash the graphs again (`prepare_key`), and the results are the cold process's."""
+    inductor_dir = str(tmp_path / "inductor")
+    cold = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    warm = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    assert cold["stats"]["inductor_by_key"] == 0 and cold["prepared"] == 2
+    assert [e for e, _ in warm["events"]] == ["hit"]
+    assert warm["stats"]["inductor_by_key"] == 2, warm["stats"]  # the forward and the backward
+    assert warm["prepared"] == 0
+    assert warm["inductor"].get("fxgraph_cache_hit") == 2, warm["inductor"]
+    assert warm["values"] == cold["values"]
+    for got, want in zip(warm["values"], warm["eager"]):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_stored_inductor_key_without_its_artifact_falls_back(tmp_path):
+    """Inductor's cache emptied under ours: the keys find nothing, each graph is traced to
+    fake values and compiled again, and the step still matches eager."""
+    import shutil
+    inductor_dir = tmp_path / "inductor"
+    cold = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
+    shutil.rmtree(inductor_dir)
+    warm = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
+    assert [e for e, _ in warm["events"]] == ["hit"]
+    assert warm["stats"]["inductor_by_key"] == 0
+    assert warm["stats"]["inductor_by_key_missing"] == 2, warm["stats"]
+    # Each graph misses twice: by our stored key, then by the key Inductor computes again.
+    assert warm["inductor"].get("fxgraph_cache_miss") == 4, warm["inductor"]
+    assert warm["values"] == cold["values"]
+    for got, want in zip(warm["values"], warm["eager"]):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_inductor_key_is_not_taken_in_another_context(monkeypatch):
+    """The keys are stored by the context Inductor computed them in: another thread count
+    (Inductor's CPU kernels specialize on it) is not that context."""
+    from aotgrad.backends import fxcache
+    from aotgrad.schema import GraphInfo
+    info = GraphInfo("forward", (0,), range(1), None)
+    here = fxcache.context_digest(info, None)
+    assert here == fxcache.context_digest(info, None)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1000)
+    assert fxcache.context_digest(info, None) != here
+    assert fxcache.context_digest(GraphInfo("backward", (0,), range(1), None), [0]) != here
 
 
 def test_lock_of_a_dead_process_is_broken_and_a_live_one_times_out(tmp_path):

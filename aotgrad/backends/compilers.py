@@ -20,8 +20,9 @@ import torch
 from torch import fx
 
 from ..semantics.effects import run_checks_after, split_checks
-from . import cudagraphs
-from ..schema import DONATED, GRAPH_INFO, OUTPUT_STRIDES, Backend, GraphInfo
+from . import cudagraphs, fxcache
+from ..schema import (DONATED, GRAPH_INFO, INDUCTOR_FX_KEY, OUTPUT_STRIDES, Backend,
+                      GraphInfo)
 
 _compiling: contextvars.ContextVar[tuple[list[str], str, int]] = contextvars.ContextVar(
     "aotgrad_compiling", default=([], "model", 0))
@@ -135,9 +136,10 @@ def own_static_marks(example_inputs: Sequence[Any], static: Sequence[int]) -> No
 
 
 def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
-    """Inductor on one graph. Torch's AOTAutograd does not run: the graph is final."""
+    """Inductor on one graph. Torch's AOTAutograd does not run: the graph is final. A graph
+    read from aotgrad's cache loads Inductor's compiled code by the key it was stored under,
+    where the context is the same (fxcache.py); otherwise it is compiled."""
     from torch._guards import TracingContext, detect_fake_mode, tracing
-    from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.virtualized import V
 
     info: GraphInfo = gm.meta[GRAPH_INFO]
@@ -153,21 +155,43 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     graphed = cudagraphs.inductor_kwargs(info)
     was_graphed = bool(graphed.get("cudagraphs"))
     own_static_marks(example_inputs, info.static_inputs)
+    slot = gm.meta.get(INDUCTOR_FX_KEY)  # set by aotgrad's cache on graphs it stores or reads
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
             cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode):
+        # In the compile's own context: the cache key tag and the config it patches.
+        where = fxcache.context_digest(info, donated) if slot is not None else None
         with TracingContext.report_output_strides() as strides:
-            compiled = compile_fx_inner(
-                body, example_inputs,
-                static_input_idxs=list(info.static_inputs),
-                is_backward=info.role == "backward",
-                is_inference=info.role == "inference",
-                **graphed,
-            )
+            compiled = _load_by_key(slot, where, body, example_inputs, info)
+            if compiled is None:
+                if fxcache.lacks_fake_values(gm):  # read by key, but not found: trace values
+                    fxcache.fill_fake_values(gm)
+                    body, checks = split_checks(gm)
+                compiled = _compile_inner(body, example_inputs, info, graphed)
+                if slot is not None:
+                    slot.remember(where, fxcache.record_of(compiled, where))
         gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
     cudagraphs.report_inductor(info, compiled, was_graphed, body, example_inputs)
     if checks is None:
         return compiled
     return run_checks_after(as_boxed(compiled), checks, len(outputs))
+
+
+def _load_by_key(slot: Any, where: str | None, body: fx.GraphModule,
+                 example_inputs: Sequence[Any], info: GraphInfo) -> Callable | None:
+    record = slot.records.get(where) if slot is not None and where is not None else None
+    if record is None:
+        return None
+    compiled = fxcache.load(record, body, example_inputs, info)
+    slot.loaded(compiled is not None)
+    return compiled
+
+
+def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
+                   graphed: dict) -> Callable:
+    from torch._inductor.compile_fx import compile_fx_inner
+    return compile_fx_inner(body, example_inputs, static_input_idxs=list(info.static_inputs),
+                            is_backward=info.role == "backward",
+                            is_inference=info.role == "inference", **graphed)
 
 
 inductor_compiler.records_cudagraphs = True  # through compile_fx_inner's own box

@@ -18,11 +18,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 
+from ..backends.fxcache import fill_fake_values
 from ..partition.remat import min_cut_rematerialization_partition
 from ..partition.split import default_partition
 from ..schema import DONATED, HELD_FOR_REPLAY, PHASE, RANDOM_VALUE, Partition, TraceFacts
 from ..semantics.subclasses import is_subclass
-from . import codec, key as keys, store
+from . import codec, fxkeys, key as keys, store
 
 log = logging.getLogger("aotgrad.cache")
 _EVENTS: list[tuple[str, str]] = []  # (event, why), the latest last
@@ -79,7 +80,7 @@ class Lookup:
             self._record("bypass", "the cache directory is not trusted")
             return
         self._store = store.Store(path)
-        self._fake_mode = c.fake_mode
+        self._fake_mode, self._options = c.fake_mode, options
         if self._load() or self._wait_for_others() and self._load():
             return
         self._record("miss", keys.explain_miss(self.key.as_dict(), list(self._store.keys())))
@@ -92,7 +93,8 @@ class Lookup:
         if payload is None:
             return False
         try:
-            self.graphs = [decode(rows, self._fake_mode) for rows in payload["graphs"]]
+            self.graphs = [decode_stored(rows, self._fake_mode, self._store, self._options)
+                           for rows in payload["graphs"]]
         except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
             log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
             return False
@@ -114,6 +116,9 @@ class Lookup:
         try:
             self._payload = {"graphs": [encode(gm) for gm in graphs]}
             self._share(self._payload["graphs"])
+            if uses_inductor(self._options):  # told the keys Inductor compiles them under
+                for gm, rows in zip(graphs, self._payload["graphs"]):
+                    fxkeys.attach(gm, self._store, rows)
         except codec.Unencodable as exc:
             self._record("bypass", f"not stored: {exc}")
         except Exception as exc:
@@ -191,9 +196,10 @@ def _stored_meta(node: fx.Node) -> dict:
     return meta
 
 
-def decode(rows: list, fake_mode) -> fx.GraphModule:
-    """The graph with fake values on every node: its placeholders' as stored, the others'
-    computed from them (so that views share their base's fake storage, as when traced)."""
+def decode(rows: list, fake_mode, fake_values: bool = True) -> fx.GraphModule:
+    """The graph with its placeholders' fake values as stored, and (`fake_values`) every
+    other node's computed from them (so that views share their base's fake storage, as
+    when traced)."""
     gm = codec.decode_graph(rows)
     for node, row in zip(gm.graph.nodes, rows):
         meta = row[5]
@@ -207,19 +213,39 @@ def decode(rows: list, fake_mode) -> fx.GraphModule:
             node.meta[PHASE] = meta["phase"]
         if "random" in meta:
             node.meta[RANDOM_VALUE] = tuple(meta["random"])
-    _propagate(gm, fake_mode)
+    if fake_values:
+        fill_fake_values(gm, fake_mode)
     return gm
 
 
-def _propagate(gm: fx.GraphModule, fake_mode) -> None:
-    # No grad: the graph's in-place ops (a buffer's new value copied in) write into fake
-    # inputs that may require grad; nothing reads an intermediate's requires_grad.
-    with fake_mode, torch.no_grad():
-        for node in gm.graph.nodes:
-            if node.op == "call_function":
-                args, kwargs = fx.node.map_arg((node.args, node.kwargs),
-                                               lambda n: n.meta["val"])
-                node.meta["val"] = node.target(*args, **kwargs)
+def decode_stored(rows: list, fake_mode, path: store.Store, options: Any) -> fx.GraphModule:
+    """A hit's graph. Where Inductor compiles it and holds its code under a key we stored,
+    the ops' fake values are left out: Inductor loads by the key and needs none, and the
+    rest of the compile reads the placeholders' alone (its compiler computes them where
+    the key is not found)."""
+    if not uses_inductor(options):
+        return decode(rows, fake_mode)
+    gm = decode(rows, fake_mode, fake_values=False)
+    found = fxkeys.attach(gm, path, rows).records
+    if not (found and _defers_fake_values(options)):
+        fill_fake_values(gm, fake_mode)
+    return gm
+
+
+def _compilers(options: Any) -> tuple:
+    b = options.backend
+    return b.fw_compiler, b.bw_compiler, b.inference_compiler
+
+
+def uses_inductor(options: Any) -> bool:
+    from ..backends.compilers import inductor_compiler
+    return any(c is inductor_compiler for c in _compilers(options))
+
+
+def _defers_fake_values(options: Any) -> bool:
+    """Every graph goes to Inductor, none to CUDA graphs (whose checks read every value)."""
+    from ..backends.compilers import inductor_compiler
+    return all(c is inductor_compiler for c in _compilers(options)) and not options.cudagraphs
 
 
 def partition_of(graphs: list[fx.GraphModule], num_fw_outputs: int) -> Partition:

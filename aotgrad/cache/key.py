@@ -127,12 +127,19 @@ def _name(f) -> str:
 
 
 def _inductor_config() -> str:
+    """Its hash, and the options set away from their defaults by name: a miss then says
+    which ("inductor config sha256:.. (max_autotune=True)"). A hit may load Inductor's code
+    by the key it was stored under, without Inductor checking its config again."""
     from torch._inductor import config
     try:
         saved = config.save_config_portable()
     except Exception:  # older torch: the whole config
         saved = config.get_config_copy()
-    return f"sha256:{sha({k: repr(v) for k, v in sorted(saved.items())})}"
+    is_default = getattr(config, "_is_default", None)
+    changed = [f"{k}={saved[k]!r}" for k in sorted(saved)
+               if is_default is not None and not is_default(k)]
+    digest = f"sha256:{sha({k: repr(v) for k, v in sorted(saved.items())})}"
+    return f"{digest} ({', '.join(changed)})" if changed else digest
 
 
 def diff(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:

@@ -31,7 +31,7 @@ from torch import fx
 from ..schema import TraceFacts
 from ..semantics import aliasing
 from . import codec, info as info_codec, key as keys, store, views
-from .entry import decode, partitioner_components, record
+from .entry import decode_stored, partitioner_components, record
 
 log = logging.getLogger("aotgrad.cache")
 _TRUSTED_MODULES = ("torch", "operator", "_operator", "math", "builtins")
@@ -50,7 +50,7 @@ class ProgramLookup:
         self.graphs = None
         self.why_not: str | None = None  # not keyed, or refused: the reason
         self._store = self.key = self._payload = None
-        self._fake_mode = c.fake_mode
+        self._fake_mode, self._options = c.fake_mode, options
         program = _program_of(fn)
         if program is None or not store.enabled():
             return
@@ -80,7 +80,8 @@ class ProgramLookup:
         try:
             self.info = info_codec.decode(payload["info"])
             self.facts = info_codec.decode(payload["facts"])
-            self.graphs = [decode(rows, self._fake_mode) for rows in payload["graphs"]]
+            self.graphs = [decode_stored(rows, self._fake_mode, self._store, self._options)
+                           for rows in payload["graphs"]]
         except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
             log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
             self.why_not, self.graphs = f"before the trace: entry unusable ({exc})", None

@@ -29,7 +29,7 @@ FORMAT = "v1"  # the layout of entries: a new one starts a new subdirectory
 DEFAULT_SIZE_LIMIT = 1 << 30  # bytes of entries kept before the least recently used go
 LOCK_TIMEOUT = 120.0  # seconds a compile waits for another process's before compiling itself
 _STATS = {"hits": 0, "misses": 0, "bypasses": 0, "stores": 0, "evictions": 0, "corrupt": 0,
-          "untrusted": 0, "lock_timeouts": 0}
+          "untrusted": 0, "lock_timeouts": 0, "inductor_by_key": 0, "inductor_by_key_missing": 0}
 _warned_untrusted: set[str] = set()
 
 
@@ -57,7 +57,9 @@ def count(event: str, n: int = 1) -> None:
 
 def stats() -> dict[str, int]:
     """This process's counts: hits, misses, bypasses (not cacheable), stores, evictions,
-    corrupt entries, untrusted directories met, lock timeouts."""
+    corrupt entries, untrusted directories met, lock timeouts; graphs Inductor loaded by
+    their stored key (`inductor_by_key`), or did not find by it and compiled
+    (`inductor_by_key_missing`)."""
     return dict(_STATS)
 
 
@@ -172,8 +174,8 @@ class Store:
 
     def evict(self, limit: int) -> int:
         """Remove the least recently used entries until the rest fit in `limit` bytes."""
-        entries = []
-        for path in self.path.glob("*.json"):
+        entries = []  # Inductor's keys beside them (fxkeys.py) age alike
+        for path in [*self.path.glob("*.json"), *self.path.glob("*.fxkey")]:
             with contextlib.suppress(OSError):
                 st = path.stat()
                 entries.append((st.st_mtime, st.st_size, path))
@@ -253,7 +255,7 @@ def clear() -> int:
         return 0
     removed = 0
     for p in path.iterdir():
-        if p.suffix in (".json", ".key", ".lock", ".tmp"):
+        if p.suffix in (".json", ".key", ".lock", ".tmp", ".fxkey"):
             with contextlib.suppress(OSError):
                 p.unlink()
                 removed += p.suffix == ".json"
