@@ -71,3 +71,34 @@ def test_signed_zeros_and_views_are_not_merged():
     assert count(gm, aten.full.default) == 2
     assert count(gm, aten.view.default) == 2
     assert count(gm, aten.mul.Tensor) == 1
+
+
+def test_a_shared_value_viewed_again_in_every_layer_is_computed_once():
+    """DeBERTa views its shared relative positions again in each layer: the views merge, and
+    with them every op after them (12 copies of each position clamp before)."""
+    def layers(x, positions):
+        h = x
+        for _ in range(3):
+            index = (positions.unsqueeze(0) + 2).clamp(0, 7)  # the same in every layer
+            h = h @ h.T + torch.gather(h, 1, index.expand(8, 8))
+        return h.sum()
+
+    x, positions = torch.randn(8, 8, requires_grad=True), torch.randint(-4, 4, (8,))
+    compiled = aotgrad.compile(layers, backend="eager")
+    (got,), (want,) = (torch.autograd.grad(f(x, positions), x) for f in (compiled, layers))
+    torch.testing.assert_close(got, want)
+    forward = compiled.artifacts[0].forward_graph
+    assert count(forward, aten.unsqueeze.default) == 1
+    assert count(forward, aten.clamp.default) == 1
+
+
+def test_views_do_not_merge_in_a_graph_that_writes():
+    """A write through one of two equal views is seen by the other only if they stay two."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    v1 = graph.call_function(aten.view.default, (x, [2]))
+    v2 = graph.call_function(aten.view.default, (x, [2]))
+    graph.call_function(aten.add_.Tensor, (v1, 1.0))
+    graph.output((graph.call_function(aten.mul.Tensor, (v2, 2.0)),))
+    gm = eliminate_common_subexpressions(fx.GraphModule({}, graph))
+    assert count(gm, aten.view.default) == 2

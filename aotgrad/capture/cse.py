@@ -5,7 +5,11 @@ decomposition that compares the labels to `ignore_index` three times. Left alone
 is a buffer of its own, and the partitioner may save twelve equal masks for the backward.
 
 Only pure ops merge: no random draws, no mutation, no error checks, nothing aotgrad does
-not know. Views and outputs never do, since two of eager's tensors must not become one. And
+not know. Outputs, and views of them, never do, since two of eager's tensors must not become
+one. Other views merge where nothing in the graph writes (a write through one of two equal
+views is seen by the other only if they stay two): DeBERTa views its shared relative positions
+again in each layer, and every op after those views repeated with them (12 copies of each
+position clamp in its forward, GPU kernels and compile time for each). And
 only within one side of a joint graph: the backward part holds the second run of
 a checkpointed region, and merging it into the forward would undo the checkpoint. Nodes under
 different checkpoint policies stay apart too.
@@ -26,8 +30,9 @@ def eliminate_common_subexpressions(gm: fx.GraphModule, forward: set[fx.Node] | 
                                     ) -> fx.GraphModule:
     """Merge repeated pure nodes in place. `forward` splits a joint graph into its sides."""
     seen: dict[Hashable, fx.Node] = {}
+    views_merge = not any(_is_mutable(n.target) for n in gm.graph.nodes)
     for node in list(gm.graph.nodes):
-        key = _key(node, forward)
+        key = _key(node, forward, views_merge)
         if key is None:
             continue
         first = seen.setdefault(key, node)
@@ -38,10 +43,11 @@ def eliminate_common_subexpressions(gm: fx.GraphModule, forward: set[fx.Node] | 
     return gm
 
 
-def _key(node: fx.Node, forward: set[fx.Node] | None) -> Hashable | None:
+def _key(node: fx.Node, forward: set[fx.Node] | None, views_merge: bool) -> Hashable | None:
     if node.op != "call_function" or not _is_pure(node.target) or _written(node):
         return None
-    if recompute_class(node.target) == Recompute.FREE or _reaches_output(node):
+    if (recompute_class(node.target) == Recompute.FREE and not views_merge) \
+            or _reaches_output(node):
         return None  # merging would make two of eager's tensors one (aliases, outputs)
     side = forward is None or node in forward
     try:
@@ -62,6 +68,10 @@ def _is_pure(target) -> bool:
                 or target in ERROR_CHECKS or target in UNINITIALIZED)
 
 
+def _is_mutable(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
 def _reaches_output(node: fx.Node) -> bool:
     """Is this value, or a view of it, a graph output (a result or a gradient the user
     holds as a tensor of its own)?"""
@@ -77,8 +87,7 @@ def _reaches_output(node: fx.Node) -> bool:
 
 def _written(node: fx.Node) -> bool:
     """Does an in-place op write into this value (a graph that keeps some mutations)?"""
-    return any(isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable
-               for u in node.users)
+    return any(_is_mutable(u.target) for u in node.users)
 
 
 def _frozen(value: Any) -> Hashable:
