@@ -190,7 +190,10 @@ def compile_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
     segment = decompose(segment, example, fake_mode)
     output = segment.graph.output_node()
     output.meta["user_visible_output_idxs"] = list(range(len(output.args[0])))
-    with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)):
+    # Inductor retraces its pattern replacements: a backward called under autocast must not
+    # cast them again (backends/passes.py says what that did to Llama).
+    with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)), \
+            torch._C._DisableAutocast():
         return compile_fx_inner(segment, example, is_backward=True)
 
 

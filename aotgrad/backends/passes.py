@@ -75,7 +75,8 @@ def _input_dtypes(node: fx.Node) -> tuple:
 def _check_dtype(node: fx.Node) -> None:
     from torch._guards import detect_fake_mode
     want = node.meta.get("val")
-    if not isinstance(node.target, torch._ops.OpOverload) or not isinstance(want, torch.Tensor):
+    if not isinstance(node.target, torch._ops.OpOverload) or not isinstance(want, torch.Tensor) \
+            or node.target._schema.is_mutable:  # run again, it would write into a fake input
         return
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     with detect_fake_mode([want]), torch._C._DisableAutocast():
