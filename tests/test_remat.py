@@ -271,6 +271,18 @@ def run_both(fn, *shapes, **options):
     return art
 
 
+def grads_match(fn, args, backend, **tolerance):
+    """`fn` compiled, and eager's inputs, after checking gradients against eager's."""
+    args = [a.requires_grad_() for a in args]
+    twins = [a.detach().clone().requires_grad_() for a in args]
+    compiled = aotgrad.compile(fn, backend=backend)
+    compiled(*args).backward()
+    fn(*twins).backward()
+    for a, b in zip(args, twins):
+        torch.testing.assert_close(a.grad, b.grad, **tolerance)
+    return compiled, twins
+
+
 SHAPES = [(4, 8), (8, 16), (16, 8)]
 
 
@@ -628,13 +640,7 @@ def test_a_matmul_input_is_saved_rather_than_what_it_is_built_from():
     torch.manual_seed(0)
     args = [torch.randn(64, 256), torch.randn(128, 256) / 16, torch.zeros(128),
             torch.ones(128), torch.zeros(128), torch.randn(16384, 128) / 16]
-    args = [a.requires_grad_() for a in args]
-    twins = [a.detach().clone().requires_grad_() for a in args]
-    compiled = aotgrad.compile(gelu_norm_head, backend=inductor_decomposed_eager())
-    compiled(*args).backward()
-    gelu_norm_head(*twins).backward()
-    for a, b in zip(args, twins):
-        torch.testing.assert_close(a.grad, b.grad)
+    compiled, twins = grads_match(gelu_norm_head, args, inductor_decomposed_eager())
     art = compiled.artifacts[0]
     computed = [s for s in art.saved if s.op != "placeholder"]
     head_sized = [(s.op, s.dtype) for s in computed if s.shape == (64, 128)]
@@ -760,12 +766,7 @@ def test_a_value_spanning_a_late_backward_kernel_is_recomputed_as_torch_does():
     c, r = 16, 4
     shapes = [(c, c, 3, 3), (r, c, 1, 1), (c, r, 1, 1)] * 3
     args = [torch.randn(8, c, 16, 16)] + [torch.randn(s) / 4 for s in shapes]
-    args = [a.requires_grad_() for a in args]
-    twins = [a.detach().clone().requires_grad_() for a in args]
-    compiled = aotgrad.compile(squeeze_excite_blocks, backend=inductor_decomposed_eager())
-    compiled(*args).backward()
-    squeeze_excite_blocks(*twins).backward()
-    for a, b in zip(args, twins):
-        torch.testing.assert_close(a.grad, b.grad, rtol=2e-2, atol=2e-2)
+    compiled, twins = grads_match(squeeze_excite_blocks, args, inductor_decomposed_eager(),
+                                  rtol=2e-2, atol=2e-2)
     computed = [s for s in compiled.artifacts[0].saved if s.op != "placeholder"]
     assert sum(s.nbytes for s in computed) <= torch_saved_bytes(squeeze_excite_blocks, twins)
