@@ -135,6 +135,22 @@ SCRIPT = textwrap.dedent("""
             into += [*model.parameters(), *model.buffers()]
         return got, want
 
+    def mutation():
+        # An input mutated in place, an output that is a view of an input, a gradient.
+        def fn(x, buf):
+            buf.mul_(2).add_(x.detach())
+            return x.sin() * buf, x.t()
+        x = torch.randn(3, 4, requires_grad=True)
+        bufs = [torch.ones(3, 4), torch.ones(3, 4)]
+        got, want = [], []
+        for run, buf, into in ((aotgrad.compile(fn, **inductor), bufs[0], got),
+                               (fn, bufs[1], want)):
+            out, view = run(x, buf)
+            (grad,) = torch.autograd.grad(out.sum(), x)
+            assert view._base is x
+            into += [out, view, buf, grad]
+        return got, want
+
     got, want = globals()[scenario]()
     print(json.dumps({"events": cache.events(), "stats": cache.stats(),
                       "got": [t.tolist() for t in got], "want": [t.tolist() for t in want]}))
@@ -226,5 +242,11 @@ def test_dynamic_shapes_cold_then_warm_at_a_new_size(tmp_path):
 
 def test_running_statistics_after_two_warm_steps_equal_eager(tmp_path):
     warm = cold_then_warm(tmp_path, "two_steps")
+    assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
+    assert by_key(warm) == 2, warm["stats"]
+
+
+def test_input_mutation_and_view_output_in_a_warm_process(tmp_path):
+    warm = cold_then_warm(tmp_path, "mutation")
     assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
     assert by_key(warm) == 2, warm["stats"]
