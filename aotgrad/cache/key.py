@@ -135,11 +135,20 @@ def _inductor_config() -> str:
         saved = config.save_config_portable()
     except Exception:  # older torch: the whole config
         saved = config.get_config_copy()
-    is_default = getattr(config, "_is_default", None)
-    changed = [f"{k}={saved[k]!r}" for k in sorted(saved)
-               if is_default is not None and not is_default(k)]
+    changed = [f"{k}={saved[k]!r}" for k in sorted(saved) if _set_away(config, k, saved[k])]
     digest = f"sha256:{sha({k: repr(v) for k, v in sorted(saved.items())})}"
     return f"{digest} ({', '.join(changed)})" if changed else digest
+
+
+def _set_away(config, name: str, value: Any) -> bool:
+    """Whether an option holds another value than its default. Not `_is_default` alone: an
+    option set to its default value (Inductor's first compile in a process sets some) is not
+    default by that test, and a key naming it missed the same config keyed in a fresh process."""
+    is_default = getattr(config, "_is_default", None)
+    if is_default is None or is_default(name):
+        return False
+    default = getattr(getattr(config, "_config", {}).get(name), "default", object())
+    return value != default
 
 
 def diff(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:

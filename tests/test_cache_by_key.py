@@ -1,0 +1,252 @@
+"""Adversarial tests of the cache's by-key load (cache/fxkeys.py, backends/fxcache.py): a warm
+process loads each graph's Inductor code by the FX graph cache key stored beside our entry,
+filed under a context digest. Where a wrong compiled graph could plausibly be served (the same
+graph in another context: static inputs, role, donations, global settings), a warm process
+must give eager's results, and load by key exactly the graphs whose context it recorded.
+
+Each scenario runs a cold process, then a warm one, sharing aotgrad's cache directory
+(test_cache.py's fixture) and Inductor's default one (warm from earlier runs: fast)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+
+from test_cache import REPO, cache_dir, result_of  # noqa: F401 (cache_dir: autouse fixture)
+
+SCRIPT = textwrap.dedent("""
+    import copy, json, sys
+    import torch, aotgrad
+    from aotgrad import cache
+    scenario, phase = sys.argv[1], sys.argv[2]
+    inductor = dict(backend="inductor")
+
+    def mlp():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                   torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+    def state(m):
+        return [*(p.grad for p in m.parameters()), *m.buffers()]
+
+    def step(m, x, **backward):
+        out = m(x)
+        out.sum().backward(**backward)
+        return [out]
+
+    def static():
+        # The same graph (linear, relu) with the parameters static (a module) or not (a
+        # function of plain arguments): the cold process compiles the module only; the
+        # warm one the function first, whose cold compile must not load the module's code.
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(6, 3), torch.nn.ReLU())
+        x = torch.randn(4, 6)
+        eager = copy.deepcopy(m)
+        want = step(eager, x) + state(eager)
+        got = []
+        if phase == "warm":
+            def fn(w, b, x):
+                return torch.nn.functional.linear(x, w, b).relu()
+            w, b = (p.detach().clone().requires_grad_() for p in m.parameters())
+            out = aotgrad.compile(fn, **inductor)(w, b, x)
+            out.sum().backward()
+            got += [out, w.grad, b.grad]
+            want += [want[0], *state(eager)[:2]]
+        return step(aotgrad.compile(m, **inductor), x) + state(m) + got, want
+
+    def retain():
+        # Cold: one backward (the donating one). Warm: retain_graph=True first, which runs
+        # the backward compiled without donations, then a second backward.
+        m, x = mlp(), torch.randn(5, 8)
+        eager, compiled = copy.deepcopy(m), aotgrad.compile(m, **inductor)
+        if phase == "cold":
+            return step(compiled, x) + state(m), step(eager, x) + state(eager)
+        outs = []
+        for model in (compiled, eager):
+            out = model(x)
+            out.sum().backward(retain_graph=True)
+            out.sum().backward()
+            outs.append(out)
+        return [outs[0]] + state(m), [outs[1]] + state(eager)
+
+    def grad_mode():
+        # A forward that saves nothing: its training forward and inference graphs are the
+        # same graph in another role. Cold: training only; warm: inference first.
+        x = torch.randn(4, 6, requires_grad=True)
+        fn = lambda t: t * 2 + 1
+        compiled = aotgrad.compile(fn, **inductor)
+        got, want = [], []
+        if phase == "warm":
+            with torch.no_grad():
+                got.append(compiled(x))
+                want.append(fn(x))
+        out = compiled(x)
+        (grad,) = torch.autograd.grad(out.sum() * 3, x)
+        return got + [out, grad], want + [fn(x), torch.full_like(x, 6.)]
+
+    def bn_grad_mode():
+        # BatchNorm in train mode under no_grad (an inference graph that updates running
+        # statistics), then a training step, both in the warm process.
+        m, x = mlp(), torch.randn(5, 8)
+        eager, compiled = copy.deepcopy(m), aotgrad.compile(m, **inductor)
+        with torch.no_grad():
+            got, want = [compiled(x)], [eager(x)]
+        return got + step(compiled, 2 * x) + state(m), want + step(eager, 2 * x) + state(eager)
+
+    def settings():
+        # Warm process under other global settings, set before anything compiles.
+        if phase == "warm":
+            torch.set_float32_matmul_precision("high")
+            torch.use_deterministic_algorithms(True)
+        m, x = mlp(), torch.randn(5, 8)
+        eager = copy.deepcopy(m)
+        return step(aotgrad.compile(m, **inductor), x) + state(m), step(eager, x) + state(eager)
+
+    def dynamic():
+        # Symbolic shapes, then a call at a new size.
+        m = mlp()
+        eager, compiled = copy.deepcopy(m), aotgrad.compile(m, dynamic=True, **inductor)
+        got, want = [], []
+        for n in (5, 7):
+            x = torch.randn(n, 8)
+            got += step(compiled, x)
+            want += step(eager, x)
+        return got + state(m), want + state(eager)
+
+    def two_steps():
+        # BatchNorm in train mode: running statistics after two steps (and an optimizer
+        # step between them, so the second step's parameters differ).
+        m, x = mlp(), torch.randn(5, 8)
+        eager, compiled = copy.deepcopy(m), aotgrad.compile(m, **inductor)
+        got, want = [], []
+        for model, into in ((m, got), (eager, want)):
+            run = compiled if model is m else eager
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for i in range(2):
+                opt.zero_grad()
+                into += step(run, x * (i + 1))
+                opt.step()
+            into += [*model.parameters(), *model.buffers()]
+        return got, want
+
+    def mutation():
+        # An input mutated in place, an output that is a view of an input, a gradient.
+        def fn(x, buf):
+            buf.mul_(2).add_(x.detach())
+            return x.sin() * buf, x.t()
+        x = torch.randn(3, 4, requires_grad=True)
+        bufs = [torch.ones(3, 4), torch.ones(3, 4)]
+        got, want = [], []
+        for run, buf, into in ((aotgrad.compile(fn, **inductor), bufs[0], got),
+                               (fn, bufs[1], want)):
+            out, view = run(x, buf)
+            (grad,) = torch.autograd.grad(out.sum(), x)
+            assert view._base is x
+            into += [out, view, buf, grad]
+        return got, want
+
+    got, want = globals()[scenario]()
+    print(json.dumps({"events": cache.events(), "stats": cache.stats(),
+                      "got": [t.tolist() for t in got], "want": [t.tolist() for t in want]}))
+""")
+
+
+def run(tmp_path: Path, scenario: str, phase: str) -> dict:
+    script = tmp_path / "scenario.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script), scenario, phase], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return result_of(proc)
+
+
+def cold_then_warm(tmp_path: Path, scenario: str) -> dict:
+    """The warm process's results, after checking each process against eager."""
+    for phase in ("cold", "warm"):
+        result = run(tmp_path, scenario, phase)
+        assert len(result["got"]) == len(result["want"])
+        for got, want in zip(result["got"], result["want"]):
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+    return result
+
+
+def by_key(result: dict) -> int:
+    return result["stats"].get("inductor_by_key", 0)
+
+
+def test_static_inputs_of_the_same_graph_are_another_context(tmp_path):
+    warm = cold_then_warm(tmp_path, "static")
+    # The module hits although the function's Inductor compile came first (it sets some
+    # options to their default values: that once made the module's key another).
+    assert [e for e, _ in warm["events"]] == ["miss", "hit"], warm["events"]
+    # The module's forward and backward, and the function's backward (no static inputs
+    # in either: the same context); never the function's forward.
+    assert by_key(warm) == 3, warm["stats"]
+
+
+def test_inductor_option_set_to_its_default_is_the_same_key_component():
+    from torch._inductor import config
+    from aotgrad.cache.key import _inductor_config
+    before = _inductor_config()
+    with config.patch(comprehensive_padding=config.comprehensive_padding,
+                      max_autotune=config.max_autotune):
+        assert _inductor_config() == before
+    flipped = not config.max_autotune
+    with config.patch(max_autotune=flipped):
+        assert f"max_autotune={flipped!r}" in _inductor_config()
+
+
+def test_retain_graph_backward_after_a_hit_is_not_the_donating_one(tmp_path):
+    warm = cold_then_warm(tmp_path, "retain")
+    assert [e for e, _ in warm["events"]] == ["hit"]
+    # The forward and the donating backward; the keeping one was never compiled cold.
+    assert by_key(warm) == 2, warm["stats"]
+
+
+def test_retain_graph_backward_hits_by_key_once_recorded(tmp_path):
+    cold_then_warm(tmp_path, "retain")
+    again = run(tmp_path, "retain", "warm")
+    assert by_key(again) == 3, again["stats"]
+    for got, want in zip(again["got"], again["want"]):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_inference_after_training_in_a_warm_process(tmp_path):
+    warm = cold_then_warm(tmp_path, "grad_mode")
+    assert [e for e, _ in warm["events"]] == ["miss", "hit"], warm["events"]
+    assert by_key(warm) == 2, warm["stats"]  # training forward and backward, not inference
+
+
+def test_batch_norm_under_no_grad_then_training_in_a_warm_process(tmp_path):
+    warm = cold_then_warm(tmp_path, "bn_grad_mode")
+    assert [e for e, _ in warm["events"]] == ["hit", "hit"], warm["events"]
+    assert by_key(warm) == 3, warm["stats"]  # inference, forward, backward
+
+
+def test_changed_matmul_precision_and_determinism_do_not_load_by_key(tmp_path):
+    warm = cold_then_warm(tmp_path, "settings")
+    # Inductor's key holds both settings: code keyed under the old ones is not served.
+    assert by_key(warm) == 0, warm["stats"]
+
+
+def test_dynamic_shapes_cold_then_warm_at_a_new_size(tmp_path):
+    warm = cold_then_warm(tmp_path, "dynamic")
+    assert by_key(warm) == 0, warm["stats"]  # symbolic graphs are not stored
+
+
+def test_running_statistics_after_two_warm_steps_equal_eager(tmp_path):
+    warm = cold_then_warm(tmp_path, "two_steps")
+    assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
+    assert by_key(warm) == 2, warm["stats"]
+
+
+def test_input_mutation_and_view_output_in_a_warm_process(tmp_path):
+    warm = cold_then_warm(tmp_path, "mutation")
+    assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
+    assert by_key(warm) == 2, warm["stats"]
