@@ -537,8 +537,10 @@ def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
     set_graph_being_compiled(gm.meta[GRAPH_INFO].role)
     # The graph holds autocast's casts already. A call's autocast must not reach the compiler:
     # Inductor retraces its pattern replacements (attention, for one), and autocast would
-    # recast them against the graph's dtypes.
-    with torch._C._DisableAutocast():
+    # recast them against the graph's dtypes. Nor its grad mode: a graph is compiled to be
+    # run, not differentiated, and compilers see grad mode off as torch's AOTAutograd
+    # hands them graphs (a replacement retraced with grad on may pick another kernel).
+    with torch._C._DisableAutocast(), torch.no_grad():
         compiled = as_boxed(compiler(gm, example_inputs))
     info = gm.meta[GRAPH_INFO]
     if info.cudagraphs is not None and not getattr(compiler, "records_cudagraphs", False):

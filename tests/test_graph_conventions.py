@@ -249,3 +249,26 @@ def test_aotgrads_dynamo_backend_carries_stack_traces():
     assert len(seen) == 2
     forward, backward = (_traces(gm) for gm in seen)
     assert all(forward.values()) and "x @ w1" in " ".join(filter(None, backward.values()))
+
+
+def test_compilers_run_with_grad_mode_and_autocast_off_as_in_torch():
+    """Torch's AOTAutograd calls each compiler with grad mode and autocast off, whatever the
+    call's: a backend may trace or run the graph it is handed (Inductor retraces its pattern
+    replacements), and the graph holds autocast's casts already."""
+    def states(aot_function) -> dict:
+        seen = {}
+
+        def recorder(role):
+            def compiler(gm, example_inputs):
+                seen[role] = (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"))
+                return compat.make_boxed_func(gm.forward)
+            return compiler
+        f = aot_function(lambda x: (x.sin() * 2).sum(), fw_compiler=recorder("forward"),
+                         bw_compiler=recorder("backward"))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = f(leaf(4))
+        out.backward()
+        return seen
+
+    assert states(compat.aot_function) == states(torch_compile_api.aot_function) == {
+        "forward": (False, False), "backward": (False, False)}
