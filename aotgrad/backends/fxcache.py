@@ -45,9 +45,13 @@ def fill_fake_values(gm: fx.GraphModule, fake_mode=None) -> None:
     with fake_mode, torch.no_grad():
         for node in gm.graph.nodes:
             if node.op == "call_function":
-                args, kwargs = fx.node.map_arg((node.args, node.kwargs),
-                                               lambda n: n.meta["val"])
-                node.meta["val"] = node.target(*args, **kwargs)
+                node.meta["val"] = fake_value(node)
+
+
+def fake_value(node: fx.Node):
+    """`node`'s op run on its inputs' fake values (under their fake mode)."""
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    return node.target(*args, **kwargs)
 
 
 def lacks_fake_values(gm: fx.GraphModule) -> bool:

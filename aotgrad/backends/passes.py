@@ -13,6 +13,7 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..capture.cse import eliminate_common_subexpressions
+from .fxcache import fake_value
 from ..partition.memory import base_of
 from ..partition.remat import hoist_masks
 from ..partition.split import find_joint
@@ -78,9 +79,8 @@ def _check_dtype(node: fx.Node) -> None:
     if not isinstance(node.target, torch._ops.OpOverload) or not isinstance(want, torch.Tensor) \
             or node.target._schema.is_mutable:  # run again, it would write into a fake input
         return
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     with detect_fake_mode([want]), torch._C._DisableAutocast():
-        got = node.target(*args, **kwargs)
+        got = fake_value(node)
     if isinstance(got, torch.Tensor) and got.dtype != want.dtype:
         raise RuntimeError(
             f"aotgrad: the backend's graph passes changed what `{node.name}` ({node.target}) "

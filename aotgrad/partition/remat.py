@@ -382,7 +382,7 @@ def _live_bytes(order, position, saved, grads, spanning) -> list[int]:
     """Bytes alive at each step of the backward: the saved buffers until their last reader,
     the gradients once made, the `spanning` recomputed values across their span."""
     delta = [0] * (len(order) + 1)
-    spans = {base_of(n): (0, _last_read(n, position)) for n in saved}
+    spans = {base_of(n): (0, _last_use(n, position)) for n in saved}
     spans.update({base_of(g): (position[g], len(order) - 1) for g in grads
                   if isinstance(g, fx.Node) and g in position})
     spans.update({n: (position[n], _last_use(n, position)) for n in spanning})
@@ -393,32 +393,20 @@ def _live_bytes(order, position, saved, grads, spanning) -> list[int]:
     return list(itertools.accumulate(delta[:-1]))
 
 
-def _last_read(node: fx.Node, position: dict[fx.Node, int]) -> int:
-    """The position of the last backward op reading `node`, directly or through views (-1
-    for none)."""
-    last, stack = -1, [node]
-    while stack:
-        for user in stack.pop().users:
-            if user in position:
-                last = max(last, position[user])
-                if _is_view(user):
-                    stack.append(user)
-    return last
-
-
 def _is_unfusible(node: fx.Node) -> bool:
     return (node.op == "call_function" and node.target is not operator.getitem
             and recompute_class(node.target) == Recompute.NEVER)
 
 
 def _last_use(node: fx.Node, position: dict[fx.Node, int]) -> int:
-    """The position of the last op reading `node`, directly or through views."""
-    last, stack = position[node], [node]
+    """The position of the last op reading `node`, directly or through views (its own for
+    an op no one reads; -1 for a value from outside the schedule no one reads)."""
+    last, stack = position.get(node, -1), [node]
     while stack:
         for user in stack.pop().users:
             if user in position:
                 last = max(last, position[user])
-                if user.op == "call_function" and recompute_class(user.target) == Recompute.FREE:
+                if _is_view(user):
                     stack.append(user)
     return last
 
