@@ -5,13 +5,15 @@
 Each (model, mode) runs in its own subprocess (as in run.py), compiles, warms up, then records
 a few steps with torch.profiler. Kernels are grouped by kind (matmul, convolution, attention,
 Triton-generated, copies, other ATen kernels) so that two modes' steps can be compared kind
-by kind; the largest kernels of each mode are written to --out as JSON.
+by kind, and the forward's kernel time apart from the backward's (what the partition
+decides); the largest kernels of each mode are written to --out as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import subprocess
 import sys
@@ -57,7 +59,27 @@ def profile_row(model_name: str, mode_name: str, steps: int) -> dict:
     allocator = {k: (after.get(k, 0) - before.get(k, 0)) / steps for k in ALLOCATOR_COUNTS}
     return {**summarize(prof.events(), steps), "gaps": idle_gaps(prof.events(), steps),
             "allocator_per_step": allocator, "synced": synced_steps(step, steps),
+            "forward_ms": forward_kernel_ms(model, compiled, batch, use_autocast, steps),
             "host_profile": host_profile(step, steps)}
+
+
+def forward_kernel_ms(model, compiled, batch, use_autocast: bool, steps: int) -> float:
+    """Kernel time of the forward alone, per step (the backward's is the step's total less
+    this: the partition decides what the backward reads and recomputes). Each forward is
+    profiled on its own, synchronized, so no backward kernel falls in."""
+    total = 0.0
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.autocast("cuda", torch.bfloat16) if use_autocast \
+                    else contextlib.nullcontext():
+                loss = compiled(*batch)
+            torch.cuda.synchronize()
+        total += sum(e.device_time for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+    return total / 1e3 / steps
 
 
 def synced_steps(step, steps: int) -> dict:
@@ -149,6 +171,7 @@ def main() -> None:
     parser.add_argument("--modes", default="torch_compile,aotgrad_dynamo")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", default="profile_gap")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per row")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"))
     args = parser.parse_args()
     if args.worker:
@@ -159,8 +182,13 @@ def main() -> None:
     results = {}
     for model in args.models.split(","):
         for mode in args.modes.split(","):
-            done = subprocess.run([sys.executable, __file__, "--worker", model, mode,
-                                   "--steps", str(args.steps)], capture_output=True, text=True)
+            try:
+                done = subprocess.run([sys.executable, __file__, "--worker", model, mode,
+                                       "--steps", str(args.steps)], capture_output=True,
+                                      text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{model}/{mode}: over {args.timeout:.0f} s")
+                continue
             if done.returncode:
                 print(f"{model}/{mode} failed:\n{done.stderr[-3000:]}")
                 continue
@@ -176,6 +204,9 @@ def print_table(results: dict) -> None:
         cells = "".join(f"{r['kinds'].get(k, {}).get('ms', 0):7.2f}/{r['kinds'].get(k, {}).get('count', 0):<3.0f}"
                         for k in kinds)
         print(label.ljust(32) + f"{r['total_ms']:9.2f}" + cells)
+    for label, r in results.items():
+        print(f"{label}: kernels forward {r['forward_ms']:.2f} ms, backward "
+              f"{r['total_ms'] - r['forward_ms']:.2f} ms per step")
     for label, r in results.items():
         print(f"{label}: idle {r['gaps']['idle_ms_per_step']:.2f} ms/step (gaps > 20 us), "
               f"synced step {r['synced']['step_ms']:.2f} ms, first kernel after "

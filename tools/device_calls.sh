@@ -25,6 +25,9 @@ cache)  # issue 18 with the by-key load: both doors and torch's warm run, side b
 check)  # step time and peak after the partitioner and CSE changes
   TAIL=30 step models 570 python bench/models.py --models gpt2,llama,bert,vit_s16 \
     --budget 420 --timeout 140 --out $OUT/models ;;
+bwtime)  # issue 20: forward and backward kernel time per model, our partition against torch's
+  TAIL=30 step bwtime 570 python bench/profile_gap.py --models ${MODELS:-gpt2,bert,resnet50,efficientnet_b0} \
+    --modes torch_compile,aotgrad_dynamo --steps 5 --timeout 150 --out $OUT/bwtime ;;
 llama)  # the Llama-like model's CUDA fault (session 11): which choice of ours it follows
   TAIL=8 step llama 400 python tools/gpu_llama.py --variants ${VARIANTS:-small,small_nocudnn,small_inductor,small_eager_backend,nocudnn,inductor} \
     --timeout 390 --out /tmp/gl
