@@ -146,34 +146,44 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     outputs = gm.graph.output_node().args[0]
     gm.graph.output_node().meta["user_visible_output_idxs"] = [
         i for i in info.user_outputs if isinstance(outputs[i], fx.Node)]
-    body, checks = split_checks(gm)  # Inductor would drop or reorder them
     fake_mode = detect_fake_mode(example_inputs)
     context = TracingContext(fake_mode)
     donated = donated_inputs(gm) if info.role == "backward" else None
     if donated is not None:
         context.fw_metadata = _InductorBackwardMeta(donated)
     graphed = cudagraphs.inductor_kwargs(info)
-    was_graphed = bool(graphed.get("cudagraphs"))
+    was_graphed = bool(graphed.get("cudagraphs"))  # a box Inductor clears if it cannot record
     own_static_marks(example_inputs, info.static_inputs)
-    slot = gm.meta.get(INDUCTOR_FX_KEY)  # set by aotgrad's cache on graphs it stores or reads
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
-            cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode):
+            cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode), \
+            TracingContext.report_output_strides() as strides:
         # In the compile's own context: the cache key tag and the config it patches.
-        where = fxcache.context_digest(info, donated) if slot is not None else None
-        with TracingContext.report_output_strides() as strides:
-            compiled = _load_by_key(slot, where, body, example_inputs, info)
-            if compiled is None:
-                if fxcache.lacks_fake_values(gm):  # read by key, but not found: trace values
-                    fxcache.fill_fake_values(gm)
-                    body, checks = split_checks(gm)
-                compiled = _compile_inner(body, example_inputs, info, graphed)
-                if slot is not None:
-                    slot.remember(where, fxcache.record_of(compiled, where))
-        gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
+        compiled, (body, checks) = _load_or_compile(gm, example_inputs, info, donated, graphed)
+    gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
     cudagraphs.report_inductor(info, compiled, was_graphed, body, example_inputs)
     if checks is None:
         return compiled
     return run_checks_after(as_boxed(compiled), checks, len(outputs))
+
+
+def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: GraphInfo,
+                     donated: Any, graphed: dict) -> tuple[Callable, tuple]:
+    """Inductor's code for `gm`, loaded by its stored key or compiled, with the graph's
+    split into its body and the error checks that run after it (Inductor would drop or
+    reorder them)."""
+    split = split_checks(gm)
+    slot = gm.meta.get(INDUCTOR_FX_KEY)  # set by aotgrad's cache on graphs it stores or reads
+    where = fxcache.context_digest(info, donated) if slot is not None else None
+    compiled = _load_by_key(slot, where, split[0], example_inputs, info)
+    if compiled is not None:
+        return compiled, split
+    if fxcache.lacks_fake_values(gm):  # read by key, but not found: trace values
+        fxcache.fill_fake_values(gm)
+        split = split_checks(gm)
+    compiled = _compile_inner(split[0], example_inputs, info, graphed)
+    if slot is not None:
+        slot.remember(where, fxcache.record_of(compiled, where))
+    return compiled, split
 
 
 def _load_by_key(slot: Any, where: str | None, body: fx.GraphModule,
