@@ -89,6 +89,7 @@ def child(side: str, model_name: str, device: str) -> dict:
     cuda = device.startswith("cuda")
     if os.environ.get("BENCH_CACHE_KEYS"):
         _record_inductor_keys(os.environ["BENCH_CACHE_KEYS"])
+    said = _keep_cache_log()
     start, cpu_start = time.perf_counter(), time.process_time()
     compiled = compile_side(side, model)
     with autocast:
@@ -111,10 +112,24 @@ def child(side: str, model_name: str, device: str) -> dict:
         # "hit before the trace": keyed before the analysis and trace (cache/program.py)
         result["aotgrad_events"] = [e + " before the trace" * why.startswith("before the trace")
                                     for e, why in cache.events()]
+    if said:  # why a stored Inductor key was not entered
+        result["aotgrad_log"] = said
     from torch._dynamo.utils import counters
     result["inductor_counters"] = {k: v for k, v in counters["inductor"].items()
                                    if "cache" in k}
     return result
+
+
+def _keep_cache_log() -> list[str]:
+    """aotgrad's cache messages of this process (its explained misses), as they come."""
+    import logging
+    said: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage()[:2000])
+    log = logging.getLogger("aotgrad.cache")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return said
 
 
 def _record_inductor_keys(path: str) -> None:

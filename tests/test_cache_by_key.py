@@ -18,12 +18,21 @@ from pathlib import Path
 
 import torch
 
+from aotgrad.backends import fxcache
+from aotgrad.cache import store
 from test_cache import REPO, cache_dir, result_of  # noqa: F401 (cache_dir: autouse fixture)
 
 SCRIPT = textwrap.dedent("""
-    import copy, json, sys
+    import copy, json, logging, sys
     import torch, aotgrad
     from aotgrad import cache
+    from torch._dynamo.utils import counters
+    logged = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            logged.append(record.getMessage())
+    logging.getLogger("aotgrad.cache").addHandler(Keep())
+    logging.getLogger("aotgrad.cache").setLevel(logging.INFO)
     scenario, phase = sys.argv[1], sys.argv[2]
     inductor = dict(backend="inductor")
 
@@ -152,15 +161,16 @@ SCRIPT = textwrap.dedent("""
         return got, want
 
     got, want = globals()[scenario]()
-    print(json.dumps({"events": cache.events(), "stats": cache.stats(),
+    print(json.dumps({"events": cache.events(), "stats": cache.stats(), "log": logged,
+                      "inductor": {k: v for k, v in counters["inductor"].items() if "fxgraph" in k},
                       "got": [t.tolist() for t in got], "want": [t.tolist() for t in want]}))
 """)
 
 
-def run(tmp_path: Path, scenario: str, phase: str) -> dict:
+def run(tmp_path: Path, scenario: str, phase: str, **env: str) -> dict:
     script = tmp_path / "scenario.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     proc = subprocess.Popen([sys.executable, str(script), scenario, phase], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return result_of(proc)
@@ -250,3 +260,30 @@ def test_input_mutation_and_view_output_in_a_warm_process(tmp_path):
     warm = cold_then_warm(tmp_path, "mutation")
     assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
     assert by_key(warm) == 2, warm["stats"]
+
+
+def test_a_key_stored_in_another_context_is_explained_and_inductor_still_finds_it(
+        tmp_path, cache_dir):
+    # Inductor hashes the GraphModule with its `meta`: the cache slot aotgrad kept there, with
+    # the keys stored in other contexts, made Inductor's own key another (a GPU warm process
+    # compiled its forward again). Inductor's cache is this test's own: a key computed with
+    # the slot in it cannot have been stored by an earlier run.
+    inductor = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    run(tmp_path, "two_steps", "cold", **inductor)
+    moved = 0
+    for path in cache_dir.rglob("*.fxkey"):  # every key now says: stored with 99 threads
+        records = store.unseal(path.read_bytes())
+        elsewhere = {}
+        for record in records.values():
+            context = {**record["context"], "threads": "[99, null, null]"}
+            elsewhere[fxcache.digest(context)] = {**record, "context": context}
+        path.write_bytes(store.seal(elsewhere))
+        moved += 1
+    assert moved == 2
+    warm = run(tmp_path, "two_steps", "warm", **inductor)
+    assert by_key(warm) == 0, warm["stats"]
+    assert warm["inductor"] == {"fxgraph_cache_hit": 2}, warm["inductor"]
+    said = [line for line in warm["log"] if "not entered" in line]
+    assert len(said) == 2 and all("threads: [99, null, null] -> [" in s for s in said), said
+    for got, want in zip(warm["got"], warm["want"]):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want))

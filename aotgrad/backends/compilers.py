@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import logging
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from . import cudagraphs, fxcache
 from ..schema import (DONATED, GRAPH_INFO, INDUCTOR_FX_KEY, OUTPUT_STRIDES, Backend,
                       GraphInfo)
 
+log = logging.getLogger("aotgrad.cache")
 _compiling: contextvars.ContextVar[tuple[list[str], str, int]] = contextvars.ContextVar(
     "aotgrad_compiling", default=([], "model", 0))
 _compile_count = 0
@@ -173,27 +175,45 @@ def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: Gr
     reorder them)."""
     split = split_checks(gm)
     slot = gm.meta.get(INDUCTOR_FX_KEY)  # set by aotgrad's cache on graphs it stores or reads
-    where = fxcache.context_digest(info, donated) if slot is not None else None
-    compiled = _load_by_key(slot, where, split[0], example_inputs, info)
+    state = fxcache.context_state(info, donated) if slot is not None else None
+    compiled = _load_by_key(slot, state, split[0], example_inputs, info)
     if compiled is not None:
         return compiled, split
     if fxcache.lacks_fake_values(gm):  # read by key, but not found: trace values
         fxcache.fill_fake_values(gm)
         split = split_checks(gm)
-    compiled = _compile_inner(split[0], example_inputs, info, graphed)
+    with _own_meta_hidden(split[0]):
+        compiled = _compile_inner(split[0], example_inputs, info, graphed)
     if slot is not None:
-        slot.remember(where, fxcache.record_of(compiled, where))
+        slot.remember(fxcache.digest(state), fxcache.record_of(compiled, state))
     return compiled, split
 
 
-def _load_by_key(slot: Any, where: str | None, body: fx.GraphModule,
+def _load_by_key(slot: Any, state: dict | None, body: fx.GraphModule,
                  example_inputs: Sequence[Any], info: GraphInfo) -> Callable | None:
-    record = slot.records.get(where) if slot is not None and where is not None else None
+    if slot is None or state is None:
+        return None
+    record = slot.records.get(fxcache.digest(state))
     if record is None:
+        if slot.records:
+            log.info("aotgrad cache: Inductor's stored key of this %s graph not entered: %s",
+                     info.role, fxcache.why_not_entered(slot.records, state))
         return None
     compiled = fxcache.load(record, body, example_inputs, info)
     slot.loaded(compiled is not None)
     return compiled
+
+
+@contextlib.contextmanager
+def _own_meta_hidden(gm: fx.GraphModule):
+    """Inductor's FX graph cache hashes the GraphModule's attributes, `meta` among them:
+    what aotgrad keeps there (the graph's info, its cache slot with the keys stored in
+    other contexts) would change Inductor's key from one process to the next."""
+    ours = {k: gm.meta.pop(k) for k in list(gm.meta) if k.startswith("aotgrad")}
+    try:
+        yield
+    finally:
+        gm.meta.update(ours)
 
 
 def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,

@@ -3,7 +3,7 @@ compiled code without Inductor hashing it again, and without fake values on its 
 
 When Inductor compiles a graph (or finds it in its FX graph cache), the compiled graph
 carries its cache key. aotgrad's cache keeps it beside the stored graph with a digest of
-the context the key was computed in (`context_digest`): the graph's role, static inputs,
+the context the key was computed in (`context_state`, kept whole and as a digest): the graph's role, static inputs,
 user-visible outputs, donated inputs, and the global state Inductor's key reads besides the
 graph and its inputs (its configuration, the cache key tag, deterministic algorithms, the
 thread count, matmul precision, the default dtype). Our entry's key holds the graph and its
@@ -58,9 +58,10 @@ def lacks_fake_values(gm: fx.GraphModule) -> bool:
     return any("val" not in n.meta for n in gm.graph.nodes if n.op == "call_function")
 
 
-def context_digest(info: GraphInfo, donated: Sequence[int] | None) -> str | None:
-    """What Inductor's key holds besides the graph and its inputs, hashed; None where a
-    graph must not be entered by key (CUDA graphs, Inductor's custom passes)."""
+def context_state(info: GraphInfo, donated: Sequence[int] | None) -> dict[str, str] | None:
+    """What Inductor's key holds besides the graph and its inputs, one text per part (each
+    configuration entry a part of its own, so that a miss can name the one that differs);
+    None where a graph must not be entered by key (CUDA graphs, Inductor's custom passes)."""
     from torch._inductor import config
     if info.cudagraphs is not None or config.triton.cudagraphs:
         return None
@@ -71,8 +72,41 @@ def context_digest(info: GraphInfo, donated: Sequence[int] | None) -> str | None
     state = {"role": info.role, "static": list(info.static_inputs),
              "user outputs": [info.user_outputs.start, info.user_outputs.stop],
              "donated": donated, **_global_state()}
-    text = json.dumps(state, sort_keys=True, default=repr)
+    flat = {}
+    for part, value in state.items():
+        if isinstance(value, dict):  # a configuration: an entry per setting
+            flat.update((f"{part} {k}", v) for k, v in value.items())
+        else:
+            flat[part] = json.dumps(value, default=repr)
+    return flat
+
+
+def digest(state: dict[str, str] | None) -> str | None:
+    if state is None:
+        return None
+    text = json.dumps(state, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def context_digest(info: GraphInfo, donated: Sequence[int] | None) -> str | None:
+    return digest(context_state(info, donated))
+
+
+def why_not_entered(records: dict, state: dict[str, str]) -> str:
+    """Why none of a graph's stored keys serves this context: the parts in which the
+    nearest stored context differs, as `name: stored -> here`."""
+    stored = [r["context"] for r in records.values() if isinstance(r.get("context"), dict)]
+    if not stored:
+        return "no key stored in this context" if not records else \
+            "stored in another context (not recorded which)"
+    nearest = min(stored, key=lambda other: len(_differing(other, state)))
+    parts = _differing(nearest, state)
+    text = ", ".join(f"{k}: {nearest.get(k)} -> {state.get(k)}" for k in parts[:4])
+    return text + (f" (and {len(parts) - 4} more)" if len(parts) > 4 else "")
+
+
+def _differing(a: dict, b: dict) -> list[str]:
+    return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 def _global_state() -> dict[str, Any]:
@@ -113,13 +147,14 @@ def _custom_backends() -> bool:
     return any(p is not None for p in custom_backend_passes.values())
 
 
-def record_of(compiled: Any, context: str | None) -> dict | None:
-    """What loads `compiled` again by key, where Inductor's FX graph cache holds it."""
+def record_of(compiled: Any, state: dict[str, str] | None) -> dict | None:
+    """What loads `compiled` again by key, where Inductor's FX graph cache holds it, with
+    the context it was compiled in (for a later miss to say what differs)."""
     key = getattr(compiled, "_fx_graph_cache_key", None)
-    if context is None or not isinstance(key, str):
+    if state is None or not isinstance(key, str):
         return None
     guards = getattr(compiled, "guards_expr", None)
-    return {"key": key, "guards": guards if isinstance(guards, str) else None}
+    return {"key": key, "guards": guards if isinstance(guards, str) else None, "context": state}
 
 
 def load(record: dict, gm: fx.GraphModule, example_inputs: Sequence[Any],
