@@ -23,7 +23,7 @@ from torch import fx
 from .semantics import aliasing, subclasses
 from .semantics import regions
 from .capture.region_graphs import build_region
-from .capture import analysis, inputs as capture, joint, pure
+from .capture import analysis, inputs as capture, joint, oplog, pure
 from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph, eager_compiler,
                                  set_graph_being_compiled)
@@ -188,9 +188,15 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
             c = program.captured(c)
             built = _build_from_entry(c, options, timer, program)
         else:
-            c = analyze_call(c, timer)
-            build = _build_training if c.info.needs_autograd else _build_inference
-            built = build(c, options, timer, program)
+            with oplog.session(program.keys_by_ops) as ops:
+                c = analyze_call(c, timer)
+            if ops is not None:  # a plain function: keyed by the ops its analysis ran
+                program.after_analysis(c, *ops.key())
+            if program.hit:
+                built = _build_from_entry(c, options, timer, program)
+            else:
+                build = _build_training if c.info.needs_autograd else _build_inference
+                built = build(c, options, timer, program)
     # Last: backends add guards while compiling.
     guard = shape_guard(c.fake_mode, c.fakes) if options.dynamic else None
     labels = c.layout.placeholder_labels(built.graphs[0], capture.input_labels(

@@ -170,8 +170,15 @@ def nearest(mine: dict[str, str], others: Sequence[dict[str, str]]) -> dict[str,
     return max(others, key=score, default=None)
 
 
-def explain_miss(mine: dict[str, str], others: Sequence[dict[str, str]]) -> str:
+def explain_miss(mine: dict[str, str], others: Sequence[dict[str, str]],
+                 shown: int = 6) -> str:
     theirs = nearest(mine, others)
-    if theirs is None:
-        return "no entry in the cache yet"
-    return ", ".join(diff(mine, theirs)) or "the entry with this key is unreadable"
+    if theirs is None or theirs.get("kind") != mine.get("kind"):
+        return "no entry in the cache yet" if theirs is None else "no entry of this kind yet"
+    parts = [_shortened(p) for p in diff(mine, theirs)]
+    more = f", and {len(parts) - shown} more" if len(parts) > shown else ""
+    return ", ".join(parts[:shown]) + more or "the entry with this key is unreadable"
+
+
+def _shortened(text: str, most: int = 200) -> str:
+    return text if len(text) <= most else text[:most - 3] + "..."

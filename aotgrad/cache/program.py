@@ -9,8 +9,11 @@ the versions. A hit holds what the analysis and the trace learned (`FunctionInfo
 `TraceFacts`, as JSON: cache/info.py) and the partition's graphs: the compile skips
 analysis, trace, passes and partition.
 
-A plain Python function keeps the key taken after the trace (cache/entry.py): its identity
-is not its code, since what its globals, closures and callees do is not in its source.
+A plain Python function's identity is not its code (what its globals, closures and callees
+do is not in its source): it is keyed after its analysis, by the ops the analysis ran
+(capture/oplog.py), with what the analysis found; a hit skips the trace, passes and
+partition. Where the log is refused (Python code in the backward, constants...), the
+compile keeps the key taken after the trace (cache/entry.py).
 Where a graph cannot be keyed safely here (a call of a user's function, a submodule or a
 constant tensor, a custom op, custom decompositions) or its analysis cannot be written down
 (inputs sharing memory with a mutated one, an output view whose replay takes a symbolic
@@ -30,6 +33,7 @@ from torch import fx
 
 from ..schema import TraceFacts
 from ..semantics import aliasing
+from ..semantics.dynamic import is_symbolic
 from . import codec, info as info_codec, key as keys, store, views
 from .entry import decode_stored, partitioner_components, record
 
@@ -52,16 +56,40 @@ class ProgramLookup:
         self._store = self.key = self._payload = None
         self._fake_mode, self._options = c.fake_mode, options
         program = _program_of(fn)
+        # A plain function is keyed by the ops its analysis logs (`after_analysis`).
+        self.keys_by_ops = program is None and store.enabled() and not is_symbolic(c.fakes)
         if program is None or not store.enabled():
             return
         try:
-            self.key = _key(program, c, options)
+            self.key = _key(program_code(*program), c, options)
         except codec.Unencodable as exc:
             self.why_not = f"not keyed before the trace: {exc}"
             return
         except Exception as exc:  # a cache bug must cost a compile, never break one
             log.warning("aotgrad cache: could not key this program (%r)", exc)
             return
+        self._open()
+
+    def after_analysis(self, c: Any, ops: str | None, why: str | None) -> None:
+        """Key a plain function by its analysis's op log (`ops`, capture/oplog.py), with
+        what the analysis found: the entry then holds the trace's results too."""
+        if ops is None:
+            self.why_not = f"not keyed before the trace: {why}"
+            return
+        try:
+            if _unstorable(c) is not None:
+                raise codec.Unencodable(_unstorable(c))
+            found = info_codec.encode(views.with_encodable_replays(c.info, c.fakes))
+            self.key = _key(f"ops {ops}", c, self._options, [("function info", keys.sha(found))])
+        except codec.Unencodable as exc:
+            self.why_not = f"not keyed before the trace: {exc}"
+            return
+        except Exception as exc:  # a cache bug must cost a compile, never break one
+            log.warning("aotgrad cache: could not key this function's ops (%r)", exc)
+            return
+        self._open()
+
+    def _open(self) -> None:
         path = store.directory()
         if path is not None:
             self._store = store.Store(path)
@@ -160,10 +188,10 @@ def _program_of(fn: Callable) -> tuple[fx.GraphModule, tuple[str, ...]] | None:
     return getattr(fn, "aotgrad_program", None)
 
 
-def _key(program: tuple[fx.GraphModule, tuple[str, ...]], c: Any, options: Any) -> keys.Key:
-    gm, state = program
+def _key(program: str, c: Any, options: Any, found: list | None = None) -> keys.Key:
     inputs = [t for t in c.inputs]
-    parts = [("format", store.FORMAT), ("kind", "program"), ("program", program_code(gm, state)),
+    parts = [("format", store.FORMAT), ("kind", "program"), ("program", program),
+             *(found or ()),
              ("call layout", f"{c.layout.in_spec} -> {c.layout.graph_input}"),
              ("constants", keys.sha(codec.encode_value(list(c.layout.constants))))]
     parts += [(f"input {i}", _describe(t)) for i, t in enumerate(inputs)]

@@ -23,7 +23,8 @@ from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
 from ..semantics import subclasses, swaps
-from .inputs import OutputBox, functional_mode, to_functional
+from . import oplog
+from .inputs import OutputBox, functional_mode, saved_values_hook, to_functional
 from ..semantics.dynamic import DynamicShapesUnsupported, geometry, is_size, is_symbolic
 from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKind, StorageSwap,
                       SubclassMeta, TensorMeta)
@@ -38,8 +39,11 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)
         held = storages(f_args)
-        with user_code_checks(), _RefuseRequiresGradOff(f_args, is_leaf):
+        with user_code_checks(), _RefuseRequiresGradOff(f_args, is_leaf), \
+                oplog.recording(f_args, saved_values_hook) as ops:
             outs = graph_fn(*f_args)
+            if ops is not None:
+                ops.returned(outs, f_args)
         versions = [version_of(a) for a in f_args]
         made_leaves = leaves_made_inside(outs, f_args)  # reads grad_fn: views replay here
     tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes

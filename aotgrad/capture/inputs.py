@@ -19,6 +19,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from . import oplog
 from ..semantics import regions, subclasses
 from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
 from ..semantics.effects import CheckingFunctionalMode, refuse_effectful_op
@@ -210,7 +211,7 @@ def functional_mode():
     shadow them meanwhile. They check the version counter as autograd does without hooks:
     a saved view must not be read after a mutation through an alias, whose new value
     functionalization would hand out instead of raising as eager does."""
-    mode = CheckingFunctionalMode()
+    mode = CheckingFunctionalMode(observe=oplog.note)
     try:
         with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack), mode:
             yield mode
@@ -247,6 +248,9 @@ def compiled_autograd_off():
 
 def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
     return t, None if t.is_inference() else t._version
+
+
+saved_values_hook = _pack  # the pack hook of functional_mode, by which oplog knows it
 
 
 def _unpack(saved: tuple[torch.Tensor, int | None]) -> torch.Tensor:

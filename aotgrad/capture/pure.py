@@ -23,7 +23,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import analysis, joint
+from . import analysis, joint, oplog
 from .analysis import graph_outputs
 from ..schema import JOINT_FW_OUTPUTS, SIZE_INPUT, FunctionInfo, Geometry, InputInfo
 from .inputs import OutputBox
@@ -48,7 +48,9 @@ class _StopAtImpureOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _needs_functionalization(func):
             raise NeedsFunctionalization(str(func))  # before it runs: the fakes stay intact
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        oplog.note(func, args, kwargs, out)
+        return out
 
 
 @contextlib.contextmanager
@@ -74,8 +76,10 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
     geometry, held = [_geometry_of(f) for f in fakes], analysis.storages(fakes)
     try:
         with fake_mode, analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
-                analysis.user_code_checks():
+                analysis.user_code_checks(), oplog.recording(fakes, _same) as ops:
             outs = graph_fn(*fakes)
+            if ops is not None:
+                ops.returned(outs, fakes)
     except Exception:  # noqa: BLE001 - the functionalized analysis raises it again, explained
         _restore_requires_grad(fakes, requires_grad)
         return None

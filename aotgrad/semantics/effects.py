@@ -24,7 +24,7 @@ and rooted like an error check, so that it runs once, in order, in the half eage
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -61,8 +61,9 @@ class CheckingFunctionalMode(FunctionalTensorMode):
     without marking it as their declared forms (`tables.UNMARKED_MUTATIONS`), so that their
     writes are seen."""
 
-    def __init__(self):
+    def __init__(self, observe: Callable | None = None):
         super().__init__()
+        self._observe = observe  # told of every op and its result (capture.oplog.note)
         self._phase = FORWARD
         self._tokens = EffectTokens()  # read by PyTorch's handle_effects
         self.set_calls = SetCalls()
@@ -88,6 +89,12 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         self._tokens = EffectTokens()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = self._dispatch(func, types, args, kwargs)
+        if self._observe is not None:
+            self._observe(func, args, kwargs, out)
+        return out
+
+    def _dispatch(self, func, types, args, kwargs):
         if func is regions.INVOKE_SUBGRAPH and regions.is_built(args[0]):
             return regions.emit(self, *args)
         if isinstance(func, torch._ops.HigherOrderOperator):

@@ -1,0 +1,207 @@
+"""The cache's key for plain functions taken after the analysis (capture/oplog.py): the ops the
+analysis ran. A hit skips the trace; anything outside the log that could change the backward
+(Python code in it, saved-tensor hooks, constants) refuses the log, and the compile is keyed
+after the trace as before. Each refusal is tested with a twin function whose ops are the same
+but whose gradient differs: were it keyed by its ops, it would be served the twin's graphs.
+
+In one process (each compile reads the entries the earlier ones wrote), then across two."""
+
+from __future__ import annotations
+
+import cProfile
+import subprocess
+import sys
+
+import torch
+
+import aotgrad
+from aotgrad import cache
+from test_cache import REPO, cache_dir, result_of  # noqa: F401 (cache_dir: autouse fixture)
+
+
+def run(fn, *inputs, backend="eager"):
+    """Outputs and input gradients of one compiled call, with this compile's cache event."""
+    inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = aotgrad.compile(fn, backend=backend)(*inputs)
+    out.sum().backward()
+    return [out.detach(), *(t.grad for t in inputs if t.requires_grad)], cache.events()[-1]
+
+
+def eager(fn, *inputs):
+    inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = fn(*inputs)
+    out.sum().backward()
+    return [out.detach(), *(t.grad for t in inputs if t.requires_grad)]
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def x():
+    torch.manual_seed(0)
+    return torch.randn(4, 5, requires_grad=True)
+
+
+def plain(t):
+    return t.sin() * 2
+
+
+def test_a_plain_function_hits_before_the_trace():
+    cold, event = run(plain, x())
+    assert event[0] == "miss"
+    warm, event = run(plain, x())
+    assert event[0] == "hit" and event[1].startswith("before the trace: ops sha256:"), event
+    assert_same(warm, cold)
+    assert_same(warm, eager(plain, x()))
+
+
+def test_a_module_hits_before_the_trace_and_updates_its_buffers():
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.BatchNorm1d(3))
+    got = []
+    for _ in range(2):
+        m = make()
+        out = aotgrad.compile(m, backend="eager")(x())
+        out.sum().backward()
+        got.append([out.detach(), m[0].weight.grad, m[1].running_mean])
+    assert cache.events()[-1][1].startswith("before the trace: ops"), cache.events()
+    m = make()
+    out = m(x())
+    out.sum().backward()
+    assert_same(got[1], [out.detach(), m[0].weight.grad, m[1].running_mean])
+    assert_same(got[0], got[1])
+
+
+def twins(first, second, refusal: str):
+    """`second` runs the same ops as `first`, with another gradient: compiled after it, it
+    must not be served its graphs; both equal eager; `second`'s log is refused, saying why."""
+    for fn in (first, second):
+        got, event = run(fn, x())
+        assert_same(got, eager(fn, x()))
+    assert event[0] in ("miss", "bypass"), event  # bypass: not cached after the trace either
+    assert refusal in event[1], event
+
+
+def test_a_scalar_is_part_of_the_key():
+    run(lambda t: t.sin() * 3, x())
+    got, event = run(plain, x())  # sin, then times 2
+    assert event[0] == "miss" and "program ops sha256:" in event[1], event
+    assert_same(got, eager(plain, x()))
+
+
+def test_grad_mode_inside_the_function_is_part_of_the_key():
+    def partly_no_grad(t):
+        with torch.no_grad():
+            s = t.sin()
+        return s * t
+
+    def all_grad(t):
+        return t.sin() * t
+    for fn in (all_grad, partly_no_grad):
+        got, event = run(fn, x())
+        assert event[0] == "miss", event
+        assert_same(got, eager(fn, x()))
+
+
+class Doubled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class Passed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_a_custom_function_refuses_the_log():
+    twins(lambda t: Passed.apply(t).sin(), lambda t: Doubled.apply(t).sin(),
+          "custom autograd.Function")
+
+
+def test_a_tensor_hook_refuses_the_log():
+    def hooked(t):
+        s = t.sin()
+        s.register_hook(lambda g: g * 2)
+        return s.cos()
+    twins(lambda t: t.sin().cos(), hooked, "register_hook")
+
+
+def test_a_hook_on_an_autograd_node_refuses_the_log():
+    def hooked(t):
+        s = t.sin()
+        s.grad_fn.register_prehook(lambda grads: (grads[0] * 2,))
+        return s.cos()
+    twins(lambda t: t.sin().cos(), hooked, "register_prehook")
+
+
+def test_saved_tensor_hooks_inside_refuse_the_log():
+    def hooked(t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda v: v * 2, lambda v: v):
+            return t.sin() * t
+    twins(lambda t: t.sin() * t, hooked, "saved-tensor hooks")
+
+
+def test_a_module_backward_hook_refuses_the_log():
+    lin = torch.nn.Linear(5, 5)
+    hooked = torch.nn.Linear(5, 5)
+    hooked.load_state_dict(lin.state_dict())
+    hooked.register_full_backward_hook(lambda m, gi, go: (gi[0] * 2,))
+    twins(lin, hooked, "Python code")
+
+
+def test_a_closed_over_constant_refuses_the_log():
+    ones, twos = torch.ones(5), torch.full((5,), 2.0)
+    twins(lambda t: t * ones, lambda t: t * twos, "constant")
+
+
+def test_a_running_profiler_refuses_the_log():
+    with cProfile.Profile():
+        got, event = run(plain, x())
+        got, event = run(plain, x())
+    assert event[0] == "hit" and "profiler is running" in event[1], event
+    assert_same(got, eager(plain, x()))
+
+
+SCRIPT = """
+import json, torch, aotgrad
+from aotgrad import cache
+torch.manual_seed(0)
+lm = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.0), torch.nn.GELU(),
+                         torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+x = torch.randn(3, 6)
+model = aotgrad.compile(lm, backend="inductor")
+out = model(x)
+out.sum().backward()
+print(json.dumps({"events": cache.events(), "stages": sorted(model.artifacts[0].timings),
+                  "values": [t.tolist() for t in (out, *(p.grad for p in lm.parameters()))]}))
+"""
+
+
+def test_across_processes_the_warm_one_skips_the_trace(tmp_path):
+    script = tmp_path / "step.py"
+    script.write_text(SCRIPT)
+    results = []
+    for _ in range(2):
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+        results.append(result_of(proc))
+    cold, warm = results
+    assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
+    assert warm["events"][0][1].startswith("before the trace: ops"), warm["events"]
+    assert "trace" in cold["stages"] and "trace" not in warm["stages"], warm["stages"]
+    assert warm["values"] == cold["values"]
