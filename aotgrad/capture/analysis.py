@@ -42,8 +42,8 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         with user_code_checks(), _RefuseRequiresGradOff(f_args, is_leaf), \
                 oplog.recording(f_args, saved_values_hook) as ops:
             outs = graph_fn(*f_args)
-            if ops is not None:
-                ops.returned(outs, f_args)
+        if ops is not None:  # out of the user code's checks: it reads grad_fn
+            ops.returned(outs, f_args)
         versions = [version_of(a) for a in f_args]
         made_leaves = leaves_made_inside(outs, f_args)  # reads grad_fn: views replay here
     tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes
@@ -167,6 +167,7 @@ class _RefuseClosedOverState(TorchFunctionMode):
             return func(*args, **kwargs)  # the op it records meets this mode after
         if func is torch.Tensor.data_ptr and not _is_real(args[0]):
             raise _address_read()
+        oplog.note_function(func)  # hooks: Python code in the backward the log cannot see
         for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
             if _is_real(t):
                 _refuse(func, t, mutated=i == 0 and _is_inplace(func))

@@ -13,8 +13,9 @@ That holds only where nothing outside the log shapes the backward or the graph. 
 refused, and the compile keyed after the trace as before, when the function:
 - runs a custom autograd.Function or a module backward hook (Python backward code: found
   as a Python node of the autograd graph);
-- registers a hook on a tensor or an autograd node, or retains a gradient (a profile hook
-  watches the calls while the function runs; a profiler already running refuses the log);
+- registers a hook on a tensor, retains a gradient, or reads a `grad_fn` (through which
+  hooks are put on autograd nodes): seen as torch function calls by the analysis's
+  `TorchFunctionMode` (`note_function`);
 - runs its ops under saved-tensor hooks of its own (checkpointing);
 - calls an op outside `aten` and `prims` (a custom op, a higher-order op with Python
   bodies), passes an argument the log cannot write down, or reads a tensor that no logged
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import sys
+import inspect
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -38,10 +39,11 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from ..cache import codec
 
 _OP_NAMESPACES = ("aten", "prims", "prim")  # prim: TorchScript's builtins (prim::device)
-# Calls that attach Python code to the backward, Python or C, by name.
-_HOOK_CALLS = frozenset({"register_hook", "register_prehook", "_register_hook_dict",
-                         "register_post_accumulate_grad_hook", "retain_grad",
-                         "register_multi_grad_hook"})
+# Torch functions that attach Python code to the backward (a node's hooks are put on it
+# through the tensor's `grad_fn`, whose reads a TorchFunctionMode sees as its getter).
+_HOOK_FUNCTIONS = {torch.Tensor.register_hook, torch.Tensor.retain_grad,
+                   torch.Tensor.register_post_accumulate_grad_hook}
+_GRAD_FN = inspect.getattr_static(torch.Tensor, "grad_fn")
 
 _PLAIN_TYPES = (FakeTensor, FunctionalTensor)  # the analysis's own wrappers of the inputs
 _active: "OpLog | None" = None  # the log being written, while the analysis runs user code
@@ -175,34 +177,28 @@ def session(enabled: bool) -> Iterator[Session | None]:
 
 @contextlib.contextmanager
 def recording(inputs: Sequence[Any], own_saved_hooks: Callable) -> Iterator[OpLog | None]:
-    """Around one run of the user's code in an analysis: a fresh log, hook calls watched.
-    `own_saved_hooks`: the pack hook the analysis itself runs the code under."""
+    """Around one run of the user's code in an analysis: a fresh log. `own_saved_hooks`:
+    the pack hook the analysis itself runs the code under."""
     global _active
     if _session is None:
         yield None
         return
     log = OpLog(inputs, own_saved_hooks)
-    profiling = sys.getprofile() is not None
-    if profiling:  # one profile hook per thread: taking it would silence the profiler
-        log.refuse("a profiler is running")
-    else:
-        sys.setprofile(_watch)
     _active = log
     try:
         yield log
     finally:
         _active = None
-        if not profiling:
-            sys.setprofile(None)
     _session.log = log
 
 
-def _watch(frame, event: str, arg: Any) -> None:
-    if event == "c_call":
-        name = getattr(arg, "__name__", None)
-    elif event == "call":
-        name = frame.f_code.co_name
-    else:
+def note_function(func: Any) -> None:
+    """Called by the analysis's TorchFunctionMode for every torch function the user's code
+    calls; refuses the log at those that put Python code into the backward."""
+    if _active is None:
         return
-    if name in _HOOK_CALLS and _active is not None:
-        _active.refuse(f"it calls {name}: Python code in its backward")
+    if func in _HOOK_FUNCTIONS:
+        _active.refuse(f"it calls Tensor.{func.__name__}: Python code in its backward")
+    elif getattr(func, "__self__", None) is _GRAD_FN:
+        _active.refuse("it reads a grad_fn (whose hooks would run Python code in its "
+                       "backward)")

@@ -78,8 +78,8 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
         with fake_mode, analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
                 analysis.user_code_checks(), oplog.recording(fakes, _same) as ops:
             outs = graph_fn(*fakes)
-            if ops is not None:
-                ops.returned(outs, fakes)
+        if ops is not None:  # out of the user code's checks: it reads grad_fn
+            ops.returned(outs, fakes)
     except Exception:  # noqa: BLE001 - the functionalized analysis raises it again, explained
         _restore_requires_grad(fakes, requires_grad)
         return None
