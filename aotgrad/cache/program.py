@@ -58,17 +58,8 @@ class ProgramLookup:
         program = _program_of(fn)
         # A plain function is keyed by the ops its analysis logs (`after_analysis`).
         self.keys_by_ops = program is None and store.enabled() and not is_symbolic(c.fakes)
-        if program is None or not store.enabled():
-            return
-        try:
-            self.key = _key(program_code(*program), c, options)
-        except codec.Unencodable as exc:
-            self.why_not = f"not keyed before the trace: {exc}"
-            return
-        except Exception as exc:  # a cache bug must cost a compile, never break one
-            log.warning("aotgrad cache: could not key this program (%r)", exc)
-            return
-        self._open()
+        if program is not None and store.enabled():
+            self._key_and_open(lambda: _key(program_code(*program), c, options))
 
     def after_analysis(self, c: Any, ops: str | None, why: str | None) -> None:
         """Key a plain function by its analysis's op log (`ops`, capture/oplog.py), with
@@ -76,20 +67,18 @@ class ProgramLookup:
         if ops is None:
             self.why_not = f"not keyed before the trace: {why}"
             return
+        self._key_and_open(lambda: _ops_key(ops, c, self._options))
+
+    def _key_and_open(self, make_key: Callable[[], keys.Key]) -> None:
+        """Key this compile, then look the key up; a key that cannot be made says why."""
         try:
-            if _unstorable(c) is not None:
-                raise codec.Unencodable(_unstorable(c))
-            found = info_codec.encode(views.with_encodable_replays(c.info, c.fakes))
-            self.key = _key(f"ops {ops}", c, self._options, [("function info", keys.sha(found))])
+            self.key = make_key()
         except codec.Unencodable as exc:
             self.why_not = f"not keyed before the trace: {exc}"
             return
         except Exception as exc:  # a cache bug must cost a compile, never break one
-            log.warning("aotgrad cache: could not key this function's ops (%r)", exc)
+            log.warning("aotgrad cache: could not key this compile (%r)", exc)
             return
-        self._open()
-
-    def _open(self) -> None:
         path = store.directory()
         if path is not None:
             self._store = store.Store(path)
@@ -206,6 +195,15 @@ def _key(program: str, c: Any, options: Any, found: list | None = None) -> keys.
               ("keep_inference_input_mutations", str(options.keep_inference_input_mutations))]
     parts += keys.versions(t.device for t in inputs if isinstance(t, torch.Tensor))
     return keys.Key(tuple(parts))
+
+
+def _ops_key(ops: str, c: Any, options: Any) -> keys.Key:
+    """The key of a plain function: the ops its analysis ran, and what the analysis found."""
+    reason = _unstorable(c)
+    if reason is not None:
+        raise codec.Unencodable(reason)
+    found = info_codec.encode(views.with_encodable_replays(c.info, c.fakes))
+    return _key(f"ops {ops}", c, options, [("function info", keys.sha(found))])
 
 
 def _describe(t: Any) -> str:
