@@ -166,13 +166,16 @@ _session: Session | None = None
 
 @contextlib.contextmanager
 def session(enabled: bool) -> Iterator[Session | None]:
-    """Around an analysis whose ops may key the cache (`enabled`)."""
-    global _session
-    _session = Session() if enabled else None
+    """Around an analysis whose ops may key the cache (`enabled`). Nested (a compile inside
+    the user's code: a compiled region, another compiled function), it is the inner
+    compile's own; the outer log resumes after it."""
+    global _session, _active
+    outer = _session, _active
+    _session, _active = (Session() if enabled else None), None
     try:
         yield _session
     finally:
-        _session = None
+        _session, _active = outer
 
 
 @contextlib.contextmanager
@@ -180,16 +183,19 @@ def recording(inputs: Sequence[Any], own_saved_hooks: Callable) -> Iterator[OpLo
     """Around one run of the user's code in an analysis: a fresh log. `own_saved_hooks`:
     the pack hook the analysis itself runs the code under."""
     global _active
-    if _session is None:
+    session, outer = _session, _active
+    if session is None:
         yield None
         return
+    if outer is not None:  # its ops go to this log, not the outer one
+        outer.refuse("it runs an analysis inside its own (a compiled region?)")
     log = OpLog(inputs, own_saved_hooks)
     _active = log
     try:
         yield log
     finally:
-        _active = None
-    _session.log = log
+        _active = outer
+    session.log = log
 
 
 def note_function(func: Any) -> None:
