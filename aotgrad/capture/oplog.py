@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -46,7 +47,15 @@ _HOOK_FUNCTIONS = {torch.Tensor.register_hook, torch.Tensor.retain_grad,
 _GRAD_FN = inspect.getattr_static(torch.Tensor, "grad_fn")
 
 _PLAIN_TYPES = (FakeTensor, FunctionalTensor)  # the analysis's own wrappers of the inputs
-_active: "OpLog | None" = None  # the log being written, while the analysis runs user code
+
+class _State(threading.local):
+    """Per thread (a compile in another thread has its own): the analysis's session, and
+    the log being written while it runs the user's code."""
+    session: "Session | None" = None
+    active: "OpLog | None" = None
+
+
+_state = _State()
 
 
 class Refused(Exception):
@@ -141,8 +150,9 @@ def _autograd_nodes(tensors: Sequence[torch.Tensor]) -> list:
 
 def note(func: Any, args: tuple, kwargs: dict | None, out: Any) -> None:
     """Called by the analysis's dispatch modes for every op; a no-op unless logging."""
-    if _active is not None:
-        _active.note(func, args, kwargs or {}, out)
+    active = _state.active
+    if active is not None:
+        active.note(func, args, kwargs or {}, out)
 
 
 class Session:
@@ -161,50 +171,46 @@ class Session:
         return self.log.digest(), None
 
 
-_session: Session | None = None
-
-
 @contextlib.contextmanager
 def session(enabled: bool) -> Iterator[Session | None]:
     """Around an analysis whose ops may key the cache (`enabled`). Nested (a compile inside
     the user's code: a compiled region, another compiled function), it is the inner
     compile's own; the outer log resumes after it."""
-    global _session, _active
-    outer = _session, _active
-    _session, _active = (Session() if enabled else None), None
+    outer = _state.session, _state.active
+    _state.session, _state.active = (Session() if enabled else None), None
     try:
-        yield _session
+        yield _state.session
     finally:
-        _session, _active = outer
+        _state.session, _state.active = outer
 
 
 @contextlib.contextmanager
 def recording(inputs: Sequence[Any], own_saved_hooks: Callable) -> Iterator[OpLog | None]:
     """Around one run of the user's code in an analysis: a fresh log. `own_saved_hooks`:
     the pack hook the analysis itself runs the code under."""
-    global _active
-    session, outer = _session, _active
+    session, outer = _state.session, _state.active
     if session is None:
         yield None
         return
     if outer is not None:  # its ops go to this log, not the outer one
         outer.refuse("it runs an analysis inside its own (a compiled region?)")
     log = OpLog(inputs, own_saved_hooks)
-    _active = log
+    _state.active = log
     try:
         yield log
     finally:
-        _active = outer
+        _state.active = outer
     session.log = log
 
 
 def note_function(func: Any) -> None:
     """Called by the analysis's TorchFunctionMode for every torch function the user's code
     calls; refuses the log at those that put Python code into the backward."""
-    if _active is None:
+    active = _state.active
+    if active is None:
         return
     if func in _HOOK_FUNCTIONS:
-        _active.refuse(f"it calls Tensor.{func.__name__}: Python code in its backward")
+        active.refuse(f"it calls Tensor.{func.__name__}: Python code in its backward")
     elif getattr(func, "__self__", None) is _GRAD_FN:
-        _active.refuse("it reads a grad_fn (whose hooks would run Python code in its "
+        active.refuse("it reads a grad_fn (whose hooks would run Python code in its "
                        "backward)")
