@@ -48,6 +48,7 @@ _GRAD_FN = inspect.getattr_static(torch.Tensor, "grad_fn")
 
 _PLAIN_TYPES = (FakeTensor, FunctionalTensor)  # the analysis's own wrappers of the inputs
 
+
 class _State(threading.local):
     """Per thread (a compile in another thread has its own): the analysis's session, and
     the log being written while it runs the user's code."""
