@@ -216,3 +216,12 @@ def test_a_compiled_function_called_inside_refuses_the_outer_log():
     got, event = run(outer, x())
     assert "not keyed before the trace" in event[1], event
     assert_same(got, eager(outer, x()))
+
+
+def test_a_returned_constant_refuses_the_log():
+    ones, twos = torch.ones(5), torch.full((5,), 2.0)
+    for const in (ones, twos):
+        fn = lambda t: (t.sin(), const)  # noqa: E731
+        outs = aotgrad.compile(fn, backend="eager")(x())
+        assert torch.equal(outs[1], const)
+    assert "returns a tensor that is neither" in cache.events()[-1][1], cache.events()[-1]

@@ -131,11 +131,15 @@ class OpLog:
             if isinstance(node, torch.autograd.function.BackwardCFunction):
                 self.refuse(f"its backward runs Python code ({type(node).__name__}: a custom "
                             "autograd.Function or a module backward hook)")
-        self.rows.append(f"outputs {[self._names.get(id(t), '?') for t in tensors]}")
+        names = [self._names.get(id(t)) for t in tensors]
+        if None in names:  # its value would be in the graph, not in the log
+            self.refuse("it returns a tensor that is neither an input nor made by its ops")
+        self.rows.append(f"outputs {names}")
 
     def digest(self) -> str:
         text = "\n".join(self.rows)
-        return f"sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]} ({len(self.rows) - 1} ops)"
+        return f"sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]} " \
+            f"({len(self.rows) - 1} ops)"
 
 
 def _autograd_nodes(tensors: Sequence[torch.Tensor]) -> list:
