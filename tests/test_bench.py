@@ -182,3 +182,20 @@ def test_compile_stages_tells_our_stages_from_torchs_phases(tmp_path):
     assert "create_aot_dispatcher_function" not in ours["phases"]
     assert abs(ours["loss"] - torchs["loss"]) < 1e-5  # the same model, seed and batch
     assert "| aotgrad: trace |" in proc.stdout
+
+
+def test_trace_time_times_both_traces_and_a_baseline_checkout(tmp_path):
+    """bench/trace_time.py: aotgrad's stages and torch's AOTAutograd phases per round, on
+    one Dynamo graph, and another checkout (here this one) loaded beside aotgrad."""
+    out = tmp_path / "trace.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "trace_time.py"), "--model", "tiny", "--small",
+         "--device", "cpu", "--rounds", "2", "--baseline", str(REPO), "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rounds = json.loads(out.read_text())["rounds"]
+    assert set(rounds) == {"aotgrad", "baseline", "torch"}
+    assert all(len(r) == 2 for r in rounds.values())
+    assert {"capture", "analysis", "trace"} <= set(rounds["baseline"][0])
+    assert rounds["torch"][0]["aot_trace_joint_graph"] > 0
+    assert "aotgrad   trace" in proc.stdout
