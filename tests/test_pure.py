@@ -142,3 +142,22 @@ def test_a_mutation_in_the_backward_alone_falls_back_to_functionalization(functi
     assert pipeline.capture_and_analyze(step, flat, spec).pure
     _grads_match_eager(step, [x])
     assert len(functional_traces) == 1
+
+
+def test_reading_a_saved_value_traces_no_alias_without_the_callers_hooks():
+    """Under saved-tensor hooks autograd detaches each saved value the backward reads, which
+    Inductor's decompositions trace as an `alias` node (six here, and a dispatch each). The
+    trace without functionalization sets hooks only to shadow the caller's, so that only the
+    values saved as outputs (softmax's, and its view) get one, as in torch's own trace."""
+    args = _mlp_args()
+    flat, spec = flatten((tuple(args), {}))
+    c = pipeline.capture_and_analyze(_mlp_step, flat, spec)
+    detach_as_alias = torch._decomp.get_decompositions([torch.ops.aten.detach])
+
+    def aliases():
+        gm = pure.trace_joint(c.graph_fn, c.info, c.fakes, c.fake_mode, detach_as_alias)
+        return sum(n.target is torch.ops.aten.alias.default for n in gm.graph.nodes)
+    assert aliases() == 2
+    with torch.autograd.graph.save_on_cpu():  # shadowed: every saved value is read through one
+        assert aliases() == 6
+    _grads_match_eager(_mlp_step, args)

@@ -56,11 +56,19 @@ class _StopAtImpureOps(TorchDispatchMode):
 @contextlib.contextmanager
 def plain_mode(checked: bool = True):
     """`capture.functional_mode` without functionalization: every op is checked (unless
-    `checked` is False), and the caller's saved-tensor hooks are shadowed (they are for the
-    compiled forward's values)."""
+    `checked` is False), and the caller's saved-tensor hooks are shadowed."""
     stop = _StopAtImpureOps() if checked else contextlib.nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(_same, _same), stop:
+    with _shadowed_saved_tensor_hooks(), stop:
         yield
+
+
+def _shadowed_saved_tensor_hooks():
+    """The caller's saved-tensor hooks are for the compiled forward's values, not the fake
+    ones: identity hooks shadow them. Only where there are some: under any hooks, autograd
+    detaches each saved value it unpacks, an `alias` node in the trace and a dispatch."""
+    if torch._C._autograd._top_saved_tensors_default_hooks(True) is None:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:
