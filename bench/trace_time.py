@@ -10,8 +10,8 @@ Each round, each side compiles the model's loss (bench/run.py's models; one Dyna
 Inductor's decompositions and no-op compilers, inside Dynamo as a real compile runs (its fake
 mode), so that only the front half of a compile runs: aotgrad's capture, analysis and trace
 (its pipeline's timer), torch's AOTAutograd metadata pass and joint trace (its `dynamo_timed`
-phases). Sides take turns, the order flipping every round; each side's minimum and all its
-rounds are printed, with the fake-tensor cache's hits, misses and bypasses during the compile
+phases). After `--warmup` untimed rounds, sides take turns, the order flipping every round;
+each side's minimum and all its rounds are printed, with the fake-tensor cache's hits, misses and bypasses during the compile
 (Dynamo's own included).
 
 `--baseline DIR`: DIR holds another aotgrad package (`git archive COMMIT aotgrad | tar -x -C
@@ -164,6 +164,9 @@ def _fake_cache_counts() -> dict[str, int]:
 def in_process(args) -> dict[str, list[dict]]:
     model = prepared(args)
     chosen = sides(args)
+    for _ in range(args.warmup):  # first calls, caches: the same start for every side
+        for side in chosen.values():
+            timed(side, model, None)
     rounds: dict[str, list[dict]] = {name: [] for name in chosen}
     for r in range(args.rounds):
         last = r == args.rounds - 1
@@ -221,6 +224,7 @@ def main() -> None:
     parser.add_argument("--cuda-dropout", action="store_true",
                         help="dropout as on CUDA (native_dropout): the GPU's trace path on CPU")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--sides", default="aotgrad,baseline,torch")
     parser.add_argument("--baseline", help="another aotgrad checkout, timed beside this one")
     parser.add_argument("--cold", action="store_true", help="a fresh process per trace")
