@@ -13,13 +13,19 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# For the next session (session 11's changes, unmeasured on the GPU), each about 9 minutes:
+# For the next session: `cache` first (session 13's two cache fixes, unmeasured on the GPU),
+# then `suite` (torch 2.11, last run in session 10), then `trace`; each about 9 minutes:
 deberta)  # the CSE of views: DeBERTa-v2's first compile was 93.5 s vs torch's 27.0 s
   TAIL=25 step deberta 400 python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor \
     --rounds 1 --timeout 390 --json $OUT/deberta.json
   TAIL=3 step cuda_tests 150 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_cache.py tests/test_hops.py -k "cuda" ;;
-cache)  # issue 18 with the by-key load: both doors and torch's warm run, side by side
+trace)  # issue 20: our joint trace against torch's on DeBERTa-v2, in one process and cold
+  TAIL=12 step trace 280 python bench/trace_time.py --model deberta_v2 --autocast --rounds 3 \
+    --sides aotgrad,torch --json $OUT/trace.json
+  TAIL=12 step trace_cold 280 python bench/trace_time.py --model deberta_v2 --autocast --cold \
+    --rounds 2 --sides aotgrad,torch --json $OUT/trace_cold.json ;;
+cache)  # issue 18: both doors (op-log key, meta hidden from Inductor) and torch's warm run
   TAIL=12 step cache 570 python bench/cache.py --gpu --models resnet50,gpt2 \
     --sides aotgrad,aotgrad_dynamo,torch --timeout 90 --out $OUT/cache ;;
 check)  # step time and peak after the partitioner and CSE changes
