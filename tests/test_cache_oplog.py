@@ -225,3 +225,19 @@ def test_a_returned_constant_refuses_the_log():
         outs = aotgrad.compile(fn, backend="eager")(x())
         assert torch.equal(outs[1], const)
     assert "returns a tensor that is neither" in cache.events()[-1][1], cache.events()[-1]
+
+
+def test_train_and_eval_modes_are_other_keys():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.BatchNorm1d(5), torch.nn.Dropout(0.0))
+    want, got = [], []
+    for mode in ("train", "eval", "train"):
+        getattr(m, mode)()
+        ref = __import__("copy").deepcopy(m)
+        t = x()
+        out = aotgrad.compile(m, backend="eager")(t)
+        got.append((out.detach(), cache.events()[-1][0]))
+        want.append(ref(t.detach().clone()).detach())
+    assert [e for _, e in got] == ["miss", "miss", "hit"], got
+    for (out, _), ref in zip(got, want):
+        torch.testing.assert_close(out, ref)
