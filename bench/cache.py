@@ -248,8 +248,11 @@ def _summary(r: dict) -> str:
     if "error" in r:
         return "error: " + r["error"][-300:]
     events = ", ".join(r["warm"].get("aotgrad_events", [])) or "-"
+    not_entered = [line[:300] for line in r["warm"].get("aotgrad_log", [])
+                   if "not entered" in line]  # a stored Inductor key the warm run missed
     return (f"cold {r['cold']['first_step_s']:.1f} s, warm {r['warm']['first_step_s']:.1f} s "
-            f"({r['ratio']:.2f}x), warm events: {events}")
+            f"({r['ratio']:.2f}x), warm events: {events}" +
+            "".join(f"\n  {line}" for line in not_entered))
 
 
 if __name__ == "__main__":
