@@ -17,11 +17,16 @@ refused, and the compile keyed after the trace as before, when the function:
   hooks are put on autograd nodes): seen as torch function calls by the analysis's
   `TorchFunctionMode` (`note_function`);
 - runs its ops under saved-tensor hooks of its own (checkpointing);
-- calls an op outside `aten` and `prims` (a custom op, a higher-order op with Python
-  bodies), passes an argument the log cannot write down, or reads a tensor that no logged
-  op made and that is not an input (a constant or a closed-over tensor: its values would
-  be in the graph, not in the log);
+- calls an op outside `aten`, `prims` and TorchScript's `prim` (a custom op, a higher-order
+  op with Python bodies), passes an argument the log cannot write down, or reads or returns
+  a tensor that no logged op made and that is not an input (a constant or a closed-over
+  tensor: its values would be in the graph, not in the log);
+- runs an analysis inside its own (it calls another compiled function or region);
 - takes tensor subclasses or symbolic sizes.
+
+The rest of the key (inputs' metadata, options, global state, versions) and what the
+analysis found (the FunctionInfo: mutations, aliasing, output structure) are added by
+cache/program.py.
 """
 
 from __future__ import annotations
