@@ -287,3 +287,25 @@ def test_a_key_stored_in_another_context_is_explained_and_inductor_still_finds_i
     assert len(said) == 2 and all("threads: [99, null, null] -> [" in s for s in said), said
     for got, want in zip(warm["got"], warm["want"]):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_the_context_read_before_a_process_compiles_anything_is_the_one_read_after():
+    """A warm process hit before the trace reads its first graph's context before Inductor
+    has imported its lazily loaded modules (its comms config); the cold process read it after
+    its trace had. The forward then missed its stored key (on the GPU)."""
+    script = textwrap.dedent("""
+        import torch, aotgrad
+        from aotgrad.backends import fxcache
+        from aotgrad.schema import GraphInfo
+        info = GraphInfo("forward", (0,), range(1), None)
+        before = fxcache.context_state(info, None)
+        f = torch.compile(lambda x: (x.sin() @ x.T).relu().sum(), backend="aotgrad")
+        f(torch.randn(8, 8, requires_grad=True)).backward()
+        after = fxcache.context_state(info, None)
+        print(sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO),
+                                            "AOTGRAD_CACHE": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

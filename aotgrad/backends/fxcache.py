@@ -125,9 +125,12 @@ def _global_state() -> dict[str, Any]:
                  "allow_bf16_reduced_precision_reduction")],
              "default dtype": str(torch.get_default_dtype()),
              "bundled autograd cache": torch._functorch.config.bundled_autograd_cache}
-    comms = getattr(torch._inductor, "config_comms", None)
-    if comms is not None:
-        state["comms config"] = _portable(comms)
+    try:  # imported here: other Inductor modules import it lazily, and a context read
+        # before that import (a warm process's first graph) would differ from one read after
+        from torch._inductor import config_comms
+    except ImportError:  # a torch without it
+        return state
+    state["comms config"] = _portable(config_comms)
     return state
 
 
