@@ -176,7 +176,8 @@ def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: Gr
     split = split_checks(gm)
     slot = gm.meta.get(INDUCTOR_FX_KEY)  # set by aotgrad's cache on graphs it stores or reads
     state = fxcache.context_state(info, donated) if slot is not None else None
-    compiled = _load_by_key(slot, state, split[0], example_inputs, info)
+    where = fxcache.digest(state)
+    compiled = _load_by_key(slot, state, where, split[0], example_inputs, info)
     if compiled is not None:
         return compiled, split
     if fxcache.lacks_fake_values(gm):  # read by key, but not found: trace values
@@ -185,15 +186,15 @@ def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: Gr
     with _own_meta_hidden(split[0]):
         compiled = _compile_inner(split[0], example_inputs, info, graphed)
     if slot is not None:
-        slot.remember(fxcache.digest(state), fxcache.record_of(compiled, state))
+        slot.remember(where, fxcache.record_of(compiled, state))
     return compiled, split
 
 
-def _load_by_key(slot: Any, state: dict | None, body: fx.GraphModule,
+def _load_by_key(slot: Any, state: dict | None, where: str | None, body: fx.GraphModule,
                  example_inputs: Sequence[Any], info: GraphInfo) -> Callable | None:
-    if slot is None or state is None:
+    if slot is None or where is None:
         return None
-    record = slot.records.get(fxcache.digest(state))
+    record = slot.records.get(where)
     if record is None:
         if slot.records:
             log.info("aotgrad cache: Inductor's stored key of this %s graph not entered: %s",

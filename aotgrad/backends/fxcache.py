@@ -2,11 +2,12 @@
 compiled code without Inductor hashing it again, and without fake values on its nodes.
 
 When Inductor compiles a graph (or finds it in its FX graph cache), the compiled graph
-carries its cache key. aotgrad's cache keeps it beside the stored graph with a digest of
-the context the key was computed in (`context_state`, kept whole and as a digest): the graph's role, static inputs,
-user-visible outputs, donated inputs, and the global state Inductor's key reads besides the
-graph and its inputs (its configuration, the cache key tag, deterministic algorithms, the
-thread count, matmul precision, the default dtype). Our entry's key holds the graph and its
+carries its cache key. aotgrad's cache keeps it beside the stored graph, filed under a
+digest of the context the key was computed in (`context_state`, kept whole too, so that a
+miss can say what differs): the graph's role, static inputs, user-visible outputs, donated
+inputs, and the global state Inductor's key reads besides the graph and its inputs (its
+configuration, the cache key tag, deterministic algorithms, the thread count, matmul
+precision, the default dtype). Our entry's key holds the graph and its
 inputs' metadata; the context digest holds the rest. A later compile of the same stored
 graph in the same context loads Inductor's entry by that key (`load`); anything else
 (another context, a missing entry, an API this torch lacks) returns None and the graph is
@@ -96,9 +97,8 @@ def why_not_entered(records: dict, state: dict[str, str]) -> str:
     """Why none of a graph's stored keys serves this context: the parts in which the
     nearest stored context differs, as `name: stored -> here`."""
     stored = [r["context"] for r in records.values() if isinstance(r.get("context"), dict)]
-    if not stored:
-        return "no key stored in this context" if not records else \
-            "stored in another context (not recorded which)"
+    if not stored:  # records written before contexts were kept whole
+        return "stored in another context (not recorded which)"
     nearest = min(stored, key=lambda other: len(_differing(other, state)))
     parts = _differing(nearest, state)
     text = ", ".join(f"{k}: {nearest.get(k)} -> {state.get(k)}" for k in parts[:4])

@@ -22,6 +22,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..semantics import subclasses
+from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
                       TRACED_OUTPUTS, FunctionInfo, primals_of)
@@ -311,22 +312,10 @@ def follow_forward_nodes(outputs: Sequence) -> None:
     reset_seq_nr = getattr(fx_traceback, "reset_grad_fn_seq_nr", None)
     if set_seq_nr is None or reset_seq_nr is None:  # an older torch: no stack traces
         return
-    for node in _autograd_nodes(outputs):
+    for node in oplog.autograd_nodes(outputs):
         seq = node._sequence_nr()
         node.register_prehook(lambda grads, seq=seq: set_seq_nr(seq))
         node.register_hook(lambda grad_inputs, grad_outputs: reset_seq_nr())
-
-
-def _autograd_nodes(outputs: Sequence) -> list:
-    roots = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn]
-    seen, todo = set(roots), list(roots)
-    while todo:
-        node = todo.pop()
-        for child, _ in node.next_functions:
-            if child is not None and child not in seen:
-                seen.add(child)
-                todo.append(child)
-    return list(seen)
 
 
 def copy_forward_stack_traces(gm: torch.fx.GraphModule) -> None:

@@ -132,7 +132,7 @@ class OpLog:
         """The run is over: name its outputs, and refuse Python code in its backward."""
         tensors = [t for t in pytree.tree_leaves((outputs, list(inputs)))
                    if isinstance(t, torch.Tensor)]
-        for node in _autograd_nodes(tensors):
+        for node in autograd_nodes(tensors):
             if isinstance(node, torch.autograd.function.BackwardCFunction):
                 self.refuse(f"its backward runs Python code ({type(node).__name__}: a custom "
                             "autograd.Function or a module backward hook)")
@@ -147,8 +147,9 @@ class OpLog:
             f"({len(self.rows) - 1} ops)"
 
 
-def _autograd_nodes(tensors: Sequence[torch.Tensor]) -> list:
-    roots = [t.grad_fn for t in tensors if t.grad_fn is not None]
+def autograd_nodes(values: Sequence) -> list:
+    """Every autograd node behind the tensors among `values`."""
+    roots = [v.grad_fn for v in values if isinstance(v, torch.Tensor) and v.grad_fn]
     seen, todo = set(roots), list(roots)
     while todo:
         for child, _ in todo.pop().next_functions:
