@@ -352,9 +352,11 @@ def test_concurrent_writers_compile_once(tmp_path):
     procs = [run_script(tmp_path, "eager", barrier, start=True) for _ in range(3)]
     barrier.touch()
     results = [result_of(p) for p in procs]
-    # One compiles (its events: a miss), the others wait for its entry and read it. Each
-    # may write the entry keyed by the ops (no lock: any writer's is the same, renamed in).
+    # One compiles (its events: a miss), the others wait on the lock of the entry keyed by
+    # its ops and read it (a hit before the trace: they do not trace it either).
     assert sorted(e for r in results for e, _ in r["events"]) == ["hit", "hit", "miss"]
+    hits = [why for r in results for e, why in r["events"] if e == "hit"]
+    assert all(why.startswith("before the trace") for why in hits), hits
     assert len(list((tmp_path / "cache" / store.FORMAT).glob("*.json"))) == 2
     assert all(r["values"] == results[0]["values"] for r in results)
     assert not list((tmp_path / "cache" / store.FORMAT).glob("*.lock"))

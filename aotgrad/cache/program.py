@@ -53,7 +53,7 @@ class ProgramLookup:
         self.hit = False
         self.graphs = None
         self.why_not: str | None = None  # not keyed, or refused: the reason
-        self._store = self.key = self._payload = None
+        self._store = self.key = self._payload = self._lock = None
         self._fake_mode, self._options = c.fake_mode, options
         program = _program_of(fn)
         # A plain function is keyed by the ops its analysis logs (`after_analysis`).
@@ -86,6 +86,8 @@ class ProgramLookup:
 
     def _load(self) -> None:
         payload = self._store.read(self.key.digest)
+        if payload is None and self._wait_for_others():
+            payload = self._store.read(self.key.digest)
         if payload is None:
             self.why_not = "before the trace: " + keys.explain_miss(
                 self.key.as_dict(), list(self._store.keys()))
@@ -93,6 +95,7 @@ class ProgramLookup:
         if "refused" in payload:
             self.why_not = f"not cached before the trace: {payload['refused']}"
             self._store = None  # already says why: nothing to write
+            self._release()
             return
         try:
             self.info = info_codec.decode(payload["info"])
@@ -104,7 +107,19 @@ class ProgramLookup:
             self.why_not, self.graphs = f"before the trace: entry unusable ({exc})", None
             return
         self.hit = True
+        self._release()
         record("hit", f"before the trace: {self.key.as_dict()['program']}")
+
+    def _wait_for_others(self) -> bool:
+        """Take this entry's lock, held until the lookup closes: processes compiling the
+        same program at once trace it once. Whether another may have written it meanwhile."""
+        self._lock = self._store.lock(self.key.digest)
+        return self._lock.__enter__()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock, lock = None, self._lock
+            lock.__exit__(None, None, None)
 
     def captured(self, c: Any) -> Any:
         """The capture `c` with what its analysis found, as the entry holds it."""
@@ -146,14 +161,16 @@ class ProgramLookup:
 
     def __exit__(self, exc_type, *_) -> None:
         payload, self._payload = self._payload, None
-        if exc_type is not None or payload is None or self._store is None:
-            return
-        if "refused" not in payload and "graphs" not in payload:
-            return  # the second level did not store either (it says why)
         try:
+            if exc_type is not None or payload is None or self._store is None:
+                return
+            if "refused" not in payload and "graphs" not in payload:
+                return  # the second level did not store either (it says why)
             self._store.write(self.key.digest, payload, self.key.as_dict())
         except Exception as exc:
             log.warning("aotgrad cache: could not write entry (%r)", exc)
+        finally:
+            self._release()
 
 
 def _unstorable(c: Any) -> str | None:
