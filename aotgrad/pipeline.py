@@ -180,7 +180,7 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
     named = options.named_like or fn  # a module's forward, for CompiledModule
     timer = _Timer(getattr(named, "__qualname__", type(fn).__name__))
     if options.backend.warm_up is not None:
-        options.backend.warm_up()
+        options.backend.warm_up(flat_args)
     c = capture_call(fn, flat_args, in_spec, timer, options.dynamic, options.static_inputs)
     with compiling(getattr(fn, "__name__", type(fn).__name__)), \
             ProgramLookup(fn, c, options) as program:  # keyed before the analysis, if it can be

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import fx
@@ -317,9 +317,10 @@ class Backend:
     decompositions: Mapping | None = None
     # The backend's own rewrites of the whole graph (joint or inference), before partitioning.
     graph_passes: Callable[[fx.GraphModule], fx.GraphModule] | None = None
-    # Called as each compile starts, before the trace: starts what the compilers will wait on
-    # later (Inductor's kernel-compile workers), so that it gets ready while the trace runs.
-    warm_up: Callable[[], None] | None = None
+    # Called with the inputs as each compile starts, before the trace: starts what the
+    # compilers will wait on later (Inductor's kernel-compile workers, its CPU ISA probe), so
+    # that it gets ready while the trace runs.
+    warm_up: Callable[[Sequence[Any]], None] | None = None
 
 
 # ---- the joint graph ------------------------------------------------------------------------

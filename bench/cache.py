@@ -103,7 +103,7 @@ def child(side: str, model_name: str, device: str) -> dict:
     first_step = time.perf_counter() - start
     # This process's CPU time too: on a shared machine, wall time follows the others' load.
     result = {"first_step_s": first_step, "first_step_cpu_s": time.process_time() - cpu_start,
-              "loss": float(loss)}
+              "loss": float(loss.detach())}
     if ca_compiler is not None:
         result["compiled_autograd"] = ca_compiler
     if side.startswith("aotgrad") or ca_compiler is not None:

@@ -285,6 +285,20 @@ def test_checksum_rejects_truncation_and_edits():
             store.unseal(bad)
 
 
+
+def test_inductors_own_prims_decode_before_inductor_is_loaded():
+    """A warm process reads an entry before any trace loaded Inductor's decompositions,
+    which define its prims (dropout's seeds, max pooling's offsets): decoding loads them
+    (on the GPU, ResNet-50's and GPT-2's entries were unusable without it)."""
+    code = ("import sys, aotgrad; from aotgrad.cache import codec; "
+            "assert 'torch._inductor.inductor_prims' not in sys.modules; "
+            "print(codec.decode_target('op:prims::inductor_seeds.default'), "
+            "codec.decode_target('op:prims::_low_memory_max_pool_with_offsets.default'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "prims.inductor_seeds.default" in done.stdout, done.stdout
+
 # ---- across processes -------------------------------------------------------------------
 
 SCRIPT = textwrap.dedent("""

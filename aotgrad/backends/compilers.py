@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
@@ -173,6 +174,7 @@ def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: Gr
     """Inductor's code for `gm`, loaded by its stored key or compiled, with the graph's
     split into its body and the error checks that run after it (Inductor would drop or
     reorder them)."""
+    _wait_for_cpu_isa_probe()
     split = split_checks(gm)
     slot = gm.meta.get(INDUCTOR_FX_KEY)  # set by aotgrad's cache on graphs it stores or reads
     state = fxcache.context_state(info, donated) if slot is not None else None
@@ -228,15 +230,47 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
 inductor_compiler.records_cudagraphs = True  # through compile_fx_inner's own box
 
 
-def warm_inductor_workers() -> None:
+def warm_inductor_workers(inputs: Sequence[Any] = ()) -> None:
     """Start Inductor's pool of kernel-compile workers now, as torch's own `inductor` backend
     does when Dynamo hands it a graph. The pool takes seconds to start; until it is ready each
     Triton kernel compiles in this process, one after another, so a first compile in a process
-    that starts it only at its first kernel pays for that (issue 20). No-op without Triton."""
+    that starts it only at its first kernel pays for that (issue 20). No-op without Triton.
+    With CPU tensors among `inputs`, the CPU's vector ISA is probed meanwhile too."""
     from torch._inductor import async_compile
     warm = getattr(async_compile, "maybe_warm_pool", None)
     if warm is not None:
         warm()
+    if any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in inputs):
+        _probe_cpu_isa_in_background()
+
+
+_isa_probe: threading.Thread | None = None
+
+
+def _probe_cpu_isa_in_background() -> None:
+    """Inductor's CPU code picks its vector ISA by building and loading a test library per
+    candidate, in child processes, once per process: about a second, most of it waiting, and
+    paid at the first CPU graph compiled or loaded (a warm cache's whole first step is ~2.6 s
+    on a 2-core CPU). Probed in a thread as the compile starts, it overlaps our capture,
+    analysis and cache lookup. The modules it uses are imported before it starts: imports
+    racing across threads can meet half-initialized modules."""
+    global _isa_probe
+    if _isa_probe is not None:
+        return
+    from torch._inductor import codecache, cpp_builder, cpu_vec_isa  # noqa: F401
+    import torch.utils._filelock  # noqa: F401
+    _isa_probe = threading.Thread(target=cpu_vec_isa.valid_vec_isa_list, daemon=True,
+                                  name="aotgrad-cpu-isa-probe")
+    _isa_probe.start()
+    # What Inductor's generated code imports (its lowerings, ~0.6 s), imported while the
+    # probe waits on its children rather than after it.
+    import torch._inductor.select_algorithm  # noqa: F401
+
+
+def _wait_for_cpu_isa_probe() -> None:
+    """Before Inductor reads the ISA: its cached list is the thread's, not a second probe."""
+    if _isa_probe is not None:
+        _isa_probe.join()
 
 
 @contextlib.contextmanager

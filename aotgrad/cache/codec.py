@@ -11,6 +11,7 @@ is then not cached, and the bypass log says why.
 from __future__ import annotations
 
 import enum
+import importlib
 import math
 import operator
 from dataclasses import fields, is_dataclass
@@ -168,8 +169,22 @@ def decode_target(text: str, extra: dict[str, Callable] | None = None) -> Any:
         raise ValueError(f"unknown target {text!r}")
     namespace, _, rest = name.partition("::")
     op_name, _, overload = rest.partition(".")
-    packet = getattr(getattr(torch.ops, namespace), op_name)  # AttributeError: not loaded
-    return getattr(packet, overload or "default")
+    return getattr(_op_packet(namespace, op_name), overload or "default")
+
+
+# Modules that define ops of a namespace when imported: Inductor's own prims (its random
+# seeds, its low-memory max pool) exist once Inductor's decompositions are loaded, which a
+# warm process reading an entry before any trace has not done.
+_DEFINED_BY = {"prims": ("torch._inductor.inductor_prims",)}
+
+
+def _op_packet(namespace: str, op_name: str) -> Any:
+    try:
+        return getattr(getattr(torch.ops, namespace), op_name)
+    except AttributeError:
+        for module in _DEFINED_BY.get(namespace, ()):
+            importlib.import_module(module)
+        return getattr(getattr(torch.ops, namespace), op_name)  # AttributeError: not loaded
 
 
 def encode_graph(gm: fx.GraphModule, node_meta: Callable[[fx.Node], dict],
