@@ -16,6 +16,7 @@ and first training step (forward, backward; synchronized on CUDA), not the impor
 - `compiled_autograd`: the model run eagerly, its backward under
   `aotgrad.compiled_autograd.enable("inductor")` ("eager" where that is not built yet).
 
+`--profile DIR` adds a profiled warm run per side (DIR/<model>-<side>.txt), not timed.
 `--out DIR` merges into DIR/cache.json (one model or side per run, as a device's time
 limit allows) and writes DIR/cache.md from all of it.
 """
@@ -90,6 +91,7 @@ def child(side: str, model_name: str, device: str) -> dict:
     if os.environ.get("BENCH_CACHE_KEYS"):
         _record_inductor_keys(os.environ["BENCH_CACHE_KEYS"])
     said = _keep_cache_log()
+    profile = _profiler(os.environ.get("BENCH_CACHE_PROFILE"))
     start, cpu_start = time.perf_counter(), time.process_time()
     compiled = compile_side(side, model)
     with autocast:
@@ -101,6 +103,8 @@ def child(side: str, model_name: str, device: str) -> dict:
     if cuda:
         torch.cuda.synchronize()
     first_step = time.perf_counter() - start
+    if profile is not None:
+        profile()
     # This process's CPU time too: on a shared machine, wall time follows the others' load.
     result = {"first_step_s": first_step, "first_step_cpu_s": time.process_time() - cpu_start,
               "loss": float(loss.detach())}
@@ -118,6 +122,27 @@ def child(side: str, model_name: str, device: str) -> dict:
     result["inductor_counters"] = {k: v for k, v in counters["inductor"].items()
                                    if "cache" in k}
     return result
+
+
+def _profiler(path: str | None):
+    """Profiles this process's first step into `path` (cProfile's top functions by
+    cumulative and by own time); returns the function that stops it and writes them."""
+    if not path:
+        return None
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+
+    def stop_and_write() -> None:
+        profiler.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(60)
+        stats.sort_stats("tottime").print_stats(30)
+        Path(path).write_text(text.getvalue())
+    return stop_and_write
 
 
 def _keep_cache_log() -> list[str]:
@@ -147,7 +172,7 @@ def _record_inductor_keys(path: str) -> None:
 
 
 def run_side(side: str, model: str, device: str, warm_runs: int, timeout: float,
-             keys_dir: str | None = None) -> dict:
+             keys_dir: str | None = None, profile_dir: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"aotgrad-bench-cache-{side}-") as tmp:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT),
                "AOTGRAD_CACHE_DIR": f"{tmp}/aotgrad", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
@@ -162,6 +187,10 @@ def run_side(side: str, model: str, device: str, warm_runs: int, timeout: float,
             if proc.returncode != 0:
                 return {"error": proc.stderr[-2000:]}
             runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        if profile_dir:  # one more warm run, profiled (not among the timed ones)
+            env["BENCH_CACHE_PROFILE"] = f"{profile_dir}/{model}-{side}.txt"
+            env.pop("BENCH_CACHE_KEYS", None)
+            subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     warm = min(runs[1:], key=lambda r: r["first_step_s"])
     return {"cold": runs[0], "warm": warm, "warm_runs": [r["first_step_s"] for r in runs[1:]],
             "ratio": warm["first_step_s"] / runs[0]["first_step_s"]}
@@ -215,6 +244,8 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="directory for cache.json and cache.md")
     parser.add_argument("--keys", default=None,
                         help="directory for the FX graph cache keys' details of every run")
+    parser.add_argument("--profile", default=None,
+                        help="directory for a profile of one more warm run per side")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = args.device or ("cuda" if args.gpu else "cpu")
@@ -229,14 +260,15 @@ def main() -> int:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "machine": machine, "commit": commit, "device": device}
-    if args.keys:
-        os.makedirs(args.keys, exist_ok=True)
+    for folder in (args.keys, args.profile):
+        if folder:
+            os.makedirs(folder, exist_ok=True)
     results = {}
     for model in models:
         results[model] = {}
         for side in args.sides.split(","):
-            r = results[model][side] = run_side(side, model, device, args.warm_runs, args.timeout,
-                                                      args.keys)
+            r = results[model][side] = run_side(side, model, device, args.warm_runs,
+                                                args.timeout, args.keys, args.profile)
             print(model, side, _summary(r), flush=True)
             if args.out:  # after every side: a run cut short keeps what it measured
                 write_merged(Path(args.out), {model: {side: r}}, meta)

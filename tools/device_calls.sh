@@ -13,8 +13,7 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# For the next session: `cache` first (session 13's two cache fixes, unmeasured on the GPU),
-# then `suite` (torch 2.11, last run in session 10), then `trace`; each about 9 minutes:
+# Session 14: `cache`, `cache2`, `suite`; next: `trace`; each about 9 minutes:
 deberta)  # the CSE of views: DeBERTa-v2's first compile was 93.5 s vs torch's 27.0 s
   TAIL=25 step deberta 400 python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor \
     --rounds 1 --timeout 390 --json $OUT/deberta.json
@@ -25,6 +24,12 @@ trace)  # issue 20: our joint trace against torch's on DeBERTa-v2, in one proces
     --sides aotgrad,torch --json $OUT/trace.json
   TAIL=12 step trace_cold 280 python bench/trace_time.py --model deberta_v2 --autocast --cold \
     --rounds 2 --sides aotgrad,torch --json $OUT/trace_cold.json ;;
+cache2)  # issue 18: the native door's op-log hit on the GPU (Inductor's prims decoded), profiled
+  TAIL=12 step cache 420 python bench/cache.py --gpu --models resnet50,gpt2 --sides aotgrad,torch \
+    --timeout 90 --out $OUT/cache --profile /tmp/prof
+  (cd /tmp/prof && tar czf $OUT/profiles.tgz *.txt)
+  TAIL=3 step cuda_tests 150 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_cache.py tests/test_cache_oplog.py tests/test_cache_by_key.py -k "cuda or prims or process" ;;
 cache)  # issue 18: both doors (op-log key, meta hidden from Inductor) and torch's warm run
   TAIL=12 step cache 570 python bench/cache.py --gpu --models resnet50,gpt2 \
     --sides aotgrad,aotgrad_dynamo,torch --timeout 90 --out $OUT/cache ;;
