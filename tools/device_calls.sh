@@ -45,6 +45,9 @@ llama)  # the Llama-like model's CUDA fault (session 11): which choice of ours i
   grep "^ATTENTION" /tmp/gl/*.log | sort | uniq -c | head -30
   (cd /tmp/gl && tar czf $OUT/llama.tgz *.log $(grep -l _attention -r --include='*.py' inductor-small* 2>/dev/null)) ;;
 suite)
-  TAIL=3 step pytest_211 560 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings tests/
-  grep -E "^(FAILED|ERROR)" $OUT/pytest_211.log | head -40 ;;
+  # -v: each result as it comes, so that a run cut short still says what failed
+  TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \
+    --durations=20 tests/
+  grep -E "(FAILED|ERROR) " $OUT/pytest_211.log | sort | uniq | head -40
+  grep -c " PASSED " $OUT/pytest_211.log ;;
 esac
