@@ -267,11 +267,11 @@ ISA_PROBE_SCRIPT = """
 import threading, torch, aotgrad
 from torch._inductor import cpu_vec_isa
 probed_in = []
-probe = cpu_vec_isa.VecISA._probe_load
-def noting(self, path):
+probe = cpu_vec_isa.VecISA.check_build
+def noting(self, code):
     probed_in.append(threading.current_thread().name)
-    return probe(self, path)
-cpu_vec_isa.VecISA._probe_load = noting
+    return probe(self, code)
+cpu_vec_isa.VecISA.check_build = noting
 x = torch.randn(8, 8, requires_grad=True)
 aotgrad.compile(lambda x: x.sin().exp().sum(), backend="inductor")(x).backward()
 torch.testing.assert_close(x.grad, (x.sin().exp() * x.cos()).detach())
