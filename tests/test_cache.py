@@ -436,18 +436,27 @@ def test_inductor_key_is_not_taken_in_another_context(monkeypatch):
     assert fxcache.context_digest(GraphInfo("backward", (0,), range(1), None), [0]) != here
 
 
-def test_lock_of_a_dead_process_is_broken_and_a_live_one_times_out(tmp_path):
+def test_lock_of_a_dead_process_is_broken_a_live_one_times_out_and_ours_is_reentered(tmp_path):
     s = store.Store(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
     (tmp_path / "k.lock").write_text(dead)  # its holder exited without removing it
     with s.lock("k", timeout=5) as waited:
         assert not waited and (tmp_path / "k.lock").read_text() == str(os.getpid())
-        # Held by a live process (this one): another compile waits, then goes on without it.
-        with s.lock("k", timeout=0.2) as waited_too:
-            assert waited_too and cache.stats()["lock_timeouts"] == 1
+        # A compile nested in the holder's own (this process) does not wait for itself.
+        with s.lock("k", timeout=60) as waited_too:
+            assert not waited_too and cache.stats()["lock_timeouts"] == 0
         assert (tmp_path / "k.lock").exists()  # the holder's lock stays
     assert not (tmp_path / "k.lock").exists()
+    # Held by another live process: a compile waits, then goes on without it.
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "k.lock").write_text(str(live.pid))
+        with s.lock("k", timeout=0.2) as waited:
+            assert waited and cache.stats()["lock_timeouts"] == 1
+        assert (tmp_path / "k.lock").read_text() == str(live.pid)  # the holder's lock stays
+    finally:
+        live.kill()
 
 
 # ---- compiled autograd's graphs -------------------------------------------------------------

@@ -196,7 +196,8 @@ class Store:
     def lock(self, digest: str, timeout: float = LOCK_TIMEOUT):
         """Held while this process compiles the entry; yields whether it waited for another
         process's (which may have written the entry meanwhile). Past `timeout` it goes on
-        without the lock; a lock whose holder died is broken."""
+        without the lock; a lock whose holder died is broken; one this process holds (a
+        compile inside its own compile of the same entry) is passed without waiting."""
         path = self.path / f"{digest}.lock"
         got, waited = _acquire(path, timeout)
         try:
@@ -215,7 +216,10 @@ def _acquire(path: Path, timeout: float) -> tuple[bool, bool]:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except FileExistsError:
-            if _holder_dead(path):
+            holder = _holder(path)
+            if holder == os.getpid():  # a compile nested in this process's own: no waiting
+                return False, False
+            if holder is not None and _dead(holder):
                 with contextlib.suppress(OSError):
                     path.unlink()
                 continue
@@ -232,13 +236,16 @@ def _acquire(path: Path, timeout: float) -> tuple[bool, bool]:
         return True, waited
 
 
-def _holder_dead(path: Path) -> bool:
+def _holder(path: Path) -> int | None:
+    """The pid holding the lock at `path`; None while it is being written."""
     try:
         pid = int(path.read_text() or "0")
     except (OSError, ValueError):
-        return False  # being written: alive
-    if pid <= 0:
-        return False
+        return None
+    return pid if pid > 0 else None
+
+
+def _dead(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
