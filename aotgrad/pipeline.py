@@ -25,7 +25,7 @@ from .semantics import regions
 from .capture.region_graphs import build_region
 from .capture import analysis, inputs as capture, joint, oplog, pure
 from .replay import random_values
-from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph, eager_compiler,
+from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph,
                                  set_graph_being_compiled)
 from .replay.double_backward import DoubleBackward
 from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
@@ -352,9 +352,10 @@ def _backward_parts(c: Captured, options: Options, timer: _Timer, bw: fx.GraphMo
         keeping_saved = _compile_later(lambda: compile_bw(without_donations(bw)), timer,
                                        count_ops(bw))
     # The backward graph as partitioned, for a tracer to inline its ops (Dynamo, for compiled
-    # autograd). Copied where a compiler may rewrite it in place (Inductor does; aotgrad's
-    # eager backend does not, and its compiled code calls ops Dynamo cannot trace).
-    inlined_bw = bw if options.backend.bw_compiler is eager_compiler else copy_graph(bw)
+    # autograd). Copied where a compiler may rewrite it in place (aotgrad's Inductor and eager
+    # compilers do not: `keeps_graph`; the eager one's code calls ops Dynamo cannot trace).
+    inlined_bw = bw if getattr(options.backend.bw_compiler, "keeps_graph", False) \
+        else copy_graph(bw)
     return BackwardParts(compiled=compiled_bw, ops=run_graph_boxed(inlined_bw),
                          double_backward=double_backward, keeping_saved=keeping_saved,
                          writes=_backward_writes(facts, len(c.fakes)), stale=c.stale)

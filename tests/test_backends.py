@@ -1,5 +1,6 @@
 """Backends: the eager backend's generated code, boxing, and Inductor on one graph."""
 
+import copy
 import math
 import os
 import weakref
@@ -290,3 +291,26 @@ def test_the_cpu_isa_is_probed_once_beside_the_compile():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "probed in ['aotgrad-cpu-isa-probe'] 1" in done.stdout, done.stdout
+
+
+def test_inductor_compiles_a_copy_and_the_graphs_stay_as_partitioned():
+    """Inductor's passes rewrite the graph they compile in place. aotgrad hands them a copy:
+    the artifact shows the backward as partitioned, and that graph is the one a tracer
+    inlines (compiled autograd), with no second copy made for it on every compile."""
+    from torch._inductor import config as inductor_config
+    from aotgrad.demo import TinyLM
+    torch.manual_seed(0)
+    lm = TinyLM(layers=1)
+    eager = copy.deepcopy(lm)
+    tokens = torch.randint(0, 256, (2, 16))
+    batch = (tokens, torch.roll(tokens, -1, dims=1))
+    compiled = aotgrad.compile(lm, backend="inductor")
+    with inductor_config.patch(force_disable_caches=True):  # its passes run: no cache hit
+        loss = compiled(*batch)
+        backward_graph = compiled.artifacts[0].backward_graph
+        before = str(backward_graph.graph)
+        loss.backward()  # the backward compiles now
+    assert str(backward_graph.graph) == before
+    eager(*batch).backward()
+    for p, q in zip(lm.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)

@@ -105,7 +105,7 @@ def make_boxed_compiler(compiler: Callable) -> Callable:
 def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of `gm` whose nodes and their meta dicts may be changed freely."""
     graph = fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
+    graph.output(graph.graph_copy(gm.graph, {})).meta = dict(gm.graph.output_node().meta)
     copy = fx.GraphModule(gm, graph)
     copy.meta.update(gm.meta)
     return copy
@@ -125,6 +125,9 @@ def eager_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     """Run the graph's ops one by one, as straight-line Python (see codegen.py)."""
     from .codegen import python_function
     return python_function(gm)
+
+
+eager_compiler.keeps_graph = True
 
 
 def own_static_marks(example_inputs: Sequence[Any], static: Sequence[int]) -> None:
@@ -185,8 +188,11 @@ def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: Gr
     if fxcache.lacks_fake_values(gm):  # read by key, but not found: trace values
         fxcache.fill_fake_values(gm)
         split = split_checks(gm)
-    with _own_meta_hidden(split[0]):
-        compiled = _compile_inner(split[0], example_inputs, info, graphed)
+    # Inductor's passes rewrite the graph they compile: they get a copy (split_checks made
+    # one already where it split), and the graph stays as given (`keeps_graph`).
+    body = split[0] if split[1] is not None else copy_graph(split[0])
+    with _own_meta_hidden(body):
+        compiled = _compile_inner(body, example_inputs, info, graphed)
     if slot is not None:
         slot.remember(where, fxcache.record_of(compiled, state))
     return compiled, split
@@ -228,6 +234,9 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
 
 
 inductor_compiler.records_cudagraphs = True  # through compile_fx_inner's own box
+# A compiler that leaves the graph it is given as it was (its ops may be run by others: a
+# tracer inlining the backward); any other compiler gets a copy.
+inductor_compiler.keeps_graph = True
 
 
 def warm_inductor_workers(inputs: Sequence[Any] = ()) -> None:
