@@ -13,7 +13,9 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# Session 14: `cache`, `cache2`, `suite`; next: `trace`; each about 9 minutes:
+# Session 14 ran `cache`, `cache2`, `suite`. Next: `trace` (on CPU our trace equals torch's;
+# on the H200 it took 12.1 vs 6.74 s: the profiles say where), then `suite` again (it was
+# cut at 98%); each about 9 minutes:
 deberta)  # the CSE of views: DeBERTa-v2's first compile was 93.5 s vs torch's 27.0 s
   TAIL=25 step deberta 400 python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor \
     --rounds 1 --timeout 390 --json $OUT/deberta.json
@@ -21,7 +23,8 @@ deberta)  # the CSE of views: DeBERTa-v2's first compile was 93.5 s vs torch's 2
     tests/test_cache.py tests/test_hops.py -k "cuda" ;;
 trace)  # issue 20: our joint trace against torch's on DeBERTa-v2, in one process and cold
   TAIL=12 step trace 280 python bench/trace_time.py --model deberta_v2 --autocast --rounds 3 \
-    --sides aotgrad,torch --json $OUT/trace.json
+    --sides aotgrad,torch --json $OUT/trace.json --profile /tmp/tp
+  (cd /tmp/tp && tar czf $OUT/trace_profiles.tgz .)
   TAIL=12 step trace_cold 280 python bench/trace_time.py --model deberta_v2 --autocast --cold \
     --rounds 2 --sides aotgrad,torch --json $OUT/trace_cold.json ;;
 cache2)  # issue 18: the native door's op-log hit on the GPU (Inductor's prims decoded), profiled
