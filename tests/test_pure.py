@@ -161,3 +161,32 @@ def test_reading_a_saved_value_traces_no_alias_without_the_callers_hooks():
     with torch.autograd.graph.save_on_cpu():  # shadowed: every saved value is read through one
         assert aliases() == 6
     _grads_match_eager(_mlp_step, args)
+
+
+@pytest.mark.parametrize("mutates_input", [False, True])  # the pure trace, the functionalized
+def test_the_trace_runs_autograd_in_this_thread(mutates_input):
+    """On a GPU, autograd runs a CUDA backward in its device thread, away from the trace's
+    context variables and thread-local state (and slower, handed across threads): every
+    trace runs the engine in the calling thread, as torch's AOTAutograd does. On this CPU the
+    engine's flag is what a traced backward can see."""
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(torch._C._is_multithreading_enabled())
+            return grad * 2
+
+    def fn(x, buffer):
+        if mutates_input:
+            buffer.add_(1)
+        return Probe.apply(x).sin().sum()
+
+    x, buffer = torch.randn(4, requires_grad=True), torch.zeros(4)
+    aotgrad.compile(fn)(x, buffer).backward()
+    assert seen and not any(seen), seen
+    torch.testing.assert_close(x.grad, 2 * (2 * x.detach()).cos())

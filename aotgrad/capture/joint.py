@@ -257,8 +257,8 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
             refuse_unseen_writes(info, f_primals)
             before = [current_values(v) for v in args]
             mode.phase = BACKWARD
-            grads = torch.autograd.grad(outs[loss_output], [f_primals[i] for i in wrt],
-                                        allow_unused=True)
+            grads = traced_grad(outs[loss_output], [f_primals[i] for i in wrt],
+                                allow_unused=True)
             refuse_exported_backward_writes(backward_writes(info, args, (), before))
             values = graph_outputs(info, args, outs) + list(grads)
         return [from_functional(v) for v in values]
@@ -299,9 +299,18 @@ def input_grads(outs, differentiable, primals, tangents, create_graph: bool = Fa
     follow_forward_nodes(diff_outs)
     needs_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]  # not sizes
     wrt = [p for p, n in zip(primals, needs_grad) if n]
-    grads = iter(torch.autograd.grad(diff_outs, wrt, tangents, allow_unused=True,
-                                     create_graph=create_graph) if wrt and diff_outs else ())
+    grads = iter(traced_grad(diff_outs, wrt, tangents, allow_unused=True,
+                             create_graph=create_graph) if wrt and diff_outs else ())
     return [next(grads, None) if n else None for n in needs_grad]
+
+
+def traced_grad(outputs, inputs, grad_outputs=None, **kwargs):
+    """`torch.autograd.grad` with the backward's nodes run in this thread. On a GPU autograd
+    runs a CUDA backward in its device thread, where a trace's context variables and
+    thread-local state are not, and hands each graph task across threads; torch's
+    AOTAutograd also traces with the engine's threads off."""
+    with torch.autograd.set_multithreading_enabled(False):
+        return torch.autograd.grad(outputs, inputs, grad_outputs, **kwargs)
 
 
 def follow_forward_nodes(outputs: Sequence) -> None:

@@ -26,7 +26,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from .analysis import graph_outputs
 from ..schema import FunctionInfo
 from .inputs import StaleSavedValue, compiled_autograd_off, functional_mode, to_functional
-from .joint import mutable_copies
+from .joint import mutable_copies, traced_grad
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[A
         wrt = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
         for k in (k for k, d in enumerate(info.differentiable) if d):
             try:
-                torch.autograd.grad(outs[k], wrt, torch.ones_like(outs[k]), retain_graph=True,
-                                    allow_unused=True)
+                traced_grad(outs[k], wrt, torch.ones_like(outs[k]), retain_graph=True,
+                            allow_unused=True)
             except StaleSavedValue as e:
                 found[k] = _describe(e, args)
     if not found:
