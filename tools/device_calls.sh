@@ -21,9 +21,13 @@ deberta)  # the CSE of views: DeBERTa-v2's first compile was 93.5 s vs torch's 2
     --rounds 1 --timeout 390 --json $OUT/deberta.json
   TAIL=3 step cuda_tests 150 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_cache.py tests/test_hops.py -k "cuda" ;;
-trace)  # issue 20: our joint trace against torch's on DeBERTa-v2, in one process and cold
+trace)  # issue 20: our joint trace against torch's on DeBERTa-v2, in one process and cold.
+  # BASE=dir: an older aotgrad package timed beside this one (`mkdir base && git archive
+  # 3c36b5a aotgrad | tar -x -C base`, untracked: it travels): before 2c05636, whose traces
+  # keep autograd in the calling thread.
   TAIL=12 step trace 280 python bench/trace_time.py --model deberta_v2 --autocast --rounds 3 \
-    --sides aotgrad,torch --json $OUT/trace.json --profile /tmp/tp
+    --sides aotgrad${BASE:+,baseline},torch ${BASE:+--baseline $BASE} --json $OUT/trace.json \
+    --profile /tmp/tp
   (cd /tmp/tp && tar czf $OUT/trace_profiles.tgz .)
   TAIL=12 step trace_cold 280 python bench/trace_time.py --model deberta_v2 --autocast --cold \
     --rounds 2 --sides aotgrad,torch --json $OUT/trace_cold.json ;;
