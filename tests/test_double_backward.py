@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import aotgrad
 from aotgrad.compat import aot_function, aot_module, nop
+from harness import requires_cuda
 
 
 def compile_eager(target):
@@ -589,3 +590,39 @@ def test_custom_functions_a_replay_would_get_wrong_are_refused(fn, message):
     y = compile_eager(fn)(x).sum()
     with pytest.raises(NotImplementedError, match=message):
         torch.autograd.grad(y, x, create_graph=True)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+@pytest.mark.parametrize("door", [
+    compile_eager, compile_inductor,
+    pytest.param(dynamo, marks=pytest.mark.xfail(
+        raises=NotImplementedError, strict=True,
+        reason="Dynamo captures the checkpoint as a higher-order op whose replay would not "
+               "record eager's autograd history: refused with aotgrad's error"))],
+    ids=["compile", "compile-inductor", "dynamo"])
+def test_gradient_penalty_through_a_checkpointed_block_matches_eager(door, device):
+    """On a GPU the backward runs in autograd's device thread, and the replay of a
+    create_graph=True backward is traced there, at its first use: the trace must not
+    depend on state the calling thread set (context variables, thread-locals), a
+    checkpointed block's region among them."""
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    eager = nn.Sequential(nn.Linear(3, 8), CheckpointedBlock(inner),
+                          nn.Linear(8, 1)).double().to(device)
+    target = copy.deepcopy(eager)
+    compiled = door(target)
+    for step in range(2):
+        x = torch.randn(6, 3, dtype=torch.float64, device=device)
+        expected = gradient_penalty_step(eager, x.clone().requires_grad_())
+        actual = gradient_penalty_step(compiled, x.clone().requires_grad_())
+        torch.testing.assert_close(actual, expected)
+        assert_same_grads(eager, target)
+
+
+class CheckpointedBlock(nn.Module):
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
