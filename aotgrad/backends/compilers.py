@@ -258,11 +258,11 @@ _isa_probe: threading.Thread | None = None
 
 def _probe_cpu_isa_in_background() -> None:
     """Inductor's CPU code picks its vector ISA by building and loading a test library per
-    candidate, in child processes, once per process: about a second, most of it waiting, and
-    paid at the first CPU graph compiled or loaded (a warm cache's whole first step is ~2.6 s
-    on a 2-core CPU). Probed in a thread as the compile starts, it overlaps our capture,
-    analysis and cache lookup. The modules it uses are imported before it starts: imports
-    racing across threads can meet half-initialized modules."""
+    candidate, in child processes, once per process: about a second, most of it waiting, paid
+    at the first CPU graph compiled or loaded (a third of a warm cache's first step on a
+    2-core CPU). Probed in a thread as the compile starts, it overlaps our capture, analysis
+    and cache lookup. The modules it uses are imported before it starts: imports racing
+    across threads can meet half-initialized modules."""
     global _isa_probe
     if _isa_probe is not None:
         return
