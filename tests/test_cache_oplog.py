@@ -241,3 +241,24 @@ def test_train_and_eval_modes_are_other_keys():
     assert [e for _, e in got] == ["miss", "miss", "hit"], got
     for (out, _), ref in zip(got, want):
         torch.testing.assert_close(out, ref)
+
+
+def test_the_entry_keyed_by_ops_names_the_graphs_entry_and_survives_its_eviction(cache_dir):
+    """The graphs are stored once, in the entry keyed after the trace; the entry keyed by ops
+    holds the analysis and names it. That entry gone, the next compile misses with the
+    reason, compiles, and stores both again."""
+    import json
+    from aotgrad.cache import store
+    cold, _ = run(plain, x())
+    entries = {p.stem: json.loads(p.read_bytes().partition(b"\n")[2])
+               for p in (cache_dir / store.FORMAT).glob("*.json")}
+    (by_ops, first), = [(k, e) for k, e in entries.items() if "graphs_in" in e]
+    assert "graphs" not in first and "graphs" in entries[first["graphs_in"]]
+    (cache_dir / store.FORMAT / f"{first['graphs_in']}.json").unlink()
+    again, event = run(plain, x())
+    assert event[0] == "miss" and "the entry holding its graphs is gone" in event[1], event
+    assert_same(again, cold)
+    assert (cache_dir / store.FORMAT / f"{first['graphs_in']}.json").exists()
+    warm, event = run(plain, x())
+    assert event[0] == "hit" and event[1].startswith("before the trace"), event
+    assert_same(warm, cold)

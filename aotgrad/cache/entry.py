@@ -99,7 +99,7 @@ class Lookup:
             log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
             return False
         self._record("hit", f"{self.key.as_dict()['program']}")
-        self._share(payload["graphs"])
+        self._share()
         self._release()
         return True
 
@@ -115,7 +115,7 @@ class Lookup:
             return
         try:
             self._payload = {"graphs": [encode(gm) for gm in graphs]}
-            self._share(self._payload["graphs"])
+            self._share()
             if uses_inductor(self._options):  # told the keys Inductor compiles them under
                 for gm, rows in zip(graphs, self._payload["graphs"]):
                     fxkeys.attach(gm, self._store, rows)
@@ -124,9 +124,10 @@ class Lookup:
         except Exception as exc:
             log.warning("aotgrad cache: could not encode this compile (%r)", exc)
 
-    def _share(self, rows: list) -> None:
+    def _share(self) -> None:
+        """Tell the level before the trace which entry holds the graphs (this one)."""
         if self._program is not None:
-            self._program.keep_graphs(rows)
+            self._program.keep_graphs(self.key.digest)
 
     def __enter__(self) -> "Lookup":
         return self

@@ -6,8 +6,9 @@ every call names a function whose name determines its code (an ATen op, a torch 
 `operator.add`), so the graph, canonicalized (nodes renamed by position), keys what a trace
 of it produces, given the inputs' metadata, the options, the global state a trace reads and
 the versions. A hit holds what the analysis and the trace learned (`FunctionInfo`,
-`TraceFacts`, as JSON: cache/info.py) and the partition's graphs: the compile skips
-analysis, trace, passes and partition.
+`TraceFacts`, as JSON: cache/info.py) and names the entry keyed after the trace, which
+holds the partition's graphs (one copy on disk): the compile skips analysis, trace, passes
+and partition. An entry whose graphs' entry was evicted is a miss that says so.
 
 A plain Python function's identity is not its code (what its globals, closures and callees
 do is not in its source): it is keyed after its analysis, by the ops the analysis ran
@@ -101,7 +102,7 @@ class ProgramLookup:
             self.info = info_codec.decode(payload["info"])
             self.facts = info_codec.decode(payload["facts"])
             self.graphs = [decode_stored(rows, self._fake_mode, self._store, self._options)
-                           for rows in payload["graphs"]]
+                           for rows in self._graph_rows(payload)]
         except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
             log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
             self.why_not, self.graphs = f"before the trace: entry unusable ({exc})", None
@@ -109,6 +110,14 @@ class ProgramLookup:
         self.hit = True
         self._release()
         record("hit", f"before the trace: {self.key.as_dict()['program']}")
+
+    def _graph_rows(self, payload: dict) -> list:
+        """The graphs live in the entry keyed after the trace (one copy on disk): read it
+        (which also marks it used, for eviction)."""
+        holder = self._store.read(payload["graphs_in"])
+        if holder is None:
+            raise LookupError("the entry holding its graphs is gone")
+        return holder["graphs"]
 
     def _wait_for_others(self) -> bool:
         """Take this entry's lock, held until the lookup closes: processes compiling the
@@ -148,10 +157,10 @@ class ProgramLookup:
     def keep(self, graphs) -> None:
         """A hit's graphs hold every mark already (the build calls this on misses only)."""
 
-    def keep_graphs(self, rows: list) -> None:
-        """The partition's graphs as the second level encoded them (its miss or its hit)."""
+    def keep_graphs(self, digest: str) -> None:
+        """The second level's entry that holds the partition's graphs (its miss or hit)."""
         if self._payload is not None and "refused" not in self._payload:
-            self._payload["graphs"] = rows
+            self._payload["graphs_in"] = digest
 
     def note(self) -> str:
         return f"; {self.why_not}" if self.why_not else ""
@@ -164,7 +173,7 @@ class ProgramLookup:
         try:
             if exc_type is not None or payload is None or self._store is None:
                 return
-            if "refused" not in payload and "graphs" not in payload:
+            if "refused" not in payload and "graphs_in" not in payload:
                 return  # the second level did not store either (it says why)
             self._store.write(self.key.digest, payload, self.key.as_dict())
         except Exception as exc:
