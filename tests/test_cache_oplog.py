@@ -254,6 +254,9 @@ def test_the_entry_keyed_by_ops_names_the_graphs_entry_and_survives_its_eviction
                for p in (cache_dir / store.FORMAT).glob("*.json")}
     (by_ops, first), = [(k, e) for k, e in entries.items() if "graphs_in" in e]
     assert "graphs" not in first and "graphs" in entries[first["graphs_in"]]
+    # Eviction takes the least recently used first: the entry named is the more recent.
+    mtime = {k: (cache_dir / store.FORMAT / f"{k}.json").stat().st_mtime_ns for k in entries}
+    assert mtime[first["graphs_in"]] >= mtime[by_ops]
     (cache_dir / store.FORMAT / f"{first['graphs_in']}.json").unlink()
     again, event = run(plain, x())
     assert event[0] == "miss" and "the entry holding its graphs is gone" in event[1], event

@@ -175,7 +175,9 @@ class ProgramLookup:
                 return
             if "refused" not in payload and "graphs_in" not in payload:
                 return  # the second level did not store either (it says why)
-            self._store.write(self.key.digest, payload, self.key.as_dict())
+            holder = payload.get("graphs_in")
+            self._store.write(self.key.digest, payload, self.key.as_dict(),
+                              reads=(holder,) if holder else ())
         except Exception as exc:
             log.warning("aotgrad cache: could not write entry (%r)", exc)
         finally:

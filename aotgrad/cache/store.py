@@ -156,13 +156,22 @@ class Store:
             warnings.warn(f"aotgrad: compile cache entry {path} is corrupt ({exc}); "
                           "compiling instead.", stacklevel=3)
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # its recent use, for eviction
+        self.touch(digest)  # its recent use, for eviction
         return payload
 
-    def write(self, digest: str, payload: dict, components: dict[str, str]) -> None:
+    def touch(self, digest: str) -> None:
+        """Mark an entry used now (eviction takes the least recently used first)."""
+        with contextlib.suppress(OSError):
+            os.utime(self.entry(digest))
+
+    def write(self, digest: str, payload: dict, components: dict[str, str],
+              reads: tuple[str, ...] = ()) -> None:
+        """`reads`: the entries this one refers to, marked used after it (eviction, oldest
+        first, then takes this one before them: no entry outlives one it needs)."""
         write_atomic(self.path / f"{digest}.key", seal({"components": components}))
         write_atomic(self.entry(digest), seal(payload))
+        for other in reads:
+            self.touch(other)
         count("stores")
         self.evict(size_limit())
 
