@@ -18,7 +18,7 @@ from torch import fx
 
 # ---- fx meta keys: aotgrad's own ------------------------------------------------------------
 # gm.meta keys are on a GraphModule, node.meta keys on a Node. "sets" / "reads" name modules.
-# Every name starts with "aotgrad": backends.compilers hides those from Inductor's cache key.
+# Every name starts with "aotgrad": backends.compilers drops those from what Inductor hashes.
 
 # sets pipeline (_attach); reads backends.compilers, pipeline, artifact.
 GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo

@@ -428,12 +428,14 @@ def test_inductor_key_is_not_taken_in_another_context(monkeypatch):
     (Inductor's CPU kernels specialize on it) is not that context."""
     from aotgrad.backends import fxcache
     from aotgrad.schema import GraphInfo
+    def context(info, donated=None):
+        return fxcache.digest(fxcache.context_state(info, donated))
     info = GraphInfo("forward", (0,), range(1), None)
-    here = fxcache.context_digest(info, None)
-    assert here == fxcache.context_digest(info, None)
+    here = context(info)
+    assert here == context(info)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1000)
-    assert fxcache.context_digest(info, None) != here
-    assert fxcache.context_digest(GraphInfo("backward", (0,), range(1), None), [0]) != here
+    assert context(info) != here
+    assert context(GraphInfo("backward", (0,), range(1), None), [0]) != here
 
 
 def test_lock_of_a_dead_process_is_broken_a_live_one_times_out_and_ours_is_reentered(tmp_path):

@@ -190,9 +190,8 @@ def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: Gr
         split = split_checks(gm)
     # Inductor's passes rewrite the graph they compile: they get a copy (split_checks made
     # one already where it split), and the graph stays as given (`keeps_graph`).
-    body = split[0] if split[1] is not None else copy_graph(split[0])
-    with _own_meta_hidden(body):
-        compiled = _compile_inner(body, example_inputs, info, graphed)
+    body = split[0] if split[1] is not None else _without_own_meta(copy_graph(split[0]))
+    compiled = _compile_inner(body, example_inputs, info, graphed)
     if slot is not None:
         slot.remember(where, fxcache.record_of(compiled, state))
     return compiled, split
@@ -213,16 +212,14 @@ def _load_by_key(slot: Any, state: dict | None, where: str | None, body: fx.Grap
     return compiled
 
 
-@contextlib.contextmanager
-def _own_meta_hidden(gm: fx.GraphModule):
+def _without_own_meta(gm: fx.GraphModule) -> fx.GraphModule:
     """Inductor's FX graph cache hashes the GraphModule's attributes, `meta` among them:
     what aotgrad keeps there (the graph's info, its cache slot with the keys stored in
-    other contexts) would change Inductor's key from one process to the next."""
-    ours = {k: gm.meta.pop(k) for k in list(gm.meta) if k.startswith("aotgrad")}
-    try:
-        yield
-    finally:
-        gm.meta.update(ours)
+    other contexts) would change Inductor's key from one process to the next. (A graph
+    split_checks made has an empty `meta`.)"""
+    for k in [k for k in gm.meta if k.startswith("aotgrad")]:
+        del gm.meta[k]
+    return gm
 
 
 def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,

@@ -89,10 +89,6 @@ def digest(state: dict[str, str] | None) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def context_digest(info: GraphInfo, donated: Sequence[int] | None) -> str | None:
-    return digest(context_state(info, donated))
-
-
 def why_not_entered(records: dict, state: dict[str, str]) -> str:
     """Why none of a graph's stored keys serves this context: the parts in which the
     nearest stored context differs, as `name: stored -> here`."""

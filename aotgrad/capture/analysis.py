@@ -34,7 +34,8 @@ from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKin
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
             box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo:
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
-    with fake_mode, python_dispatcher(is_symbolic(fake_args)), functional_mode() as mode:
+    with fake_mode, python_dispatcher(is_symbolic(fake_args)), \
+            functional_mode(observe=oplog.note) as mode:
         f_args = to_functional(fake_args)
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)

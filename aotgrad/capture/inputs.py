@@ -19,7 +19,6 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
-from . import oplog
 from ..semantics import regions, subclasses
 from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
 from ..semantics.effects import CheckingFunctionalMode, refuse_effectful_op
@@ -202,16 +201,16 @@ def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
 # ---- functional execution ----------------------------------------------------------------
 
 @contextlib.contextmanager
-def functional_mode():
+def functional_mode(observe: Callable | None = None):
     """Run the user function functionalized: mutations and views become out-of-place ops,
-    and error checks stay as they are (effects.py).
+    and error checks stay as they are (effects.py); `observe` is told of every op.
 
     The caller's saved-tensor hooks (save_on_cpu, ...) are for the values the compiled
     forward saves at run time, not for the fake values tracing saves: identity hooks
     shadow them meanwhile. They check the version counter as autograd does without hooks:
     a saved view must not be read after a mutation through an alias, whose new value
     functionalization would hand out instead of raising as eager does."""
-    mode = CheckingFunctionalMode(observe=oplog.note)
+    mode = CheckingFunctionalMode(observe)
     try:
         with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack), mode:
             yield mode

@@ -64,6 +64,7 @@ from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_fun
 from ..semantics import regions
 from ..semantics.dynamic import no_new_guards
 from ..capture.joint import fake_tangents, input_grads, mutable_copies
+from ..capture.oplog import autograd_nodes
 from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random
 from ..tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE
 
@@ -451,19 +452,6 @@ def _names(nodes) -> tuple[str, ...]:
         elif node is not None:
             names.append(node.name())
     return tuple(sorted(names))
-
-
-def autograd_nodes(tensors: Sequence[Any]):
-    """Each autograd node behind `tensors`, once."""
-    stack = [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen = set()
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        yield node
-        stack.extend(f for f, _ in node.next_functions if f is not None)
 
 
 def remove_unused(graph: fx.Graph) -> None:
