@@ -19,7 +19,7 @@ break counts, what Inductor was handed (graphs, their call_function nodes, kerne
 generated), aotgrad's stages (the pipeline's timer, summed over graphs), and torch's own
 `dynamo_timed` phases (Dynamo, AOTAutograd, Inductor's lowering, scheduling, code generation,
 and the wait on kernel compiles), with the time outside them. `--profile DIR` writes a cProfile
-of each mode's first step and the graphs Inductor got. `--json PATH` writes everything.
+of each mode's first step, the graphs Inductor got and the code it generated for them. `--json PATH` writes everything.
 """
 
 from __future__ import annotations
@@ -161,9 +161,21 @@ def run_mode(mode: str, args, profile_dir: Path | None) -> dict:
                "--result", str(out)]
         proc = subprocess.run(cmd, env=_env(scratch), capture_output=True, text=True,
                               timeout=args.timeout)
+        if profile_dir:
+            _keep_output_code(Path(scratch, "inductor"), profile_dir / f"{mode}.code")
         if not out.exists():
             return {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
         return json.loads(out.read_text())
+
+
+def _keep_output_code(cache: Path, into: Path) -> None:
+    """The modules Inductor generated (each graph's wrapper, its kernels' source inline),
+    kept from the scratch cache to compare one side's kernels with the other's."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in cache.rglob("*.py"):
+        text = path.read_text(errors="replace")
+        if "def call(" in text:
+            (into / path.name).write_text(text)
 
 
 def _env(scratch: str) -> dict:

@@ -13,6 +13,15 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+stages)  # session 15: where DeBERTa-v2's first compile goes, both sides profiled, their code kept
+  TAIL=40 step deberta 290 python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor \
+    --rounds 1 --timeout 140 --json $OUT/deberta.json --profile /tmp/dp
+  (cd /tmp/dp && tar czf $OUT/deberta_profiles.tgz .) ;;
+rest)  # session 15: what the 2.11 suite did not reach (cut at 98%), and the two it failed
+  TAIL=60 step dbl 150 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings --tb=long \
+    tests/test_double_backward.py -k "gradient_penalty_through_a_checkpointed and dynamo"
+  TAIL=8 step rest 330 python -m pytest -n 15 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    --durations=10 tests/test_cache.py tests/test_cache_by_key.py tests/test_cache_corpus.py ;;
 # Session 14 ran `cache`, `cache2`, `suite`. Next: `trace` (on CPU our trace equals torch's;
 # on the H200 it took 12.1 vs 6.74 s: the profiles say where), then `suite` again (it was
 # cut at 98%); each about 9 minutes:
