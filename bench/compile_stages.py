@@ -159,8 +159,11 @@ def run_mode(mode: str, args, profile_dir: Path | None) -> dict:
         out = Path(scratch, "result.json")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec),
                "--result", str(out)]
-        proc = subprocess.run(cmd, env=_env(scratch), capture_output=True, text=True,
-                              timeout=args.timeout)
+        try:
+            proc = subprocess.run(cmd, env=_env(scratch), capture_output=True, text=True,
+                                  timeout=args.timeout)
+        except subprocess.TimeoutExpired:  # a row saying so; the other modes still run
+            return {"error": f"timed out after {args.timeout:.0f} s (--timeout)"}
         if profile_dir:
             _keep_output_code(Path(scratch, "inductor"), profile_dir / f"{mode}.code")
         if not out.exists():
