@@ -597,9 +597,9 @@ def test_custom_functions_a_replay_would_get_wrong_are_refused(fn, message):
     compile_eager, compile_inductor,
     pytest.param(dynamo, marks=pytest.mark.xfail(
         torch.__version__ >= (2, 12), raises=NotImplementedError, strict=True,
-        reason="Dynamo's graph calls the checkpoint as a higher-order op, which reaches the "
-               "replay's dispatch mode, below autograd, where its body would not record "
-               "eager's autograd history: refused with aotgrad's error. On torch 2.11 the "
+        reason="Dynamo's graph calls the checkpoint as a higher-order op; on torch 2.13 the "
+               "replay of its ATen ops records another autograd history than the traced run "
+               "(at TanhBackwardBackward0): refused with aotgrad's error. On torch 2.11 the "
                "replay matches eager (H200 run, session 15)"))],
     ids=["compile", "compile-inductor", "dynamo"])
 def test_gradient_penalty_through_a_checkpointed_block_matches_eager(door, device):
