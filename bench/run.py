@@ -200,6 +200,25 @@ def _aotgrad_dynamo(backend, mode=None):
     return compile_
 
 
+def _spans_saved(joint, joint_inputs=None, **kwargs):
+    """Issue 20's experiment: the min cut with every recomputed value that a backward kernel
+    would keep alive saved by the forward, whatever it adds to the modeled peak (aotgrad
+    saves only those that leave the peak as it is; torch's partitioner saves a residual
+    stream's layer-norm outputs). Bench-only: it swaps the choice for its own calls."""
+    from aotgrad.partition import remat
+    chosen = remat.saved_below_peak
+    remat.saved_below_peak = lambda spanning, *args: spanning
+    try:
+        return remat.min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    finally:
+        remat.saved_below_peak = chosen
+
+
+def _aotgrad_spans_saved(model, budget, sink):
+    chosen = aotgrad.backend(partitioner=_spans_saved)
+    return torch.compile(model, backend=_recording(chosen, sink))
+
+
 def _aotgrad_compile(backend):
     def compile_(model, budget, sink):
         compiled = aotgrad.compile(model, backend=backend, memory_budget=budget)
@@ -219,13 +238,15 @@ MODES = {
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
+    "aotgrad_dynamo_spans_saved": Mode(_aotgrad_spans_saved),
     "aotgrad_compile": Mode(_aotgrad_compile("inductor")),
     "aotgrad_compile_eager": Mode(_aotgrad_compile("eager")),
 }
 DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]  # bench/models.py runs the longer list
 # aotgrad_compile_eager is for CPU tests; the CUDA-graph modes are bench/models.py's
 DEFAULT_MODES = [m for m in MODES
-                 if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro")]
+                 if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro",
+                              "aotgrad_dynamo_spans_saved")]
 
 # Defaults of --warmup, --steps, --timeout (per row), --time-limit (whole run), --jobs (rows
 # compiling at once on a GPU; the timed steps always run one row at a time).

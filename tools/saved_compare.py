@@ -1,7 +1,7 @@
 """Issue 20: the values aotgrad's partition saves for the backward vs torch's, on one joint.
 
     PYTHONPATH=.:/tmp/timmpkgs:/tmp/tfpkgs:/tmp/tvstub python tools/saved_compare.py bert
-        [--small] [--cpu-autocast] [--top 15]
+        [--small] [--cpu-autocast] [--top 15] [--ops]
 
 A bench/run.py model at its full size (its batch too), traced on CPU with fake tensors (no
 memory, no arithmetic) under bf16 autocast, Inductor's decompositions and joint-graph passes,
@@ -107,11 +107,14 @@ def partition_both(model, batch, cuda_like: bool):
 
     def partitioner(joint, _inputs=None, *, num_fwd_outputs, **kwargs):
         found["joint"] = joint
-        found["torch"], found["torch peak"] = torch_saved(copy_graph(joint), num_fwd_outputs,
-                                                          joint)
-        fw, bw = min_cut_rematerialization_partition(joint, None, num_fwd_outputs=num_fwd_outputs)
+        found["torch"], found["torch peak"], found["torch graphs"] = torch_saved(
+            copy_graph(joint), num_fwd_outputs, joint)
+        with spans_noted(found):
+            fw, bw = min_cut_rematerialization_partition(joint, None,
+                                                         num_fwd_outputs=num_fwd_outputs)
         found["aotgrad"] = saved_of(fw, num_fwd_outputs, joint)
         found["aotgrad peak"] = estimate_peak(fw, bw, num_fwd_outputs)
+        found["aotgrad graphs"] = fw, bw
         return fw, bw
 
     backend = Backend(eager_compiler, eager_compiler, eager_compiler,
@@ -121,6 +124,23 @@ def partition_both(model, batch, cuda_like: bool):
             (CudaLikeAutocast() if cuda_like else contextlib.nullcontext()):
         compiled(*batch)
     return found
+
+
+@contextlib.contextmanager
+def spans_noted(found: dict):
+    """Notes the min cut's last look at the recomputed values a backward kernel would keep
+    alive (`remat.saved_below_peak`): all of them, and those it saved."""
+    from aotgrad.partition import remat
+    choose = remat.saved_below_peak
+
+    def noted(spanning, *args):
+        found["spanning"] = spanning, choose(spanning, *args)
+        return found["spanning"][1]
+    remat.saved_below_peak = noted
+    try:
+        yield
+    finally:
+        remat.saved_below_peak = choose
 
 
 @contextlib.contextmanager
@@ -141,7 +161,8 @@ def torch_saved(joint: fx.GraphModule, num_fwd_outputs: int, original: fx.GraphM
         node.name = node.target = _torch_name(node)
     joint.recompile()
     fw, bw = torch_mincut(joint, None, num_fwd_outputs=num_fwd_outputs)
-    return saved_of(fw, num_fwd_outputs, original), estimate_peak(fw, bw, num_fwd_outputs)
+    return (saved_of(fw, num_fwd_outputs, original), estimate_peak(fw, bw, num_fwd_outputs),
+            (fw, bw))
 
 
 def _torch_name(node: fx.Node) -> str:
@@ -230,6 +251,27 @@ def report(found: dict, top: int) -> dict[str, int]:
     return totals
 
 
+def report_ops(found: dict, top: int) -> None:
+    """What each graph of the two partitions holds: ops by target where the sides differ
+    (what Inductor lowers, one node at a time), and the spanning values aotgrad left to
+    the backward."""
+    for i, role in enumerate(("forward", "backward")):
+        ours, theirs = (_ops(found[f"{side} graphs"][i]) for side in ("aotgrad", "torch"))
+        print(f"\n== {role} ops: aotgrad {sum(ours.values())}, torch {sum(theirs.values())}")
+        for op in sorted(set(ours) | set(theirs), key=lambda k: -abs(ours[k] - theirs[k]))[:top]:
+            if ours[op] != theirs[op]:
+                print(f"  {op:44} {ours[op]:6} {theirs[op]:6} {ours[op] - theirs[op]:+6}")
+    spanning, saved = found.get("spanning", ([], []))
+    left = [n for n in spanning if n not in saved]
+    print(f"\n== recomputed values a backward kernel keeps alive: {len(spanning)}, saved "
+          f"{len(saved)} (the rest would raise the modeled peak): "
+          + ", ".join(n.name for n in left[:top]))
+
+
+def _ops(gm: fx.GraphModule) -> collections.Counter:
+    return collections.Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", help="a bench/run.py model name (bert, efficientnet_b0, ...)")
@@ -239,11 +281,15 @@ def main(argv=None):
     p.add_argument("--attention-dropout", action="store_true",
                    help="keep SDPA's dropout (CPU attention then saves what flash does not)")
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--ops", action="store_true",
+                   help="also each graph's ops where the sides differ, and the spanning values")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     model, batch = fake_model(args.model, args.small, args.attention_dropout)
     found = partition_both(model, batch, cuda_like=not args.cpu_autocast)
     report(found, args.top)
+    if args.ops:
+        report_ops(found, args.top)
 
 
 if __name__ == "__main__":
