@@ -351,7 +351,10 @@ class _NodeByNode(torch.fx.Interpreter):
     """Calls `torch._C._autograd._get_data_attr` (Dynamo's `.data`) by its name, as the
     graph's own code does: a double backward's trace replaces it to see `.data` reads.
     Compiled regions' calls go to `regions.call_region`: each body is traced once; inside
-    `regions.inlined()` (a double backward's replay) the body runs in place, as in eager."""
+    `regions.inlined()` (a double backward's replay) the body runs in place, as in eager.
+    So does a checkpointed block's there: its higher-order op records the body's ops under
+    torch's own dispatch modes, whose detaches (below autograd, invisible to eager's
+    history) the replay would take for the user's."""
 
     def call_function(self, target, args, kwargs):
         if target is _GET_DATA_ATTR:
@@ -361,6 +364,9 @@ class _NodeByNode(torch.fx.Interpreter):
             return tuple(node_by_node(body)(*operands))
         elif target is regions.INVOKE_SUBGRAPH:
             target = regions.call_region
+        elif target is regions.CHECKPOINT and regions.replaying():
+            body, *operands = args
+            return node_by_node(body)(*operands)
         return super().call_function(target, args, kwargs)
 
 

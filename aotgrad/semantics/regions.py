@@ -46,6 +46,8 @@ from ..schema import OutputKind
 from .dynamic import is_symbolic
 
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
+# Dynamo's call of a `torch.utils.checkpoint` block: its body, run in place by a replay.
+CHECKPOINT = torch.ops.higher_order.tag_activation_checkpoint
 # What the regions of this process cost, for tests and reports: "built" (a body traced and
 # partitioned), "reused" (a call served by an earlier build), "torch" (a call left to
 # PyTorch's rules).
@@ -127,6 +129,12 @@ def inlined():
         yield _INLINED.get()
     finally:
         _INLINED.reset(token)
+
+
+def replaying() -> bool:
+    """Inside `inlined()`: a double backward's replay, whose higher-order calls run their
+    bodies in place, as eager does."""
+    return _INLINED.get() is not None
 
 
 def inline(identifier: str) -> bool:
