@@ -314,6 +314,73 @@ def test_checkpoint_with_dropout_replays_the_same_mask():
     run_both(fn, (64, 8), (8, 16), (16, 8))
 
 
+class Checkpointed(nn.Module):
+    def __init__(self, *layers):
+        super().__init__()
+        self.block = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+CHECKPOINT_DOORS = pytest.mark.parametrize("door", [
+    lambda m: aotgrad.compile(m, backend="eager"),
+    lambda m: aotgrad.compile(m, backend="inductor"),
+    lambda m: torch.compile(m, backend=aotgrad.backend(backend="eager"))],
+    ids=["compile", "compile-inductor", "dynamo"])
+
+
+@CHECKPOINT_DOORS
+def test_checkpoint_with_an_in_place_op_matches_eager(door):
+    """`ReLU(inplace=True)` after a linear layer, inside a plain checkpoint: torch's
+    selective-checkpoint caching (torch.compile's way for plain checkpoints too) refuses a
+    write to a cached value; aotgrad runs the region once, tagged, and matches eager.
+    Its values are recomputed in the backward as the checkpoint asks."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(3, 8), Checkpointed(
+        nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 1))
+    model = copy.deepcopy(eager)
+    compiled = door(model)
+    x = torch.randn(6, 3)
+    for m in (eager, compiled):
+        m(x).sum().backward()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+@CHECKPOINT_DOORS
+def test_checkpoint_writing_batch_norm_statistics_is_refused_and_eval_mode_is_not(door):
+    """Eager writes BatchNorm's running statistics again when the backward recomputes the
+    region; a compiled backward does not (torch.compile updates them once, silently):
+    refused, naming the write. In eval mode nothing is written: it compiles."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), Checkpointed(nn.Linear(8, 8), nn.BatchNorm1d(8)))
+    with pytest.raises(Exception, match="checkpoint region writes in place to a tensor from "
+                                        "outside it") as raised:
+        door(model)(torch.randn(6, 3)).sum().backward()
+    assert "aotgrad" in str(raised.value)
+    model.eval()
+    torch._dynamo.reset()
+    eager = copy.deepcopy(model)
+    x = torch.randn(6, 3)
+    torch.testing.assert_close(door(model)(x), eager(x))
+
+
+def test_a_selective_checkpoints_policy_does_not_tag_later_traces():
+    """torch's selective checkpoint leaves each op's policy in the tracer's current
+    metadata; a double backward's replay of one left it there, and every later trace in
+    the process was tagged "prefer recompute": its matmuls recomputed."""
+    context = functools.partial(create_selective_checkpoint_contexts, policy_save_sin)
+    fn = aotgrad.compile(lambda x, w: checkpoint(lambda x: (x @ w).sin(), x, use_reentrant=False,
+                                                 context_fn=context).sum(), backend="eager")
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    (gx,) = torch.autograd.grad(fn(x, w), x, create_graph=True)
+    torch.testing.assert_close(gx, torch.autograd.grad(
+        (x @ w).sin().sum(), x, create_graph=True)[0])
+    plain = run_both(lambda *a: block(*a).relu().sum(), *SHAPES)
+    assert "aten.mm.default" in saved_ops(plain)
+
+
 def policy_save_sin(ctx, op, *args, **kwargs):
     if op == aten.sin.default:
         return CheckpointPolicy.MUST_SAVE

@@ -19,7 +19,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
-from ..semantics import regions, subclasses
+from ..semantics import checkpoints, regions, subclasses
 from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
 from ..semantics.effects import CheckingFunctionalMode, refuse_effectful_op
 
@@ -141,7 +141,8 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
 
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
-        flat_out, box.spec = flatten(fn(*args, **kwargs))
+        with checkpoints.policies_confined():
+            flat_out, box.spec = flatten(fn(*args, **kwargs))
         return flat_out
 
     return graph_fn
@@ -354,7 +355,8 @@ class _NodeByNode(torch.fx.Interpreter):
     `regions.inlined()` (a double backward's replay) the body runs in place, as in eager.
     So does a checkpointed block's there: its higher-order op records the body's ops under
     torch's own dispatch modes, whose detaches (below autograd, invisible to eager's
-    history) the replay would take for the user's."""
+    history) the replay would take for the user's. Elsewhere a plain checkpoint's body runs
+    once, tagged (`semantics/checkpoints.py`); a selective one goes to torch's op."""
 
     def call_function(self, target, args, kwargs):
         if target is _GET_DATA_ATTR:
@@ -367,6 +369,10 @@ class _NodeByNode(torch.fx.Interpreter):
         elif target is regions.CHECKPOINT and regions.replaying():
             body, *operands = args
             return node_by_node(body)(*operands)
+        elif target is regions.CHECKPOINT and checkpoints.is_plain(args[0]):
+            body, *operands = args
+            with checkpoints.PlainRegion():
+                return node_by_node(body)(*operands)
         return super().call_function(target, args, kwargs)
 
 

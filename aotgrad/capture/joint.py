@@ -10,18 +10,16 @@ compilers written for functorch's compile API expect.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.fx.traceback as fx_traceback
-import torch.utils.checkpoint as checkpoint_module
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..semantics import subclasses
+from ..semantics import checkpoints, subclasses
 from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
@@ -354,7 +352,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     # after it).
     # The code of the graph is generated when first read or run: the joint graph is only
     # partitioned, and its code was generated three times over.
-    with fake_mode, enable_python_dispatcher(), plain_checkpoints_as_selective(), \
+    with fake_mode, enable_python_dispatcher(), checkpoints.run_once(), \
             fx_traceback.preserve_node_meta(), _lazy_graph_modules(), compiled_autograd_off():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
@@ -373,39 +371,6 @@ def _lazy_graph_modules():
     except ImportError:  # then the code is generated at once
         return contextlib.nullcontext()
     return _use_lazy_graph_module(True)
-
-
-@contextlib.contextmanager
-def plain_checkpoints_as_selective():
-    """Trace plain non-reentrant checkpoints as selective ones that prefer recomputation.
-
-    A plain checkpoint runs its region again in the backward, replaying the RNG state so
-    that dropout draws the same mask. A trace cannot replay RNG state: the second run would
-    draw a fresh mask, a silently wrong gradient. As a selective checkpoint, the region's
-    values are reused from the forward, tagged "prefer recompute", and the partitioner
-    recomputes the ones that are safe to (never random ops)."""
-    original = checkpoint_module._checkpoint_without_reentrant_generator
-
-    def generator(fn, preserve_rng_state=True, context_fn=checkpoint_module.noop_context_fn,
-                  *args, **kwargs):
-        if context_fn is checkpoint_module.noop_context_fn:
-            context_fn = functools.partial(
-                checkpoint_module.create_selective_checkpoint_contexts, _prefer_recompute)
-        yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
-        # The region's ops left their policy in the tracer's current metadata (copied onto
-        # each new node); past the region it must not tag the ops that follow.
-        for key in ("recompute", "ac_graph_id"):
-            fx_traceback.current_meta.pop(key, None)
-
-    checkpoint_module._checkpoint_without_reentrant_generator = generator
-    try:
-        yield
-    finally:
-        checkpoint_module._checkpoint_without_reentrant_generator = original
-
-
-def _prefer_recompute(ctx, op, *args, **kwargs):
-    return checkpoint_module.CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def cleanup(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -1,0 +1,159 @@
+"""Plain `torch.utils.checkpoint` regions, traced once and tagged for the partitioner.
+
+In eager, a plain non-reentrant checkpoint runs its region again in the backward, with the
+RNG state replayed so that dropout draws the same mask. A trace cannot replay RNG state: a
+second run would draw a fresh mask, a silently wrong gradient. torch's selective-checkpoint
+machinery (which torch.compile also uses for plain checkpoints) avoids that by caching
+every op's output, and so refuses a region that writes in place to one of them
+(`ReLU(inplace=True)` after a linear layer), where eager is fine.
+
+So a plain region runs once, as if it were not checkpointed: autograd saves what the
+backward reads, and every node the region's ops record is tagged "prefer recompute" with
+the region's id. The partitioner then recomputes those values in the backward, where that
+is safe (never random ops), which is what the checkpoint asked for.
+
+One thing eager does cannot be had this way: writing twice. A region that writes in place
+to a tensor from outside it (BatchNorm's running statistics in training mode) writes it
+again in eager, when the backward recomputes the region. Such a region is refused with
+aotgrad's error; a selective checkpoint (`context_fn`) keeps torch's own machinery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+from typing import Iterator
+
+import torch
+import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+import torch.utils.checkpoint as checkpoint_module
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy
+from torch.utils.weak import WeakTensorKeyDictionary
+
+_IDS: contextvars.ContextVar[Iterator[int] | None] = contextvars.ContextVar(
+    "aotgrad_checkpoint_ids", default=None)
+# The regions entered inside `run_once()`, closed by it if an error left them open.
+_OPEN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "aotgrad_open_checkpoints", default=None)
+
+
+@contextlib.contextmanager
+def run_once():
+    """Plain non-reentrant checkpoints run their regions once, tagged (`PlainRegion`);
+    selective ones (a `context_fn`) go through torch's machinery. Regions are numbered
+    from 1: their ids are in the graph's nodes (and the cache's key), so two traces of the
+    same code number them alike."""
+    original = checkpoint_module._checkpoint_without_reentrant_generator
+
+    def generator(fn, preserve_rng_state=True, context_fn=checkpoint_module.noop_context_fn,
+                  *args, **kwargs):
+        if context_fn is checkpoint_module.noop_context_fn:
+            with PlainRegion():
+                yield
+            return
+        with policies_confined():  # past the region its policy must not tag the ops after
+            yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
+
+    checkpoint_module._checkpoint_without_reentrant_generator = generator
+    ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
+    try:
+        yield
+    finally:
+        # An error inside a region leaves checkpoint()'s generator suspended, its mode on
+        # the stack until the generator is collected: closed here, before anything else
+        # runs under it.
+        for region in reversed(_OPEN.get()):
+            region.__exit__(None, None, None)
+        _OPEN.reset(opened)
+        _IDS.reset(ids)
+        checkpoint_module._checkpoint_without_reentrant_generator = original
+
+
+POLICY_KEYS = ("recompute", "ac_graph_id")
+
+
+@contextlib.contextmanager
+def policies_confined():
+    """torch's selective checkpoint, traced, leaves each op's policy in the tracer's current
+    metadata (a global, copied onto every new node) and does not take it back: whatever ran
+    the user's code last (a trace, an analysis, a double backward's replay, an error) would
+    tag every node traced after it. Set back on the way out."""
+    before = {k: fx_traceback.current_meta[k] for k in POLICY_KEYS
+              if k in fx_traceback.current_meta}
+    try:
+        yield
+    finally:
+        for key in POLICY_KEYS:
+            fx_traceback.current_meta.pop(key, None)
+        fx_traceback.current_meta.update(before)
+
+
+def _next_id() -> int:
+    ids = _IDS.get()
+    return next(ids) if ids is not None else 0
+
+
+class PlainRegion(TorchDispatchMode):
+    """The ops of one plain checkpoint's region, run once: each node they record is
+    tagged; an in-place write to a tensor the region did not make is refused."""
+
+    def __init__(self):
+        super().__init__()
+        self.graph_id = _next_id()
+        self.made = WeakTensorKeyDictionary()  # by identity: `==` on tensors is theirs
+        self.open = False
+
+    def __enter__(self):
+        self.open = True
+        opened = _OPEN.get()
+        if opened is not None:
+            opened.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self.open:  # closed once, by the region's end or by `run_once`
+            self.open = False
+            super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self._refuse_outer_writes(func, args, kwargs)
+        proxy_mode = get_proxy_mode()
+        graph = proxy_mode.tracer.graph if proxy_mode is not None else None
+        before = len(graph.nodes) if graph is not None else 0
+        out = func(*args, **kwargs)
+        if graph is not None:
+            for node in itertools.islice(reversed(graph.nodes), len(graph.nodes) - before):
+                node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+                node.meta["ac_graph_id"] = self.graph_id
+        self.made.update((t, True) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
+
+    def _refuse_outer_writes(self, func, args, kwargs) -> None:
+        schema = getattr(func, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            return
+        bound = dict(zip((a.name for a in schema.arguments), args), **kwargs)
+        for arg in schema.arguments:
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            written = [t for t in pytree.tree_leaves(bound.get(arg.name))
+                       if isinstance(t, torch.Tensor)]
+            if any(t not in self.made for t in written):
+                raise NotImplementedError(
+                    f"aotgrad: a torch.utils.checkpoint region writes in place to a tensor "
+                    f"from outside it ({func}, argument {arg.name}; BatchNorm's running "
+                    "statistics in training mode, say): eager writes it again when the "
+                    "backward recomputes the region, which a compiled backward does not. "
+                    "Move the write out of the checkpointed region, or compile the "
+                    "function without the checkpoint.")
+
+
+def is_plain(body: torch.fx.GraphModule) -> bool:
+    """Is this body of Dynamo's `tag_activation_checkpoint` a plain checkpoint's (Dynamo
+    keeps a selective one's `context_fn` in its meta)?"""
+    return "_checkpoint_context_fn" not in getattr(body, "meta", {})
