@@ -37,7 +37,8 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 MODES = {"aotgrad": "aotgrad_dynamo", "inductor": "torch_compile",
-         "aotgrad_eager": "aotgrad_dynamo_eager", "aot_eager": "aot_eager"}
+         "aotgrad_eager": "aotgrad_dynamo_eager", "aot_eager": "aot_eager",
+         "aotgrad_spans": "aotgrad_dynamo_spans_saved"}  # issue 20's experiment (bench/run.py)
 # torch's dynamo_timed keys worth a row each (others are summed into "other torch phases").
 PHASES = [
     "_compile.compile_inner",                 # Dynamo: bytecode analysis to a graph
