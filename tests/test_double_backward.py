@@ -623,15 +623,8 @@ def _save_matmuls(ctx, op, *args, **kwargs):
             else CheckpointPolicy.PREFER_RECOMPUTE)
 
 
-SAC_IN_THE_REPLAY = pytest.mark.xfail(
-    raises=NotImplementedError, strict=True,
-    reason="aotgrad.compile traces the user's checkpoint itself: torch's selective-checkpoint "
-           "dispatch modes then run inside the replay, and their detaches (below autograd) "
-           "cannot be told from the user's: refused with aotgrad's error")
-
-
 @pytest.mark.parametrize("door, block", [
-    (compile_eager, "dropout"), pytest.param(compile_eager, "selective", marks=SAC_IN_THE_REPLAY),
+    (compile_eager, "dropout"), (compile_eager, "selective"),
     (dynamo, "dropout"), (dynamo, "selective")],
     ids=["compile-dropout", "compile-selective", "dynamo-dropout", "dynamo-selective"])
 def test_gradient_penalty_through_a_checkpoint_that_draws_or_selects_matches_eager(door, block):

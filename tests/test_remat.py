@@ -367,9 +367,9 @@ def test_checkpoint_writing_batch_norm_statistics_is_refused_and_eval_mode_is_no
 
 
 def test_a_selective_checkpoints_policy_does_not_tag_later_traces():
-    """torch's selective checkpoint leaves each op's policy in the tracer's current
-    metadata; a double backward's replay of one left it there, and every later trace in
-    the process was tagged "prefer recompute": its matmuls recomputed."""
+    """torch's selective checkpoint, traced, leaves each op's policy in the tracer's current
+    metadata: an analysis or a double backward's replay of one left it there, and every
+    later trace in the process was tagged "prefer recompute": its matmuls recomputed."""
     context = functools.partial(create_selective_checkpoint_contexts, policy_save_sin)
     fn = aotgrad.compile(lambda x, w: checkpoint(lambda x: (x @ w).sin(), x, use_reentrant=False,
                                                  context_fn=context).sum(), backend="eager")

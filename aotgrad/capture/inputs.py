@@ -141,8 +141,7 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
 
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
-        with checkpoints.policies_confined():
-            flat_out, box.spec = flatten(fn(*args, **kwargs))
+        flat_out, box.spec = flatten(fn(*args, **kwargs))
         return flat_out
 
     return graph_fn

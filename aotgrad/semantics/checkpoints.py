@@ -55,13 +55,14 @@ def run_once():
             with PlainRegion():
                 yield
             return
-        with policies_confined():  # past the region its policy must not tag the ops after
+        with _policies_confined():  # past the region its policy must not tag the ops after
             yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
 
     checkpoint_module._checkpoint_without_reentrant_generator = generator
     ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
     try:
-        yield
+        with _policies_confined():  # nor, after an error inside it, the next trace's
+            yield
     finally:
         # An error inside a region leaves checkpoint()'s generator suspended, its mode on
         # the stack until the generator is collected: closed here, before anything else
@@ -73,15 +74,34 @@ def run_once():
         checkpoint_module._checkpoint_without_reentrant_generator = original
 
 
+@contextlib.contextmanager
+def run_plainly():
+    """Every non-reentrant checkpoint, selective ones included, runs its region as if it
+    were not checkpointed: for a double backward's replay, which needs eager's gradients
+    (a checkpoint does not change them) and no dispatch modes of torch's below autograd
+    (a selective checkpoint's detach what they cache, which the replay would take for the
+    user's detaches)."""
+    original = checkpoint_module._checkpoint_without_reentrant_generator
+
+    def generator(*args, **kwargs):
+        yield
+
+    checkpoint_module._checkpoint_without_reentrant_generator = generator
+    try:
+        yield
+    finally:
+        checkpoint_module._checkpoint_without_reentrant_generator = original
+
+
 POLICY_KEYS = ("recompute", "ac_graph_id")
 
 
 @contextlib.contextmanager
-def policies_confined():
+def _policies_confined():
     """torch's selective checkpoint, traced, leaves each op's policy in the tracer's current
-    metadata (a global, copied onto every new node) and does not take it back: whatever ran
-    the user's code last (a trace, an analysis, a double backward's replay, an error) would
-    tag every node traced after it. Set back on the way out."""
+    metadata (a global, copied onto every new node) and does not take it back: the nodes
+    traced after it, in this trace or any later one in the process, would be tagged with
+    it. Set back on the way out."""
     before = {k: fx_traceback.current_meta[k] for k in POLICY_KEYS
               if k in fx_traceback.current_meta}
     try:
