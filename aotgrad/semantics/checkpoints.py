@@ -119,7 +119,8 @@ def _next_id() -> int:
 
 class PlainRegion(TorchDispatchMode):
     """The ops of one plain checkpoint's region, run once: each node they record is
-    tagged; an in-place write to a tensor the region did not make is refused."""
+    tagged; an in-place write to a tensor the region did not make is refused where a
+    backward may recompute the region."""
 
     def __init__(self):
         super().__init__()
@@ -154,8 +155,9 @@ class PlainRegion(TorchDispatchMode):
         return out
 
     def _refuse_outer_writes(self, func, args, kwargs) -> None:
+        """Under no_grad no backward recomputes the region: eager writes once, as here."""
         schema = getattr(func, "_schema", None)
-        if schema is None or not schema.is_mutable:
+        if schema is None or not schema.is_mutable or not torch.is_grad_enabled():
             return
         bound = dict(zip((a.name for a in schema.arguments), args), **kwargs)
         for arg in schema.arguments:
