@@ -7,6 +7,7 @@ import contextlib
 import copy
 import functools
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -316,12 +317,13 @@ def test_checkpoint_with_dropout_replays_the_same_mask():
 
 
 class Checkpointed(nn.Module):
-    def __init__(self, *layers):
+    def __init__(self, *layers, reentrant=False):
         super().__init__()
         self.block = nn.Sequential(*layers)
+        self.reentrant = reentrant
 
     def forward(self, x):
-        return checkpoint(self.block, x, use_reentrant=False)
+        return checkpoint(self.block, x, use_reentrant=self.reentrant)
 
 
 CHECKPOINT_DOORS = pytest.mark.parametrize("door", [
@@ -332,14 +334,17 @@ CHECKPOINT_DOORS = pytest.mark.parametrize("door", [
 
 
 @CHECKPOINT_DOORS
-def test_checkpoint_with_an_in_place_op_matches_eager(door):
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_checkpoint_with_an_in_place_op_matches_eager(door, reentrant):
     """`ReLU(inplace=True)` after a linear layer, inside a plain checkpoint: torch's
     selective-checkpoint caching (torch.compile's way for plain checkpoints too) refuses a
-    write to a cached value; aotgrad runs the region once, tagged, and matches eager.
-    Its values are recomputed in the backward as the checkpoint asks."""
+    write to a cached value; aotgrad runs the region once, tagged, and matches eager. A
+    reentrant checkpoint (an autograd.Function calling `backward` inside its backward,
+    which the trace's `autograd.grad` refused) is run the same way."""
     torch.manual_seed(0)
     eager = nn.Sequential(nn.Linear(3, 8), Checkpointed(
-        nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 1))
+        nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 8), nn.Tanh(),
+        reentrant=reentrant), nn.Linear(8, 1))
     model = copy.deepcopy(eager)
     compiled = door(model)
     x = torch.randn(6, 3)
@@ -347,6 +352,31 @@ def test_checkpoint_with_an_in_place_op_matches_eager(door):
         m(x).sum().backward()
     for (name, p), q in zip(eager.named_parameters(), model.parameters()):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+@pytest.mark.parametrize("door", [
+    lambda m: aotgrad.compile(m, backend="eager"),
+    pytest.param(lambda m: torch.compile(m, backend=aotgrad.backend(backend="eager")),
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "Dynamo lifts the parameters the region reads into the checkpoint's "
+                     "operands: whether the user's input requires grad cannot be told "
+                     "apart, and the region's parameters get gradients, as torch.compile's "
+                     "do")))], ids=["compile", "dynamo"])
+def test_reentrant_checkpoint_of_an_input_without_grad_passes_no_gradient(door):
+    """Eager's reentrant checkpoint runs its region under no_grad and passes gradients
+    back only if one of its inputs requires grad: a first layer checkpointed on the batch
+    gets none."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(Checkpointed(nn.Linear(3, 8), nn.Tanh(), reentrant=True),
+                          nn.Linear(8, 1))
+    model = copy.deepcopy(eager)
+    x = torch.randn(6, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager's "None of the inputs have requires_grad"
+        eager(x).sum().backward()
+        door(model)(x).sum().backward()
+    assert [p.grad is None for p in model.parameters()] == \
+        [p.grad is None for p in eager.parameters()] == [True, True, False, False]
 
 
 @CHECKPOINT_DOORS

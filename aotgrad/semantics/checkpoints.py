@@ -43,7 +43,7 @@ _OPEN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def run_once():
-    """Plain non-reentrant checkpoints run their regions once, tagged (`PlainRegion`);
+    """Plain checkpoints, reentrant or not, run their regions once, tagged (`PlainRegion`);
     selective ones (a `context_fn`) go through torch's machinery. Regions are numbered
     from 1: their ids are in the graph's nodes (and the cache's key), so two traces of the
     same code number them alike."""
@@ -58,12 +58,15 @@ def run_once():
         with _policies_confined():  # past the region its policy must not tag the ops after
             yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
 
+    reentrant = checkpoint_module.CheckpointFunction
     checkpoint_module._checkpoint_without_reentrant_generator = generator
+    checkpoint_module.CheckpointFunction = _ReentrantRegion
     ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
     try:
         with _policies_confined():  # nor, after an error inside it, the next trace's
             yield
     finally:
+        checkpoint_module.CheckpointFunction = reentrant
         # An error inside a region leaves checkpoint()'s generator suspended, its mode on
         # the stack until the generator is collected: closed here, before anything else
         # runs under it.
@@ -72,6 +75,27 @@ def run_once():
         _OPEN.reset(opened)
         _IDS.reset(ids)
         checkpoint_module._checkpoint_without_reentrant_generator = original
+
+
+def run_region(fn, args, reentrant: bool):
+    """A plain region's call: once, tagged. A reentrant one (`use_reentrant=True`, which
+    eager runs under no_grad in the forward) passes no gradient back, to its inputs or to
+    the parameters it uses, unless an input of it requires grad: so here too."""
+    if reentrant and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        with torch.no_grad():
+            return fn(*args)
+    with PlainRegion():
+        return fn(*args)
+
+
+class _ReentrantRegion:
+    """A reentrant checkpoint (an autograd.Function whose backward runs the region again
+    and calls `backward` inside, which a trace's `autograd.grad` cannot take) as a plain
+    region."""
+
+    @staticmethod
+    def apply(run_function, preserve_rng_state, *args):
+        return run_region(run_function, args, reentrant=True)
 
 
 @contextlib.contextmanager
