@@ -10,7 +10,10 @@ every op's output, and so refuses a region that writes in place to one of them
 So a plain region runs once, as if it were not checkpointed: autograd saves what the
 backward reads, and every node the region's ops record is tagged "prefer recompute" with
 the region's id. The partitioner then recomputes those values in the backward, where that
-is safe (never random ops), which is what the checkpoint asked for.
+is safe (never random ops), which is what the checkpoint asked for. A reentrant checkpoint
+(an autograd.Function whose backward calls `backward`, which a trace's `autograd.grad`
+cannot take) runs the same way. A double backward's replay runs every checkpoint, selective
+ones included, as if it were not there (a checkpoint does not change eager's gradients).
 
 One thing eager does cannot be had this way: writing twice. A region that writes in place
 to a tensor from outside it (BatchNorm's running statistics in training mode) writes it
@@ -117,7 +120,7 @@ def run_plainly():
         checkpoint_module._checkpoint_without_reentrant_generator = original
 
 
-POLICY_KEYS = ("recompute", "ac_graph_id")
+_POLICY_KEYS = ("recompute", "ac_graph_id")
 
 
 @contextlib.contextmanager
@@ -126,12 +129,12 @@ def _policies_confined():
     metadata (a global, copied onto every new node) and does not take it back: the nodes
     traced after it, in this trace or any later one in the process, would be tagged with
     it. Set back on the way out."""
-    before = {k: fx_traceback.current_meta[k] for k in POLICY_KEYS
+    before = {k: fx_traceback.current_meta[k] for k in _POLICY_KEYS
               if k in fx_traceback.current_meta}
     try:
         yield
     finally:
-        for key in POLICY_KEYS:
+        for key in _POLICY_KEYS:
             fx_traceback.current_meta.pop(key, None)
         fx_traceback.current_meta.update(before)
 
@@ -175,7 +178,8 @@ class PlainRegion(TorchDispatchMode):
             for node in itertools.islice(reversed(graph.nodes), len(graph.nodes) - before):
                 node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
                 node.meta["ac_graph_id"] = self.graph_id
-        self.made.update((t, True) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        self.made.update((t, True) for t in pytree.tree_leaves(out)
+                         if isinstance(t, torch.Tensor))
         return out
 
     def _refuse_outer_writes(self, func, args, kwargs) -> None:
