@@ -13,9 +13,9 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# Session 15 ran `trace`, `suite`, `rest`, `stages` (cut). Next: `spans` (a call), then
+# Session 15 ran `trace`, `suite`, `rest`, `stages` (cut). Next, a call each:
 # `BUDGET=200 bash tools/device_calls.sh checkpoints; BUDGET=380 MODES=aotgrad bash
-# tools/device_calls.sh stages` (a call), then `stages` with MODES=inductor:
+# tools/device_calls.sh stages`, then `spans`, then `stages` with MODES=inductor:
 checkpoints)  # session 15's checkpoint changes (2892001, 7a71cd7) on torch 2.11, CPU and CUDA
   TAIL=5 step checkpoints 200 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider \
     -p no:warnings tests/test_double_backward.py tests/test_remat.py tests/test_hops.py ;;
