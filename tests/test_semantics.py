@@ -296,3 +296,25 @@ def test_requires_grad_on_an_input_inside_then_double_backward_is_refused(door):
     x = torch.randn(3)
     with pytest.raises(NotImplementedError, match="requires_grad_\\(\\) on an input"):
         torch.autograd.grad(compiled(x, w), w, create_graph=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_lstm_trains_and_double_backward_matches_eager(backend):
+    """torch's decomposition of `aten.lstm` took mkldnn's inference kernel whenever the input
+    did not require grad, though the weights did: the compiled backward read a workspace
+    the kernel never made, and failed. (Dynamo runs nn.LSTM eagerly: the native doors.)"""
+    torch.manual_seed(0)
+    eager = torch.nn.LSTM(4, 8, num_layers=2, batch_first=True)
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend=backend)
+    x = torch.randn(3, 5, 4)
+    for m in (eager, compiled):
+        m(x)[0].pow(2).sum().backward()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    xx = torch.randn(3, 5, 4, dtype=torch.float32, requires_grad=True)
+    (expected,) = torch.autograd.grad(eager(xx)[0].pow(2).sum(), xx, create_graph=True)
+    (actual,) = torch.autograd.grad(compiled(xx)[0].pow(2).sum(), xx, create_graph=True)
+    torch.testing.assert_close(actual, expected)
+    with torch.no_grad():  # inference keeps mkldnn's kernel
+        torch.testing.assert_close(compiled(x)[0], eager(x)[0])

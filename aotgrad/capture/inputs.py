@@ -229,6 +229,23 @@ def functional_mode(observe: Callable | None = None):
 
 
 @contextlib.contextmanager
+def lstm_decomposed_for_training():
+    """torch's Python decomposition of `aten.lstm`, which a trace under the python dispatcher
+    takes, calls mkldnn's LSTM kernel in its inference mode whenever the input does not
+    require grad, the weights' gradients notwithstanding: a training trace's backward then
+    reads a workspace the kernel never made (an undefined tensor at run time; found with
+    `aotgrad.compile(nn.LSTM(...))`). With mkldnn off for the trace, the decomposition takes
+    matmuls and pointwise ops, whose backward is whole (the graph unrolls the sequence, as
+    torch's decomposition does whenever the input requires grad)."""
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
+
+
+@contextlib.contextmanager
 def compiled_autograd_off():
     """Differentiate with autograd's own engine while tracing. Under torch's compiled
     autograd, every backward, the `torch.autograd.grad` a trace runs on fake tensors

@@ -24,7 +24,8 @@ from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
                       TRACED_OUTPUTS, FunctionInfo, primals_of)
-from .inputs import compiled_autograd_off, from_functional, functional_mode, to_functional
+from .inputs import (compiled_autograd_off, from_functional, functional_mode,
+                     lstm_decomposed_for_training, to_functional)
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
 from ..tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
@@ -352,8 +353,10 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     # after it).
     # The code of the graph is generated when first read or run: the joint graph is only
     # partitioned, and its code was generated three times over.
+    training = len(args) == 2  # the primals, then (a joint) the tangents
     with fake_mode, enable_python_dispatcher(), checkpoints.run_once(), \
-            fx_traceback.preserve_node_meta(), _lazy_graph_modules(), compiled_autograd_off():
+            fx_traceback.preserve_node_meta(), _lazy_graph_modules(), compiled_autograd_off(), \
+            lstm_decomposed_for_training() if training else contextlib.nullcontext():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
     # Each placeholder's role, from the argument it stands for: `fn` takes the primals, then
