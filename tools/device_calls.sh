@@ -16,9 +16,10 @@ case $1 in
 # Session 15 ran `trace`, `suite`, `rest`, `stages` (cut). Next, a call each:
 # `BUDGET=200 bash tools/device_calls.sh checkpoints; BUDGET=380 MODES=aotgrad bash
 # tools/device_calls.sh stages`, then `spans`, then `stages` with MODES=inductor:
-checkpoints)  # session 15's checkpoint changes (2892001, 7a71cd7) on torch 2.11, CPU and CUDA
+checkpoints)  # session 15's checkpoint and LSTM changes on torch 2.11, CPU and CUDA
   TAIL=5 step checkpoints 200 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider \
-    -p no:warnings tests/test_double_backward.py tests/test_remat.py tests/test_hops.py ;;
+    -p no:warnings tests/test_double_backward.py tests/test_remat.py tests/test_hops.py \
+    tests/test_semantics.py ;;
 spans)  # issue 20, next: every recomputed value a backward kernel keeps alive saved (bench mode
   # aotgrad_dynamo_spans_saved) against aotgrad's choice (saved only where the modeled peak
   # stays) and torch's: on BERT and DeBERTa-v2 a residual stream is rebuilt at the backward's
