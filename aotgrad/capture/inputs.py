@@ -229,7 +229,15 @@ def functional_mode(observe: Callable | None = None):
 
 
 @contextlib.contextmanager
-def lstm_decomposed_for_training():
+def differentiating():
+    """Around a trace that runs autograd (a joint, a double backward's replay): autograd's
+    own engine, and torch's decompositions of the kinds that keep a backward."""
+    with compiled_autograd_off(), _lstm_decomposed_for_training():
+        yield
+
+
+@contextlib.contextmanager
+def _lstm_decomposed_for_training():
     """torch's Python decomposition of `aten.lstm`, which a trace under the python dispatcher
     takes, calls mkldnn's LSTM kernel in its inference mode whenever the input does not
     require grad, the weights' gradients notwithstanding: a training trace's backward then

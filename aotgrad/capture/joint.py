@@ -24,8 +24,7 @@ from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
                       TRACED_OUTPUTS, FunctionInfo, primals_of)
-from .inputs import (compiled_autograd_off, from_functional, functional_mode,
-                     lstm_decomposed_for_training, to_functional)
+from .inputs import differentiating, from_functional, functional_mode, to_functional
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
 from ..tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
@@ -55,7 +54,7 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[
                 outs[k] = primals[i].copy_(outs[k])
         return outs
 
-    return trace(inference, (list(fake_args),), fake_mode, decompositions)
+    return trace(inference, (list(fake_args),), fake_mode, decompositions, differentiates=False)
 
 
 def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],
@@ -87,7 +86,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
         return outs
 
     tangents = fake_tangents(info, fake_mode)
-    gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions)
+    gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions, differentiates=True)
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     gm.meta[BACKWARD_WRITES] = tuple(written)
     mark_overwritten_inputs(gm, info, fake_args)
@@ -262,7 +261,7 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
             values = graph_outputs(info, args, outs) + list(grads)
         return [from_functional(v) for v in values]
 
-    gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions)
+    gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions, differentiates=True)
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     return gm
 
@@ -342,7 +341,8 @@ def copy_forward_stack_traces(gm: torch.fx.GraphModule) -> None:
 
 
 def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
-          decompositions: Mapping | None) -> torch.fx.GraphModule:
+          decompositions: Mapping | None, differentiates: bool) -> torch.fx.GraphModule:
+    """`fn`'s graph; `differentiates`: `fn` runs autograd (a joint)."""
     # The graph holds plain tensors only: subclass arguments are split into their inner
     # tensors here and rebuilt inside, so that their __torch_dispatch__ is traced through.
     plain_fn, plain_args, traced_outputs = subclasses.plain_function(fn, args)
@@ -353,10 +353,9 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     # after it).
     # The code of the graph is generated when first read or run: the joint graph is only
     # partitioned, and its code was generated three times over.
-    training = len(args) == 2  # the primals, then (a joint) the tangents
     with fake_mode, enable_python_dispatcher(), checkpoints.run_once(), \
-            fx_traceback.preserve_node_meta(), _lazy_graph_modules(), compiled_autograd_off(), \
-            lstm_decomposed_for_training() if training else contextlib.nullcontext():
+            fx_traceback.preserve_node_meta(), _lazy_graph_modules(), \
+            differentiating() if differentiates else contextlib.nullcontext():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
     # Each placeholder's role, from the argument it stands for: `fn` takes the primals, then

@@ -132,7 +132,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Te
             return outs + joint.input_grads(outs, info.gets_tangent, primals, tangents)
 
     tangents = joint.fake_tangents(info, fake_mode)
-    gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions)
+    gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions, True)
     if gm is None:
         return joint.trace_joint(graph_fn, info, fakes, fake_mode, decompositions)
     gm.meta[JOINT_FW_OUTPUTS] = joint.num_forward_outputs(gm, info)
@@ -149,7 +149,7 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torc
         with plain_mode(checked=False):  # the analysis ran it under the check already
             return graph_outputs(info, primals, graph_fn(*primals))
 
-    gm = _trace_plain(plain_inference, (list(fakes),), fake_mode, decompositions)
+    gm = _trace_plain(plain_inference, (list(fakes),), fake_mode, decompositions, False)
     if gm is None:
         return joint.trace_inference(graph_fn, info, fakes, fake_mode, decompositions,
                                      keep_input_mutations)
@@ -157,11 +157,11 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torc
 
 
 def _trace_plain(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
-                 decompositions: Mapping | None) -> fx.GraphModule | None:
+                 decompositions: Mapping | None, differentiates: bool) -> fx.GraphModule | None:
     """The graph of `fn`, or None where it needs functionalization (decompositions run below
     the checking mode: their ops are checked in the graph)."""
     try:
-        gm = joint.trace(fn, args, fake_mode, decompositions)
+        gm = joint.trace(fn, args, fake_mode, decompositions, differentiates)
     except Exception:  # noqa: BLE001 - the functionalized trace raises it again, explained
         return None
     if any(_needs_functionalization(n.target) for n in gm.graph.nodes if _is_op(n)):

@@ -25,7 +25,7 @@ from torch._dispatch.python import enable_python_dispatcher
 
 from .analysis import graph_outputs
 from ..schema import FunctionInfo
-from .inputs import StaleSavedValue, compiled_autograd_off, functional_mode, to_functional
+from .inputs import StaleSavedValue, differentiating, functional_mode, to_functional
 from .joint import mutable_copies, traced_grad
 
 
@@ -69,7 +69,7 @@ def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[A
     """Run the function functionalized and differentiate each differentiable graph output
     alone; those whose backward reads a value modified in place are stale."""
     found: dict[int, StaleSaved] = {}
-    with fake_mode, enable_python_dispatcher(), functional_mode(), compiled_autograd_off():
+    with fake_mode, enable_python_dispatcher(), functional_mode(), differentiating():
         primals = to_functional(fakes)
         args = mutable_copies(info, primals)
         outs = graph_outputs(info, args, graph_fn(*args))

@@ -58,7 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture.analysis import graph_outputs, version_of
 from ..schema import AUTOGRAD_COPY, GRAD_ENABLED, RANDOM_OP, FunctionInfo
-from ..capture.inputs import compiled_autograd_off, fake_inputs, lstm_decomposed_for_training
+from ..capture.inputs import differentiating, fake_inputs
 from ..backends.codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
 from ..semantics import checkpoints, regions
@@ -211,7 +211,7 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
     dispatcher = enable_python_dispatcher() if random.ops else contextlib.nullcontext()
     with fake_mode, torch.set_grad_enabled(info.grad_enabled), _autocast_as(autocast), \
             _explain_data_dependence(), _explain_custom_functions(), dispatcher, \
-            compiled_autograd_off(), lstm_decomposed_for_training(), checkpoints.run_plainly(), \
+            differentiating(), checkpoints.run_plainly(), \
             regions.inlined() as inlined_regions:
         gm = make_fx(grads_of)(fake_inputs(fake_mode, fakes), fake_tangents(info, fake_mode))
         call_functions(gm.graph, functions, GRAD_ENABLED)
