@@ -61,15 +61,13 @@ def run_once():
         with _policies_confined():  # past the region its policy must not tag the ops after
             yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
 
-    reentrant = checkpoint_module.CheckpointFunction
-    checkpoint_module._checkpoint_without_reentrant_generator = generator
-    checkpoint_module.CheckpointFunction = _ReentrantRegion
     ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
     try:
-        with _policies_confined():  # nor, after an error inside it, the next trace's
+        with _swapped(_checkpoint_without_reentrant_generator=generator,
+                      CheckpointFunction=_ReentrantRegion), \
+                _policies_confined():  # nor, after an error inside it, the next trace's
             yield
     finally:
-        checkpoint_module.CheckpointFunction = reentrant
         # An error inside a region leaves checkpoint()'s generator suspended, its mode on
         # the stack until the generator is collected: closed here, before anything else
         # runs under it.
@@ -77,7 +75,6 @@ def run_once():
             region.__exit__(None, None, None)
         _OPEN.reset(opened)
         _IDS.reset(ids)
-        checkpoint_module._checkpoint_without_reentrant_generator = original
 
 
 def run_region(fn, args, reentrant: bool):
@@ -108,16 +105,25 @@ def run_plainly():
     (a checkpoint does not change them) and no dispatch modes of torch's below autograd
     (a selective checkpoint's detach what they cache, which the replay would take for the
     user's detaches)."""
-    original = checkpoint_module._checkpoint_without_reentrant_generator
-
     def generator(*args, **kwargs):
         yield
 
-    checkpoint_module._checkpoint_without_reentrant_generator = generator
+    with _swapped(_checkpoint_without_reentrant_generator=generator):
+        yield
+
+
+@contextlib.contextmanager
+def _swapped(**replacements):
+    """torch.utils.checkpoint's internals, which `checkpoint()` looks up at each call,
+    replaced meanwhile."""
+    originals = {name: getattr(checkpoint_module, name) for name in replacements}
+    for name, value in replacements.items():
+        setattr(checkpoint_module, name, value)
     try:
         yield
     finally:
-        checkpoint_module._checkpoint_without_reentrant_generator = original
+        for name, value in originals.items():
+            setattr(checkpoint_module, name, value)
 
 
 _POLICY_KEYS = ("recompute", "ac_graph_id")
