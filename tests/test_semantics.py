@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 
 import aotgrad
 from aotgrad.compat import aot_function, nop
@@ -317,4 +318,42 @@ def test_lstm_trains_and_double_backward_matches_eager(backend):
     (actual,) = torch.autograd.grad(compiled(xx)[0].pow(2).sum(), xx, create_graph=True)
     torch.testing.assert_close(actual, expected)
     with torch.no_grad():  # inference keeps mkldnn's kernel
-        torch.testing.assert_close(compiled(x)[0], eager(x)[0])
+        torch.testing.assert_close(compiled(x), eager(x))
+
+
+@pytest.fixture
+def torch_211_lstm(monkeypatch):
+    """torch 2.11's unrolled LSTM layer, whose final states come out as (1, batch, hidden)."""
+    from torch._decomp import decompositions
+    from aotgrad.semantics import mends
+    unrolled = decompositions.one_layer_lstm
+
+    def one_layer_lstm(*args, **kwargs):
+        out, (h, c) = unrolled(*args, **kwargs)
+        return out, (h.unsqueeze(0), c.unsqueeze(0))
+
+    monkeypatch.setattr(decompositions, "one_layer_lstm", one_layer_lstm)
+    mends._lstm_states_misshaped.cache_clear()
+    yield
+    mends._lstm_states_misshaped.cache_clear()
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
+def test_lstm_states_keep_their_shape_under_torch_211s_decomposition(torch_211_lstm, grad):
+    """On torch 2.11 (the GPU machine's), the unrolled LSTM's misshaped final states failed
+    every training trace and gave `h_n` an extra dimension at inference."""
+    torch.manual_seed(0)
+    eager = torch.nn.LSTM(4, 8, num_layers=2)
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model)
+    x = torch.randn(5, 3, 4, requires_grad=True)  # the unrolled layer, mkldnn or not
+    with torch.set_grad_enabled(grad):
+        expected, actual = eager(x), compiled(x)
+    torch.testing.assert_close(actual, expected)
+    if grad:
+        torch.autograd.backward(pytree.tree_leaves(expected), [torch.ones_like(t) for t in
+                                                               pytree.tree_leaves(expected)])
+        expected_grads = [p.grad for p in eager.parameters()]
+        torch.autograd.backward(pytree.tree_leaves(actual), [torch.ones_like(t) for t in
+                                                             pytree.tree_leaves(actual)])
+        torch.testing.assert_close([p.grad for p in model.parameters()], expected_grads)

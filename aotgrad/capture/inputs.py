@@ -19,7 +19,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
-from ..semantics import checkpoints, regions, subclasses
+from ..semantics import checkpoints, mends, regions, subclasses
 from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
 from ..semantics.effects import CheckingFunctionalMode, refuse_effectful_op
 
@@ -232,25 +232,8 @@ def functional_mode(observe: Callable | None = None):
 def differentiating():
     """Around a trace that runs autograd (a joint, a double backward's replay): autograd's
     own engine, and torch's decompositions of the kinds that keep a backward."""
-    with compiled_autograd_off(), _lstm_decomposed_for_training():
+    with compiled_autograd_off(), mends.lstm_for_training():
         yield
-
-
-@contextlib.contextmanager
-def _lstm_decomposed_for_training():
-    """torch's Python decomposition of `aten.lstm`, which a trace under the python dispatcher
-    takes, calls mkldnn's LSTM kernel in its inference mode whenever the input does not
-    require grad, the weights' gradients notwithstanding: a training trace's backward then
-    reads a workspace the kernel never made (an undefined tensor at run time; found with
-    `aotgrad.compile(nn.LSTM(...))`). With mkldnn off for the trace, the decomposition takes
-    matmuls and pointwise ops, whose backward is whole (the graph unrolls the sequence, as
-    torch's decomposition does whenever the input requires grad)."""
-    enabled = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    try:
-        yield
-    finally:
-        torch._C._set_mkldnn_enabled(enabled)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..semantics import checkpoints, subclasses
+from ..semantics import checkpoints, mends, subclasses
 from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
@@ -355,7 +355,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     # partitioned, and its code was generated three times over.
     with fake_mode, enable_python_dispatcher(), checkpoints.run_once(), \
             fx_traceback.preserve_node_meta(), _lazy_graph_modules(), \
-            differentiating() if differentiates else contextlib.nullcontext():
+            differentiating() if differentiates else mends.lstm_states_shaped():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
     # Each placeholder's role, from the argument it stands for: `fn` takes the primals, then

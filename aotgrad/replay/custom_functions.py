@@ -40,6 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.autograd.function import BackwardCFunction
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 
+from ..semantics.mends import patched
 from .random_values import is_random
 
 aten = torch.ops.aten
@@ -95,8 +96,8 @@ class FunctionCalls:
             return calls.applied(cls.__name__, functools.partial(_APPLY, cls), args, kwargs,
                                  lambda: _APPLY(cls, *args, **kwargs))
 
-        self._patches.enter_context(_patched(torch.autograd.Function, "apply",
-                                             classmethod(apply)))
+        self._patches.enter_context(patched(torch.autograd.Function,
+                                                    apply=classmethod(apply)))
         if _HOP is not None:  # Dynamo's graphs apply a Function through this operator
             hop_call = type(_HOP).__call__
 
@@ -104,7 +105,7 @@ class FunctionCalls:
                 return calls.applied(_CAPTURED_BY_DYNAMO, None, args, kwargs,
                                      lambda: hop_call(op, fwd, bwd, *args, **kwargs))
 
-            self._patches.enter_context(_patched(type(_HOP), "__call__", hop))
+            self._patches.enter_context(patched(type(_HOP), __call__=hop))
         return self
 
     def __exit__(self, *exc):
@@ -157,16 +158,6 @@ _CAPTURED_BY_DYNAMO = (
     "a Function captured by torch.compile (Dynamo traces its backward under no_grad, so "
     "whether eager would differentiate it is lost). Run it outside the compiled region "
     "(torch.compiler.disable), or compile with aotgrad.compile")
-
-
-@contextlib.contextmanager
-def _patched(owner, name: str, value):
-    original = owner.__dict__[name]
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 def _function_node(out) -> BackwardCFunction | None:

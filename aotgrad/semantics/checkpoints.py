@@ -37,6 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .mends import patched
+
 _IDS: contextvars.ContextVar[Iterator[int] | None] = contextvars.ContextVar(
     "aotgrad_checkpoint_ids", default=None)
 # The regions entered inside `run_once()`, closed by it if an error left them open.
@@ -63,7 +65,7 @@ def run_once():
 
     ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
     try:
-        with _swapped(_checkpoint_without_reentrant_generator=generator,
+        with patched(checkpoint_module, _checkpoint_without_reentrant_generator=generator,
                       CheckpointFunction=_ReentrantRegion), \
                 _policies_confined():  # nor, after an error inside it, the next trace's
             yield
@@ -108,22 +110,8 @@ def run_plainly():
     def generator(*args, **kwargs):
         yield
 
-    with _swapped(_checkpoint_without_reentrant_generator=generator):
+    with patched(checkpoint_module, _checkpoint_without_reentrant_generator=generator):
         yield
-
-
-@contextlib.contextmanager
-def _swapped(**replacements):
-    """torch.utils.checkpoint's internals, which `checkpoint()` looks up at each call,
-    replaced meanwhile."""
-    originals = {name: getattr(checkpoint_module, name) for name in replacements}
-    for name, value in replacements.items():
-        setattr(checkpoint_module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in originals.items():
-            setattr(checkpoint_module, name, value)
 
 
 _POLICY_KEYS = ("recompute", "ac_graph_id")
