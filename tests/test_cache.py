@@ -841,3 +841,23 @@ def test_graph_calling_a_user_function_is_keyed_after_the_trace_only():
     event, why = last_event()
     assert event == "miss" and "not keyed before the trace: a call of " in why
     assert "whose name does not determine its code" in why
+
+
+def test_stored_graphs_keep_the_aten_op_inductor_names_kernels_after():
+    """A hit whose Inductor artifact is gone (another Inductor cache directory, an evicted
+    entry) compiles the stored graphs again: without each node's `original_aten`, its
+    kernels were anonymous (`triton_per_fused_18` for `..._native_layer_norm_backward_14`)."""
+    import json
+    import torch.fx.traceback as fx_traceback
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from aotgrad.cache import entry
+    from aotgrad.backends.compilers import INDUCTOR_DECOMPOSITIONS
+    with fx_traceback.preserve_node_meta():
+        gm = make_fx(lambda x: torch.nn.functional.gelu(x).sum(),
+                     decomposition_table=dict(INDUCTOR_DECOMPOSITIONS))(torch.randn(3))
+    ops = lambda g: [(n.target.name(), n.meta["original_aten"].name())
+                     for n in g.graph.nodes if n.op == "call_function"]
+    assert ("aten::mul.Tensor", "aten::gelu") in ops(gm)
+    decoded = entry.decode(json.loads(json.dumps(entry.encode(gm))), FakeTensorMode())
+    assert ops(decoded) == ops(gm)

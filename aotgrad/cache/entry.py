@@ -194,6 +194,9 @@ def _stored_meta(node: fx.Node) -> dict:
         meta["phase"] = node.meta[PHASE]
     if RANDOM_VALUE in node.meta:  # a drawn value a double backward's replay reuses
         meta["random"] = list(node.meta[RANDOM_VALUE])
+    aten = node.meta.get("original_aten")  # the op Inductor names a kernel after
+    if isinstance(aten, torch._ops.OpOverload):
+        meta["aten"] = codec.encode_target(aten)
     return meta
 
 
@@ -214,6 +217,8 @@ def decode(rows: list, fake_mode, fake_values: bool = True) -> fx.GraphModule:
             node.meta[PHASE] = meta["phase"]
         if "random" in meta:
             node.meta[RANDOM_VALUE] = tuple(meta["random"])
+        if "aten" in meta:
+            node.meta["original_aten"] = codec.decode_target(meta["aten"])
     if fake_values:
         fill_fake_values(gm, fake_mode)
     return gm
