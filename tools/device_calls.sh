@@ -13,6 +13,12 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+# Session 16: `checkpoints`, `stages` (aotgrad), `spans` ran; then `torch_side`.
+torch_side)  # torch's side of DeBERTa-v2's first compile; 2.11's LSTM mend; kernel names on CUDA
+  TAIL=4 step lstm 150 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_semantics.py -k lstm
+  TAIL=6 step names 60 python tools/kernel_names.py cuda
+  MODES=inductor TIMEOUT=250 BUDGET=$(( END - $(date +%s) )) bash $0 stages ;;
 # Session 15 ran `trace`, `suite`, `rest`, `stages` (cut). Next, a call each:
 # `BUDGET=200 bash tools/device_calls.sh checkpoints; BUDGET=380 MODES=aotgrad bash
 # tools/device_calls.sh stages`, then `spans`, then `stages` with MODES=inductor:
