@@ -76,13 +76,15 @@ AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autog
 # "recompute", "ac_graph_id" (node): set by torch.utils.checkpoint; read by capture.cse,
 #   partition.split and partition.remat.
 # "desc" (node): set by compat.descriptors on placeholders and the output node.
+# "original_aten" (node): set by make_fx, the op Inductor names a kernel after; stored and
+#   restored by cache.entry.
 # "user_visible_output_idxs" (output node): set by backends.compilers for Inductor.
 # "example_value", "steal_arg", "tensor_dict", "grapharg" (node): Dynamo's; read (and
 #   "example_value" set on unpacked elements) by dynamo ("grapharg": the user's input names).
 # The persistent cache keys a traced graph by its code and the node meta the later stages
 # read (cache.key: JOINT_ROLE, PHASE, AUTOGRAD_COPY, RANDOM_VALUE, "recompute", "ac_graph_id");
-# it stores a partition's graphs with "val" of placeholders, DONATED, HELD_FOR_REPLAY, PHASE
-# and RANDOM_VALUE, and restores them on a hit (cache.entry). An entry keyed before the
+# it stores a partition's graphs with "val" of placeholders, DONATED, HELD_FOR_REPLAY, PHASE,
+# RANDOM_VALUE and "original_aten", and restores them on a hit (cache.entry). An entry keyed before the
 # trace (cache.program) holds TRACED_OUTPUTS, JOINT_FW_OUTPUTS and BACKWARD_WRITES as a
 # TraceFacts instead of the traced graph.
 # custom_functions' `grad_mode_key` argument: GRAD_ENABLED, passed by replay.double_backward.

@@ -333,9 +333,10 @@ def torch_211_lstm(monkeypatch):
         return out, (h.unsqueeze(0), c.unsqueeze(0))
 
     monkeypatch.setattr(decompositions, "one_layer_lstm", one_layer_lstm)
-    mends._lstm_states_misshaped.cache_clear()
+    misshaped = mends._lstm_states_misshaped  # asked again, of this torch, and after
+    misshaped.cache_clear()
     yield
-    mends._lstm_states_misshaped.cache_clear()
+    misshaped.cache_clear()
 
 
 @pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
@@ -357,3 +358,17 @@ def test_lstm_states_keep_their_shape_under_torch_211s_decomposition(torch_211_l
         torch.autograd.backward(pytree.tree_leaves(actual), [torch.ones_like(t) for t in
                                                              pytree.tree_leaves(actual)])
         torch.testing.assert_close([p.grad for p in model.parameters()], expected_grads)
+
+
+def test_a_decomposition_that_changes_an_outputs_shape_is_refused(torch_211_lstm, monkeypatch):
+    """Without the LSTM mend, torch 2.11's decomposition made the compiled LSTM return
+    `h_n` as [2, 1, 3, 8] at inference where eager returns [2, 3, 8]: silently, until the
+    traced graph's outputs were checked against the analysis (eager's kernels)."""
+    from aotgrad.semantics import mends
+    monkeypatch.setattr(mends, "_lstm_states_misshaped", lambda: False)
+    model = torch.nn.LSTM(4, 8, num_layers=2)
+    x = torch.randn(5, 3, 4, requires_grad=True)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match=r"aotgrad: output 1 of the "
+                                        r"traced graph is torch.float32 \[2, 1, 3, 8\] where "
+                                        r"eager's is torch.float32 \[2, 3, 8\]"):
+        aotgrad.compile(model)(x)

@@ -134,10 +134,11 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Te
     tangents = joint.fake_tangents(info, fake_mode)
     gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions, True)
     if gm is None:
-        return joint.trace_joint(graph_fn, info, fakes, fake_mode, decompositions)
+        return outputs_as_analysed(
+            joint.trace_joint(graph_fn, info, fakes, fake_mode, decompositions), info)
     gm.meta[JOINT_FW_OUTPUTS] = joint.num_forward_outputs(gm, info)
     joint.mark_overwritten_inputs(gm, info, fakes)
-    return gm
+    return outputs_as_analysed(gm, info)
 
 
 def trace_inference(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
@@ -151,9 +152,36 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torc
 
     gm = _trace_plain(plain_inference, (list(fakes),), fake_mode, decompositions, False)
     if gm is None:
-        return joint.trace_inference(graph_fn, info, fakes, fake_mode, decompositions,
-                                     keep_input_mutations)
+        gm = joint.trace_inference(graph_fn, info, fakes, fake_mode, decompositions,
+                                   keep_input_mutations)
+    return outputs_as_analysed(gm, info)
+
+
+def outputs_as_analysed(gm: fx.GraphModule, info: FunctionInfo) -> fx.GraphModule:
+    """The trace runs torch's Python decompositions where the analysis ran eager's kernels:
+    one that computes another shape or dtype (torch 2.11's LSTM states, before mends.py)
+    would make the compiled function return something eager does not. Refused, by output."""
+    metas = info.graph_output_metas
+    if any(m is not None and m.subclass is not None for m in metas):
+        return gm  # the graph returns a subclass output's inner tensors in its place
+    values = [getattr(a, "meta", {}).get("val") for a in gm.graph.output_node().args[0]]
+    for i, (meta, value) in enumerate(zip(metas, values)):
+        if meta is None or not isinstance(value, torch.Tensor):
+            continue
+        if value.dtype != meta.dtype or not _same_shape(tuple(value.shape), meta.shape):
+            raise NotImplementedError(
+                f"aotgrad: output {i} of the traced graph is {value.dtype} "
+                f"{list(value.shape)} where eager's is {meta.dtype} {list(meta.shape)}: "
+                "torch's decomposition of an op in the function, which the trace runs in "
+                "place of eager's kernel, computes another result. Run that op outside the "
+                "compiled function (torch.compiler.disable), and report it to aotgrad.")
     return gm
+
+
+def _same_shape(traced: tuple, analysed: tuple) -> bool:
+    """Sizes that are symbols (dynamic shapes) are not compared: only their number."""
+    return len(traced) == len(analysed) and all(
+        a == b for a, b in zip(traced, analysed) if not (is_symbolic(a) or is_symbolic(b)))
 
 
 def _trace_plain(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
