@@ -5,6 +5,7 @@ import math
 import os
 import weakref
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -314,3 +315,22 @@ def test_inductor_compiles_a_copy_and_the_graphs_stay_as_partitioned():
     eager(*batch).backward()
     for p, q in zip(lm.parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
+def test_inductor_draws_from_the_users_generator_on_every_compile(tmp_path, monkeypatch, grad):
+    """Inductor's FX graph cache stored the graph's generator pickled: the second compile
+    of the same graph (a hit) drew from a copy, other numbers than eager, and left the
+    user's generator as it was."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # Inductor's cache: on
+
+    def f(x, g):
+        return x * torch.rand(x.shape, generator=g)
+
+    x = torch.ones(4, requires_grad=grad)
+    g = torch.Generator().manual_seed(3)
+    expected = [f(x, g), f(x, g)], g.get_state()
+    for _ in range(2):  # the second compile's graph is the first's
+        g = torch.Generator().manual_seed(3)
+        compiled = aotgrad.compile(f, backend="inductor")
+        torch.testing.assert_close(([compiled(x, g), compiled(x, g)], g.get_state()), expected)

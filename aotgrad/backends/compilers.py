@@ -224,10 +224,23 @@ def _without_own_meta(gm: fx.GraphModule) -> fx.GraphModule:
 
 def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
                    graphed: dict) -> Callable:
+    from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    return compile_fx_inner(body, example_inputs, static_input_idxs=list(info.static_inputs),
-                            is_backward=info.role == "backward",
-                            is_inference=info.role == "inference", **graphed)
+    with config.patch(fx_graph_cache=False) if _holds_generator(body) \
+            else contextlib.nullcontext():
+        return compile_fx_inner(body, example_inputs,
+                                static_input_idxs=list(info.static_inputs),
+                                is_backward=info.role == "backward",
+                                is_inference=info.role == "inference", **graphed)
+
+
+def _holds_generator(gm: fx.GraphModule) -> bool:
+    """A random op drawing from the user's `torch.Generator`, which the graph holds: a hit
+    in Inductor's FX graph cache would load a pickled copy of it, and draw from the copy
+    (the second compile of `x * torch.rand(n, generator=g)` gave other numbers than eager,
+    and left `g` as it was)."""
+    return any(isinstance(functools.reduce(getattr, n.target.split("."), gm), torch.Generator)
+               for n in gm.graph.find_nodes(op="get_attr"))
 
 
 inductor_compiler.records_cudagraphs = True  # through compile_fx_inner's own box
