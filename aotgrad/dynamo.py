@@ -188,12 +188,14 @@ def compile_dynamo_graph(fn: Callable, flat: list, options: Options) -> Compiled
 def dynamo_fakes(gm: torch.fx.GraphModule, example_inputs) -> list:
     """With dynamic shapes, Dynamo's fakes of the inputs, with the symbolic sizes it chose
     (it passes the real tensors as example inputs; its fakes are on the graph's
-    placeholders). Otherwise the example inputs."""
+    placeholders); so too where a float it made dynamic comes as a 0-d tensor, whose fake
+    holds the symbol its `.item()` stands for. Otherwise the example inputs."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("example_value") for n in placeholders]
     if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
         return list(example_inputs)
-    return fakes if is_symbolic(fakes) else list(example_inputs)
+    unspecialized = any(getattr(f, "item_memo", None) is not None for f in fakes)
+    return fakes if is_symbolic(fakes) or unspecialized else list(example_inputs)
 
 
 def _static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:

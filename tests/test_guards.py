@@ -352,3 +352,30 @@ def test_a_lean_plan_runs_its_own_function_named_as_torch_names_it():
     torch.testing.assert_close(g, 2 * x.cos())
     g.sum().backward()
     torch.testing.assert_close(x.grad, -2 * x.sin())
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_float_attribute_that_changes_matches_eager_through_dynamo(backend):
+    """Dynamo makes a float that changed between calls dynamic: a 0-d tensor the graph reads
+    with `.item()`. aotgrad refused it as a data-dependent value (the Dynamo door raised
+    BackendCompilerFailed on the second value of `self.scale`)."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.scale = 2.0
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    torch._dynamo.reset()
+    model = Scaled()
+    step = torch.compile(model, backend=aotgrad.backend(backend=backend))
+    x = torch.randn(2, 4)
+    for scale in (2.0, 3.0, 0.5):  # the third runs the graph the second compiled
+        model.scale = scale
+        expected = model(x)
+        (expected_grad,) = torch.autograd.grad(expected.sum(), model.fc.weight)
+        actual = step(x)
+        (actual_grad,) = torch.autograd.grad(actual.sum(), model.fc.weight)
+        torch.testing.assert_close((actual, actual_grad), (expected, expected_grad))

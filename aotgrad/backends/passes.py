@@ -10,6 +10,7 @@ from typing import Sequence
 
 import torch
 from torch import fx
+from torch._guards import detect_fake_mode
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..capture.cse import eliminate_common_subexpressions
@@ -23,7 +24,7 @@ from ..verify import verify
 
 def inference_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
     """The backend's passes, then one node per repeated pure computation (cse.py)."""
-    gm = backend_passes(backend, gm)
+    gm = backend_passes(backend, scalars_as_tensors(gm))
     eliminate_common_subexpressions(gm)
     return gm
 
@@ -31,11 +32,28 @@ def inference_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
 def joint_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
     """The backend's passes, copying reshapes made explicit, masks moved next to what they
     test, then one node per repeated pure computation (cse.py)."""
-    gm = backend_passes(backend, gm)
+    gm = backend_passes(backend, scalars_as_tensors(gm))
     split_copying_reshapes(gm)
     j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
     hoist_masks(j)
     return eliminate_common_subexpressions(gm, j.forward)
+
+
+def scalars_as_tensors(gm: fx.GraphModule) -> fx.GraphModule:
+    """A float Dynamo made dynamic (one that changed between calls: a module's `scale`)
+    comes as a 0-d tensor that the graph reads with `.item()`, an unbacked symbol no
+    compiler can take into its kernels. torch's pass turns the arithmetic on it into tensor
+    ops, as torch's AOTAutograd has it do; where it cannot, it raises Dynamo's request to
+    trace again with that float specialized, which Dynamo honours."""
+    items = gm.graph.find_nodes(op="call_function",
+                                target=torch.ops.aten._local_scalar_dense.default)
+    fake_mode = detect_fake_mode([n.meta.get("val")
+                                  for n in gm.graph.find_nodes(op="placeholder")])
+    if not items or fake_mode is None or fake_mode.shape_env is None:
+        return gm
+    from torch.fx.passes._tensorify_python_scalars import tensorify_python_scalars
+    tensorify_python_scalars(gm, fake_mode.shape_env, fake_mode)
+    return gm
 
 
 def backend_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
