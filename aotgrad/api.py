@@ -11,6 +11,7 @@ share compiled graphs, each serving the calls its shape guard accepts (`dynamic.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 from typing import Any, Callable, Hashable, Sequence
 
@@ -29,6 +30,8 @@ from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ENTRIES = 8
 # Argument types that are pytree leaves: a call made of these alone skips pytree.
@@ -213,10 +216,19 @@ class CompiledModule(torch.nn.Module):
                  max_entries: int = DEFAULT_MAX_ENTRIES):
         super().__init__()
         self.orig_module = module
+        self._rebinds = 0  # compiles again after an attribute changed (_compile_again)
+        self._bind(options, max_entries)
+
+    def _bind(self, options: Options, max_entries: int) -> None:
+        """Compile for the module as it is now (its graphs are traced at the first call)."""
+        module = self.orig_module
+        self._options, self._max_entries = options, max_entries
         self._names = lift_state(module).names
         self._slots = [_slot(module, n) for n in self._names]
         self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())
+        self._attributes = ModuleAttributes.of(module)
+        self._traced = False
         options = dataclasses.replace(
             options, static_inputs=tuple(range(len(self._names))),
             input_names=(*self._names, *[""] * len(self._submodules)), named_like=module.forward)
@@ -224,6 +236,7 @@ class CompiledModule(torch.nn.Module):
 
     def _functional_forward(self, *flat, **kwargs):
         # flat: the state, each submodule's training flag (for the signature), the arguments.
+        self._traced = True  # forward's Python runs: it may set attributes
         state = flat[:len(self._names)]
         args = flat[len(self._names) + len(self._submodules):]
         with _reparametrize_module(self.orig_module, dict(zip(self._names, state)),
@@ -242,9 +255,30 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if _tracing():  # an outer torch.compile or export traces the module itself
             return self.orig_module(*args, **kwargs)
+        changed = self._attributes.changed()
+        if changed is not None:
+            return self._compile_again(changed, args, kwargs)
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
-        return self.compiled(*self._read_state(), *training_flags, *args, **kwargs)
+        out = self.compiled(*self._read_state(), *training_flags, *args, **kwargs)
+        if self._traced:  # as the trace left them
+            self._attributes, self._traced = ModuleAttributes.of(self.orig_module), False
+        return out
+
+    def _compile_again(self, changed: str, args, kwargs):
+        self._rebinds += 1
+        if self._rebinds > self._max_entries:
+            if self._rebinds == self._max_entries + 1:
+                warnings.warn(
+                    f"aotgrad: {changed} of {type(self.orig_module).__name__} changed after "
+                    f"each of {self._max_entries} compiles (max_entries); running it eagerly "
+                    "from now on. Pass the value as an argument, or use torch.compile("
+                    "backend='aotgrad'), which makes a changing number an input.")
+            return self.orig_module(*args, **kwargs)
+        log.info("aotgrad: %s changed since %s was compiled: compiling it again",
+                 changed, type(self.orig_module).__name__)
+        self._bind(self._options, self._max_entries)
+        return self.forward(*args, **kwargs)
 
     def _read_state(self) -> list:
         """The current parameters and buffers, read each call: in-place updates and
@@ -258,6 +292,42 @@ class CompiledModule(torch.nn.Module):
     @property
     def artifacts(self) -> list[Artifact]:
         return self.compiled.artifacts
+
+
+class ModuleAttributes:
+    """What a compiled module's graphs took as given beyond its parameters and buffers:
+    which submodule sits where, and the attributes its forward may read as constants (a
+    number such as a `scale` or a dropout's `p`, a string, a plain tensor attribute, by
+    identity). torch.compile guards them; here they are compared at each call, and a
+    change compiles the module again, instead of running graphs that baked the old ones."""
+
+    def __init__(self, edges: list, values: list):
+        self.edges = edges  # (parent's _modules, name, child)
+        self.values = values  # (owner's __dict__, name, value)
+
+    @classmethod
+    def of(cls, module: torch.nn.Module) -> "ModuleAttributes":
+        modules = list(module.modules())
+        edges = [(m._modules, n, c) for m in modules for n, c in m._modules.items()]
+        values = [(vars(m), n, v) for m in modules for n, v in vars(m).items()
+                  if isinstance(v, _CONSTANTS) and not n.startswith("_") and n != "training"]
+        return cls(edges, values)
+
+    def changed(self) -> str | None:
+        """The first attribute that changed, by name; None if none did."""
+        for parent, name, child in self.edges:
+            if parent.get(name) is not child:
+                return f"submodule {name!r}"
+        for owner, name, value in self.values:
+            now = owner.get(name, _GONE)
+            if now is not value and not (type(now) is type(value) and
+                                         not isinstance(value, torch.Tensor) and now == value):
+                return f"attribute {name!r}"
+        return None
+
+
+_CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
+_GONE = object()
 
 
 def _slot(module: torch.nn.Module, name: str):

@@ -379,3 +379,83 @@ def test_a_float_attribute_that_changes_matches_eager_through_dynamo(backend):
         actual = step(x)
         (actual_grad,) = torch.autograd.grad(actual.sum(), model.fc.weight)
         torch.testing.assert_close((actual, actual_grad), (expected, expected_grad))
+
+
+class Scaled(nn.Module):
+    """A module whose forward reads Python state besides its parameters: a number, a
+    plain tensor attribute, a submodule, and an attribute it sets itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.scale = 2.0
+        self.offset = torch.ones(4)
+
+    def forward(self, x):
+        self.last_batch = x.shape[0]  # set by forward: not a change of the user's
+        return self.fc(x) * self.scale + self.offset
+
+
+def step_matches_eager(model, compiled, x):
+    expected = model(x)
+    expected_grads = torch.autograd.grad(expected.sum(), list(model.parameters()))
+    actual = compiled(x)
+    actual_grads = torch.autograd.grad(actual.sum(), list(model.parameters()))
+    torch.testing.assert_close((actual, actual_grads), (expected, expected_grads))
+
+
+CHANGES = {
+    "number": lambda m: setattr(m, "scale", 3.0),
+    "tensor attribute": lambda m: setattr(m, "offset", torch.full((4,), 5.0)),
+    "submodule": lambda m: setattr(m, "fc", nn.Linear(4, 4)),  # its parameters get the grads
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_module_attribute_changed_after_the_compile_compiles_again(change):
+    """aotgrad.compile ran graphs that baked the old value (or read the replaced
+    submodule's parameters), silently; torch.compile guards these."""
+    model = Scaled()
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    step_matches_eager(model, compiled, x)
+    step_matches_eager(model, compiled, x)  # what forward sets itself changes nothing
+    assert compiled.compiled.num_compiles == 1
+    CHANGES[change](model)
+    step_matches_eager(model, compiled, x)
+    assert compiled._rebinds == 1
+
+
+def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entries():
+    model = Scaled()
+    compiled = aotgrad.compile(model, backend="eager", max_entries=2)
+    x = torch.randn(2, 4)
+    with pytest.warns(UserWarning, match="attribute 'scale' of Scaled changed after each of 2"):
+        for scale in range(5):
+            model.scale = float(scale)
+            step_matches_eager(model, compiled, x)
+
+
+@pytest.mark.xfail(strict=True, reason="aotgrad.compile takes a plain tensor attribute, a "
+                   "closed-over or a global tensor as a constant of the graph, which Inductor "
+                   "compiles in: an in-place write to it after the compile is not seen (the "
+                   "eager backend sees it; torch.compile does)")
+def test_a_plain_tensor_attribute_written_in_place_after_the_compile():
+    model = Scaled()
+    compiled = aotgrad.compile(model, backend="inductor")
+    x = torch.randn(2, 4)
+    compiled(x)
+    model.offset.add_(1)
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.xfail(strict=True, reason="aotgrad.compile of a function traces its closure "
+                   "and globals once: a value rebound after the compile is not seen "
+                   "(torch.compile guards it)")
+def test_a_closed_over_value_changed_after_the_compile():
+    scale = [2.0]
+    compiled = aotgrad.compile(lambda x: x * scale[0], backend="eager")
+    x = torch.randn(3)
+    compiled(x)
+    scale[0] = 5.0
+    torch.testing.assert_close(compiled(x), x * 5.0)
