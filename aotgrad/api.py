@@ -30,6 +30,7 @@ from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
+from .runtime.module_guard import ModuleAttributes
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ class CompiledModule(torch.nn.Module):
         self._slots = [_slot(module, n) for n in self._names]
         self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())
-        self._attributes = ModuleAttributes.of(module)
+        self._attributes = ModuleAttributes(module)
         self._traced = False
         options = dataclasses.replace(
             options, static_inputs=tuple(range(len(self._names))),
@@ -262,7 +263,7 @@ class CompiledModule(torch.nn.Module):
         training_flags = [m.training for m in self._submodules]
         out = self.compiled(*self._read_state(), *training_flags, *args, **kwargs)
         if self._traced:  # as the trace left them
-            self._attributes, self._traced = ModuleAttributes.of(self.orig_module), False
+            self._attributes, self._traced = ModuleAttributes(self.orig_module), False
         return out
 
     def _compile_again(self, changed: str, args, kwargs):
@@ -292,42 +293,6 @@ class CompiledModule(torch.nn.Module):
     @property
     def artifacts(self) -> list[Artifact]:
         return self.compiled.artifacts
-
-
-class ModuleAttributes:
-    """What a compiled module's graphs took as given beyond its parameters and buffers:
-    which submodule sits where, and the attributes its forward may read as constants (a
-    number such as a `scale` or a dropout's `p`, a string, a plain tensor attribute, by
-    identity). torch.compile guards them; here they are compared at each call, and a
-    change compiles the module again, instead of running graphs that baked the old ones."""
-
-    def __init__(self, edges: list, values: list):
-        self.edges = edges  # (parent's _modules, name, child)
-        self.values = values  # (owner's __dict__, name, value)
-
-    @classmethod
-    def of(cls, module: torch.nn.Module) -> "ModuleAttributes":
-        modules = list(module.modules())
-        edges = [(m._modules, n, c) for m in modules for n, c in m._modules.items()]
-        values = [(vars(m), n, v) for m in modules for n, v in vars(m).items()
-                  if isinstance(v, _CONSTANTS) and not n.startswith("_") and n != "training"]
-        return cls(edges, values)
-
-    def changed(self) -> str | None:
-        """The first attribute that changed, by name; None if none did."""
-        for parent, name, child in self.edges:
-            if parent.get(name) is not child:
-                return f"submodule {name!r}"
-        for owner, name, value in self.values:
-            now = owner.get(name, _GONE)
-            if now is not value and not (type(now) is type(value) and
-                                         not isinstance(value, torch.Tensor) and now == value):
-                return f"attribute {name!r}"
-        return None
-
-
-_CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
-_GONE = object()
 
 
 def _slot(module: torch.nn.Module, name: str):

@@ -404,10 +404,18 @@ def step_matches_eager(model, compiled, x):
     torch.testing.assert_close((actual, actual_grads), (expected, expected_grads))
 
 
+class Doubled(nn.Module):
+    def forward(self, weight):
+        return weight * 2
+
+
 CHANGES = {
     "number": lambda m: setattr(m, "scale", 3.0),
     "tensor attribute": lambda m: setattr(m, "offset", torch.full((4,), 5.0)),
     "submodule": lambda m: setattr(m, "fc", nn.Linear(4, 4)),  # its parameters get the grads
+    "forward hook": lambda m: m.fc.register_forward_hook(lambda mod, args, out: out * 10),
+    "parametrization": lambda m: nn.utils.parametrize.register_parametrization(
+        m.fc, "weight", Doubled()),
 }
 
 
@@ -421,7 +429,24 @@ def test_a_module_attribute_changed_after_the_compile_compiles_again(change):
     step_matches_eager(model, compiled, x)
     step_matches_eager(model, compiled, x)  # what forward sets itself changes nothing
     assert compiled.compiled.num_compiles == 1
-    CHANGES[change](model)
+    handle = CHANGES[change](model)
+    try:
+        step_matches_eager(model, compiled, x)
+        assert compiled._rebinds == 1
+    finally:
+        if isinstance(handle, torch.utils.hooks.RemovableHandle):
+            handle.remove()
+
+
+def test_a_hook_removed_after_the_compile_compiles_again():
+    model = Scaled()
+    handle = model.fc.register_forward_hook(lambda mod, args, out: out * 10)
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    step_matches_eager(model, compiled, x)
+    handle.remove()
+    step_matches_eager(model, compiled, x)
+    torch.ones(1, requires_grad=True).register_hook(lambda g: g)  # another's: no compile
     step_matches_eager(model, compiled, x)
     assert compiled._rebinds == 1
 
