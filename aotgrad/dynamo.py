@@ -175,9 +175,12 @@ def compile_dynamo_graph(fn: Callable, flat: list, options: Options) -> Compiled
     """`fn` compiled once for Dynamo's flat inputs, symbolic sizes included (guards land in
     Dynamo's). None, after a warning, where it cannot be compiled for symbolic sizes: the
     caller then compiles per shape."""
+    from torch._dynamo.exc import RestartAnalysis
     _, in_spec = pytree.tree_flatten((tuple(flat), {}))
     try:
         return compile_call(fn, flat, in_spec, options)
+    except RestartAnalysis:  # Dynamo's request to trace again (a float to specialize)
+        raise
     except Exception as exc:
         if not (is_symbolic(flat) and falls_back_to_static(exc)):
             raise

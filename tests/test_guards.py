@@ -484,3 +484,34 @@ def test_a_closed_over_value_changed_after_the_compile():
     compiled(x)
     scale[0] = 5.0
     torch.testing.assert_close(compiled(x), x * 5.0)
+
+
+@pytest.mark.parametrize("use", ["full_like", "leaky_relu"])
+def test_dynamic_dynamo_graph_whose_float_must_be_specialized_matches_eager(use):
+    """With dynamic=True Dynamo makes a user module's float attribute an input (a 0-d tensor
+    read with .item()); where torch's pass cannot turn it into tensor ops (a fill value, a
+    negative slope), it asks Dynamo to trace again with the float specialized. aotgrad took
+    that request for a failure of dynamic shapes and compiled per shape on real inputs,
+    where .item() was refused as data-dependent (HF GPT-2 under dynamic=True failed so)."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.value = 0.5
+
+        def forward(self, x):
+            y = self.fc(x)
+            if use == "full_like":
+                return y + torch.full_like(y, self.value)
+            return nn.functional.leaky_relu(y, self.value)
+
+    torch._dynamo.reset()
+    model = Block()
+    step = torch.compile(model, backend=aotgrad.backend(backend="eager"), dynamic=True)
+    for batch in (2, 3):
+        x = torch.randn(batch, 4)
+        expected = model(x)
+        (expected_grad,) = torch.autograd.grad(expected.sum(), model.fc.weight)
+        actual = step(x)
+        (actual_grad,) = torch.autograd.grad(actual.sum(), model.fc.weight)
+        torch.testing.assert_close((actual, actual_grad), (expected, expected_grad))
