@@ -43,6 +43,9 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         if any(isinstance(x, list) for x in example_inputs):  # compiled autograd's graphs
             return unbox_list_inputs(gm, example_inputs, functools.partial(
                 aotgrad_dynamo_backend, mode=mode, options=options))
+        if _held_tensors(gm):  # the optimizer's parameters, its state (a compiled step)
+            return lift_held_tensors(gm, example_inputs, functools.partial(
+                aotgrad_dynamo_backend, mode=mode, options=options))
         hops.refuse_in_graph(gm.graph)
         graph_options = replace(base, static_inputs=_static_inputs(gm, example_inputs),
                                 input_names=_user_names(gm),
@@ -116,6 +119,44 @@ def unbox_list_inputs(gm: torch.fx.GraphModule, example_inputs, compile_flat: Ca
 
     run.artifact = getattr(compiled, "artifact", None)
     return run
+
+
+def lift_held_tensors(gm: torch.fx.GraphModule, example_inputs, compile_flat: Callable
+                      ) -> Callable:
+    """`gm` compiled by `compile_flat` with the tensors it holds (`get_attr`) taken as its
+    first inputs, read at each call. Dynamo puts there what a compiled optimizer step
+    updates in place (parameters, momentum buffers, step counts); as constants, their
+    writes were refused (a parameter requires grad) or would be lost."""
+    held = _held_tensors(gm)
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))  # Dynamo's graph stays as it was
+    first = next(iter(graph.nodes))
+    for node in list(graph.find_nodes(op="get_attr")):
+        if node.target in held:
+            with graph.inserting_before(first):
+                placeholder = graph.placeholder(node.name)
+            placeholder.meta = {"example_value": held[node.target], **node.meta}
+            node.replace_all_uses_with(placeholder)
+            graph.erase_node(node)
+    lifted = torch.fx.GraphModule(gm, graph)
+    tensors = list(held.values())
+    compiled = compile_flat(lifted, [*tensors, *example_inputs])
+
+    def run(*args):
+        return compiled(*tensors, *args)
+
+    run.artifact = getattr(compiled, "artifact", None)
+    return run
+
+
+def _held_tensors(gm: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
+    """The tensors `gm`'s get_attr nodes read, by target."""
+    held = {}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        value = functools.reduce(getattr, node.target.split("."), gm)
+        if isinstance(value, torch.Tensor):
+            held[node.target] = value
+    return held
 
 
 def _flat(args, lengths: list[int | None]) -> list:

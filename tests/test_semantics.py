@@ -372,3 +372,30 @@ def test_a_decomposition_that_changes_an_outputs_shape_is_refused(torch_211_lstm
                                         r"traced graph is torch.float32 \[2, 1, 3, 8\] where "
                                         r"eager's is torch.float32 \[2, 3, 8\]"):
         aotgrad.compile(model)(x)
+
+
+@pytest.mark.parametrize("optimizer, options", [
+    ("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.01)),
+    ("AdamW", dict(lr=0.01, weight_decay=0.1, foreach=False)), ("RMSprop", dict(lr=0.01))])
+def test_a_compiled_optimizer_step_matches_eager(optimizer, options):
+    """torch.compile(backend="aotgrad") of `opt.step()`: Dynamo hands the parameters and the
+    optimizer's state as tensors the graph holds (get_attr); aotgrad refused the step ('add_
+    reads a tensor ... that requires grad but is not an input'). They are now inputs, read
+    at each call, and their in-place updates land on them."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model = copy.deepcopy(eager)
+    eager_opt = getattr(torch.optim, optimizer)(eager.parameters(), **options)
+    opt = getattr(torch.optim, optimizer)(model.parameters(), **options)
+    step = torch.compile(opt.step, backend=aotgrad.backend(backend="eager"))
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        for m, o, run in ((eager, eager_opt, eager_opt.step), (model, opt, step)):
+            m(x).pow(2).sum().backward()
+            run()
+            o.zero_grad()
+    torch.testing.assert_close(list(model.parameters()), list(eager.parameters()))
+    torch.testing.assert_close(
+        [s for state in opt.state.values() for s in state.values()],
+        [s for state in eager_opt.state.values() for s in state.values()])
