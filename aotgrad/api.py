@@ -30,7 +30,7 @@ from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
-from .runtime.module_guard import ModuleAttributes
+from .runtime.module_guard import ModuleAttributes, hooks_checked
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,8 @@ class CompiledModule(torch.nn.Module):
         state = flat[:len(self._names)]
         args = flat[len(self._names) + len(self._submodules):]
         with _reparametrize_module(self.orig_module, dict(zip(self._names, state)),
-                                   tie_weights=True):
+                                   tie_weights=True), \
+                hooks_checked(self._attributes.hook_dicts):
             out = self.orig_module(*args, **kwargs)
             self._refuse_reassigned_state(state)
         return out

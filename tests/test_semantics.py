@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 
 import aotgrad
 from aotgrad.compat import aot_function, nop
@@ -399,3 +400,52 @@ def test_a_compiled_optimizer_step_matches_eager(optimizer, options):
     torch.testing.assert_close(
         [s for state in opt.state.values() for s in state.values()],
         [s for state in eager_opt.state.values() for s in state.values()])
+
+
+HOOKS = {  # a hook of the user's that returns nothing: its effect is elsewhere
+    "forward": lambda m, seen: m.register_forward_hook(
+        lambda mod, args, out: seen.append(out.detach())),
+    "forward pre": lambda m, seen: m.register_forward_pre_hook(
+        lambda mod, args: seen.append(args[0])),
+    "full backward": lambda m, seen: m.register_full_backward_hook(
+        lambda mod, grad_in, grad_out: seen.append(grad_out[0])),
+}
+
+
+@pytest.mark.parametrize("kind", HOOKS)
+def test_a_module_hook_that_returns_nothing_is_refused_by_the_native_door(kind):
+    """Such a hook (feature extraction, gradient logging) ran once per trace on fake
+    tensors and never at run time: the user's list held FakeTensors. torch.compile runs
+    it; aotgrad.compile cannot."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    seen = []
+    HOOKS[kind](model[0], seen)
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="aotgrad: the module hook .* returns "
+                                                  "nothing"):
+        aotgrad.compile(model, backend="eager")(x).sum().backward()
+    seen.clear()  # the refused trace ran the hook once
+    torch._dynamo.reset()
+    torch.compile(model, backend="aotgrad")(x).sum().backward()
+    assert len(seen) >= 1 and not any(isinstance(t, FakeTensor) for t in seen)
+
+
+def test_hooks_that_return_their_value_and_torchs_own_hooks_are_traced():
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.utils.spectral_norm(torch.nn.Linear(4, 4)),
+                                torch.nn.ReLU())
+    eager[1].register_forward_hook(lambda mod, args, out: out * 3)
+    model = copy.deepcopy(eager)
+    x = torch.randn(2, 4)
+    expected = eager(x)
+    torch.testing.assert_close(aotgrad.compile(model, backend="eager")(x), expected)
+
+
+def test_retain_grad_inside_the_function_is_refused_by_the_native_door():
+    def f(x):
+        h = x * 2
+        h.retain_grad()
+        return h, h.pow(2).sum()
+
+    with pytest.raises(NotImplementedError, match="aotgrad: the function calls retain_grad"):
+        aotgrad.compile(f, backend="eager")(torch.randn(3, requires_grad=True))

@@ -168,6 +168,8 @@ class _RefuseClosedOverState(TorchFunctionMode):
             return func(*args, **kwargs)  # the op it records meets this mode after
         if func is torch.Tensor.data_ptr and not _is_real(args[0]):
             raise _address_read()
+        if func is torch.Tensor.retain_grad and not args[0].is_leaf:
+            raise _retained_grad()
         oplog.note_function(func)  # hooks: Python code in the backward the log cannot see
         for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
             if _is_real(t):
@@ -207,6 +209,15 @@ def _address_read() -> NotImplementedError:
         "aotgrad: the function reads a tensor's data_ptr() while it is traced (a user Triton "
         "kernel or C extension launched directly?). Call the kernel from a custom op "
         "(torch.library.custom_op with a register_fake), which aotgrad traces as one op.")
+
+
+def _retained_grad() -> NotImplementedError:
+    """The compiled function's outputs are new tensors made after the graph ran: the one
+    retain_grad() marked is the trace's, and eager's `.grad` would stay None."""
+    return NotImplementedError(
+        "aotgrad: the function calls retain_grad() on a tensor it computes; its .grad would "
+        "stay None. Call retain_grad() on the output after the compiled call, or use "
+        "torch.compile(backend='aotgrad').")
 
 
 def _requires_grad_turned_off() -> NotImplementedError:

@@ -9,9 +9,15 @@ guards); the argument guards are runtime/guards.py.
 - the module hooks, and the global ones: a hook registered anywhere bumps one counter of
   torch's (`RemovableHandle.next_id`), checked first; the hook dicts that held hooks at the
   compile are compared whole, so that a removal is seen too.
+
+`hooks_checked` refuses, during a trace, the hooks whose effects a graph cannot keep.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable
 
 import torch
 from torch.nn.modules import module as module_hooks
@@ -61,3 +67,45 @@ class ModuleAttributes:
 
 def _hooked(dicts: list) -> list:
     return [(d, tuple(d)) for d in dicts if d]
+
+
+@contextlib.contextmanager
+def hooks_checked(hook_dicts: list):
+    """Around a trace of a compiled module: each hook of the user's that returns nothing is
+    refused. What such a hook does, it does to something else than the module's tensors (a
+    list of features, a log of gradients), once, on the trace's fake tensors, and never at
+    run time: the user would get fake tensors where eager gives values. A hook that returns
+    a value transforms it, which the graph keeps (torch's own hooks are trusted)."""
+    originals = [(hooks, dict(hooks)) for hooks in hook_dicts if hooks]
+    for hooks, before in originals:
+        for key, hook in before.items():
+            if not _is_torchs(hook):
+                hooks[key] = _returning(hook)
+    try:
+        yield
+    finally:
+        for hooks, before in originals:
+            hooks.update(before)
+
+
+def _returning(hook: Callable) -> Callable:
+    @functools.wraps(hook)
+    def checked(*args, **kwargs):
+        out = hook(*args, **kwargs)
+        if out is None:
+            name = getattr(hook, "__qualname__", type(hook).__qualname__)
+            raise NotImplementedError(
+                f"aotgrad: the module hook {name} returns nothing: what it does instead (a "
+                "list it appends to, a log) would happen once, while aotgrad.compile traces "
+                "the module on fake tensors, and never when the compiled module runs. Use "
+                "torch.compile(backend='aotgrad'), which runs it; or, if it only transforms "
+                "the value it is given, return the value.")
+        return out
+    return checked
+
+
+def _is_torchs(hook: Callable) -> bool:
+    """A hook torch registers (spectral_norm's, parametrizations'): its effects are traced."""
+    hook = getattr(hook, "func", hook)  # functools.partial
+    module = getattr(hook, "__module__", None) or type(hook).__module__
+    return module == "torch" or module.startswith("torch.")
