@@ -359,15 +359,6 @@ def test_a_float_attribute_that_changes_matches_eager_through_dynamo(backend):
     """Dynamo makes a float that changed between calls dynamic: a 0-d tensor the graph reads
     with `.item()`. aotgrad refused it as a data-dependent value (the Dynamo door raised
     BackendCompilerFailed on the second value of `self.scale`)."""
-    class Scaled(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-            self.scale = 2.0
-
-        def forward(self, x):
-            return self.fc(x) * self.scale
-
     torch._dynamo.reset()
     model = Scaled()
     step = torch.compile(model, backend=aotgrad.backend(backend=backend))
