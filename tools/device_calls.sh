@@ -13,7 +13,14 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# Session 16: `checkpoints`, `stages` (aotgrad), `spans` ran; then `torch_side`.
+# Session 16: `checkpoints`, `stages` (aotgrad), `spans`, `torch_side` ran. Next: `verify16`
+# (this session's changes on torch 2.11, CPU + CUDA), then `MODELS=bert bash ... bwtime` (the
+# 38 extra Triton kernels of BERT's backward, now named after their ops).
+verify16)
+  TAIL=8 step verify16 400 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider \
+    -p no:warnings tests/test_guards.py tests/test_semantics.py tests/test_backends.py \
+    tests/test_cache.py tests/test_dynamic.py
+  grep -E "(FAILED|ERROR) " $OUT/verify16.log | sort | uniq | head -20 ;;
 torch_side)  # torch's side of DeBERTa-v2's first compile; 2.11's LSTM mend; kernel names on CUDA
   TAIL=4 step lstm 150 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_semantics.py -k lstm
