@@ -449,3 +449,20 @@ def test_retain_grad_inside_the_function_is_refused_by_the_native_door():
 
     with pytest.raises(NotImplementedError, match="aotgrad: the function calls retain_grad"):
         aotgrad.compile(f, backend="eager")(torch.randn(3, requires_grad=True))
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev"])
+def test_torch_func_transforms_of_a_compiled_function_match_eager(transform):
+    """Under torch.func's transforms the inputs are functorch's wrapped tensors, which the
+    native door traced and failed on ('requires_grad_() inside of a function being
+    transformed'); the original code runs under them, as in eager."""
+    def f(x):
+        return (x.sin() * x).sum(-1)
+
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    for fn, compiled in ((f, aotgrad.compile(f, backend="eager")),
+                         (model, aotgrad.compile(model, backend="eager"))):
+        scalar = (lambda g: (lambda t: g(t).sum())) if transform == "grad" else (lambda g: g)
+        apply = getattr(torch.func, transform)
+        torch.testing.assert_close(apply(scalar(compiled))(x), apply(scalar(fn))(x))
