@@ -30,7 +30,7 @@ from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
-from .runtime.module_guard import ModuleAttributes, hooks_checked
+from .runtime.module_guard import ModuleAttributes, hooks_checked, refuse_traced_attributes
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +249,7 @@ class CompiledModule(torch.nn.Module):
                 hooks_checked(self._attributes.hook_dicts):
             out = self.orig_module(*args, **kwargs)
             self._refuse_reassigned_state(state)
+        refuse_traced_attributes(self.orig_module)
         return out
 
     def _refuse_reassigned_state(self, state) -> None:

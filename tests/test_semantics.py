@@ -402,7 +402,7 @@ def test_a_compiled_optimizer_step_matches_eager(optimizer, options):
         [s for state in eager_opt.state.values() for s in state.values()])
 
 
-HOOKS = {  # a hook of the user's that returns nothing: its effect is elsewhere
+HOOKS = {  # a hook of the user's that keeps what it is given
     "forward": lambda m, seen: m.register_forward_hook(
         lambda mod, args, out: seen.append(out.detach())),
     "forward pre": lambda m, seen: m.register_forward_pre_hook(
@@ -413,7 +413,7 @@ HOOKS = {  # a hook of the user's that returns nothing: its effect is elsewhere
 
 
 @pytest.mark.parametrize("kind", HOOKS)
-def test_a_module_hook_that_returns_nothing_is_refused_by_the_native_door(kind):
+def test_a_module_hook_that_keeps_a_traced_tensor_is_refused_by_the_native_door(kind):
     """Such a hook (feature extraction, gradient logging) ran once per trace on fake
     tensors and never at run time: the user's list held FakeTensors. torch.compile runs
     it; aotgrad.compile cannot."""
@@ -421,8 +421,8 @@ def test_a_module_hook_that_returns_nothing_is_refused_by_the_native_door(kind):
     seen = []
     HOOKS[kind](model[0], seen)
     x = torch.randn(2, 4, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="aotgrad: the module hook .* returns "
-                                                  "nothing"):
+    with pytest.raises(NotImplementedError, match="aotgrad: the module hook .* keeps a "
+                                                  "tensor of the trace"):
         aotgrad.compile(model, backend="eager")(x).sum().backward()
     seen.clear()  # the refused trace ran the hook once
     torch._dynamo.reset()
@@ -430,11 +430,14 @@ def test_a_module_hook_that_returns_nothing_is_refused_by_the_native_door(kind):
     assert len(seen) >= 1 and not any(isinstance(t, FakeTensor) for t in seen)
 
 
-def test_hooks_that_return_their_value_and_torchs_own_hooks_are_traced():
+def test_hooks_whose_effects_are_the_tensors_own_and_torchs_own_hooks_are_traced():
+    """A returned value, `requires_grad_()` on the output (transformers' hook for gradient
+    checkpointing with frozen embeddings), spectral_norm's hook."""
     torch.manual_seed(0)
     eager = torch.nn.Sequential(torch.nn.utils.spectral_norm(torch.nn.Linear(4, 4)),
                                 torch.nn.ReLU())
     eager[1].register_forward_hook(lambda mod, args, out: out * 3)
+    eager[1].register_forward_hook(lambda mod, args, out: [out.requires_grad_(True)] and None)
     model = copy.deepcopy(eager)
     x = torch.randn(2, 4)
     expected = eager(x)
@@ -466,3 +469,26 @@ def test_torch_func_transforms_of_a_compiled_function_match_eager(transform):
         scalar = (lambda g: (lambda t: g(t).sum())) if transform == "grad" else (lambda g: g)
         apply = getattr(torch.func, transform)
         torch.testing.assert_close(apply(scalar(compiled))(x), apply(scalar(fn))(x))
+
+
+def test_a_tensor_forward_stores_in_an_attribute_is_refused_by_the_native_door():
+    """The attribute held a FakeTensor after the compile, and later calls stored nothing
+    (torch.compile stores each call's)."""
+    class Keeps(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x)
+            self.last = y.detach()
+            return y
+
+    model = Keeps()
+    x = torch.randn(2, 4)
+    with pytest.raises(NotImplementedError, match="stores a tensor it computes in the "
+                                                  "attribute 'last' of Keeps"):
+        aotgrad.compile(model, backend="eager")(x)
+    torch._dynamo.reset()
+    out = torch.compile(model, backend="aotgrad")(x)
+    torch.testing.assert_close(model.last, out.detach())

@@ -10,14 +10,16 @@ guards); the argument guards are runtime/guards.py.
   torch's (`RemovableHandle.next_id`), checked first; the hook dicts that held hooks at the
   compile are compared whole, so that a removal is seen too.
 
-`hooks_checked` refuses, during a trace, the hooks whose effects a graph cannot keep.
+`hooks_checked` refuses, during a trace, the hooks whose effects a graph cannot keep;
+`refuse_traced_attributes`, after it, a traced tensor forward stored in an attribute.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.nn.modules import module as module_hooks
@@ -71,16 +73,17 @@ def _hooked(dicts: list) -> list:
 
 @contextlib.contextmanager
 def hooks_checked(hook_dicts: list):
-    """Around a trace of a compiled module: each hook of the user's that returns nothing is
-    refused. What such a hook does, it does to something else than the module's tensors (a
-    list of features, a log of gradients), once, on the trace's fake tensors, and never at
-    run time: the user would get fake tensors where eager gives values. A hook that returns
-    a value transforms it, which the graph keeps (torch's own hooks are trusted)."""
+    """Around a trace of a compiled module: a hook of the user's that stores a traced tensor
+    where it can be read later (a list of features, a dict of gradients its closure or
+    module globals hold) is refused. It runs once, on the trace's fake tensors, and never
+    when the compiled module runs: the user would find fake tensors where eager leaves a
+    call's values. Hooks whose effects are the tensors' own (a returned value,
+    `requires_grad_()` on the output) are traced, as are torch's own hooks."""
     originals = [(hooks, dict(hooks)) for hooks in hook_dicts if hooks]
     for hooks, before in originals:
         for key, hook in before.items():
             if not _is_torchs(hook):
-                hooks[key] = _returning(hook)
+                hooks[key] = _checked(hook)
     try:
         yield
     finally:
@@ -88,20 +91,48 @@ def hooks_checked(hook_dicts: list):
             hooks.update(before)
 
 
-def _returning(hook: Callable) -> Callable:
+def _checked(hook: Callable) -> Callable:
     @functools.wraps(hook)
     def checked(*args, **kwargs):
         out = hook(*args, **kwargs)
-        if out is None:
+        if any(_holds_traced(obj) for obj in _reachable(hook)):
             name = getattr(hook, "__qualname__", type(hook).__qualname__)
             raise NotImplementedError(
-                f"aotgrad: the module hook {name} returns nothing: what it does instead (a "
-                "list it appends to, a log) would happen once, while aotgrad.compile traces "
+                f"aotgrad: the module hook {name} keeps a tensor of the trace (in a list, a "
+                "dict, an object it can reach): it runs once, while aotgrad.compile traces "
                 "the module on fake tensors, and never when the compiled module runs. Use "
-                "torch.compile(backend='aotgrad'), which runs it; or, if it only transforms "
-                "the value it is given, return the value.")
+                "torch.compile(backend='aotgrad'), which runs it at each call.")
         return out
     return checked
+
+
+def _reachable(hook: Callable) -> list:
+    """What a hook can store into: its closure's cells, the globals its code names, the
+    object it is bound to."""
+    fn = getattr(hook, "func", hook)  # functools.partial
+    objects = [getattr(fn, "__self__", None)]
+    fn = getattr(fn, "__func__", fn)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            objects.append(cell.cell_contents)
+        except ValueError:  # empty cell
+            pass
+    code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    if code is not None:
+        objects += [names[n] for n in code.co_names if n in names]
+    return [o for o in objects if o is not None and not isinstance(o, torch.nn.Module)]
+
+
+def _holds_traced(obj: Any, depth: int = 2) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return _is_traced(obj)
+    if depth == 0:
+        return False
+    if isinstance(obj, dict):
+        return any(_holds_traced(v, depth - 1) for v in obj.values())
+    if isinstance(obj, (list, tuple, set, collections.deque)):
+        return any(_holds_traced(v, depth - 1) for v in obj)
+    return False
 
 
 def _is_torchs(hook: Callable) -> bool:
@@ -109,3 +140,27 @@ def _is_torchs(hook: Callable) -> bool:
     hook = getattr(hook, "func", hook)  # functools.partial
     module = getattr(hook, "__module__", None) or type(hook).__module__
     return module == "torch" or module.startswith("torch.")
+
+
+def refuse_traced_attributes(module: torch.nn.Module) -> None:
+    """Forward ran once, traced: a tensor it computed and stored in a plain attribute (the
+    last attention map, for a later look) holds a traced tensor, not a call's values, and
+    later calls would not store theirs. (A module with a hook of torch's is left alone:
+    `spectral_norm`'s hook sets `weight` so, as its forward's input.)"""
+    for owner in module.modules():
+        if any(_is_torchs(hook) for name in _HOOK_DICTS
+               for hook in getattr(owner, name).values()):
+            continue
+        for name, value in vars(owner).items():
+            if isinstance(value, torch.Tensor) and _is_traced(value):
+                raise NotImplementedError(
+                    f"aotgrad: forward stores a tensor it computes in the attribute {name!r} "
+                    f"of {type(owner).__name__}; aotgrad.compile runs forward's Python once, "
+                    "when it traces, so the attribute would hold a traced tensor and no "
+                    "call's values. Return the tensor, copy_ it into a registered buffer, or "
+                    "use torch.compile(backend='aotgrad').")
+
+
+def _is_traced(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(t) or torch._is_functional_tensor(t)
