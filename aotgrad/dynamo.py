@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 import re
 from dataclasses import replace
 from typing import Any, Callable
@@ -43,8 +44,9 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         if any(isinstance(x, list) for x in example_inputs):  # compiled autograd's graphs
             return unbox_list_inputs(gm, example_inputs, functools.partial(
                 aotgrad_dynamo_backend, mode=mode, options=options))
-        if _held_tensors(gm):  # the optimizer's parameters, its state (a compiled step)
-            return lift_held_tensors(gm, example_inputs, functools.partial(
+        held = _held_tensors(gm)
+        if held:  # the optimizer's parameters, its state (a compiled step)
+            return lift_held_tensors(gm, held, example_inputs, functools.partial(
                 aotgrad_dynamo_backend, mode=mode, options=options))
         hops.refuse_in_graph(gm.graph)
         graph_options = replace(base, static_inputs=_static_inputs(gm, example_inputs),
@@ -121,13 +123,13 @@ def unbox_list_inputs(gm: torch.fx.GraphModule, example_inputs, compile_flat: Ca
     return run
 
 
-def lift_held_tensors(gm: torch.fx.GraphModule, example_inputs, compile_flat: Callable
-                      ) -> Callable:
+def lift_held_tensors(gm: torch.fx.GraphModule, held: dict[str, torch.Tensor], example_inputs,
+                      compile_flat: Callable) -> Callable:
     """`gm` compiled by `compile_flat` with the tensors it holds (`get_attr`) taken as its
     first inputs, read at each call. Dynamo puts there what a compiled optimizer step
     updates in place (parameters, momentum buffers, step counts); as constants, their
-    writes were refused (a parameter requires grad) or would be lost."""
-    held = _held_tensors(gm)
+    writes were refused (a parameter requires grad) or would be lost. `held`: the tensors
+    by target (`_held_tensors`)."""
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))  # Dynamo's graph stays as it was
     first = next(iter(graph.nodes))
@@ -153,7 +155,7 @@ def _held_tensors(gm: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
     """The tensors `gm`'s get_attr nodes read, by target."""
     held = {}
     for node in gm.graph.find_nodes(op="get_attr"):
-        value = functools.reduce(getattr, node.target.split("."), gm)
+        value = operator.attrgetter(node.target)(gm)
         if isinstance(value, torch.Tensor):
             held[node.target] = value
     return held

@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import operator
 import threading
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
@@ -239,7 +240,7 @@ def _holds_generator(gm: fx.GraphModule) -> bool:
     in Inductor's FX graph cache would load a pickled copy of it, and draw from the copy
     (the second compile of `x * torch.rand(n, generator=g)` gave other numbers than eager,
     and left `g` as it was)."""
-    return any(isinstance(functools.reduce(getattr, n.target.split("."), gm), torch.Generator)
+    return any(isinstance(operator.attrgetter(n.target)(gm), torch.Generator)
                for n in gm.graph.find_nodes(op="get_attr"))
 
 

@@ -45,11 +45,12 @@ def scalars_as_tensors(gm: fx.GraphModule) -> fx.GraphModule:
     compiler can take into its kernels. torch's pass turns the arithmetic on it into tensor
     ops, as torch's AOTAutograd has it do; where it cannot, it raises Dynamo's request to
     trace again with that float specialized, which Dynamo honours."""
-    items = gm.graph.find_nodes(op="call_function",
-                                target=torch.ops.aten._local_scalar_dense.default)
+    if not gm.graph.find_nodes(op="call_function",
+                               target=torch.ops.aten._local_scalar_dense.default):
+        return gm
     fake_mode = detect_fake_mode([n.meta.get("val")
                                   for n in gm.graph.find_nodes(op="placeholder")])
-    if not items or fake_mode is None or fake_mode.shape_env is None:
+    if fake_mode is None or fake_mode.shape_env is None:
         return gm
     from torch.fx.passes._tensorify_python_scalars import tensorify_python_scalars
     tensorify_python_scalars(gm, fake_mode.shape_env, fake_mode)
