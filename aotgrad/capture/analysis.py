@@ -22,7 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
-from ..semantics import subclasses, swaps
+from ..semantics import mends, subclasses, swaps
 from . import oplog
 from .inputs import OutputBox, functional_mode, saved_values_hook, to_functional
 from ..semantics.dynamic import DynamicShapesUnsupported, geometry, is_size, is_symbolic
@@ -170,6 +170,9 @@ class _RefuseClosedOverState(TorchFunctionMode):
             raise _address_read()
         if func is torch.Tensor.retain_grad and not args[0].is_leaf:
             raise _retained_grad()
+        if isinstance(kwargs.get("generator"), torch.Generator) and \
+                not mends.generators_traceable():
+            raise _generator_untraceable(func)
         oplog.note_function(func)  # hooks: Python code in the backward the log cannot see
         for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
             if _is_real(t):
@@ -209,6 +212,14 @@ def _address_read() -> NotImplementedError:
         "aotgrad: the function reads a tensor's data_ptr() while it is traced (a user Triton "
         "kernel or C extension launched directly?). Call the kernel from a custom op "
         "(torch.library.custom_op with a register_fake), which aotgrad traces as one op.")
+
+
+def _generator_untraceable(func) -> NotImplementedError:
+    return NotImplementedError(
+        f"aotgrad: {getattr(func, '__name__', func)}(generator=...) draws from a "
+        f"torch.Generator, which torch {torch.__version__}'s tracer cannot hold in a graph "
+        "(torch >= 2.13 can). Draw the numbers outside the compiled function and pass them "
+        "in, or use the default generator.")
 
 
 def _retained_grad() -> NotImplementedError:

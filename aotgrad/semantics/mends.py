@@ -11,6 +11,10 @@ in ways a training trace meets:
   (1, batch, hidden) (`squeeze(1)` where `squeeze(0)` was meant), so `h_n` and `c_n` come out
   with an extra dimension (`lstm_states_shaped`; torch 2.13's is right).
 
+And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
+graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
+refused by name (`generators_traceable`).
+
 `patched` is the one way this package swaps an attribute of torch's for a while.
 """
 
@@ -73,3 +77,15 @@ def _lstm_states_misshaped() -> bool:
         _, (h, _) = decompositions.one_layer_lstm(torch.zeros(1, 2, 2), (state, state),
                                                   weights, False)
     return h.shape != state.shape
+
+
+@functools.cache
+def generators_traceable() -> bool:
+    """Whether this torch's tracer keeps a `torch.Generator` argument in its graph (asked
+    once, by tracing `torch.rand(1, generator=g)`)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    try:
+        make_fx(lambda g: torch.rand(1, generator=g))(torch.Generator())
+    except NotImplementedError:
+        return False
+    return True
