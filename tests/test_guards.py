@@ -452,17 +452,28 @@ def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entrie
             step_matches_eager(model, compiled, x)
 
 
-@pytest.mark.xfail(strict=True, reason="aotgrad.compile takes a plain tensor attribute, a "
-                   "closed-over or a global tensor as a constant of the graph, which Inductor "
-                   "compiles in: an in-place write to it after the compile is not seen (the "
-                   "eager backend sees it; torch.compile does)")
-def test_a_plain_tensor_attribute_written_in_place_after_the_compile():
-    model = Scaled()
-    compiled = aotgrad.compile(model, backend="inductor")
-    x = torch.randn(2, 4)
-    compiled(x)
-    model.offset.add_(1)
-    torch.testing.assert_close(compiled(x), model(x))
+@pytest.mark.parametrize("compiles", [1, 2], ids=["first", "cache_hit"])
+def test_tensors_the_graph_holds_are_read_at_each_call_under_inductor(tmp_path, monkeypatch,
+                                                                      compiles):
+    """A plain tensor attribute, a closed-over or a global tensor is a constant of the graph:
+    Inductor compiled a 0-d or small 1-d one's values into its code, and a hit in its FX
+    graph cache loaded pickled copies, so an in-place write after the compile was lost."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # Inductor's cache: on
+    shift = torch.zeros(3)
+    for _ in range(compiles):  # the last compile's graph is the one before's
+        model = Scaled()
+        model.scale = torch.tensor(2.0)  # a 0-d tensor attribute: Inductor's scalar
+        compiled = aotgrad.compile(model, backend="inductor")
+        shifted = aotgrad.compile(lambda x: x.exp() + shift[:, None], backend="inductor")
+        x = torch.randn(3, 4, requires_grad=True)
+        compiled(x), shifted(x)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            model.offset.add_(1)
+            model.scale.mul_(3)
+            shift.add_(2)
+            torch.testing.assert_close(compiled(x), model(x))
+            torch.testing.assert_close(shifted(x), x.exp() + shift[:, None])
 
 
 @pytest.mark.xfail(strict=True, reason="aotgrad.compile of a function traces its closure "

@@ -227,21 +227,24 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
                    graphed: dict) -> Callable:
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    with config.patch(fx_graph_cache=False) if _holds_generator(body) \
-            else contextlib.nullcontext():
+    with config.patch(_by_reference(body)):
         return compile_fx_inner(body, example_inputs,
                                 static_input_idxs=list(info.static_inputs),
                                 is_backward=info.role == "backward",
                                 is_inference=info.role == "inference", **graphed)
 
 
-def _holds_generator(gm: fx.GraphModule) -> bool:
-    """A random op drawing from the user's `torch.Generator`, which the graph holds: a hit
-    in Inductor's FX graph cache would load a pickled copy of it, and draw from the copy
-    (the second compile of `x * torch.rand(n, generator=g)` gave other numbers than eager,
-    and left `g` as it was)."""
-    return any(isinstance(operator.attrgetter(n.target)(gm), torch.Generator)
-               for n in gm.graph.find_nodes(op="get_attr"))
+def _by_reference(gm: fx.GraphModule) -> dict:
+    """Inductor's settings for a graph that holds the user's objects (get_attr): a tensor the
+    function closes over or a module's plain tensor attribute, a `torch.Generator`. Each
+    must be read where it lives at every call, as eager reads it: Inductor would compile a
+    0-d or small 1-d tensor's values into its code (an in-place write after the compile was
+    lost), and a hit in its FX graph cache loads pickled copies (the second compile of
+    `x * torch.rand(n, generator=g)` drew from a copy of `g` and left `g` as it was)."""
+    held = [operator.attrgetter(n.target)(gm) for n in gm.graph.find_nodes(op="get_attr")]
+    if not any(isinstance(v, (torch.Tensor, torch.Generator)) for v in held):
+        return {}
+    return {"fx_graph_cache": False, "always_keep_tensor_constants": True}
 
 
 inductor_compiler.records_cudagraphs = True  # through compile_fx_inner's own box
