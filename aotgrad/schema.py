@@ -353,7 +353,8 @@ class Joint:
     bw_checks: tuple[fx.Node, ...]  # ... and in the backward
     # The values the forward computes for its outputs, and the sizes it can save cheaply...
     computed_forward: frozenset[fx.Node]
-    # ... plus the masks the backward computes from them: what the forward may save.
+    # ... plus the masks and narrowing casts the backward computes from them: what the
+    # forward may save.
     forward: frozenset[fx.Node]
 
     @property

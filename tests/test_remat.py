@@ -483,7 +483,7 @@ def test_rules_of_a_selective_region():
     compiled = aotgrad.compile(selective(policy_save_sin), backend="eager")
     compiled(*[torch.randn(*s, requires_grad=True) for s in SHAPES])
     art = compiled.artifacts[0]
-    rules = forward_rules(joint_of(art.joint_graph, 1).forward)
+    rules = forward_rules(joint_of(art.joint_graph, 1))
     by_name = {n.name: r for n, r in rules.items()}
     assert by_name["sin"] == Rule.SAVE  # MUST_SAVE
     assert by_name["mm"] == Rule.RECOMPUTE  # MUST_RECOMPUTE, inside the region
@@ -617,6 +617,61 @@ def test_a_checkpointed_region_saves_no_mask_of_its_values():
     expected = torch.autograd.grad(checkpointed_relus(x, *weights), weights)
     torch.testing.assert_close(grads, expected)
     assert saved_ops(compiled.artifacts[0]) == {"placeholder"}
+
+
+class _NarrowBackward(torch.autograd.Function):
+    """A float32 matmul whose weight gradient reads its input cast to bfloat16 (as CUDA's
+    autocast runs a backward matmul, on attention's float32 operands)."""
+
+    @staticmethod
+    def forward(ctx, h, w):
+        ctx.save_for_backward(h)
+        return h @ w
+
+    @staticmethod
+    def backward(ctx, g):
+        (h,) = ctx.saved_tensors
+        return None, (h.t().to(torch.bfloat16) @ g.to(torch.bfloat16)).float()
+
+
+def project_then_narrow_backward(x, v, w):
+    return _NarrowBackward.apply(x @ v, w).sum()
+
+
+def test_a_cast_the_backward_makes_of_a_forward_value_is_saved_at_its_width():
+    """Only the bfloat16 copy of the projection reaches the backward: the forward saves that
+    copy (two bytes an element, as torch's partitioner does) rather than the projection
+    (four), which the backward cast again (a copy kernel and its chain of views)."""
+    x, v, w = torch.randn(64, 24), torch.randn(24, 32), torch.randn(32, 16, requires_grad=True)
+    compiled = aotgrad.compile(project_then_narrow_backward, backend=inductor_decomposed_eager())
+    (grad,) = torch.autograd.grad(compiled(x, v, w), w)
+    torch.testing.assert_close(
+        grad, torch.autograd.grad(project_then_narrow_backward(x, v, w), w)[0])
+    (saved,) = [s for s in compiled.artifacts[0].saved if s.op != "placeholder"]
+    assert saved.dtype == torch.bfloat16
+    casts = [op for op in ops(compiled.artifacts[0].backward_graph)
+             if op == torch.ops.prims.convert_element_type.default]
+    assert len(casts) == 2  # the gradient's, to bfloat16 and back: the saved copy's is gone
+
+
+def test_a_linears_backward_reads_its_weight_without_undone_transposes():
+    """The forward's `permute(w)`, transposed back in the backward, is `w` there: two nodes
+    fewer per linear for the backend to compile."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    compiled = aotgrad.compile(copy.deepcopy(model), backend=inductor_decomposed_eager())
+    x = torch.randn(5, 8)
+    compiled(x).sum().backward()
+    model(x).sum().backward()
+    for ours, theirs in zip(compiled.parameters(), model.parameters()):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+    backward = compiled.artifacts[0].backward_graph.graph
+    outputs = backward.output_node().all_input_nodes  # a gradient keeps its own view
+    mms = backward.find_nodes(op="call_function", target=torch.ops.aten.mm.default)
+    assert any(i.op == "placeholder" and i.meta["val"].shape == (4, 16)  # the last weight
+               for mm in mms for i in mm.all_input_nodes)
+    permute = torch.ops.aten.permute.default
+    assert not [p for p in backward.find_nodes(op="call_function", target=permute)
+                if p not in outputs and getattr(p.args[0], "target", None) == permute]
 
 
 # ---- recomputation that would outlive a kernel ----------------------------------------------

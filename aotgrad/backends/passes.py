@@ -16,7 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..capture.cse import eliminate_common_subexpressions
 from .fxcache import fake_value
 from ..partition.memory import base_of
-from ..partition.remat import hoist_masks
+from ..partition.remat import hoist_narrow_copies
 from ..partition.split import find_joint
 from ..schema import JOINT_FW_OUTPUTS, Backend
 from ..verify import verify
@@ -30,12 +30,14 @@ def inference_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def joint_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, copying reshapes made explicit, masks moved next to what they
-    test, then one node per repeated pure computation (cse.py)."""
+    """The backend's passes, copying reshapes made explicit, permute pairs undone, masks and
+    casts the forward may save moved next to what they read, then one node per repeated pure
+    computation (cse.py)."""
     gm = backend_passes(backend, scalars_as_tensors(gm))
     split_copying_reshapes(gm)
+    undo_permute_pairs(gm)
     j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
-    hoist_masks(j)
+    hoist_narrow_copies(j)
     return eliminate_common_subexpressions(gm, j.forward)
 
 
@@ -128,6 +130,26 @@ def split_copying_reshapes(gm: fx.GraphModule) -> None:
         view.meta = {**node.meta, "val": copy.meta["val"].view(val.shape)}
         node.replace_all_uses_with(view)
         gm.graph.erase_node(node)
+    gm.recompile()
+
+
+def undo_permute_pairs(gm: fx.GraphModule) -> None:
+    """A permute that undoes the permute it reads is its input: the backward's
+    `mm(grad, permute(permute(w, [1, 0]), [1, 0]))` reads `w`. Inductor's own pattern folds
+    only pairs whose first permute has no other user, and a linear's transposed weight has
+    one in the forward: each linear left two nodes to the backward (+256 nodes, DeBERTa-v2),
+    which took their share of Inductor's compile. An output keeps its own view."""
+    aten = torch.ops.aten
+    outputs = set(gm.graph.output_node().all_input_nodes)
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.permute.default)):
+        inner = node.args[0]
+        if node in outputs or not (isinstance(inner, fx.Node) and
+                                   inner.target is aten.permute.default):
+            continue
+        first, second = inner.args[1], node.args[1]
+        if all(first[d] == i for i, d in enumerate(second)):
+            node.replace_all_uses_with(inner.args[0])
+            gm.graph.erase_node(node)
     gm.recompile()
 
 

@@ -52,7 +52,7 @@ class PlanSpace:
         self.nodes = list(joint.graph.nodes)
         self.position = {node: i for i, node in enumerate(self.nodes)}
         self.forward = j.forward
-        self.rules = forward_rules(self.forward)
+        self.rules = forward_rules(j)
         if not kernels:
             self.rules.update((n, Rule.SAVE) for n, r in self.rules.items() if r == Rule.COSTLY)
         self.base_forward = ancestors(self.fw_roots) | set(self.primals)

@@ -32,7 +32,7 @@ from ..semantics.dynamic import hint
 from .flow import FlowNetwork
 from ..schema import OVERWRITTEN, Joint
 from .memory import base_of, is_tuple, tensor_bytes
-from .split import ancestors, joint_of, split_joint
+from .split import ancestors, is_narrowing_cast, joint_of, split_joint
 from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE,
                      TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
 
@@ -68,21 +68,28 @@ CHECKPOINT_POLICY_RULES = {
 }
 
 
-def hoist_masks(j: Joint) -> None:
-    """Move each mask the backward computes from forward values (and the views it reads) to
-    just after what it reads: a forward that saves it computes it there, while the value it
-    tests is alive anyway, not at its end. Only moves nodes: `j` stays right."""
-    masked = j.forward - j.computed_forward
-    if masked:
-        order = as_early_as_possible(list(j.module.graph.nodes), masked)
+def hoist_narrow_copies(j: Joint) -> None:
+    """Move each mask or narrowing cast the backward computes from forward values (and the
+    views it reads) to just after what it reads: a forward that saves it computes it there,
+    while the value it reads is alive anyway, not at its end. Only moves nodes: `j` stays
+    right."""
+    copies = j.forward - j.computed_forward
+    if copies:
+        order = as_early_as_possible(list(j.module.graph.nodes), copies)
         for before, node in zip(order, order[1:]):
             before.append(node)
         j.module.recompile()
 
 
-def forward_rules(forward: set[fx.Node]) -> dict[fx.Node, str]:
-    """The `Rule` of every forward value."""
-    return {node: rule_of(node, forward) for node in forward}
+def forward_rules(j: Joint) -> dict[fx.Node, str]:
+    """The `Rule` of every value the forward may compute. A narrower copy that the backward
+    makes of forward values (`split.with_narrow_copies`) is saved only where that spares bytes: the
+    backward made it before it was a candidate, and would make it again."""
+    rules = {node: rule_of(node, j.forward) for node in j.forward}
+    for node in j.forward - j.computed_forward:
+        if is_narrowing_cast(node) and rules[node] == Rule.MATERIALIZED:
+            rules[node] = Rule.CHOOSE
+    return rules
 
 
 def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
@@ -235,7 +242,7 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
     inside the backward's fused kernels."""
     j = joint_of(joint, num_fwd_outputs)
     forward, tangents, grads, bw_roots = j.forward, j.tangents, j.grads, j.bw_roots
-    rules = forward_rules(forward)
+    rules = forward_rules(j)
     for _ in range(REFINEMENTS):
         saved = _min_cut(joint, forward, rules, grads, tangents, bw_roots)
         spanning = [n for n in recomputed_across_kernels(joint, forward, saved, tangents, bw_roots)

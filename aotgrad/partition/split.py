@@ -46,7 +46,7 @@ def find_joint(joint: fx.GraphModule, num_fwd_outputs: int) -> Joint:
     return Joint(joint, num_fwd_outputs, tuple(primals),
                  tuple(n for n in placeholders if is_tangent(n)), tuple(fw_outs),
                  tuple(outs[num_fwd_outputs:]), tuple(fw_checks), tuple(bw_checks),
-                 frozenset(computed), frozenset(with_masks(computed, joint)))
+                 frozenset(computed), frozenset(with_narrow_copies(computed, joint)))
 
 
 def ancestors(roots: Iterable[fx.Node | None], stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
@@ -73,11 +73,15 @@ def with_sizes(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
     return forward
 
 
-def with_masks(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
-    """Add the boolean masks the backward computes from forward values alone (a relu's
-    `x <= 0`), and the views they read: the forward can save a mask at a byte per element,
-    where the backward would need the value it tests, at two or four. Not for values in a
-    checkpointed region (tagged "recompute"): the region is recomputed as a whole."""
+def with_narrow_copies(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
+    """Add the values the backward computes from forward values alone that are smaller than
+    what they read, and the views they read: a boolean mask (a relu's `x <= 0`), a byte per
+    element where the backward would need the value it tests at two or four; a cast to a
+    narrower float (autocast's bfloat16 copy of a float32 activation for a backward matmul),
+    which torch's partitioner saves too, where ours recomputed it in the backward with its
+    chain of views and copies (BERT: a copy kernel per attention operand a layer). The
+    forward can save them. Not for values in a checkpointed region (tagged "recompute"):
+    the region is recomputed as a whole."""
     forward = set(forward)
     views: set[fx.Node] = set()  # backward views of forward values
     for node in joint.graph.nodes:
@@ -86,7 +90,7 @@ def with_masks(forward: set[fx.Node], joint: fx.GraphModule) -> set[fx.Node]:
         if all(i in forward or i in views for i in node.all_input_nodes):
             if is_alias(node):
                 views.add(node)
-            elif _is_mask(node):
+            elif _is_mask(node) or is_narrowing_cast(node):
                 added = ancestors([node], stop=forward)
                 if not any(n.meta.get("recompute") is not None for n in added & forward):
                     forward |= added
@@ -101,6 +105,16 @@ def _is_mask(node: fx.Node) -> bool:
             and isinstance(val, torch.Tensor) and val.dtype == torch.bool
             and any(isinstance(i.meta.get("val"), torch.Tensor)
                     and i.meta["val"].dtype != torch.bool for i in node.all_input_nodes))
+
+
+def is_narrowing_cast(node: fx.Node) -> bool:
+    """A cast from a float dtype to a narrower one."""
+    if node.target is not torch.ops.prims.convert_element_type.default:
+        return False
+    source, val = node.args[0].meta.get("val"), node.meta.get("val")
+    return (isinstance(source, torch.Tensor) and isinstance(val, torch.Tensor)
+            and source.dtype.is_floating_point and val.dtype.is_floating_point
+            and val.dtype.itemsize < source.dtype.itemsize)
 
 
 def is_size_node(node: fx.Node) -> bool:
