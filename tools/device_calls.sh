@@ -13,6 +13,15 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+# Session 17: `verify16` and `bwtime` (bert) ran first; then `s17`: this session's changes on
+# torch 2.11 and the partition change (narrowing casts saved, permute pairs undone) on the GPU.
+s17)
+  TAIL=4 step verify17 150 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_remat.py tests/test_guards.py tests/test_backends.py -k "not slow"
+  TAIL=12 step run 360 python bench/run.py --models bert,deberta_v2 --jobs 1 --timeout 170 \
+    --modes torch_compile,aotgrad_dynamo --out $OUT/run
+  TAIL=8 step bwtime 120 python bench/profile_gap.py --models bert --steps 5 --timeout 55 \
+    --modes aotgrad_dynamo --out $OUT/bwtime ;;
 # Session 16: `checkpoints`, `stages` (aotgrad), `spans`, `torch_side` ran. Next: `verify16`
 # (this session's changes on torch 2.11, CPU + CUDA), then `MODELS=bert bash ... bwtime` (the
 # 38 extra Triton kernels of BERT's backward, now named after their ops).
