@@ -517,3 +517,17 @@ def test_dynamic_dynamo_graph_whose_float_must_be_specialized_matches_eager(use)
         actual = step(x)
         (actual_grad,) = torch.autograd.grad(actual.sum(), model.fc.weight)
         torch.testing.assert_close((actual, actual_grad), (expected, expected_grad))
+
+
+def test_tensors_the_function_makes_itself_are_left_to_inductor():
+    """`torch.tensor(2.0)` made inside the function is the trace's own (copied into the graph
+    by lift_fresh_copy): Inductor may compile its value in. Kept as a tensor, a 0-d CPU one
+    in a CUDA graph made each step wait for the GPU (DeBERTa-v2). A closed-over tensor is
+    read where it lives."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from aotgrad.backends.compilers import _by_reference
+    closed = torch.ones(3)
+    made = make_fx(lambda x: x * torch.tensor(2.0))(torch.randn(3))
+    held = make_fx(lambda x: x * closed)(torch.randn(3))
+    assert _by_reference(made) == {}
+    assert _by_reference(held) == {"fx_graph_cache": False, "always_keep_tensor_constants": True}
