@@ -15,6 +15,9 @@ step() {  # step NAME SECONDS COMMAND...
 case $1 in
 # Session 17: `verify16` and `bwtime` (bert) ran first; then `s17`: this session's changes on
 # torch 2.11 and the partition change (narrowing casts saved, permute pairs undone) on the GPU.
+s17b)  # DeBERTa-v2 after 'Inductor keeps by reference only the tensors the user holds'
+  TAIL=8 step run 330 python bench/run.py --models deberta_v2,bert --jobs 1 --timeout 140 \
+    --modes aotgrad_dynamo,torch_compile --out $OUT/run ;;
 s17)
   TAIL=4 step verify17 150 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_remat.py tests/test_guards.py tests/test_backends.py -k "not slow"
