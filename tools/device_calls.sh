@@ -15,6 +15,9 @@ step() {  # step NAME SECONDS COMMAND...
 case $1 in
 # Session 17: `verify16` and `bwtime` (bert) ran first; then `s17`: this session's changes on
 # torch 2.11 and the partition change (narrowing casts saved, permute pairs undone) on the GPU.
+s17c)  # DeBERTa-v2's peak (ours 5882 MB vs torch's 5438 in s17b): what is alive at each peak
+  TAIL=40 step peak 330 python bench/peak_snapshot.py deberta_v2 --modes torch_compile,aotgrad_dynamo \
+    --out $OUT/peak ;;
 s17b)  # DeBERTa-v2 after 'Inductor keeps by reference only the tensors the user holds'
   TAIL=8 step run 330 python bench/run.py --models deberta_v2,bert --jobs 1 --timeout 140 \
     --modes aotgrad_dynamo,torch_compile --out $OUT/run ;;
