@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import types
 import warnings
 from typing import Any, Callable, Hashable, Sequence
 
@@ -30,7 +31,8 @@ from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
-from .runtime.module_guard import ModuleAttributes, hooks_checked, refuse_traced_attributes
+from .runtime.module_guard import (FunctionReads, ModuleAttributes, hooks_checked,
+                                   refuse_traced_attributes)
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +104,16 @@ class CompiledFunction:
     """A function compiled ahead of time, one specialization per call signature (with
     dynamic shapes, several per signature, told apart by their shape guards)."""
 
-    def __init__(self, fn: Callable, options: Options, max_entries: int = DEFAULT_MAX_ENTRIES):
+    def __init__(self, fn: Callable, options: Options, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 watch_reads: bool = False):
+        """`watch_reads`: compile again when a value the function reads besides its arguments
+        changes (its closure, its globals: `FunctionReads`), as the native door does."""
         self.fn = fn
         self.options = options
         self.max_entries = max_entries
+        self.reads = FunctionReads(fn) if watch_reads and isinstance(fn, types.FunctionType) \
+            else None
+        self._rereads = 0  # compiles again after a read value changed
         self.entries: dict[Hashable, CompiledCall] = {}
         self.guarded: list[tuple[Callable, CompiledCall]] = []  # entries for flat calls
         # The same entries, each guard and run in one frame (what a call tries first).
@@ -118,6 +126,8 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         if _tracing() or _transforming() is not None:
             return self.fn(*args, **kwargs)
+        if self.reads is not None and (changed := self.reads.changed()) is not None:
+            return self._compile_again(changed, args, kwargs)
         if not kwargs:
             for guarded_run in self.guarded_runs:
                 try:
@@ -149,6 +159,28 @@ class CompiledFunction:
                 return self._over_cap(args, kwargs)
             return call.unflatten(call(flat))
 
+    def _compile_again(self, changed: str, args, kwargs):
+        """Forget the graphs that took the old value; past max_entries such changes, run the
+        function eagerly."""
+        self._rereads += 1
+        if self._rereads > self.max_entries:
+            if self._rereads == self.max_entries + 1:
+                warnings.warn(
+                    f"aotgrad: {changed} changed after each of {self.max_entries} compiles of "
+                    f"{getattr(self.fn, '__name__', self.fn)} (max_entries); running it "
+                    "eagerly from now on. Pass the value as an argument, or use "
+                    "torch.compile(backend='aotgrad').")
+            return self.fn(*args, **kwargs)
+        log.info("aotgrad: %s changed since %s was compiled: compiling it again",
+                 changed, getattr(self.fn, "__name__", self.fn))
+        self.entries.clear()
+        self.guarded.clear()
+        self.guarded_runs.clear()
+        self.dynamic_entries.clear()
+        self.static_only.clear()
+        self.reads = FunctionReads(self.fn)
+        return self(*args, **kwargs)
+
     def _compile(self, key, shape, flat, args, kwargs, dynamic: bool = False
                  ) -> CompiledCall | None:
         """Compile for this call (None over the cap): for dynamic shapes if asked, unless
@@ -164,6 +196,8 @@ class CompiledFunction:
                 warn_static_fallback(getattr(self.fn, "__name__", repr(self.fn)), failure)
                 self.static_only[(shape, signature(flat, dynamic=True))] = failure
         self._add_guard(flat, call, flat_call=isinstance(shape, int))
+        if self.reads is not None:  # what its Python set while traced (a counter), as left
+            self.reads = FunctionReads(self.fn)
         return call
 
     def _compile_dynamic(self, shape, flat: list, spec) -> tuple[CompiledCall | None, Any]:
@@ -371,4 +405,4 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     if isinstance(fn_or_module, torch.nn.Module):
         check.not_data_parallel("compile", fn_or_module)
         return CompiledModule(fn_or_module, options, max_entries)
-    return CompiledFunction(fn_or_module, options, max_entries)
+    return CompiledFunction(fn_or_module, options, max_entries, watch_reads=True)

@@ -12,6 +12,10 @@ guards); the argument guards are runtime/guards.py.
 
 `hooks_checked` refuses, during a trace, the hooks whose effects a graph cannot keep;
 `refuse_traced_attributes`, after it, a traced tensor forward stored in an attribute.
+
+`FunctionReads` is the same for `aotgrad.compile(function)`: the values its closure's cells
+hold and the globals its code names. A value changed inside an object it reads (a list's
+item, a dict's entry) or a global read by a function it calls is not seen.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import types
 from typing import Any, Callable
 
 import torch
@@ -50,9 +55,7 @@ class ModuleAttributes:
             if parent.get(name) is not child or type(child) is not cls:
                 return f"submodule {name!r}"
         for owner, name, value in self.values:
-            now = owner.get(name, _GONE)
-            if now is not value and not (type(now) is type(value) and
-                                         not isinstance(value, torch.Tensor) and now == value):
+            if not _same(owner.get(name, _GONE), value):
                 return f"attribute {name!r}"
         return self._hooks_changed()
 
@@ -65,6 +68,54 @@ class ModuleAttributes:
                 return "a module hook"
             self.next_hook = RemovableHandle.next_id  # a tensor's, or another module's
         return None
+
+
+class FunctionReads:
+    """The values a function reads besides its arguments, which its graphs took as they were
+    at the trace: each closure cell's content and each global its code (and code nested in
+    it) names, but modules. Compared by identity; a number or string by value."""
+
+    def __init__(self, fn: types.FunctionType):
+        code, cells, names = fn.__code__, fn.__closure__ or (), fn.__globals__
+        self.cells = [(name, cell, cell.cell_contents)
+                      for name, cell in zip(code.co_freevars, cells) if _filled(cell)]
+        self.globals = [(name, names[name]) for name in _global_names(code)
+                        if name in names and not isinstance(names[name], types.ModuleType)]
+        self.names = names
+
+    def changed(self) -> str | None:
+        """What changed, in words; None if nothing did."""
+        for name, cell, value in self.cells:
+            if not _filled(cell) or not _same(cell.cell_contents, value):
+                return f"the closed-over {name!r}"
+        for name, value in self.globals:
+            if not _same(self.names.get(name, _GONE), value):
+                return f"the global {name!r}"
+        return None
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a variable of the enclosing function not assigned yet
+        return False
+    return True
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # a lambda or comprehension inside
+            names |= _global_names(const)
+    return names
+
+
+_BY_VALUE = (bool, int, float, complex, str)
+
+
+def _same(now: Any, value: Any) -> bool:
+    return now is value or (type(now) is type(value) and isinstance(value, _BY_VALUE)
+                            and now == value)
 
 
 def _hooked(dicts: list) -> list:
