@@ -163,16 +163,9 @@ class CompiledFunction:
         """Forget the graphs that took the old value; past max_entries such changes, run the
         function eagerly."""
         self._rereads += 1
-        if self._rereads > self.max_entries:
-            if self._rereads == self.max_entries + 1:
-                warnings.warn(
-                    f"aotgrad: {changed} changed after each of {self.max_entries} compiles of "
-                    f"{getattr(self.fn, '__name__', self.fn)} (max_entries); running it "
-                    "eagerly from now on. Pass the value as an argument, or use "
-                    "torch.compile(backend='aotgrad').")
+        if _recompiles_spent(self._rereads, self.max_entries, changed,
+                             getattr(self.fn, "__name__", repr(self.fn))):
             return self.fn(*args, **kwargs)
-        log.info("aotgrad: %s changed since %s was compiled: compiling it again",
-                 changed, getattr(self.fn, "__name__", self.fn))
         self.entries.clear()
         self.guarded.clear()
         self.guarded_runs.clear()
@@ -308,16 +301,9 @@ class CompiledModule(torch.nn.Module):
 
     def _compile_again(self, changed: str, args, kwargs):
         self._rebinds += 1
-        if self._rebinds > self._max_entries:
-            if self._rebinds == self._max_entries + 1:
-                warnings.warn(
-                    f"aotgrad: {changed} of {type(self.orig_module).__name__} changed after "
-                    f"each of {self._max_entries} compiles (max_entries); running it eagerly "
-                    "from now on. Pass the value as an argument, or use torch.compile("
-                    "backend='aotgrad'), which makes a changing number an input.")
+        if _recompiles_spent(self._rebinds, self._max_entries, changed,
+                             type(self.orig_module).__name__):
             return self.orig_module(*args, **kwargs)
-        log.info("aotgrad: %s changed since %s was compiled: compiling it again",
-                 changed, type(self.orig_module).__name__)
         self._bind(self._options, self._max_entries)
         return self.forward(*args, **kwargs)
 
@@ -333,6 +319,22 @@ class CompiledModule(torch.nn.Module):
     @property
     def artifacts(self) -> list[Artifact]:
         return self.compiled.artifacts
+
+
+def _recompiles_spent(count: int, max_entries: int, changed: str, name: str) -> bool:
+    """Has `name` been compiled again for changed state more than max_entries times? Then it
+    runs eagerly, with a warning the first time."""
+    if count <= max_entries:
+        log.info("aotgrad: %s of %s changed since it was compiled: compiling it again",
+                 changed, name)
+        return False
+    if count == max_entries + 1:
+        warnings.warn(
+            f"aotgrad: {changed} of {name} changed after each of {max_entries} compiles "
+            "(max_entries); running it eagerly from now on. Pass the value as an argument, "
+            "or use torch.compile(backend='aotgrad'), which makes a changing number an "
+            "input.")
+    return True
 
 
 def _slot(module: torch.nn.Module, name: str):

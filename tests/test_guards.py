@@ -519,7 +519,7 @@ def test_a_value_rebound_at_every_call_runs_eagerly_past_max_entries():
 
     compiled = aotgrad.compile(f, backend="eager", max_entries=2)
     x = torch.zeros(2)
-    with pytest.warns(UserWarning, match="the closed-over 'step' changed after each of 2"):
+    with pytest.warns(UserWarning, match="the closed-over 'step' of f changed after each of 2"):
         for step in range(5):
             torch.testing.assert_close(compiled(x), x + step)
 

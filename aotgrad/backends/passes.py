@@ -137,8 +137,9 @@ def undo_permute_pairs(gm: fx.GraphModule) -> None:
     """A permute that undoes the permute it reads is its input: the backward's
     `mm(grad, permute(permute(w, [1, 0]), [1, 0]))` reads `w`. Inductor's own pattern folds
     only pairs whose first permute has no other user, and a linear's transposed weight has
-    one in the forward: each linear left two nodes to the backward (+256 nodes, DeBERTa-v2),
-    which took their share of Inductor's compile. An output keeps its own view."""
+    one in the forward: each linear left two nodes to the backward (196 of the 474 permutes
+    of DeBERTa-v2's), which took their share of Inductor's compile. An output keeps its own
+    view."""
     aten = torch.ops.aten
     outputs = set(gm.graph.output_node().all_input_nodes)
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.permute.default)):

@@ -82,9 +82,9 @@ def hoist_narrow_copies(j: Joint) -> None:
 
 
 def forward_rules(j: Joint) -> dict[fx.Node, str]:
-    """The `Rule` of every value the forward may compute. A narrower copy that the backward
-    makes of forward values (`split.with_narrow_copies`) is saved only where that spares bytes: the
-    backward made it before it was a candidate, and would make it again."""
+    """The `Rule` of every value the forward may compute. A narrowing cast the backward makes
+    of forward values (`split.with_narrow_copies`) is saved only where that spares bytes:
+    the backward made it before it was a candidate, and would make it again."""
     rules = {node: rule_of(node, j.forward) for node in j.forward}
     for node in j.forward - j.computed_forward:
         if is_narrowing_cast(node) and rules[node] == Rule.MATERIALIZED:
