@@ -1,7 +1,7 @@
 """What is alive at the peak of a training step, for two compilers side by side.
 
     python bench/peak_snapshot.py resnet50 [--modes torch_compile,aotgrad_dynamo]
-        [--budget 0.2] [--out DIR]
+        [--budget 0.2] [--out DIR] [--keep-code DIR]
 
 Each mode runs in its own process (as in run.py): it compiles, warms up, then records the
 caching allocator's trace over one step. Replaying the trace finds the moment most memory
@@ -16,6 +16,7 @@ import argparse
 import collections
 import json
 import linecache
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,24 +27,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402  (bench/run.py: models, modes, the step)
 
 
-def origin(event: dict) -> str:
-    """The first frame in generated code (Inductor's or aotgrad's), with its source line."""
+def origin(event: dict) -> tuple[str, str | None]:
+    """The first frame in generated code (Inductor's or aotgrad's), with its source line, and
+    that code's file."""
     frames = event.get("frames", [])
     for frame in frames:
         name = frame["filename"]
         if "torchinductor" in name or "aotgrad" in name:
             line = linecache.getline(name, frame["line"]).strip()
-            return f"{Path(name).name}:{frame['line']} {line[:90]}"
-    return frames[0]["name"] if frames else "?"
+            return f"{Path(name).name}:{frame['line']} {line[:90]}", name
+    return (frames[0]["name"] if frames else "?"), None
 
 
-def alive_at_peak(events: list[dict]) -> list[tuple[int, str]]:
-    """(bytes, origin) of the blocks alive when the traced allocations peaked."""
-    alive: dict[int, tuple[int, str]] = {}
+def alive_at_peak(events: list[dict]) -> list[tuple[int, str, str | None]]:
+    """(bytes, origin, its file) of the blocks alive when the traced allocations peaked."""
+    alive: dict[int, tuple[int, str, str | None]] = {}
     current, best, at_best = 0, -1, {}
     for event in events:
         if event["action"] == "alloc":
-            alive[event["addr"]] = (event["size"], origin(event))
+            alive[event["addr"]] = (event["size"], *origin(event))
             current += event["size"]
             if current > best:
                 best, at_best = current, dict(alive)
@@ -52,7 +54,8 @@ def alive_at_peak(events: list[dict]) -> list[tuple[int, str]]:
     return sorted(at_best.values(), key=lambda block: -block[0])
 
 
-def snapshot_row(model_name: str, mode_name: str, budget: float | None) -> dict:
+def snapshot_row(model_name: str, mode_name: str, budget: float | None,
+                 keep_code: str | None = None) -> dict:
     job = bench.Job(model_name, mode_name, budget, False, "cuda", 3, 1)
     torch.manual_seed(0)
     model, batch, use_autocast = bench.prepare(job)
@@ -71,7 +74,13 @@ def snapshot_row(model_name: str, mode_name: str, budget: float | None) -> dict:
     torch.cuda.synchronize()
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     torch.cuda.memory._record_memory_history(enabled=None)
-    blocks = alive_at_peak(trace)
+    peak = alive_at_peak(trace)
+    if keep_code:  # the generated code that made the largest blocks, to read
+        kept = Path(keep_code) / mode_name
+        kept.mkdir(parents=True, exist_ok=True)
+        for path in {path for _, _, path in peak[:8] if path}:
+            shutil.copy(path, kept)
+    blocks = [(size, where) for size, where, _ in peak]
     return {"mode": mode_name, "max_allocated": torch.cuda.max_memory_allocated(),
             "traced_peak": sum(size for size, _ in blocks), "blocks": blocks}
 
@@ -93,16 +102,19 @@ def main() -> None:
     parser.add_argument("--modes", default="torch_compile,aotgrad_dynamo")
     parser.add_argument("--budget", type=float, default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--keep-code", default=None,
+                        help="copy the generated code of the largest blocks at the peak here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:  # one mode, in a process of its own
-        print(json.dumps(snapshot_row(args.model, args.modes, args.budget)))
+        print(json.dumps(snapshot_row(args.model, args.modes, args.budget, args.keep_code)))
         return
     rows = []
     for mode in args.modes.split(","):
         budget = [] if args.budget is None else ["--budget", str(args.budget)]
+        keep = [] if args.keep_code is None else ["--keep-code", args.keep_code]
         proc = subprocess.run([sys.executable, __file__, args.model, "--modes", mode, "--worker",
-                               *budget], capture_output=True, text=True, check=True)
+                               *budget, *keep], capture_output=True, text=True, check=True)
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -124,14 +124,19 @@ def test_interleaved_steps_run_end_to_end_on_cpu(tmp_path):
     assert "| tiny | 1.0 |" in (tmp_path / "interleaved.md").read_text()
 
 
-def test_peak_snapshot_finds_the_blocks_alive_at_the_peak():
+def test_peak_snapshot_finds_the_blocks_alive_at_the_peak(tmp_path):
     spec = importlib.util.spec_from_file_location("peak_snapshot",
                                                   REPO / "bench" / "peak_snapshot.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    events = [{"action": "alloc", "addr": 1, "size": 10}, {"action": "alloc", "addr": 2, "size": 5},
+    code = tmp_path / "torchinductor_me" / "cx.py"  # Inductor's generated code, by its path
+    code.parent.mkdir()
+    code.write_text("def call(args):\n    buf0 = empty_strided_cuda((4, 4), (4, 1))\n")
+    events = [{"action": "alloc", "addr": 1, "size": 10}, {"action": "alloc", "addr": 2, "size": 5,
+               "frames": [{"filename": str(code), "line": 2, "name": "call"}]},
               {"action": "free_completed", "addr": 1}, {"action": "alloc", "addr": 3, "size": 8}]
-    assert module.alive_at_peak(events) == [(10, "?"), (5, "?")]
+    assert module.alive_at_peak(events) == [
+        (10, "?", None), (5, "cx.py:2 buf0 = empty_strided_cuda((4, 4), (4, 1))", str(code))]
     rows = [{"mode": "a", "blocks": [(10, "x"), (5, "y")]}, {"mode": "b", "blocks": [(10, "x")]}]
     (line,) = module.differing_sizes(rows)
     assert "a 1, b 0" in line
