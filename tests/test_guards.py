@@ -587,9 +587,8 @@ def test_dynamic_dynamo_graph_whose_float_must_be_specialized_matches_eager(use)
 
 def test_tensors_the_function_makes_itself_are_left_to_inductor():
     """`torch.tensor(2.0)` made inside the function is the trace's own (copied into the graph
-    by lift_fresh_copy): Inductor may compile its value in. Kept as a tensor, a 0-d CPU one
-    in a CUDA graph made each step wait for the GPU (DeBERTa-v2). A closed-over tensor is
-    read where it lives."""
+    by lift_fresh_copy), which nothing else can write: Inductor compiles its value in, with
+    its FX graph cache on. A closed-over tensor is read where it lives."""
     from torch.fx.experimental.proxy_tensor import make_fx
     from aotgrad.backends.compilers import _by_reference
     closed = torch.ones(3)

@@ -242,8 +242,8 @@ def _by_reference(gm: fx.GraphModule) -> dict:
     lost), and a hit in its FX graph cache loads pickled copies (the second compile of
     `x * torch.rand(n, generator=g)` drew from a copy of `g` and left `g` as it was).
     A tensor the function made itself (`torch.tensor(2.0)`, which the graph copies with
-    `lift_fresh_copy`) is the trace's own: Inductor may compile it in, and should (a 0-d
-    CPU tensor kept as one, in a CUDA graph, made every DeBERTa-v2 step wait for the GPU)."""
+    `lift_fresh_copy`) is the trace's own, which nothing else can write: Inductor compiles
+    its value in, and the graph keeps Inductor's FX graph cache."""
     held = [operator.attrgetter(n.target)(gm) for n in gm.graph.find_nodes(op="get_attr")
             if any(u.target is not torch.ops.aten.lift_fresh_copy.default for u in n.users)]
     if not any(isinstance(v, (torch.Tensor, torch.Generator)) for v in held):
