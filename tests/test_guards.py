@@ -480,26 +480,34 @@ SCALE = 2.0
 ACTIVATION = torch.relu
 
 
+SHIFT = 0.0
+
+
 def scaled_activation(x):
-    return ACTIVATION(x) * SCALE
+    return _shifted(ACTIVATION(x)) * SCALE
+
+
+def _shifted(x):  # a helper of the same module, reading a global of its own
+    return x + SHIFT
 
 
 def test_a_global_the_function_reads_rebound_after_the_compile():
-    """A number or a function the code names as a global was baked into the graph: a new
-    value ran the old graph, silently."""
-    global SCALE, ACTIVATION
+    """A number or a function the code names as a global (or a helper of its module does)
+    was baked into the graph: a new value ran the old graph, silently."""
+    global SCALE, ACTIVATION, SHIFT
     compiled = aotgrad.compile(scaled_activation, backend="eager")
     x = torch.randn(5, requires_grad=True)
     try:
-        for scale, activation in [(2.0, torch.relu), (3.0, torch.relu), (3.0, torch.tanh)]:
-            SCALE, ACTIVATION = scale, activation
-            torch.testing.assert_close(compiled(x), activation(x) * scale)
+        for scale, activation, shift in [(2.0, torch.relu, 0.0), (3.0, torch.relu, 0.0),
+                                         (3.0, torch.tanh, 0.0), (3.0, torch.tanh, 1.0)]:
+            SCALE, ACTIVATION, SHIFT = scale, activation, shift
+            torch.testing.assert_close(compiled(x), (activation(x) + shift) * scale)
         assert compiled.num_compiles == 1  # the entries that took the old values are gone
         SCALE = float("3")  # another float object, the same value: no compile
         compiled(x)
-        assert compiled._rereads == 2
+        assert compiled._rereads == 3
     finally:
-        SCALE, ACTIVATION = 2.0, torch.relu
+        SCALE, ACTIVATION, SHIFT = 2.0, torch.relu, 0.0
 
 
 def test_a_closed_over_value_rebound_after_the_compile():

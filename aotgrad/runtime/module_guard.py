@@ -14,8 +14,9 @@ guards); the argument guards are runtime/guards.py.
 `refuse_traced_attributes`, after it, a traced tensor forward stored in an attribute.
 
 `FunctionReads` is the same for `aotgrad.compile(function)`: the values its closure's cells
-hold and the globals its code names. A value changed inside an object it reads (a list's
-item, a dict's entry) or a global read by a function it calls is not seen.
+hold and the globals its code names, and those of the functions of its own module it calls.
+A value changed inside an object it reads (a list's item, a dict's entry), or a global of
+another module read by a function it calls there, is not seen.
 """
 
 from __future__ import annotations
@@ -73,13 +74,25 @@ class ModuleAttributes:
 class FunctionReads:
     """The values a function reads besides its arguments, which its graphs took as they were
     at the trace: each closure cell's content and each global its code (and code nested in
-    it) names, but modules. Compared by identity; a number or string by value."""
+    it) names, but modules; the same for the functions of its own module that it calls by
+    name (their globals are its globals), and theirs. Compared by identity; a number or
+    string by value."""
 
     def __init__(self, fn: types.FunctionType):
-        code, cells, names = fn.__code__, fn.__closure__ or (), fn.__globals__
-        self.cells = [(name, cell, cell.cell_contents)
-                      for name, cell in zip(code.co_freevars, cells) if _filled(cell)]
-        self.globals = [(name, names[name]) for name in _global_names(code)
+        names = fn.__globals__
+        self.cells, read, seen, todo = [], set(), {fn}, [fn]
+        while todo:
+            f = todo.pop()
+            self.cells += [(name, cell, cell.cell_contents) for name, cell
+                           in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
+            for name in _global_names(f.__code__) - read:
+                read.add(name)
+                value = names.get(name, _GONE)
+                if isinstance(value, types.FunctionType) and value.__globals__ is names \
+                        and value not in seen:  # a helper of the same module
+                    seen.add(value)
+                    todo.append(value)
+        self.globals = [(name, names[name]) for name in sorted(read)
                         if name in names and not isinstance(names[name], types.ModuleType)]
         self.names = names
 
