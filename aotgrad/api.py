@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import types
 import warnings
 from typing import Any, Callable, Hashable, Sequence
 
@@ -111,8 +110,7 @@ class CompiledFunction:
         self.fn = fn
         self.options = options
         self.max_entries = max_entries
-        self.reads = FunctionReads(fn) if watch_reads and isinstance(fn, types.FunctionType) \
-            else None
+        self.reads = FunctionReads(fn) if watch_reads and FunctionReads.watchable(fn) else None
         self._rereads = 0  # compiles again after a read value changed
         self.entries: dict[Hashable, CompiledCall] = {}
         self.guarded: list[tuple[Callable, CompiledCall]] = []  # entries for flat calls
@@ -190,6 +188,7 @@ class CompiledFunction:
                 self.static_only[(shape, signature(flat, dynamic=True))] = failure
         self._add_guard(flat, call, flat_call=isinstance(shape, int))
         if self.reads is not None:  # what its Python set while traced (a counter), as left
+            refuse_traced_attributes(self.reads.owner)
             self.reads = FunctionReads(self.fn)
         return call
 

@@ -541,6 +541,39 @@ def test_a_global_the_function_sets_itself_is_taken_as_the_trace_left_it():
     assert compiled.num_compiles == 1 and compiled._rereads == 0
 
 
+class _ScaledLoss:
+    """A loss object of the user's (no module): its attributes are read by the trace."""
+
+    def __init__(self):
+        self.scale, self.reduce = 2.0, torch.sum
+
+    def __call__(self, x):
+        return self.reduce(x * self.scale)
+
+    def method(self, x):
+        return self(x)
+
+
+@pytest.mark.parametrize("how", ["object", "bound_method"])
+def test_an_attribute_of_a_compiled_object_or_methods_owner_rebound(how):
+    loss = _ScaledLoss()
+    compiled = aotgrad.compile(loss if how == "object" else loss.method, backend="eager")
+    x = torch.randn(4, requires_grad=True)
+    for scale, reduce in [(2.0, torch.sum), (3.0, torch.sum), (3.0, torch.mean)]:
+        loss.scale, loss.reduce = scale, reduce
+        torch.testing.assert_close(compiled(x), reduce(x * scale))
+
+
+def test_an_object_storing_a_tensor_it_computes_is_refused():
+    class Keeper:
+        def __call__(self, x):
+            self.last = x.exp()
+            return self.last.sum()
+
+    with pytest.raises(NotImplementedError, match="attribute 'last' of Keeper"):
+        aotgrad.compile(Keeper(), backend="eager")(torch.randn(3))
+
+
 CALLS = 0
 
 

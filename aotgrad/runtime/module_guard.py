@@ -75,10 +75,13 @@ class FunctionReads:
     """The values a function reads besides its arguments, which its graphs took as they were
     at the trace: each closure cell's content and each global its code (and code nested in
     it) names, but modules; the same for the functions of its own module that it calls by
-    name (their globals are its globals), and theirs. Compared by identity; a number or
-    string by value."""
+    name (their globals are its globals), and theirs; for a bound method or a callable
+    object, the object's attributes. Compared by identity; a number or string by value."""
 
-    def __init__(self, fn: types.FunctionType):
+    def __init__(self, fn: Callable):
+        fn, owner = _function_and_owner(fn)
+        self.owner = owner
+        self.attributes = list(vars(owner).items()) if hasattr(owner, "__dict__") else []
         names = fn.__globals__
         self.cells, read, seen, todo = [], set(), {fn}, [fn]
         while todo:
@@ -96,6 +99,12 @@ class FunctionReads:
                         if name in names and not isinstance(names[name], types.ModuleType)]
         self.names = names
 
+    @staticmethod
+    def watchable(fn: Callable) -> bool:
+        """A Python function, a method bound to an object, or an object whose class defines
+        `__call__` in Python."""
+        return isinstance(_function_and_owner(fn)[0], types.FunctionType)
+
     def changed(self) -> str | None:
         """What changed, in words; None if nothing did."""
         for name, cell, value in self.cells:
@@ -104,7 +113,22 @@ class FunctionReads:
         for name, value in self.globals:
             if not _same(self.names.get(name, _GONE), value):
                 return f"the global {name!r}"
+        if self.attributes:
+            now = vars(self.owner)
+            for name, value in self.attributes:
+                if not _same(now.get(name, _GONE), value):
+                    return f"the attribute {name!r} of {type(self.owner).__name__}"
         return None
+
+
+def _function_and_owner(fn: Callable) -> tuple[Any, Any]:
+    """The Python function a call runs, and the object it is bound to (None for a plain
+    function)."""
+    if isinstance(fn, types.MethodType):
+        return fn.__func__, fn.__self__
+    if isinstance(fn, types.FunctionType):
+        return fn, None
+    return getattr(type(fn), "__call__", None), fn  # a callable object
 
 
 def _filled(cell) -> bool:
@@ -206,16 +230,18 @@ def _is_torchs(hook: Callable) -> bool:
     return module == "torch" or module.startswith("torch.")
 
 
-def refuse_traced_attributes(module: torch.nn.Module) -> None:
+def refuse_traced_attributes(owner: Any) -> None:
     """Forward ran once, traced: a tensor it computed and stored in a plain attribute (the
     last attention map, for a later look) holds a traced tensor, not a call's values, and
-    later calls would not store theirs. (A module with a hook of torch's is left alone:
+    later calls would not store theirs. `owner`: a module (and its submodules), or the
+    object a compiled method is bound to. (A module with a hook of torch's is left alone:
     `spectral_norm`'s hook sets `weight` so, as its forward's input.)"""
-    for owner in module.modules():
-        if any(_is_torchs(hook) for name in _HOOK_DICTS
-               for hook in getattr(owner, name).values()):
+    owners = owner.modules() if isinstance(owner, torch.nn.Module) else [owner]
+    for owner in owners:
+        if isinstance(owner, torch.nn.Module) and any(
+                _is_torchs(hook) for name in _HOOK_DICTS for hook in getattr(owner, name).values()):
             continue
-        for name, value in vars(owner).items():
+        for name, value in getattr(owner, "__dict__", {}).items():
             if isinstance(value, torch.Tensor) and _is_traced(value):
                 raise NotImplementedError(
                     f"aotgrad: forward stores a tensor it computes in the attribute {name!r} "
