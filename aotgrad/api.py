@@ -164,13 +164,15 @@ class CompiledFunction:
         if _recompiles_spent(self._rereads, self.max_entries, changed,
                              getattr(self.fn, "__name__", repr(self.fn))):
             return self.fn(*args, **kwargs)
-        self.entries.clear()
-        self.guarded.clear()
-        self.guarded_runs.clear()
-        self.dynamic_entries.clear()
-        self.static_only.clear()
+        self._forget()
         self.reads = FunctionReads(self.fn)
         return self(*args, **kwargs)
+
+    def _forget(self) -> None:
+        """Drop every compiled entry."""
+        for entries in (self.entries, self.guarded, self.guarded_runs, self.dynamic_entries,
+                        self.static_only):
+            entries.clear()
 
     def _compile(self, key, shape, flat, args, kwargs, dynamic: bool = False
                  ) -> CompiledCall | None:
@@ -188,7 +190,11 @@ class CompiledFunction:
                 self.static_only[(shape, signature(flat, dynamic=True))] = failure
         self._add_guard(flat, call, flat_call=isinstance(shape, int))
         if self.reads is not None:  # what its Python set while traced (a counter), as left
-            refuse_traced_attributes(self.reads.owner)
+            try:
+                refuse_traced_attributes(self.reads.owner)
+            except NotImplementedError:  # the trace left a traced tensor: no entry stays
+                self._forget()
+                raise
             self.reads = FunctionReads(self.fn)
         return call
 
