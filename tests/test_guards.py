@@ -639,3 +639,26 @@ def test_tensors_the_function_makes_itself_are_left_to_inductor():
     held = make_fx(lambda x: x * closed)(torch.randn(3))
     assert _by_reference(made) == {}
     assert _by_reference(held) == {"fx_graph_cache": False, "always_keep_tensor_constants": True}
+
+
+def test_a_python_random_draw_is_warned_once_and_random_restored():
+    """`random.random()` runs once, while traced: the graph keeps its value where eager draws
+    at each call. Warned (a draw that changes nothing is common in models), not silent."""
+    import random
+    draw, uniform = random.random, random.uniform
+
+    def flip(x):
+        return x.flip(0) if random.random() < 2 else x
+
+    compiled = aotgrad.compile(flip, backend="eager")
+    with pytest.warns(UserWarning, match=r"called random\.random\(\) while traced"):
+        compiled(torch.arange(3.0))
+    assert random.random is draw
+
+    def fails(x):
+        random.uniform(0, 1)
+        raise ValueError("the user's error")
+
+    with pytest.raises(ValueError, match="the user's error"):
+        aotgrad.compile(fails, backend="eager")(torch.ones(1))
+    assert random.random is draw and random.uniform is uniform

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import sys
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -98,8 +101,51 @@ def _tensor_meta(v: Any) -> TensorMeta | None:
 @contextlib.contextmanager
 def user_code_checks():
     """Around the user's code: refuse closed-over state, explain what tracing cannot see."""
-    with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass():
+    with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass(), \
+            _python_draws_warned():
         yield
+
+
+# Python's own random draws (module `random`, numpy's), where loaded (else the function
+# cannot call them): a trace calls them once.
+_PYTHON_DRAWS = {
+    "random": ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle",
+               "sample", "gauss", "normalvariate", "getrandbits", "betavariate",
+               "expovariate", "triangular"),
+    "numpy.random": ("random", "rand", "randn", "randint", "uniform", "normal", "choice",
+                     "shuffle", "permutation", "random_sample", "binomial", "beta"),
+}
+
+
+@contextlib.contextmanager
+def _python_draws_warned():
+    """A draw of Python's `random` runs once, while traced: the graph keeps that value (a
+    layer dropped or not, a crop's offset), where eager draws again at each call. Warned,
+    not refused: a draw whose value changes nothing (HF's LayerDrop at probability 0) is
+    common in models that compile right."""
+    drawn: list[str] = []
+
+    def noted(name: str, draw: Callable) -> Callable:
+        @functools.wraps(draw)
+        def draw_noted(*args, **kwargs):
+            drawn.append(name)
+            return draw(*args, **kwargs)
+        return draw_noted
+
+    with contextlib.ExitStack() as stack:
+        for module_name, names in _PYTHON_DRAWS.items():
+            module = sys.modules.get(module_name)
+            if module is not None:
+                stack.enter_context(mends.patched(module, **{
+                    name: noted(f"{module_name}.{name}", vars(module)[name])
+                    for name in names if name in vars(module)}))
+        yield
+    if drawn:
+        warnings.warn(
+            f"aotgrad: the function called {drawn[0]}() while traced: the compiled "
+            "graph keeps the value drawn then, where eager draws a new one at each call. "
+            "Draw it outside the compiled function and pass it in, or use torch.rand "
+            "(which the graph draws at each call).", stacklevel=2)
 
 
 def storages(args: Sequence[Any]) -> list:
