@@ -662,3 +662,34 @@ def test_a_python_random_draw_is_warned_once_and_random_restored():
     with pytest.raises(ValueError, match="the user's error"):
         aotgrad.compile(fails, backend="eager")(torch.ones(1))
     assert random.random is draw and random.uniform is uniform
+
+
+DOUBLE = True
+
+
+class _Flagged(nn.Module):
+    """A forward reading a module-level flag, through a helper of its module."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _factor() * self.fc(x)
+
+
+def _factor():
+    return 2.0 if DOUBLE else 3.0
+
+
+def test_a_global_a_modules_forward_reads_rebound_after_the_compile():
+    global DOUBLE
+    model = _Flagged()
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    try:
+        for double in (True, False):
+            DOUBLE = double
+            torch.testing.assert_close(compiled(x), model(x))
+    finally:
+        DOUBLE = True

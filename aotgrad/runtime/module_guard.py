@@ -6,6 +6,8 @@ guards); the argument guards are runtime/guards.py.
 - which submodule sits where, and its class (`parametrize` swaps it);
 - the attributes forward may read as constants: numbers (a `scale`, a dropout's `p`),
   strings, None, and plain (unregistered) tensor attributes, by identity;
+- the globals the forwards of the user's module classes name (a module-level flag, a
+  helper function), as `FunctionReads` compares a function's;
 - the module hooks, and the global ones: a hook registered anywhere bumps one counter of
   torch's (`RemovableHandle.next_id`), checked first; the hook dicts that held hooks at the
   compile are compared whole, so that a removal is seen too.
@@ -49,6 +51,11 @@ class ModuleAttributes:
             module_hooks._global_backward_pre_hooks, module_hooks._global_backward_hooks]
         self.hooked = _hooked(self.hook_dicts)
         self.next_hook = RemovableHandle.next_id
+        # What the forwards of the user's classes read: a module-level flag, a helper.
+        self.cells, self.globals = code_reads(sorted(
+            {f for f in (getattr(type(m), "forward", None) for m in modules)
+             if isinstance(f, types.FunctionType) and not _is_torchs(f)},
+            key=lambda f: f.__qualname__))
 
     def changed(self) -> str | None:
         """What changed, in words; None if nothing did."""
@@ -56,9 +63,10 @@ class ModuleAttributes:
             if parent.get(name) is not child or type(child) is not cls:
                 return f"submodule {name!r}"
         for owner, name, value in self.values:
-            if not _same(owner.get(name, _GONE), value):
+            now = owner.get(name, _GONE)
+            if now is not value and not _same(now, value):
                 return f"attribute {name!r}"
-        return self._hooks_changed()
+        return code_changed(self.cells, self.globals) or self._hooks_changed()
 
     def _hooks_changed(self) -> str | None:
         for hooks, keys in self.hooked:
@@ -82,22 +90,7 @@ class FunctionReads:
         fn, owner = _function_and_owner(fn)
         self.owner = owner
         self.attributes = list(vars(owner).items()) if hasattr(owner, "__dict__") else []
-        names = fn.__globals__
-        self.cells, read, seen, todo = [], set(), {fn}, [fn]
-        while todo:
-            f = todo.pop()
-            self.cells += [(name, cell, cell.cell_contents) for name, cell
-                           in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
-            for name in _global_names(f.__code__) - read:
-                read.add(name)
-                value = names.get(name, _GONE)
-                if isinstance(value, types.FunctionType) and value.__globals__ is names \
-                        and value not in seen:  # a helper of the same module
-                    seen.add(value)
-                    todo.append(value)
-        self.globals = [(name, names[name]) for name in sorted(read)
-                        if name in names and not isinstance(names[name], types.ModuleType)]
-        self.names = names
+        self.cells, self.globals = code_reads([fn])
 
     @staticmethod
     def watchable(fn: Callable) -> bool:
@@ -107,18 +100,55 @@ class FunctionReads:
 
     def changed(self) -> str | None:
         """What changed, in words; None if nothing did."""
-        for name, cell, value in self.cells:
-            if not _filled(cell) or not _same(cell.cell_contents, value):
-                return f"the closed-over {name!r}"
-        for name, value in self.globals:
-            if not _same(self.names.get(name, _GONE), value):
-                return f"the global {name!r}"
+        changed = code_changed(self.cells, self.globals)
+        if changed is not None:
+            return changed
         if self.attributes:
             now = vars(self.owner)
             for name, value in self.attributes:
                 if not _same(now.get(name, _GONE), value):
                     return f"the attribute {name!r} of {type(self.owner).__name__}"
         return None
+
+
+def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
+    """What `functions` read besides their arguments: (closure cells with their contents,
+    globals as (their module's dict, name, value)), following the functions of the same
+    module they call by name. Modules read as globals are left out."""
+    cells, reads, read, seen, todo = [], [], set(), set(functions), list(functions)
+    while todo:
+        f = todo.pop()
+        names = f.__globals__
+        cells += [(name, cell, cell.cell_contents) for name, cell
+                  in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
+        for name in sorted(_global_names(f.__code__)):
+            if (id(names), name) in read or name not in names:
+                continue
+            read.add((id(names), name))
+            value = names[name]
+            if not isinstance(value, types.ModuleType):
+                reads.append((names, name, value))
+            if isinstance(value, types.FunctionType) and value.__globals__ is names \
+                    and value not in seen:  # a helper of the same module
+                seen.add(value)
+                todo.append(value)
+    return cells, reads
+
+
+def code_changed(cells: list, reads: list) -> str | None:
+    """Which of `code_reads`'s values changed, in words; None if none did."""
+    for name, cell, value in cells:
+        try:
+            now = cell.cell_contents
+        except ValueError:  # emptied since
+            return f"the closed-over {name!r}"
+        if now is not value and not _same(now, value):
+            return f"the closed-over {name!r}"
+    for names, name, value in reads:
+        now = names.get(name, _GONE)
+        if now is not value and not _same(now, value):
+            return f"the global {name!r}"
+    return None
 
 
 def _function_and_owner(fn: Callable) -> tuple[Any, Any]:
