@@ -190,11 +190,12 @@ class CompiledFunction:
                 self.static_only[(shape, signature(flat, dynamic=True))] = failure
         self._add_guard(flat, call, flat_call=isinstance(shape, int))
         if self.reads is not None:  # what its Python set while traced (a counter), as left
-            try:
-                refuse_traced_attributes(self.reads.owner)
-            except NotImplementedError:  # the trace left a traced tensor: no entry stays
-                self._forget()
-                raise
+            if self.reads.owner is not None:  # a method's object, a callable object
+                try:
+                    refuse_traced_attributes(self.reads.owner)
+                except NotImplementedError:  # the trace left a traced tensor: keep no entry
+                    self._forget()
+                    raise
             self.reads = FunctionReads(self.fn)
         return call
 

@@ -15,7 +15,8 @@ And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generat
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
 refused by name (`generators_traceable`).
 
-`patched` is the one way this package swaps an attribute of torch's for a while.
+`patched` is the one way this package swaps a module's attribute for a while (torch's here
+and in checkpoints.py and custom_functions.py, Python's `random` in capture/analysis.py).
 """
 
 from __future__ import annotations
