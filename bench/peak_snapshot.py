@@ -75,11 +75,11 @@ def snapshot_row(model_name: str, mode_name: str, budget: float | None,
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     torch.cuda.memory._record_memory_history(enabled=None)
     peak = alive_at_peak(trace)
-    if keep_code:  # the generated code that made the largest blocks, to read
-        kept = Path(keep_code) / mode_name
+    if keep_code:  # the generated code that allocated during the step (forward, backward)
+        kept = Path(keep_code)
         kept.mkdir(parents=True, exist_ok=True)
-        for path in {path for _, _, path in peak[:8] if path}:
-            shutil.copy(path, kept)
+        for path in {origin(event)[1] for event in trace} - {None}:
+            shutil.copy(path, kept / f"{mode_name}-{Path(path).name}")
     blocks = [(size, where) for size, where, _ in peak]
     return {"mode": mode_name, "max_allocated": torch.cuda.max_memory_allocated(),
             "traced_peak": sum(size for size, _ in blocks), "blocks": blocks}
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None)
     parser.add_argument("--out", default=None)
     parser.add_argument("--keep-code", default=None,
-                        help="copy the generated code of the largest blocks at the peak here")
+                        help="copy the generated code that allocated during the step here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:  # one mode, in a process of its own

@@ -581,6 +581,25 @@ def test_small_values_broadcast_in_the_backward_are_saved(fn, args, saved, recom
     assert saved in names and recomputed not in names
 
 
+def language_model_loss(h, w, labels):
+    return F.cross_entropy(h @ w, labels)
+
+
+def test_a_loss_saves_the_logits_written_anyway_not_their_log_softmax():
+    """Both cost the same bytes but for two per-row statistics; the log-softmax, though, is
+    written only if saved (the loss reads it inside its kernels), while the matmul writes
+    the logits anyway, and the backward may overwrite them with their gradient."""
+    h, w = torch.randn(64, 16, requires_grad=True), torch.randn(16, 4096, requires_grad=True)
+    labels = torch.randint(0, 4096, (64,))
+    compiled = aotgrad.compile(language_model_loss, backend=inductor_decomposed_eager())
+    grads = torch.autograd.grad(compiled(h, w, labels), (h, w))
+    expected = torch.autograd.grad(language_model_loss(h, w, labels), (h, w))
+    torch.testing.assert_close(grads, expected)
+    saved = {s.op: s for s in compiled.artifacts[0].saved}
+    assert saved["aten.mm.default"].nbytes == 64 * 4096 * 4
+    assert "aten.sub.Tensor" not in saved  # the log-softmax, recomputed from the logits
+
+
 # ---- boolean masks the backward computes --------------------------------------------------
 
 def relu_then_mean(x, w):

@@ -13,12 +13,18 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+# Session 18: `peak18` ran twice (the code kept, flat). Then `s18`: the partition saves the
+# logits the matmul writes anyway (remat.WRITE_SHARE); DeBERTa-v2's peak and three models' rows.
+s18)
+  TAIL=12 step peak 150 python bench/peak_snapshot.py deberta_v2 --modes aotgrad_dynamo --out $OUT/peak
+  TAIL=12 step run 420 python bench/run.py --models deberta_v2,bert,gpt2 --jobs 1 --timeout 140 \
+    --modes aotgrad_dynamo,torch_compile --out $OUT/run ;;
 # Next (session 18): `peak18`, DeBERTa-v2's peak with the code that made its largest blocks:
 # why our backward allocates the 1001 MB gradient of the logits beside the saved logits
 # (donated?), where torch's reuses (bench/results/h200-2026-11-29-session17/README.md).
 peak18)
   TAIL=30 step peak 330 python bench/peak_snapshot.py deberta_v2 --modes torch_compile,aotgrad_dynamo \
-    --out $OUT/peak --keep-code $OUT/peak/code ;;
+    --out $OUT/peak --keep-code $OUT/code ;;
 # Session 17: `verify16` and `bwtime` (bert) ran first; then `s17`: this session's changes on
 # torch 2.11 and the partition change (narrowing casts saved, permute pairs undone) on the GPU.
 s17c)  # DeBERTa-v2's peak (ours 5882 MB vs torch's 5438 in s17b): what is alive at each peak

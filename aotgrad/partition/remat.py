@@ -31,7 +31,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from ..semantics.dynamic import hint
 from .flow import FlowNetwork
 from ..schema import OVERWRITTEN, Joint
-from .memory import base_of, is_tuple, tensor_bytes
+from .memory import base_of, fused_in_kernels, is_tuple, tensor_bytes
 from .split import ancestors, is_narrowing_cast, joint_of, split_joint
 from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE,
                      TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
@@ -242,9 +242,9 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
     inside the backward's fused kernels."""
     j = joint_of(joint, num_fwd_outputs)
     forward, tangents, grads, bw_roots = j.forward, j.tangents, j.grads, j.bw_roots
-    rules = forward_rules(j)
+    rules, unwritten = forward_rules(j), unwritten_unless_saved(j)
     for _ in range(REFINEMENTS):
-        saved = _min_cut(joint, forward, rules, grads, tangents, bw_roots)
+        saved = _min_cut(joint, forward, rules, grads, tangents, bw_roots, unwritten)
         spanning = [n for n in recomputed_across_kernels(joint, forward, saved, tangents, bw_roots)
                     if rules[n] == Rule.CHOOSE]  # not what a checkpoint policy decided
         spanning = saved_below_peak(spanning, joint, forward, saved, tangents, bw_roots, grads)
@@ -326,8 +326,8 @@ def _bytes(node: fx.Node) -> int:
     return tensor_bytes(node.meta.get("val"))
 
 
-def _min_cut(joint, forward, rules, grads, tangents, bw_roots) -> list[fx.Node]:
-    network, infinity = _network(joint, forward, rules, set(grads))
+def _min_cut(joint, forward, rules, grads, tangents, bw_roots, unwritten) -> list[fx.Node]:
+    network, infinity = _network(joint, forward, rules, set(grads), unwritten)
     # Of the cuts of least bytes, the latest: it leaves the backward the least to recompute.
     value, reachable = network.min_cut(SOURCE, SINK, latest=True)
     assert value < infinity, "min-cut: the checkpoint policies and the op table conflict"
@@ -418,15 +418,15 @@ def _last_use(node: fx.Node, position: dict[fx.Node, int]) -> int:
     return last
 
 
-def _network(joint, forward, rules, grads) -> tuple[FlowNetwork, int]:
-    # More than any cut of finite edges: the sum of them all (ties included).
-    infinity = 1 + sum(2 * tensor_bytes(base_of(n).meta.get("val")) + 2 for n in forward)
+def _network(joint, forward, rules, grads, unwritten) -> tuple[FlowNetwork, int]:
+    # More than any cut of finite edges: the sum of them all (surcharges, ties included).
+    infinity = 1 + sum(3 * tensor_bytes(base_of(n).meta.get("val")) + 2 for n in forward)
     net = FlowNetwork()
     for node in joint.graph.nodes:
         if node not in forward:
             continue
         rule = rules[node]
-        net.add_edge((node, "in"), (node, "out"), _save_cost(node, rule, infinity))
+        net.add_edge((node, "in"), (node, "out"), _save_cost(node, rule, infinity, unwritten))
         if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE, Rule.COSTLY, Rule.MATERIALIZED):
             net.add_edge(SOURCE, (node, "in"), infinity)
         for user in node.users:
@@ -443,15 +443,37 @@ TIE_BREAK = {Rule.CHOOSE: 0, Rule.MATERIALIZED: 0, Rule.COSTLY: 1, Rule.SAVE: 1,
 CHOICES = (Rule.CHOOSE, Rule.MATERIALIZED, Rule.COSTLY)  # the rules a memory budget may decide
 
 
-def _save_cost(node: fx.Node, rule: str, infinity: int) -> int:
-    """Twice the bytes kept alive, plus a tie-breaker: among equal sizes save the value that
-    spares the most recomputation (a cheap op's result over its expensive input), and a
-    base over a view of it. A view keeps its whole base alive, so it costs the base."""
+# Saving a value the forward's kernels would otherwise keep in registers adds its write to
+# the forward: a surcharge of 1/WRITE_SHARE of its bytes, which decides between cuts of
+# nearly equal bytes. A language model's loss: its log-softmax output (bf16, never written
+# unless saved) against the logits the matmul writes anyway plus two per-row statistics,
+# 32 KiB more. Saved, the logits' buffer is the one the backward overwrites with their
+# gradient; the log-softmax, laid out by Inductor with padded rows, was 4 elements too short
+# for it (DeBERTa-v2: a second 1001 MB buffer at the backward's peak).
+WRITE_SHARE = 256
+
+
+def unwritten_unless_saved(j: Joint) -> frozenset[fx.Node]:
+    """The forward values a fusing compiler computes inside the forward kernels that read
+    them: only fusible forward ops read them, and the forward does not return them; and the
+    narrowing casts of the backward's, which the forward makes only to save them."""
+    computed = [n for n in j.module.graph.nodes if n in j.computed_forward]
+    returned = {n for n in j.fw_outputs if n is not None}
+    return fused_in_kernels(computed, kept=returned) | (j.forward - j.computed_forward)
+
+
+def _save_cost(node: fx.Node, rule: str, infinity: int, unwritten: frozenset) -> int:
+    """Twice the bytes kept alive, a surcharge for a value the forward would not otherwise
+    write, and a tie-breaker: among equal costs save the value that spares the most
+    recomputation (a cheap op's result over its expensive input), and a base over a view
+    of it. A view keeps its whole base alive, so it costs the base."""
     if rule == Rule.INPUT:
         return 0  # alive anyway
     if rule in (Rule.OVERWRITTEN, Rule.RECOMPUTE) or is_tuple(node):
         return infinity
-    return 2 * tensor_bytes(base_of(node).meta.get("val")) + TIE_BREAK[rule]
+    base = base_of(node)
+    size = tensor_bytes(base.meta.get("val"))
+    return 2 * size + (size // WRITE_SHARE if base in unwritten else 0) + TIE_BREAK[rule]
 
 
 # ---- the backward's schedule --------------------------------------------------------------
