@@ -13,6 +13,7 @@ a short summary table is printed last on stdout.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime
 import fcntl
@@ -344,7 +345,13 @@ class Job:
 
 
 def prepare(job: Job):
-    """The loss module (in training mode) and its batch, on the device."""
+    """The loss module (in training mode) and its batch, on the device. BENCH_INDUCTOR_CONFIG
+    ("name=value,...", values as Python literals) sets Inductor's config for the row: an
+    experiment on what a setting would change."""
+    from torch._inductor import config as inductor_config
+    for item in filter(None, os.environ.get("BENCH_INDUCTOR_CONFIG", "").split(",")):
+        name, value = item.split("=", 1)
+        setattr(inductor_config, name.strip(), ast.literal_eval(value.strip()))
     spec = MODELS[job.model]
     model, batch = spec.build(job.small)
     fmt = torch.channels_last if spec.channels_last else torch.contiguous_format

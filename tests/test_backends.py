@@ -318,6 +318,29 @@ def test_inductor_compiles_a_copy_and_the_graphs_stay_as_partitioned():
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("users_cap", [None, 200], ids=["default", "users_own"])
+def test_a_backwards_kernels_are_capped_in_the_buffers_they_fuse(monkeypatch, users_cap):
+    """A backward's recomputed chain (a residual stream) fused whole into one kernel spills
+    registers (bench/results/h200-2026-11-29-session18): Inductor's cap on a kernel's
+    buffers is set for backwards alone, and a cap the user set stands."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+    from aotgrad.backends.compilers import BACKWARD_KERNEL_BUFFERS
+    seen, inner = {}, compile_fx.compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        role = "backward" if kwargs.get("is_backward") else "forward"
+        seen[role] = inductor_config.max_fusion_unique_io_buffers
+        return inner(gm, example_inputs, **kwargs)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
+    monkeypatch.setattr(inductor_config, "max_fusion_unique_io_buffers", users_cap)
+    x = torch.randn(4, 8, requires_grad=True)
+    with inductor_config.patch(force_disable_caches=True):
+        aotgrad.compile(lambda t: (t.sin() * t).sum(), backend="inductor")(x).backward()
+    torch.testing.assert_close(x.grad, x.detach().sin() + x.detach() * x.detach().cos())
+    assert seen == {"forward": users_cap, "backward": users_cap or BACKWARD_KERNEL_BUFFERS}
+
+
 @pytest.mark.xfail(not mends.generators_traceable(), raises=NotImplementedError, strict=True,
                    reason="torch 2.11's tracer cannot hold a torch.Generator: refused by name")
 @pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])

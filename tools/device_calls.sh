@@ -15,6 +15,24 @@ step() {  # step NAME SECONDS COMMAND...
 case $1 in
 # Session 18: `peak18` ran twice (the code kept, flat). Then `s18`: the partition saves the
 # logits the matmul writes anyway (remat.WRITE_SHARE); DeBERTa-v2's peak and three models' rows.
+s18v)  # both changes (surcharge, backward kernel cap) on the two models they move
+  TAIL=8 step run 360 python bench/run.py --models deberta_v2,gpt2 --jobs 1 --timeout 120 \
+    --modes aotgrad_dynamo,torch_compile --out $OUT/run ;;
+fuse)  # dgap: our backward rebuilds DeBERTa-v2's residual stream in one kernel of ~150 buffers,
+  # 1.63 ms; split by Inductor's cap on a kernel's buffers?
+  export BENCH_INDUCTOR_CONFIG=max_fusion_unique_io_buffers=${CAP:-64}
+  TAIL=12 step fuse 300 python bench/profile_gap.py --models deberta_v2,bert --steps 5 --timeout 150 \
+    --modes aotgrad_dynamo --out $OUT/fuse
+  python - $OUT/fuse/profile.json <<'PY'
+import json, sys
+for row, v in json.load(open(sys.argv[1])).items():
+    print(row, f"{v['total_ms']:.2f} ms", *(f"{k['ms']:.3f}/{k['count']:.0f} {k['name'][:90]}"
+          for k in v["top"] if "layer_norm" in k["name"])[:8], sep="\n  ")
+PY
+  ;;
+dgap)  # DeBERTa-v2's step, 45.8 vs 38.8 ms in s18: kernel time, idle gaps and host profile
+  TAIL=40 step dgap 400 python bench/profile_gap.py --models deberta_v2 --steps 5 --timeout 180 \
+    --modes aotgrad_dynamo,torch_compile --out $OUT/dgap ;;
 s18)
   TAIL=12 step peak 150 python bench/peak_snapshot.py deberta_v2 --modes aotgrad_dynamo --out $OUT/peak
   TAIL=12 step run 420 python bench/run.py --models deberta_v2,bert,gpt2 --jobs 1 --timeout 140 \

@@ -227,11 +227,25 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
                    graphed: dict) -> Callable:
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    with config.patch(_by_reference(body)):
+    with config.patch({**_by_reference(body), **_fusion_limits(info, config)}):
         return compile_fx_inner(body, example_inputs,
                                 static_input_idxs=list(info.static_inputs),
                                 is_backward=info.role == "backward",
                                 is_inference=info.role == "inference", **graphed)
+
+
+# The most buffers one kernel of a backward may read and write. A backward that recomputes a
+# chain (a residual stream, rebuilt layer by layer from what the forward saved) would have
+# Inductor fuse the whole chain into one kernel: on DeBERTa-v2, 128 inputs and 26 outputs,
+# registers spilled, 1.63 ms; capped, its backward's kernels take 24.71 ms a step instead
+# of 26.22 (H200, bench/results/h200-2026-11-29-session18).
+BACKWARD_KERNEL_BUFFERS = 64
+
+
+def _fusion_limits(info: GraphInfo, config) -> dict:
+    if info.role != "backward" or config.max_fusion_unique_io_buffers is not None:
+        return {}  # a forward, or the user's own cap
+    return {"max_fusion_unique_io_buffers": BACKWARD_KERNEL_BUFFERS}
 
 
 def _by_reference(gm: fx.GraphModule) -> dict:
