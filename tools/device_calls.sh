@@ -16,6 +16,8 @@ case $1 in
 # Session 18: `peak18` ran twice (the code kept, flat). Then `s18`: the partition saves the
 # logits the matmul writes anyway (remat.WRITE_SHARE); DeBERTa-v2's peak and three models' rows.
 s18v)  # both changes (surcharge, backward kernel cap) on the two models they move
+  TAIL=2 step tests 60 python -m pytest -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_remat.py tests/test_backends.py -k "loss_saves or capped"
   TAIL=8 step run 360 python bench/run.py --models deberta_v2,gpt2 --jobs 1 --timeout 120 \
     --modes aotgrad_dynamo,torch_compile --out $OUT/run ;;
 fuse)  # dgap: our backward rebuilds DeBERTa-v2's residual stream in one kernel of ~150 buffers,
