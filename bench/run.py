@@ -415,7 +415,9 @@ def measure(step, job: Job, lock_path: str | None) -> dict:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() if cuda else None
+        cpu, workers = time.process_time(), descendants_cpu_s()
         timed = [time_step(step, cuda) for _ in range(job.steps)]
+        cpu, workers = time.process_time() - cpu, (workers, descendants_cpu_s())
     median = {k: statistics.median(t[k] for t in timed) for k in ("host", "wall", "step")}
     return {
         "compile_s": first["wall"] - median["wall"], "first_step_s": first["wall"],
@@ -425,7 +427,30 @@ def measure(step, job: Job, lock_path: str | None) -> dict:
         # CUDA graphs' pools: recorded once, reserved ever after, never allocated in a replay
         "reserved_mb": torch.cuda.max_memory_reserved() / 2**20 if cuda else None,
         "base_mb": base / 2**20 if cuda else None, "lock_wait_s": waited,
+        # CPU time a timed step, this process's threads together and its children's (compile
+        # workers): beside host_ms, whether something besides the step was busy meanwhile.
+        "cpu_ms": cpu / job.steps * 1e3,
+        "children_cpu_ms": None if None in workers else
+        (workers[1] - workers[0]) / job.steps * 1e3,
     }
+
+
+def descendants_cpu_s() -> float | None:
+    """CPU seconds used so far by this process's live descendants (Linux's /proc; None
+    elsewhere). os.times() counts only children that have exited and been waited for."""
+    try:
+        pending, total = [os.getpid()], 0.0
+        while pending:
+            pid = pending.pop()
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                children = (task / "children").read_text().split()
+                pending.extend(map(int, children))
+                for child in children:
+                    fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+                    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+    except (OSError, ValueError):
+        return None
 
 
 def artifacts_of(sink) -> list:

@@ -21,6 +21,8 @@ MAIN_COLUMNS = [
     ("vs eager", lambda r, e: _speedup(r, e)),
     ("host ms", lambda r, e: _num(r.get("host_ms"), ".3f")),
     ("wall ms", lambda r, e: _num(r.get("wall_ms"), ".3f")),
+    ("cpu ms", lambda r, e: _num(r.get("cpu_ms"), ".1f")),
+    ("workers cpu ms", lambda r, e: _num(r.get("children_cpu_ms"), ".1f")),
     ("peak MB", lambda r, e: _num(r.get("peak_mb"), ".0f")),
     ("peak-base MB", lambda r, e: _num(_minus(r.get("peak_mb"), r.get("base_mb")), ".0f")),
     ("saved MB", lambda r, e: _num(r.get("saved_mb"), ".0f")),
@@ -37,6 +39,8 @@ NOTES = [
     "(CUDA events on GPU, perf_counter on CPU); vs eager: eager step / this step.",
     "host ms: median time until the step's Python call returns; wall ms: until the device "
     "has finished it too. For the `tiny` model these are the host overhead per call.",
+    "cpu ms: CPU time a timed step, all of the row's threads (above host ms: a thread besides "
+    "the step's was busy); workers cpu ms: its child processes' (Inductor's compile workers).",
     "peak MB: torch.cuda.max_memory_allocated over the timed steps; peak-base: minus what "
     "was allocated before them (parameters, batch). saved MB: what aotgrad's forward saves.",
     "budget: torch_compile via torch._functorch.config.activation_memory_budget, aotgrad "

@@ -13,6 +13,14 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+# Next (session 19): `host19`: DeBERTa-v2's step in run.py is 45-48 ms (ours) vs 38-40
+# (torch's) in every run since session 17, its host time 38-40 vs 30-34 ms, while profile_gap's
+# synchronized steps agree (38.9 vs 39.5 ms) and the kernels total 34.1 vs 34.0 ms. cpu ms
+# (all the row's threads) and workers cpu ms (its compile workers) say whether something else
+# was busy during the timed steps; two orders.
+host19)
+  TAIL=10 step run 560 python bench/run.py --models deberta_v2 --jobs 1 --timeout 150 \
+    --modes aotgrad_dynamo,torch_compile,aotgrad_dynamo --out $OUT/run ;;
 # Session 18: `peak18` ran twice (the code kept, flat). Then `s18`: the partition saves the
 # logits the matmul writes anyway (remat.WRITE_SHARE); DeBERTa-v2's peak and three models' rows.
 s18v)  # both changes (surcharge, backward kernel cap) on the two models they move
