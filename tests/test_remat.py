@@ -585,19 +585,61 @@ def language_model_loss(h, w, labels):
     return F.cross_entropy(h @ w, labels)
 
 
-def test_a_loss_saves_the_logits_written_anyway_not_their_log_softmax():
-    """Both cost the same bytes but for two per-row statistics; the log-softmax, though, is
-    written only if saved (the loss reads it inside its kernels), while the matmul writes
-    the logits anyway, and the backward may overwrite them with their gradient."""
+def padded_language_model_loss(h, w, labels):
+    """As Inductor's pad_mm rewrites the loss on a GPU: the matmul's output has 4 more
+    columns than the logits, a slice of it."""
+    return F.cross_entropy((h @ F.pad(w, (0, 4)))[:, :w.shape[1]], labels)
+
+
+@pytest.mark.parametrize("loss, columns", [(language_model_loss, 4096),
+                                           (padded_language_model_loss, 4100)],
+                         ids=["plain", "padded_matmul"])
+def test_a_loss_saves_the_logits_written_anyway_not_their_log_softmax(loss, columns):
+    """The log-softmax costs the same bytes but for two per-row statistics (a few less, with
+    the matmul's padding); it is written only if saved, though (the loss and its backward
+    read it inside their kernels), while the matmul writes the logits anyway, and the
+    backward may overwrite them with their gradient."""
     h, w = torch.randn(64, 16, requires_grad=True), torch.randn(16, 4096, requires_grad=True)
     labels = torch.randint(0, 4096, (64,))
-    compiled = aotgrad.compile(language_model_loss, backend=inductor_decomposed_eager())
+    compiled = aotgrad.compile(loss, backend=inductor_decomposed_eager())
     grads = torch.autograd.grad(compiled(h, w, labels), (h, w))
-    expected = torch.autograd.grad(language_model_loss(h, w, labels), (h, w))
+    expected = torch.autograd.grad(loss(h, w, labels), (h, w))
     torch.testing.assert_close(grads, expected)
     saved = {s.op: s for s in compiled.artifacts[0].saved}
-    assert saved["aten.mm.default"].nbytes == 64 * 4096 * 4
+    assert saved["aten.mm.default"].nbytes == 64 * columns * 4
     assert "aten.sub.Tensor" not in saved  # the log-softmax, recomputed from the logits
+
+
+class _ProjectedBackward(torch.autograd.Function):
+    """A value whose backward reads it with one large matmul, and whose forward only sums
+    it (inside the sum's kernel: written nowhere unless saved)."""
+
+    @staticmethod
+    def forward(ctx, v, m):
+        ctx.save_for_backward(v, m)
+        return v.sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        v, m = ctx.saved_tensors
+        return g * ((v @ m) @ m.t()), None
+
+
+def doubled_then_projected_backward(x, w, m):
+    return _ProjectedBackward.apply((x @ w) * 2, m)
+
+
+def test_a_value_a_backward_matmul_reads_is_saved_without_the_write_surcharge():
+    """Recomputed, the doubled product would be written by the backward for its matmul: one
+    write either way, so the forward saves it (sparing the recomputation), not the product."""
+    x, w, m = torch.randn(4096, 32), torch.randn(32, 16, requires_grad=True), torch.randn(16, 4096)
+    compiled = aotgrad.compile(doubled_then_projected_backward,
+                               backend=inductor_decomposed_eager())
+    (grad,) = torch.autograd.grad(compiled(x, w, m), w)
+    torch.testing.assert_close(
+        grad, torch.autograd.grad(doubled_then_projected_backward(x, w, m), w)[0])
+    saved = {s.op for s in compiled.artifacts[0].saved}
+    assert "aten.mul.Tensor" in saved and "aten.mm.default" not in saved
 
 
 # ---- boolean masks the backward computes --------------------------------------------------

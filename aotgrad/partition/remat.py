@@ -116,7 +116,12 @@ def rule_of(node: fx.Node, forward: set[fx.Node]) -> str:
 def _read_by_backward_kernel(node: fx.Node, forward: set[fx.Node]) -> bool:
     """Does a non-fusible backward op (matmul, convolution, attention) read this value,
     directly or through views, with too little arithmetic to hide a recomputation of it?"""
-    stack = list(node.users)
+    return any(not _hides(kernel, node) for kernel in backward_kernels_reading(node, forward))
+
+
+def backward_kernels_reading(node: fx.Node, forward: set[fx.Node]) -> list[fx.Node]:
+    """The non-fusible backward ops that read this value, directly or through views."""
+    found, stack = [], list(node.users)
     while stack:
         user = stack.pop()
         if user.op != "call_function":
@@ -124,9 +129,9 @@ def _read_by_backward_kernel(node: fx.Node, forward: set[fx.Node]) -> bool:
         kind = recompute_class(user.target)
         if kind == Recompute.FREE:
             stack.extend(user.users)
-        elif user not in forward and kind == Recompute.NEVER and not _hides(user, node):
-            return True
-    return False
+        elif user not in forward and kind == Recompute.NEVER:
+            found.append(user)
+    return found
 
 
 # The share of a kernel's time a recomputation of one of its inputs may take, hidden.
@@ -443,23 +448,26 @@ TIE_BREAK = {Rule.CHOOSE: 0, Rule.MATERIALIZED: 0, Rule.COSTLY: 1, Rule.SAVE: 1,
 CHOICES = (Rule.CHOOSE, Rule.MATERIALIZED, Rule.COSTLY)  # the rules a memory budget may decide
 
 
-# Saving a value the forward's kernels would otherwise keep in registers adds its write to
-# the forward: a surcharge of 1/WRITE_SHARE of its bytes, which decides between cuts of
-# nearly equal bytes. A language model's loss: its log-softmax output (bf16, never written
-# unless saved) against the logits the matmul writes anyway plus two per-row statistics,
-# 32 KiB more. Saved, the logits' buffer is the one the backward overwrites with their
-# gradient; the log-softmax, laid out by Inductor with padded rows, was 4 elements too short
-# for it (DeBERTa-v2: a second 1001 MB buffer at the backward's peak).
+# Saving a value that neither pass would otherwise write (the forward's kernels and, were it
+# recomputed, the backward's keep it in registers) adds a write to the forward: a surcharge
+# of 1/WRITE_SHARE of its bytes, which decides between cuts of nearly equal bytes. A language
+# model's loss: its log-softmax output (bf16) against the logits the matmul writes anyway
+# plus two per-row statistics, 32 KiB more. Saved, the logits' buffer is the one the
+# backward overwrites with their gradient; the log-softmax, laid out by Inductor with padded
+# rows, was 4 elements too short for it (DeBERTa-v2: a second 1001 MB buffer at the
+# backward's peak). A value a backward matmul reads is written by one pass or the other.
 WRITE_SHARE = 256
 
 
 def unwritten_unless_saved(j: Joint) -> frozenset[fx.Node]:
-    """The forward values a fusing compiler computes inside the forward kernels that read
-    them: only fusible forward ops read them, and the forward does not return them; and the
-    narrowing casts of the backward's, which the forward makes only to save them."""
+    """The forward values a fusing compiler computes inside the kernels that read them, in
+    the forward and (recomputed) in the backward: only fusible ops read them, and the forward
+    does not return them; and the narrowing casts of the backward's that no backward kernel
+    reads, which the forward makes only to save them."""
     computed = [n for n in j.module.graph.nodes if n in j.computed_forward]
     returned = {n for n in j.fw_outputs if n is not None}
-    return fused_in_kernels(computed, kept=returned) | (j.forward - j.computed_forward)
+    candidates = fused_in_kernels(computed, kept=returned) | (j.forward - j.computed_forward)
+    return frozenset(n for n in candidates if not backward_kernels_reading(n, j.forward))
 
 
 def _save_cost(node: fx.Node, rule: str, infinity: int, unwritten: frozenset) -> int:
