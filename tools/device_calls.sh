@@ -13,11 +13,15 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# Next (session 19): `host19`: DeBERTa-v2's step in run.py is 45-48 ms (ours) vs 38-40
-# (torch's) in every run since session 17, its host time 38-40 vs 30-34 ms, while profile_gap's
-# synchronized steps agree (38.9 vs 39.5 ms) and the kernels total 34.1 vs 34.0 ms. cpu ms
-# (all the row's threads) and workers cpu ms (its compile workers) say whether something else
-# was busy during the timed steps; two orders.
+# Next (session 19): `s19` first: b8b21b8 narrowed the write surcharge after s18/s18v measured
+# the broad one (d36c135): peak and step of the three models again. Then `host19`:
+# DeBERTa-v2's step in run.py is 45-48 ms (ours) vs 38-40 (torch's) in every run since
+# session 17, its host time 38-40 vs 30-34 ms, while profile_gap's synchronized steps agree
+# (38.9 vs 39.5 ms) and the kernels total 34.1 vs 34.0 ms. cpu ms (all the row's threads) and
+# workers cpu ms (its compile workers) say whether something else was busy meanwhile.
+s19)
+  TAIL=10 step run 560 python bench/run.py --models deberta_v2,bert,gpt2 --jobs 1 --timeout 130 \
+    --modes aotgrad_dynamo,torch_compile --out $OUT/run ;;
 host19)
   TAIL=10 step run 560 python bench/run.py --models deberta_v2 --jobs 1 --timeout 150 \
     --modes aotgrad_dynamo,torch_compile,aotgrad_dynamo --out $OUT/run ;;
