@@ -20,7 +20,7 @@ case $1 in
 # (38.9 vs 39.5 ms) and the kernels total 34.1 vs 34.0 ms. cpu ms (all the row's threads) and
 # workers cpu ms (its compile workers) say whether something else was busy meanwhile.
 s19)
-  TAIL=10 step run 560 python bench/run.py --models deberta_v2,bert,gpt2 --jobs 1 --timeout 130 \
+  TAIL=10 step run 560 python bench/run.py --models deberta_v2,bert,gpt2 --jobs 1 --timeout 130 --cold \
     --modes aotgrad_dynamo,torch_compile --out $OUT/run ;;
 host19)
   TAIL=10 step run 560 python bench/run.py --models deberta_v2 --jobs 1 --timeout 150 \
