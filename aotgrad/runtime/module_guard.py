@@ -17,8 +17,10 @@ guards); the argument guards are runtime/guards.py.
 
 `FunctionReads` is the same for `aotgrad.compile(function)`: the values its closure's cells
 hold and the globals its code names, and those of the functions of its own module it calls.
-A value changed inside an object it reads (a list's item, a dict's entry), or a global of
-another module read by a function it calls there, is not seen.
+A plain list or dict among them (up to `CONTAINER_ITEMS` items) is compared item by item
+too. A value changed deeper inside an object it reads (an attribute of a global object, an
+item of a longer list), or a global of another module read by a function it calls there, is
+not seen.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ class FunctionReads:
     def __init__(self, fn: Callable):
         fn, owner = _function_and_owner(fn)
         self.owner = owner
-        self.attributes = list(vars(owner).items()) if hasattr(owner, "__dict__") else []
+        self.attributes = [(name, value, _contents(value)) for name, value in
+                           (vars(owner).items() if hasattr(owner, "__dict__") else ())]
         self.cells, self.globals = code_reads([fn])
 
     @staticmethod
@@ -105,8 +108,8 @@ class FunctionReads:
             return changed
         if self.attributes:
             now = vars(self.owner)
-            for name, value in self.attributes:
-                if not _same(now.get(name, _GONE), value):
+            for name, value, contents in self.attributes:
+                if not _unchanged(now.get(name, _GONE), value, contents):
                     return f"the attribute {name!r} of {type(self.owner).__name__}"
         return None
 
@@ -119,7 +122,7 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
     while todo:
         f = todo.pop()
         names = f.__globals__
-        cells += [(name, cell, cell.cell_contents) for name, cell
+        cells += [(name, cell, cell.cell_contents, _contents(cell.cell_contents)) for name, cell
                   in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
         for name in sorted(_global_names(f.__code__)):
             if (id(names), name) in read or name not in names:
@@ -127,7 +130,7 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
             read.add((id(names), name))
             value = names[name]
             if not isinstance(value, types.ModuleType):
-                reads.append((names, name, value))
+                reads.append((names, name, value, _contents(value)))
             if isinstance(value, types.FunctionType) and value.__globals__ is names \
                     and value not in seen:  # a helper of the same module
                 seen.add(value)
@@ -137,18 +140,41 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
 
 def code_changed(cells: list, reads: list) -> str | None:
     """Which of `code_reads`'s values changed, in words; None if none did."""
-    for name, cell, value in cells:
+    for name, cell, value, contents in cells:
         try:
             now = cell.cell_contents
         except ValueError:  # emptied since
             return f"the closed-over {name!r}"
-        if now is not value and not _same(now, value):
+        if not _unchanged(now, value, contents):
             return f"the closed-over {name!r}"
-    for names, name, value in reads:
-        now = names.get(name, _GONE)
-        if now is not value and not _same(now, value):
+    for names, name, value, contents in reads:
+        if not _unchanged(names.get(name, _GONE), value, contents):
             return f"the global {name!r}"
     return None
+
+
+# A plain list or dict read as a whole (a closed-over `scale = [2.0]`, a global config dict)
+# is also compared item by item, up to this many items: its items are what the graphs took.
+CONTAINER_ITEMS = 32
+
+
+def _contents(value: Any) -> tuple | None:
+    """A plain list's items, or a plain dict's keys and items, as they are now; None for
+    anything else, or a longer one (compared by identity only)."""
+    if type(value) is list and len(value) <= CONTAINER_ITEMS:
+        return tuple(value)
+    if type(value) is dict and len(value) <= CONTAINER_ITEMS:
+        return (*value, *value.values())
+    return None
+
+
+def _unchanged(now: Any, value: Any, contents: tuple | None) -> bool:
+    if now is not value:
+        return _same(now, value)
+    if contents is None:
+        return True
+    items = _contents(now)  # the same object: a list or a dict
+    return items is not None and len(items) == len(contents) and all(map(_same, items, contents))
 
 
 def _function_and_owner(fn: Callable) -> tuple[Any, Any]:
