@@ -594,6 +594,15 @@ def test_an_item_of_a_closed_over_list_changed_after_the_compile():
     torch.testing.assert_close(compiled(x), x * 5.0)
 
 
+def test_an_empty_closed_over_list_given_an_item_after_the_compile():
+    offsets = []
+    compiled = aotgrad.compile(lambda x: x + sum(offsets), backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), x)
+    offsets.append(1.5)
+    torch.testing.assert_close(compiled(x), x + 1.5)
+
+
 CONFIG = {"scale": 2.0, "act": torch.relu}
 
 

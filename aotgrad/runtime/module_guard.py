@@ -145,10 +145,11 @@ def code_changed(cells: list, reads: list) -> str | None:
             now = cell.cell_contents
         except ValueError:  # emptied since
             return f"the closed-over {name!r}"
-        if not _unchanged(now, value, contents):
+        if (now is not value or contents is not None) and not _unchanged(now, value, contents):
             return f"the closed-over {name!r}"
     for names, name, value, contents in reads:
-        if not _unchanged(names.get(name, _GONE), value, contents):
+        now = names.get(name, _GONE)
+        if (now is not value or contents is not None) and not _unchanged(now, value, contents):
             return f"the global {name!r}"
     return None
 
