@@ -415,9 +415,9 @@ def measure(step, job: Job, lock_path: str | None) -> dict:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() if cuda else None
-        cpu, workers = time.process_time(), descendants_cpu_s()
+        cpu_before, workers_before = time.process_time(), descendants_cpu_s()
         timed = [time_step(step, cuda) for _ in range(job.steps)]
-        cpu, workers = time.process_time() - cpu, (workers, descendants_cpu_s())
+        cpu_s, workers_after = time.process_time() - cpu_before, descendants_cpu_s()
     median = {k: statistics.median(t[k] for t in timed) for k in ("host", "wall", "step")}
     return {
         "compile_s": first["wall"] - median["wall"], "first_step_s": first["wall"],
@@ -429,9 +429,9 @@ def measure(step, job: Job, lock_path: str | None) -> dict:
         "base_mb": base / 2**20 if cuda else None, "lock_wait_s": waited,
         # CPU time a timed step, this process's threads together and its children's (compile
         # workers): beside host_ms, whether something besides the step was busy meanwhile.
-        "cpu_ms": cpu / job.steps * 1e3,
-        "children_cpu_ms": None if None in workers else
-        (workers[1] - workers[0]) / job.steps * 1e3,
+        "cpu_ms": cpu_s / job.steps * 1e3,
+        "children_cpu_ms": None if None in (workers_before, workers_after)
+        else (workers_after - workers_before) / job.steps * 1e3,
     }
 
 
