@@ -381,6 +381,27 @@ def test_inductor_compiles_the_captured_backward(front_door):
     assert stats.fallbacks == [] and stats.compiles >= 1
 
 
+def test_inductor_caps_the_buffers_of_a_captured_backwards_kernels(monkeypatch):
+    """As for aotgrad's own backwards (compilers.BACKWARD_KERNEL_BUFFERS): a recomputed chain
+    fused whole into one kernel spills registers."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+    from aotgrad.backends.compilers import BACKWARD_KERNEL_BUFFERS
+    seen, inner = [], compile_fx.compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append(inductor_config.max_fusion_unique_io_buffers)
+        return inner(gm, example_inputs, **kwargs)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
+
+    def step(m):
+        m(torch.randn(3, 8)).sum().backward()
+        return [[g.clone() for g in grads(m)]]
+    expected, actual, _ = twice(step, mlp(), "inductor")
+    same(expected, actual, "grads")
+    assert seen and set(seen) == {BACKWARD_KERNEL_BUFFERS}
+
+
 def test_inductor_keeps_hooks_in_eager_order():
     from aotgrad.autograd.inductor import compile_captured
     segments = []

@@ -180,8 +180,10 @@ def _from_effect(node: fx.Node) -> bool:
 def compile_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
     """Inductor on one segment (a boxed function: it takes its inputs as a list)."""
     from torch._guards import TracingContext, detect_fake_mode, tracing
+    from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.virtualized import V
+    from ..backends.compilers import backward_fusion_limits
 
     if not any(isinstance(n.target, torch._ops.OpOverload) for n in segment.graph.nodes):
         return lambda args: segment(*args)  # sizes' arithmetic only: nothing to compile
@@ -193,7 +195,7 @@ def compile_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
     # Inductor retraces its pattern replacements: a backward called under autocast must not
     # cast them again (backends/passes.py says what that did to Llama).
     with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)), \
-            torch._C._DisableAutocast():
+            torch._C._DisableAutocast(), config.patch(backward_fusion_limits(config)):
         return compile_fx_inner(segment, example, is_backward=True)
 
 

@@ -243,8 +243,14 @@ BACKWARD_KERNEL_BUFFERS = 64
 
 
 def _fusion_limits(info: GraphInfo, config) -> dict:
-    if info.role != "backward" or config.max_fusion_unique_io_buffers is not None:
-        return {}  # a forward, or the user's own cap
+    return backward_fusion_limits(config) if info.role == "backward" else {}
+
+
+def backward_fusion_limits(config) -> dict:
+    """Inductor's settings for a backward's kernels (compiled autograd's too): the cap on
+    their buffers, unless the user set one."""
+    if config.max_fusion_unique_io_buffers is not None:
+        return {}
     return {"max_fusion_unique_io_buffers": BACKWARD_KERNEL_BUFFERS}
 
 
