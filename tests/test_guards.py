@@ -9,6 +9,7 @@ import aotgrad
 from aotgrad import api
 from aotgrad.runtime import guards
 from aotgrad.backends.bindings import fast_binding
+from guarded_helpers import shifted as guarded_helpers_shifted
 
 
 def compiled(fn):
@@ -601,6 +602,18 @@ def test_an_empty_closed_over_list_given_an_item_after_the_compile():
     torch.testing.assert_close(compiled(x), x)
     offsets.append(1.5)
     torch.testing.assert_close(compiled(x), x + 1.5)
+
+
+def test_a_global_of_another_users_module_read_by_a_called_function():
+    import guarded_helpers
+    compiled = aotgrad.compile(lambda x: guarded_helpers_shifted(x) * 2, backend="eager")
+    x = torch.randn(3)
+    try:
+        for offset in (1.0, 4.0):
+            guarded_helpers.OFFSET = offset
+            torch.testing.assert_close(compiled(x), (x + offset) * 2)
+    finally:
+        guarded_helpers.OFFSET = 1.0
 
 
 CONFIG = {"scale": 2.0, "act": torch.relu}

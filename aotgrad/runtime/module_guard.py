@@ -18,9 +18,10 @@ guards); the argument guards are runtime/guards.py.
 `FunctionReads` is the same for `aotgrad.compile(function)`: the values its closure's cells
 hold and the globals its code names, and those of the functions of its own module it calls.
 A plain list or dict among them (up to `CONTAINER_ITEMS` items) is compared item by item
-too. A value changed deeper inside an object it reads (an attribute of a global object, an
-item of a longer list), or a global of another module read by a function it calls there, is
-not seen.
+too. The functions followed are those of its own module and of the user's other modules
+(not an installed package's, nor the standard library's). A value changed deeper inside an
+object it reads (an attribute of a global object, an item of a longer list), or a global an
+installed package's function reads, is not seen.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import sysconfig
 import types
 from typing import Any, Callable
 
@@ -84,9 +86,10 @@ class ModuleAttributes:
 class FunctionReads:
     """The values a function reads besides its arguments, which its graphs took as they were
     at the trace: each closure cell's content and each global its code (and code nested in
-    it) names, but modules; the same for the functions of its own module that it calls by
-    name (their globals are its globals), and theirs; for a bound method or a callable
-    object, the object's attributes. Compared by identity; a number or string by value."""
+    it) names, but modules; the same for the functions of its own module and of the user's
+    other modules that it calls by name, and theirs; for a bound method or a callable
+    object, the object's attributes. Compared by identity; a number or string by value; a
+    short plain list or dict item by item too."""
 
     def __init__(self, fn: Callable):
         fn, owner = _function_and_owner(fn)
@@ -116,8 +119,9 @@ class FunctionReads:
 
 def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
     """What `functions` read besides their arguments: (closure cells with their contents,
-    globals as (their module's dict, name, value)), following the functions of the same
-    module they call by name. Modules read as globals are left out."""
+    globals as (their module's dict, name, value, items)), following the functions of the
+    same module, and of the user's other modules, they call by name. Modules read as globals
+    are left out."""
     cells, reads, read, seen, todo = [], [], set(), set(functions), list(functions)
     while todo:
         f = todo.pop()
@@ -131,11 +135,25 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
             value = names[name]
             if not isinstance(value, types.ModuleType):
                 reads.append((names, name, value, _contents(value)))
-            if isinstance(value, types.FunctionType) and value.__globals__ is names \
-                    and value not in seen:  # a helper of the same module
-                seen.add(value)
+            if isinstance(value, types.FunctionType) and value not in seen and (
+                    value.__globals__ is names or _users_code(value)):
+                seen.add(value)  # a helper of the same module, or of another of the user's
                 todo.append(value)
     return cells, reads
+
+
+# Where the installed packages and the standard library lie: their functions' globals are
+# not followed (a library's state is not the user's model; following it would watch much).
+_LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
+                                                        "platlib")})
+
+
+def _users_code(fn: types.FunctionType) -> bool:
+    """Is `fn` the user's own code: not torch's or aotgrad's, nor an installed package's?"""
+    module = fn.__module__ or ""
+    if module.split(".")[0] in ("torch", "aotgrad"):
+        return False
+    return not fn.__code__.co_filename.startswith(_LIBRARIES)
 
 
 def code_changed(cells: list, reads: list) -> str | None:
