@@ -605,6 +605,8 @@ def test_an_empty_closed_over_list_given_an_item_after_the_compile():
 
 
 def test_a_global_of_another_users_module_read_by_a_called_function():
+    """The helper is imported by name (`from guarded_helpers import shifted`), as a function
+    the compiled one calls: it is followed. (Called as `module.helper`, it is not.)"""
     import guarded_helpers
     compiled = aotgrad.compile(lambda x: guarded_helpers_shifted(x) * 2, backend="eager")
     x = torch.randn(3)
@@ -626,10 +628,12 @@ def _configured(x):
 def test_an_entry_of_a_global_dict_changed_after_the_compile():
     compiled = aotgrad.compile(_configured, backend="eager")
     x = torch.randn(5)
-    for scale, act in [(2.0, torch.relu), (3.0, torch.relu), (3.0, torch.tanh)]:
-        CONFIG.update(scale=scale, act=act)
-        torch.testing.assert_close(compiled(x), act(x) * scale)
-    CONFIG.update(scale=2.0, act=torch.relu)
+    try:
+        for scale, act in [(2.0, torch.relu), (3.0, torch.relu), (3.0, torch.tanh)]:
+            CONFIG.update(scale=scale, act=act)
+            torch.testing.assert_close(compiled(x), act(x) * scale)
+    finally:
+        CONFIG.update(scale=2.0, act=torch.relu)
 
 
 def test_an_item_of_a_callable_objects_list_changed_after_the_compile():
