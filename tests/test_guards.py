@@ -9,6 +9,7 @@ import aotgrad
 from aotgrad import api
 from aotgrad.runtime import guards
 from aotgrad.backends.bindings import fast_binding
+import guarded_helpers
 from guarded_helpers import shifted as guarded_helpers_shifted
 
 
@@ -604,11 +605,18 @@ def test_an_empty_closed_over_list_given_an_item_after_the_compile():
     torch.testing.assert_close(compiled(x), x + 1.5)
 
 
-def test_a_global_of_another_users_module_read_by_a_called_function():
-    """The helper is imported by name (`from guarded_helpers import shifted`), as a function
-    the compiled one calls: it is followed. (Called as `module.helper`, it is not.)"""
-    import guarded_helpers
-    compiled = aotgrad.compile(lambda x: guarded_helpers_shifted(x) * 2, backend="eager")
+@pytest.mark.parametrize("how", ["imported_function", "module_attribute", "module_global",
+                                 "module_imported_locally"])
+def test_a_global_of_another_users_module_read_by_a_called_function(how):
+    """A helper imported by name (`from guarded_helpers import shifted`) or called through its
+    module (`guarded_helpers.shifted(x)`), or the module's global read directly, the module
+    a global of the test's or closed over (imported inside the function)."""
+    import guarded_helpers as helpers  # noqa: F811  (closed over by the last lambda)
+    fn = {"imported_function": lambda x: guarded_helpers_shifted(x) * 2,
+          "module_attribute": lambda x: guarded_helpers.shifted(x) * 2,
+          "module_global": lambda x: (x + guarded_helpers.OFFSET) * 2,
+          "module_imported_locally": lambda x: (x + helpers.OFFSET) * 2}[how]
+    compiled = aotgrad.compile(fn, backend="eager")
     x = torch.randn(3)
     try:
         for offset in (1.0, 4.0):

@@ -120,25 +120,35 @@ class FunctionReads:
 def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
     """What `functions` read besides their arguments: (closure cells with their contents,
     globals as (their module's dict, name, value, items)), following the functions of the
-    same module, and of the user's other modules, they call by name. Modules read as globals
-    are left out."""
+    same module, and of the user's other modules, they call. A module read as a global is
+    left out, but in one of the user's own, the names the code reads that the module holds
+    (`helpers.EPS`, `helpers.normalize(x)`) are read too."""
     cells, reads, read, seen, todo = [], [], set(), set(functions), list(functions)
     while todo:
         f = todo.pop()
-        names = f.__globals__
-        cells += [(name, cell, cell.cell_contents, _contents(cell.cell_contents)) for name, cell
-                  in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
-        for name in sorted(_global_names(f.__code__)):
-            if (id(names), name) in read or name not in names:
-                continue
-            read.add((id(names), name))
-            value = names[name]
-            if not isinstance(value, types.ModuleType):
-                reads.append((names, name, value, _contents(value)))
-            if isinstance(value, types.FunctionType) and value not in seen and (
-                    value.__globals__ is names or _users_code(value)):
-                seen.add(value)  # a helper of the same module, or of another of the user's
-                todo.append(value)
+        own = [(name, cell, cell.cell_contents, _contents(cell.cell_contents)) for name, cell
+               in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
+        cells += own
+        names = sorted(_global_names(f.__code__))
+        scopes = [f.__globals__, *(vars(value) for _, _, value, _ in own  # a module imported
+                                   if isinstance(value, types.ModuleType)  # in a function
+                                   and _users_module(value))]
+        while scopes:
+            scope = scopes.pop()
+            for name in names:
+                if (id(scope), name) in read or name not in scope:
+                    continue
+                read.add((id(scope), name))
+                value = scope[name]
+                if isinstance(value, types.ModuleType):
+                    if scope is f.__globals__ and _users_module(value):
+                        scopes.append(vars(value))  # its attributes the code names
+                    continue
+                reads.append((scope, name, value, _contents(value)))
+                if isinstance(value, types.FunctionType) and value not in seen and (
+                        value.__globals__ is f.__globals__ or _users_code(value)):
+                    seen.add(value)  # a helper of the same module, or of another of the user's
+                    todo.append(value)
     return cells, reads
 
 
@@ -150,10 +160,17 @@ _LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "
 
 def _users_code(fn: types.FunctionType) -> bool:
     """Is `fn` the user's own code: not torch's or aotgrad's, nor an installed package's?"""
-    module = fn.__module__ or ""
-    if module.split(".")[0] in ("torch", "aotgrad"):
+    return _users_file(fn.__module__, fn.__code__.co_filename)
+
+
+def _users_module(module: types.ModuleType) -> bool:
+    return _users_file(module.__name__, getattr(module, "__file__", None))
+
+
+def _users_file(module: str | None, filename: str | None) -> bool:
+    if (module or "").split(".")[0] in ("torch", "aotgrad") or filename is None:
         return False
-    return not fn.__code__.co_filename.startswith(_LIBRARIES)
+    return not filename.startswith(_LIBRARIES)
 
 
 def code_changed(cells: list, reads: list) -> str | None:
