@@ -16,12 +16,12 @@ guards); the argument guards are runtime/guards.py.
 `refuse_traced_attributes`, after it, a traced tensor forward stored in an attribute.
 
 `FunctionReads` is the same for `aotgrad.compile(function)`: the values its closure's cells
-hold and the globals its code names, and those of the functions of its own module it calls.
-A plain list or dict among them (up to `CONTAINER_ITEMS` items) is compared item by item
-too. The functions followed are those of its own module and of the user's other modules
-(not an installed package's, nor the standard library's). A value changed deeper inside an
-object it reads (an attribute of a global object, an item of a longer list), or a global an
-installed package's function reads, is not seen.
+hold and the globals its code names (through a module of the user's it holds, the names
+the code reads of it), and the same for the functions it calls of its own module and of the
+user's other modules (not an installed package's, nor the standard library's). A plain list
+or dict among them (up to `CONTAINER_ITEMS` items) is compared item by item too. A value
+changed deeper inside an object it reads (an attribute of a global object, an item of a
+longer list), or a global an installed package's function reads, is not seen.
 """
 
 from __future__ import annotations
