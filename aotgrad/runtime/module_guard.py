@@ -86,7 +86,8 @@ class ModuleAttributes:
 class FunctionReads:
     """The values a function reads besides its arguments, which its graphs took as they were
     at the trace: each closure cell's content and each global its code (and code nested in
-    it) names, but modules; the same for the functions of its own module and of the user's
+    it) names, a module standing for the names read of it (one of the user's; others are
+    left out); the same for the functions of its own module and of the user's
     other modules that it calls by name, and theirs; for a bound method or a callable
     object, the object's attributes. Compared by identity; a number or string by value; a
     short plain list or dict item by item too."""
