@@ -54,6 +54,32 @@ def test_aotgrad_rows_carry_stage_timings(results):
             assert row["aotgrad_graphs"] == 1
 
 
+def test_rows_carry_the_cpu_time_of_their_threads_and_workers(results):
+    out, _ = results
+    for row in json.loads((out / "results.json").read_text())["results"]:
+        assert row["cpu_ms"] >= 0 and row["children_cpu_ms"] is not None
+
+
+def test_descendants_cpu_time_counts_a_busy_child():
+    bench = load_bench()
+    before = bench.descendants_cpu_s()
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nend = time.time() + 1\nwhile time.time() < end: pass"])
+    time.sleep(0.9)
+    busy = bench.descendants_cpu_s()
+    child.wait()
+    assert busy - before > 0.3  # the child spun most of the time it was alive
+
+
+def test_an_experiments_inductor_config_reaches_the_row(monkeypatch):
+    from torch._inductor import config
+    bench = load_bench()
+    monkeypatch.setenv("BENCH_INDUCTOR_CONFIG", "max_fusion_unique_io_buffers=48, max_fusion_size=32")
+    with config.patch(max_fusion_unique_io_buffers=None, max_fusion_size=64):
+        bench.prepare(bench.Job("mlp", "eager", None, True, "cpu", 1, 1))
+        assert (config.max_fusion_unique_io_buffers, config.max_fusion_size) == (48, 32)
+
+
 def test_markdown_and_stdout_list_every_row(results):
     out, stdout = results
     markdown = (out / "results.md").read_text()
