@@ -31,7 +31,7 @@ from .artifact import Artifact
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
 from .runtime.module_guard import (FunctionReads, ModuleAttributes, hooks_checked,
-                                   refuse_traced_attributes)
+                                   refuse_traced_attributes, refuse_traced_reads)
 
 log = logging.getLogger(__name__)
 
@@ -190,13 +190,12 @@ class CompiledFunction:
                 self.static_only[(shape, signature(flat, dynamic=True))] = failure
         self._add_guard(flat, call, flat_call=isinstance(shape, int))
         if self.reads is not None:  # what its Python set while traced (a counter), as left
-            if self.reads.owner is not None:  # a method's object, a callable object
-                try:
-                    refuse_traced_attributes(self.reads.owner)
-                except NotImplementedError:  # the trace left a traced tensor: keep no entry
-                    self._forget()
-                    raise
             self.reads = FunctionReads(self.fn)
+            try:
+                self.reads.refuse_traced()
+            except NotImplementedError:  # the trace left a traced tensor: keep no entry
+                self._forget()
+                raise
         return call
 
     def _compile_dynamic(self, shape, flat: list, spec) -> tuple[CompiledCall | None, Any]:
@@ -283,6 +282,7 @@ class CompiledModule(torch.nn.Module):
             out = self.orig_module(*args, **kwargs)
             self._refuse_reassigned_state(state)
         refuse_traced_attributes(self.orig_module)
+        refuse_traced_reads(self._attributes.cells, self._attributes.globals, "forward")
         return out
 
     def _refuse_reassigned_state(self, state) -> None:

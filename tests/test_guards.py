@@ -578,6 +578,42 @@ def test_an_object_storing_a_tensor_it_computes_is_refused():
             compiled(torch.randn(3))
 
 
+FEATURES = []
+
+
+class _Recording(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        FEATURES.append(y)  # for a look after the step: eager leaves each call's
+        return y.sum()
+
+
+def test_a_tensor_left_in_a_list_the_function_reads_is_refused():
+    features = []
+
+    def f(x):
+        y = x.relu()
+        features.append(y)
+        return y.sum()
+    compiled = aotgrad.compile(f, backend="eager")
+    for _ in range(2):  # refused again: no graph was kept
+        with pytest.raises(NotImplementedError, match="closed-over 'features'"):
+            compiled(torch.randn(3, requires_grad=True))
+
+
+def test_a_tensor_a_modules_forward_leaves_in_a_global_list_is_refused():
+    compiled = aotgrad.compile(_Recording(), backend="eager")
+    try:
+        with pytest.raises(NotImplementedError, match="global 'FEATURES'"):
+            compiled(torch.randn(2, 4))
+    finally:
+        FEATURES.clear()
+
+
 CALLS = 0
 
 

@@ -105,6 +105,13 @@ class FunctionReads:
         `__call__` in Python."""
         return isinstance(_function_and_owner(fn)[0], types.FunctionType)
 
+    def refuse_traced(self) -> None:
+        """After the trace: a tensor it left in what it reads is refused (`refuse_traced_reads`),
+        or in an attribute of its object."""
+        refuse_traced_reads(self.cells, self.globals, "the function")
+        if self.owner is not None:
+            refuse_traced_attributes(self.owner)
+
     def changed(self) -> str | None:
         """What changed, in words; None if nothing did."""
         changed = code_changed(self.cells, self.globals)
@@ -342,6 +349,20 @@ def refuse_traced_attributes(owner: Any) -> None:
                     "when it traces, so the attribute would hold a traced tensor and no "
                     "call's values. Return the tensor, copy_ it into a registered buffer, or "
                     "use torch.compile(backend='aotgrad').")
+
+
+def refuse_traced_reads(cells: list, reads: list, who: str) -> None:
+    """`who` ran once, traced: a tensor it computed and left where it can be read later
+    (appended to a closed-over or global list, set in a dict) is a traced tensor, not a
+    call's values, and later calls would not leave theirs."""
+    for kind, name, value in [*(("closed-over", n, v) for n, _, v, _ in cells),
+                              *(("global", n, v) for _, n, v, _ in reads)]:
+        if _holds_traced(value):
+            raise NotImplementedError(
+                f"aotgrad: {who} leaves a tensor it computes in the {kind} {name!r}; "
+                f"aotgrad.compile runs its Python once, when it traces, so {name!r} would "
+                "hold a traced tensor and no call's values. Return the tensor, or use "
+                "torch.compile(backend='aotgrad').")
 
 
 def _is_traced(t: torch.Tensor) -> bool:
