@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import site
 import sysconfig
 import types
 from typing import Any, Callable
@@ -162,8 +163,10 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
 
 # Where the installed packages and the standard library lie: their functions' globals are
 # not followed (a library's state is not the user's model; following it would watch much).
-_LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
-                                                        "platlib")})
+_LIBRARIES = tuple({*(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
+                                                         "platlib")),
+                    *getattr(site, "getsitepackages", list)(),  # absent in old virtualenvs
+                    site.getusersitepackages()})
 
 
 def _users_code(fn: types.FunctionType) -> bool:
