@@ -605,6 +605,28 @@ def test_a_tensor_left_in_a_list_the_function_reads_is_refused():
             compiled(torch.randn(3, requires_grad=True))
 
 
+class _Rebinding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        global FEATURES
+        y = self.fc(x)
+        FEATURES = [y]  # a new list, bound while traced
+        return y.sum()
+
+
+def test_a_tensor_a_modules_forward_binds_to_a_global_in_a_new_list_is_refused():
+    global FEATURES
+    compiled = aotgrad.compile(_Rebinding(), backend="eager")
+    try:
+        with pytest.raises(NotImplementedError, match="global 'FEATURES'"):
+            compiled(torch.randn(2, 4))
+    finally:
+        FEATURES = []
+
+
 def test_a_tensor_a_modules_forward_leaves_in_a_global_list_is_refused():
     compiled = aotgrad.compile(_Recording(), backend="eager")
     try:

@@ -227,7 +227,8 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
                    graphed: dict) -> Callable:
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    with config.patch({**_by_reference(body), **_fusion_limits(info, config)}):
+    backward = backward_fusion_limits(config) if info.role == "backward" else {}
+    with config.patch({**_by_reference(body), **backward}):
         return compile_fx_inner(body, example_inputs,
                                 static_input_idxs=list(info.static_inputs),
                                 is_backward=info.role == "backward",
@@ -240,10 +241,6 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
 # registers spilled, 1.63 ms; capped, its backward's kernels take 24.71 ms a step instead
 # of 26.22 (H200, bench/results/h200-2026-11-29-session18).
 BACKWARD_KERNEL_BUFFERS = 64
-
-
-def _fusion_limits(info: GraphInfo, config) -> dict:
-    return backward_fusion_limits(config) if info.role == "backward" else {}
 
 
 def backward_fusion_limits(config) -> dict:

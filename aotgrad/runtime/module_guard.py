@@ -358,8 +358,10 @@ def refuse_traced_reads(cells: list, reads: list, who: str) -> None:
     """`who` ran once, traced: a tensor it computed and left where it can be read later
     (appended to a closed-over or global list, set in a dict) is a traced tensor, not a
     call's values, and later calls would not leave theirs."""
-    for kind, name, value in [*(("closed-over", n, v) for n, _, v, _ in cells),
-                              *(("global", n, v) for _, n, v, _ in reads)]:
+    # As they are now: the trace may have rebound one (`global CACHE; CACHE = [y]`).
+    for kind, name, value in [*(("closed-over", n, c.cell_contents) for n, c, _, _ in cells
+                                if _filled(c)),
+                              *(("global", n, scope.get(n)) for scope, n, _, _ in reads)]:
         if _holds_traced(value):
             raise NotImplementedError(
                 f"aotgrad: {who} leaves a tensor it computes in the {kind} {name!r}; "
