@@ -13,6 +13,10 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+split19)  # s19/host19: DeBERTa-v2's step 42-45 vs 37-40 ms, host 31-38 vs 23-33 ms: which half
+  # the GPU waits in, the step's synchronizing calls, the steps with the collector off.
+  TAIL=30 step split 500 python bench/step_split.py --models deberta_v2,bert --timeout 240 \
+    --out $OUT/split ;;
 # Next (session 19): `s19` first: b8b21b8 narrowed the write surcharge after s18/s18v measured
 # the broad one (d36c135): peak and step of the three models again, and Swin-T (its backward
 # now recomputes window copies from the projection's output: 2022 -> 2135 ops on the CPU model). Then `host19`:
