@@ -13,6 +13,10 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+stages19)  # s19 --cold: BERT compiles in 39.9 s vs torch's 33.9 (DeBERTa-v2 53.7 vs 56.2, GPT-2 34.4
+  # vs 34.9): per stage and Inductor phase, two rounds, fastest by CPU time.
+  TAIL=45 step stages 400 python bench/compile_stages.py --model bert --modes aotgrad,inductor \
+    --rounds 2 --timeout 150 --json $OUT/stages_bert.json ;;
 split19)  # s19/host19: DeBERTa-v2's step 42-45 vs 37-40 ms, host 31-38 vs 23-33 ms: which half
   # the GPU waits in, the step's synchronizing calls, the steps with the collector off.
   TAIL=30 step split 500 python bench/step_split.py --models deberta_v2,bert --timeout 240 \
