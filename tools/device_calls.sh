@@ -13,6 +13,10 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+prof19)  # stages19: BERT's pre-Inductor stages take 11.5 s on the GPU machine (trace 6.9, passes
+  # 3.6), 2.4 s on the CPU one: each mode's first step under cProfile, with the graphs.
+  TAIL=30 step stages 280 python bench/compile_stages.py --model bert --modes aotgrad,inductor \
+    --rounds 1 --timeout 130 --profile $OUT/prof --json $OUT/prof_bert.json ;;
 stages19)  # s19 --cold: BERT compiles in 39.9 s vs torch's 33.9 (DeBERTa-v2 53.7 vs 56.2, GPT-2 34.4
   # vs 34.9): per stage and Inductor phase, two rounds, fastest by CPU time.
   TAIL=45 step stages 400 python bench/compile_stages.py --model bert --modes aotgrad,inductor \
