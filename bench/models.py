@@ -49,7 +49,7 @@ import run as bench  # noqa: E402  (bench/run.py: the models, the modes, the wor
 MODES = {"eager": "eager", "inductor": "torch_compile", "inductor_ro": "torch_compile_ro",
          "aotgrad": "aotgrad_dynamo", "aotgrad_ro": "aotgrad_dynamo_ro"}
 MODELS = ["gpt2", "llama", "bert", "resnet50", "efficientnet_b0", "vit_s16", "swin_t",
-          "convnext_t"]
+          "convnext_t", "deberta_v2"]
 SMALL_MODELS = ["tiny"]  # needs neither transformers nor timm; fits 3 min on 2 cores
 # --small: few steps (the check is that everything runs and is written, not the numbers)
 SETTINGS = {"full": dict(rounds=10, steps=3, warmup=5, cold_warmup=3, cold_steps=3),

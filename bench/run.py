@@ -220,6 +220,15 @@ def _aotgrad_spans_saved(model, budget, sink):
     return torch.compile(model, backend=_recording(chosen, sink))
 
 
+def _aotgrad_torch_partition(model, budget, sink):
+    """aotgrad's pipeline and Inductor with torch's partitioner (functorch's min cut) in
+    place of aotgrad's: beside `aotgrad_dynamo`, what the partition alone changes (issue 20:
+    backward kernel time and peak memory against torch's partitioner, same Inductor)."""
+    from functorch.compile import min_cut_rematerialization_partition
+    chosen = aotgrad.backend(partitioner=min_cut_rematerialization_partition)
+    return torch.compile(model, backend=_recording(chosen, sink))
+
+
 def _aotgrad_compile(backend):
     def compile_(model, budget, sink):
         compiled = aotgrad.compile(model, backend=backend, memory_budget=budget)
@@ -240,6 +249,7 @@ MODES = {
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
     "aotgrad_dynamo_spans_saved": Mode(_aotgrad_spans_saved),
+    "aotgrad_torch_partition": Mode(_aotgrad_torch_partition),
     "aotgrad_compile": Mode(_aotgrad_compile("inductor")),
     "aotgrad_compile_eager": Mode(_aotgrad_compile("eager")),
 }
@@ -247,7 +257,7 @@ DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]  # bench/models.py runs the
 # aotgrad_compile_eager is for CPU tests; the CUDA-graph modes are bench/models.py's
 DEFAULT_MODES = [m for m in MODES
                  if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro",
-                              "aotgrad_dynamo_spans_saved")]
+                              "aotgrad_dynamo_spans_saved", "aotgrad_torch_partition")]
 
 # Defaults of --warmup, --steps, --timeout (per row), --time-limit (whole run), --jobs (rows
 # compiling at once on a GPU; the timed steps always run one row at a time).

@@ -230,3 +230,33 @@ def test_trace_time_times_both_traces_and_a_baseline_checkout(tmp_path):
     assert {"capture", "analysis", "trace"} <= set(rounds["baseline"][0])
     assert rounds["torch"][0]["aot_trace_joint_graph"] > 0
     assert "aotgrad   trace" in proc.stdout
+
+
+def test_the_torch_partition_mode_runs_aotgrad_with_torchs_partitioner(monkeypatch):
+    """Issue 20's comparison of partitioners on one Inductor: the mode's graphs are aotgrad's,
+    cut by functorch's min cut; the step's loss and gradients stay eager's."""
+    import functorch.compile
+    import torch
+    bench = load_bench()
+    calls = []
+    torch_min_cut = functorch.compile.min_cut_rematerialization_partition
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return torch_min_cut(*args, **kwargs)
+    monkeypatch.setattr(functorch.compile, "min_cut_rematerialization_partition", counted)
+    job = bench.Job("mlp", "aotgrad_torch_partition", None, True, "cpu", 1, 1)
+    torch.manual_seed(0)
+    model, batch, _ = bench.prepare(job)
+    expected = model(*batch)
+    expected.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    sink = []
+    torch._dynamo.reset()
+    loss = bench.MODES[job.mode].compile(model, None, sink)(*batch)
+    loss.backward()
+    assert calls and [s.artifact for s in sink]
+    torch.testing.assert_close(loss, expected)
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g)
