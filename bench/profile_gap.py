@@ -41,13 +41,8 @@ def kind_of(name: str) -> str:
 
 
 def profile_row(model_name: str, mode_name: str, steps: int) -> dict:
-    job = bench.Job(model_name, mode_name, None, False, "cuda", 3, steps)
-    torch.manual_seed(0)
-    model, batch, use_autocast = bench.prepare(job)
-    compiled = bench.MODES[mode_name].compile(model, None, [])
-    step = bench.make_step(model, compiled, batch, use_autocast)
-    for _ in range(job.warmup + 1):
-        step()
+    row = bench.warmed_up(bench.Job(model_name, mode_name, None, False, "cuda", 3, steps))
+    step = row.step
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CUDA]
     before = torch.cuda.memory_stats()
@@ -59,11 +54,11 @@ def profile_row(model_name: str, mode_name: str, steps: int) -> dict:
     allocator = {k: (after.get(k, 0) - before.get(k, 0)) / steps for k in ALLOCATOR_COUNTS}
     return {**summarize(prof.events(), steps), "gaps": idle_gaps(prof.events(), steps),
             "allocator_per_step": allocator, "synced": synced_steps(step, steps),
-            "forward_ms": forward_kernel_ms(model, compiled, batch, use_autocast, steps),
+            "forward_ms": forward_kernel_ms(row, steps),
             "host_profile": host_profile(step, steps)}
 
 
-def forward_kernel_ms(model, compiled, batch, use_autocast: bool, steps: int) -> float:
+def forward_kernel_ms(row: bench.Warmed, steps: int) -> float:
     """Kernel time of the forward alone, per step (the backward's is the step's total less
     this: the partition decides what the backward reads and recomputes). Each forward is
     profiled on its own, synchronized, so no backward kernel falls in."""
@@ -71,14 +66,14 @@ def forward_kernel_ms(model, compiled, batch, use_autocast: bool, steps: int) ->
     for _ in range(steps):
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            with torch.autocast("cuda", torch.bfloat16) if use_autocast \
+            with torch.autocast("cuda", torch.bfloat16) if row.use_autocast \
                     else contextlib.nullcontext():
-                loss = compiled(*batch)
+                loss = row.compiled(*row.batch)
             torch.cuda.synchronize()
         total += sum(e.device_time for e in prof.events()
                      if e.device_type == torch.autograd.DeviceType.CUDA)
         loss.backward()
-        model.zero_grad(set_to_none=True)
+        row.model.zero_grad(set_to_none=True)
     return total / 1e3 / steps
 
 

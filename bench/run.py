@@ -385,6 +385,27 @@ def make_step(model, compiled, batch, use_autocast):
     return step
 
 
+@dataclass
+class Warmed:
+    """A row's model, its compiled callable, batch and step, after `job.warmup` steps that
+    follow the compiling one (what the profiling benchmarks start from)."""
+    model: nn.Module
+    compiled: Callable
+    batch: tuple
+    use_autocast: bool
+    step: Callable
+
+
+def warmed_up(job: Job) -> Warmed:
+    torch.manual_seed(0)
+    model, batch, use_autocast = prepare(job)
+    compiled = MODES[job.mode].compile(model, job.budget, [])
+    step = make_step(model, compiled, batch, use_autocast)
+    for _ in range(job.warmup + 1):
+        step()
+    return Warmed(model, compiled, batch, use_autocast, step)
+
+
 def time_step(step, cuda: bool) -> dict:
     """One step: host time (until the Python call returns), wall time and device time."""
     if cuda:

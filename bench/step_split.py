@@ -29,21 +29,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402  (bench/run.py: models, modes, the step)
 
 
-def split_step(model, compiled, batch, use_autocast: bool) -> dict:
-    autocast = torch.autocast("cuda", torch.bfloat16) if use_autocast \
+def split_step(row: bench.Warmed) -> dict:
+    autocast = torch.autocast("cuda", torch.bfloat16) if row.use_autocast \
         else contextlib.nullcontext()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
     torch.cuda.synchronize()
     events[0].record()
     t0 = time.perf_counter()
     with autocast:
-        loss = compiled(*batch)
+        loss = row.compiled(*row.batch)
     t1 = time.perf_counter()
     events[1].record()
     loss.backward()
     t2 = time.perf_counter()
     events[2].record()
-    model.zero_grad(set_to_none=True)
+    row.model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     return {"host_fw": (t1 - t0) * 1e3, "host_bw": (t2 - t1) * 1e3,
             "gpu_fw": events[0].elapsed_time(events[1]),
@@ -65,19 +65,13 @@ def syncs_in_a_step(step) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def row(model_name: str, mode_name: str, steps: int) -> dict:
-    job = bench.Job(model_name, mode_name, None, False, "cuda", 5, steps)
-    torch.manual_seed(0)
-    model, batch, use_autocast = bench.prepare(job)
-    compiled = bench.MODES[mode_name].compile(model, None, [])
-    step = bench.make_step(model, compiled, batch, use_autocast)
-    for _ in range(job.warmup + 1):
-        step()
-    timed = medians([split_step(model, compiled, batch, use_autocast) for _ in range(steps)])
+def measure_row(model_name: str, mode_name: str, steps: int) -> dict:
+    row = bench.warmed_up(bench.Job(model_name, mode_name, None, False, "cuda", 5, steps))
+    timed = medians([split_step(row) for _ in range(steps)])
     gc.disable()
-    no_gc = medians([split_step(model, compiled, batch, use_autocast) for _ in range(steps)])
+    no_gc = medians([split_step(row) for _ in range(steps)])
     gc.enable()
-    return {"steps": timed, "gc_off": no_gc, "syncs": syncs_in_a_step(step)}
+    return {"steps": timed, "gc_off": no_gc, "syncs": syncs_in_a_step(row.step)}
 
 
 def main() -> None:
@@ -90,7 +84,7 @@ def main() -> None:
     parser.add_argument("--row", nargs=2, help=argparse.SUPPRESS)  # the worker's own row
     args = parser.parse_args()
     if args.row:
-        print(json.dumps(row(*args.row, args.steps)))
+        print(json.dumps(measure_row(*args.row, args.steps)))
         return
     results = {}
     for model_name in args.models.split(","):

@@ -260,3 +260,11 @@ def test_the_torch_partition_mode_runs_aotgrad_with_torchs_partitioner(monkeypat
     torch.testing.assert_close(loss, expected)
     for p, g in zip(model.parameters(), grads):
         torch.testing.assert_close(p.grad, g)
+
+
+def test_warmed_up_rows_have_compiled_and_stepped():
+    bench = load_bench()
+    row = bench.warmed_up(bench.Job("mlp", "aotgrad_compile_eager", None, True, "cpu", 1, 1))
+    assert len(row.compiled.artifacts) == 1  # compiled once, stepped twice
+    assert all(p.grad is None for p in row.model.parameters())  # each step zeroes the grads
+    assert row.step().item() > 0
