@@ -46,14 +46,17 @@ def profile_row(model_name: str, mode_name: str, steps: int) -> dict:
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CUDA]
     before = torch.cuda.memory_stats()
+    torch.cuda.reset_peak_memory_stats()
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
     after = torch.cuda.memory_stats()
+    peak_mb = torch.cuda.max_memory_allocated() / 2**20
     allocator = {k: (after.get(k, 0) - before.get(k, 0)) / steps for k in ALLOCATOR_COUNTS}
     return {**summarize(prof.events(), steps), "gaps": idle_gaps(prof.events(), steps),
-            "allocator_per_step": allocator, "synced": synced_steps(step, steps),
+            "allocator_per_step": allocator, "peak_mb": peak_mb,
+            "synced": synced_steps(step, steps),
             "forward_ms": forward_kernel_ms(row, steps),
             "host_profile": host_profile(step, steps)}
 
@@ -201,7 +204,7 @@ def print_table(results: dict) -> None:
         print(label.ljust(32) + f"{r['total_ms']:9.2f}" + cells)
     for label, r in results.items():
         print(f"{label}: kernels forward {r['forward_ms']:.2f} ms, backward "
-              f"{r['total_ms'] - r['forward_ms']:.2f} ms per step")
+              f"{r['total_ms'] - r['forward_ms']:.2f} ms per step, peak {r['peak_mb']:.0f} MB")
     for label, r in results.items():
         print(f"{label}: idle {r['gaps']['idle_ms_per_step']:.2f} ms/step (gaps > 20 us), "
               f"synced step {r['synced']['step_ms']:.2f} ms, first kernel after "

@@ -13,6 +13,20 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
+# Next (session 20): `part20`, the partition's effect alone: aotgrad's pipeline and Inductor
+# with aotgrad's partitioner vs functorch's (bench mode aotgrad_torch_partition): backward
+# kernel time (profile_gap: total less forward) and peak memory, per model (issue 20). Then
+# `models20a`/`models20b`: bench/models.py, the issue's table (cold compile per process,
+# every mode interleaved in one process) on the models it lists, DeBERTa-v2 added.
+part20)
+  TAIL=40 step part 560 python bench/profile_gap.py --models bert,gpt2,deberta_v2,resnet50 --steps 5 \
+    --timeout 130 --modes aotgrad_dynamo,aotgrad_torch_partition --out $OUT/part ;;
+models20a)
+  TAIL=30 step models 575 python bench/models.py --models gpt2,bert,deberta_v2 --budget 400 \
+    --timeout 170 --out $OUT/models ;;
+models20b)
+  TAIL=30 step models 575 python bench/models.py --models resnet50,efficientnet_b0,vit_s16,swin_t \
+    --budget 400 --timeout 140 --out $OUT/models ;;
 prof19)  # stages19: BERT's pre-Inductor stages take 11.5 s on the GPU machine (trace 6.9, passes
   # 3.6), 2.4 s on the CPU one: each mode's first step under cProfile, with the graphs.
   TAIL=30 step stages 280 python bench/compile_stages.py --model bert --modes aotgrad,inductor \
