@@ -111,6 +111,63 @@ def test_autocast_region_inside(door):
     torch.testing.assert_close(grads(door(f), x, w), grads(f, x, w), atol=1e-2, rtol=1e-2)
 
 
+def _counted_under_no_grad(x, w, counter):
+    y = x * w
+    with torch.no_grad():  # through Dynamo: plain calls switching grad off, then on
+        counter.add_(1)
+    return y
+
+
+def _counted_with_grad_switched_off(x, w, counter):
+    y = x * w
+    torch.set_grad_enabled(False)
+    counter.add_(1)
+    torch.set_grad_enabled(True)
+    return y
+
+
+@DOORS
+@pytest.mark.parametrize("f", [_counted_under_no_grad, _counted_with_grad_switched_off])
+def test_an_in_place_op_with_grad_off_leaves_earlier_outputs_differentiable(door, f):
+    """The first in-place op stops the unfunctionalized analysis with grad switched off:
+    the functionalized one must start from the caller's grad mode, not from that."""
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    counter, expected_counter = torch.zeros(()), torch.zeros(())
+    out, expected = door(f)(x, w, counter), f(x, w, expected_counter)
+    assert out.requires_grad and torch.is_grad_enabled()
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, x)
+    torch.testing.assert_close(counter, expected_counter)
+
+
+@DOORS
+def test_an_autocast_region_stopped_at_an_in_place_op_leaves_the_rest_in_float32(door):
+    """BatchNorm's running statistics are updated in place inside the region."""
+    def f(x, w, head, mean, var):
+        with torch.autocast("cpu", torch.bfloat16):
+            h = torch.nn.functional.batch_norm(x @ w, mean, var, training=True)
+        return h.float() @ head
+    x, w, head = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 2)
+    stats, expected_stats = [torch.zeros(8), torch.ones(8)], [torch.zeros(8), torch.ones(8)]
+    expected = f(x, w, head, *expected_stats)
+    out = door(f)(x, w, head, *stats)
+    assert out.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(stats, expected_stats)
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_an_error_raised_to_the_caller_leaves_grad_mode_and_autocast_as_they_were():
+    def f(x):
+        with torch.autocast("cpu", torch.bfloat16):
+            with torch.no_grad():
+                x.nonzero()  # a data-dependent shape: refused at the native door
+        return x
+    with pytest.raises(Exception, match="aotgrad"):
+        compile_eager(f)(torch.randn(3, requires_grad=True))
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+
+
 @DOORS
 def test_saved_tensor_hooks_see_what_the_compiled_forward_saves(door):
     packed = []

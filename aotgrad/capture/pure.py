@@ -83,7 +83,8 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
     requires_grad = [getattr(f, "requires_grad", False) for f in fakes]
     geometry, held = [_geometry_of(f) for f in fakes], analysis.storages(fakes)
     try:
-        with fake_mode, analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
+        with analysis.global_state_restored_on_error(), fake_mode, \
+                analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
                 analysis.user_code_checks(), oplog.recording(fakes, _same) as ops:
             outs = graph_fn(*fakes)
         if ops is not None:  # out of the user code's checks: it reads grad_fn
@@ -189,7 +190,8 @@ def _trace_plain(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     """The graph of `fn`, or None where it needs functionalization (decompositions run below
     the checking mode: their ops are checked in the graph)."""
     try:
-        gm = joint.trace(fn, args, fake_mode, decompositions, differentiates)
+        with analysis.global_state_restored_on_error():
+            gm = joint.trace(fn, args, fake_mode, decompositions, differentiates)
     except Exception:  # noqa: BLE001 - the functionalized trace raises it again, explained
         return None
     if any(_needs_functionalization(n.target) for n in gm.graph.nodes if _is_op(n)):
