@@ -200,6 +200,9 @@ class OutputInfo:
     # A leaf that requires grad, made so inside (requires_grad_() on a tensor computed there
     # or a view of an input): the runtime sets requires_grad on what it returns.
     made_leaf: bool = False
+    # A view made under no_grad of a base that requires grad: eager's has no grad_fn, and
+    # refuses an in-place change with grad on; the runtime rebuilds it with grad off too.
+    made_without_grad: bool = False
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,44 @@ def test_an_error_raised_to_the_caller_leaves_grad_mode_and_autocast_as_they_wer
     assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
 
 
+def _view_of_an_output_under_no_grad(x):
+    y = x * 2
+    with torch.no_grad():
+        v = y[0]
+    return y, v
+
+
+def _view_of_an_intermediate_under_no_grad(x):
+    y = x * 2
+    with torch.no_grad():
+        v = y[0]
+    return x * 3, v
+
+
+def _view_of_the_input_under_no_grad(x):
+    with torch.no_grad():
+        v = x[0]
+    return x * 3, v
+
+
+@DOORS
+@pytest.mark.parametrize("f", [_view_of_an_output_under_no_grad,
+                               _view_of_an_intermediate_under_no_grad,
+                               _view_of_the_input_under_no_grad])
+def test_a_view_made_under_no_grad_stays_out_of_the_gradient(door, f):
+    """Eager's view has no grad_fn (a backward through it reaches nothing) and refuses an
+    in-place change with grad on; rebuilt with grad on, it carried a gradient to its base."""
+    x, expected_x = torch.ones(2, 3, requires_grad=True), torch.ones(2, 3, requires_grad=True)
+    (out, view), (expected, expected_view) = door(f)(x), f(expected_x)
+    assert (view.grad_fn, view.requires_grad, view.is_leaf) == \
+        (expected_view.grad_fn, expected_view.requires_grad, expected_view.is_leaf)
+    (out.sum() + 10 * view.sum()).backward()
+    (expected.sum() + 10 * expected_view.sum()).backward()
+    torch.testing.assert_close(x.grad, expected_x.grad)
+    with pytest.raises(RuntimeError, match="created in no_grad mode"):
+        view.mul_(3)
+
+
 @DOORS
 def test_saved_tensor_hooks_see_what_the_compiled_forward_saves(door):
     packed = []

@@ -554,6 +554,7 @@ def _is_alias(o: torch.Tensor) -> bool:
 
 _creation_meta = torch._C._autograd._get_creation_meta
 _IN_CUSTOM_FUNCTION = torch._C._autograd.CreationMeta.IN_CUSTOM_FUNCTION
+_IN_NO_GRAD_MODE = torch._C._autograd.CreationMeta.NO_GRAD_MODE
 
 
 def _view_source(base, input_index, plain_index, base_index, bases):
@@ -568,7 +569,8 @@ def _view_source(base, input_index, plain_index, base_index, bases):
 
 
 def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
-    return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, o._view_func_unsafe)
+    return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, o._view_func_unsafe,
+                      made_without_grad=_creation_meta(o) == _IN_NO_GRAD_MODE)
 
 
 def _check_leaf_mutations(info: FunctionInfo) -> None:
@@ -586,7 +588,8 @@ def regenerate_view(out: OutputInfo, base: torch.Tensor,
     """Rebuild an aliased output from its base at run time, so that `_base`, `grad_fn` and
     later in-place use behave as in eager. With symbolic sizes, `concrete` gives their values
     in this call."""
-    with torch.set_grad_enabled(out.requires_grad and torch.is_grad_enabled()):
+    differentiable = out.requires_grad and not out.made_without_grad
+    with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
         if out.replay is not None:
             view = out.replay(base) if concrete is None else out.replay(
                 base, symint_visitor_fn=concrete)
