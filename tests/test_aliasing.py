@@ -366,6 +366,34 @@ def test_metadata_mutation_of_aliased_input_is_refused(door):
         DOORS[door](f)(x, x.view(-1))
 
 
+def _unsqueeze_in_place(x):
+    x.unsqueeze_(0)
+    return x * 1
+
+
+def _resize_smaller(x):
+    x.resize_(2, 2)
+    return x
+
+
+def _as_strided_to_an_offset(x):
+    x.as_strided_((2, 2), (1, 2), 2)
+    return x * 1
+
+
+@pytest.mark.parametrize("door", ["compile-eager", "compat-nop"])  # Dynamo runs these itself
+@pytest.mark.parametrize("f", [_unsqueeze_in_place, _resize_smaller, _as_strided_to_an_offset])
+def test_metadata_mutation_of_an_input_past_its_storages_start(door, f):
+    """A slice starts at an offset that the in-place op keeps (or sets, absolutely): the
+    fake input had offset 0, and the runtime set the caller's tensor to the fake's."""
+    x, expected_x = torch.arange(24.)[8:20].view(3, 4), torch.arange(24.)[8:20].view(3, 4)
+    out, expected = DOORS[door](f)(x), f(expected_x)
+    torch.testing.assert_close(out, expected)
+    assert (x.shape, x.stride(), x.storage_offset()) == \
+        (expected_x.shape, expected_x.stride(), expected_x.storage_offset())
+    torch.testing.assert_close(x, expected_x)
+
+
 def test_export_refuses_aliased_mutated_inputs():
     from aotgrad.compat import aot_export_module
 

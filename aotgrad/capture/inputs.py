@@ -191,11 +191,25 @@ def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
         return fake.requires_grad_(t.requires_grad)
     with mode:
         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        if t.layout is torch.strided and t.storage_offset():
+            _offset_like(fake, t)
     # A number Dynamo passes as a 0-d tensor (a float made dynamic) knows its symbolic value,
     # which its graph reads with .item().
     if getattr(t, "item_memo", None) is not None:
         fake.item_memo = t.item_memo
     return fake.requires_grad_(t.requires_grad)
+
+
+def _offset_like(fake: torch.Tensor, t: torch.Tensor) -> None:
+    """The fake at the input's storage offset (a slice starts past its storage's start),
+    not a view: what the trace finds of its geometry (`as_strided_` with an offset,
+    `unsqueeze_` keeping one, a view's offset) is the caller's own. Guards key the compiled
+    call by the offsets of the inputs that it addresses by geometry."""
+    offset, extent = t.storage_offset(), fake.untyped_storage().nbytes()
+    storage = torch.empty(offset * t.element_size() + extent, dtype=torch.uint8,
+                          device=t.device).untyped_storage()
+    with torch.no_grad():
+        fake.set_(storage, offset, t.shape, t.stride())
 
 
 # ---- functional execution ----------------------------------------------------------------
