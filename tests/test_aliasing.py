@@ -394,6 +394,19 @@ def test_metadata_mutation_of_an_input_past_its_storages_start(door, f):
     torch.testing.assert_close(x, expected_x)
 
 
+def test_dynamo_recompiling_for_a_new_size_takes_an_input_and_its_view():
+    """Dynamo's second graph (automatic dynamic shapes) has sizes among its inputs: the
+    aliased inputs' analysis read `is_leaf` of each and failed on a SymInt."""
+    def f(a, b):
+        a.add_(1)
+        return a.sum() + b.sum()
+    compiled = dynamo_eager(f)
+    for rows in (3, 4, 5):
+        w, expected_w = torch.ones(rows, 3), torch.ones(rows, 3)
+        torch.testing.assert_close(compiled(w, w[1:]), f(expected_w, expected_w[1:]))
+        torch.testing.assert_close(w, expected_w)
+
+
 def test_export_refuses_aliased_mutated_inputs():
     from aotgrad.compat import aot_export_module
 

@@ -317,7 +317,8 @@ def analyze_merged(graph_fn: Callable, inputs: Sequence[torch.Tensor], fakes: li
     merged = merge_aliased_inputs(graph_fn, aliasing, len(inputs), box)
     devices = [inputs[g.members[0].input].device for g in aliasing.groups]
     fakes = fakes + base_fakes(fake_mode, aliasing, devices)
-    is_leaf = [t.is_leaf for t in inputs] + [g.base_is_leaf for g in aliasing.groups]
+    is_leaf = [getattr(t, "is_leaf", True) for t in inputs]  # sizes are leaves
+    is_leaf += [g.base_is_leaf for g in aliasing.groups]
     info = analysis.analyze(merged, fakes, is_leaf, box, fake_mode)
     return merged, fakes, with_first_pass_versions(info, aliasing)
 
