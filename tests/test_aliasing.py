@@ -407,6 +407,34 @@ def test_dynamo_recompiling_for_a_new_size_takes_an_input_and_its_view():
         torch.testing.assert_close(w, expected_w)
 
 
+def _three_writes(x):
+    x.add_(1)
+    x.mul_(2)
+    x[0] = 3
+    return x.sum()
+
+
+def _two_shape_changes(x):
+    x.unsqueeze_(0)
+    x.squeeze_(0)
+    return x.sum()
+
+
+def _a_write_and_a_shape_change(x):
+    x.add_(1)
+    x.t_()
+    return x.sum()
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+@pytest.mark.parametrize("f", [_three_writes, _two_shape_changes, _a_write_and_a_shape_change])
+def test_an_inputs_version_counter_steps_once_per_in_place_op(door, f):
+    x, expected_x = torch.ones(2, 3), torch.ones(2, 3)
+    DOORS[door](f)(x), f(expected_x)
+    assert x._version == expected_x._version
+    torch.testing.assert_close(x, expected_x)
+
+
 def test_export_refuses_aliased_mutated_inputs():
     from aotgrad.compat import aot_export_module
 

@@ -66,13 +66,16 @@ def mutation_steps(info: FunctionInfo, copied_in_graph: tuple[int, ...],
             steps.append(_resize_storage(i, x.storage_bytes, x.version_bumps if
                                          x.mutates_data and x.storage_bytes == 0 else 0))
         if x.mutates_metadata:
+            # Eager's in-place ops step the version counter once each: the copy of new data
+            # counts them, else this step.
+            bumps = 0 if x.mutates_data else x.version_bumps
             steps.append(_restore_metadata(i, x.final_geometry, x.mutation_hidden_from_autograd,
-                                           sizes))
+                                           sizes, bumps))
         # A storage freed at the end holds no value to copy (FSDP writes, then frees): only
         # the version counter shows the writes.
         if x.mutates_data and i not in copied_in_graph and x.storage_bytes != 0:
             steps.append(_copy_back(i, data_index[i], x.mutation_hidden_from_autograd,
-                                    x.bumps_version))
+                                    x.version_bumps))
     return steps
 
 
@@ -134,16 +137,18 @@ def _version_setter() -> Callable[[list, list], None]:
 _set_version_counters = _version_setter()
 
 
-def _restore_metadata(i: int, geometry, hidden: bool, sizes: SizeBindings | None) -> Callable:
+def _restore_metadata(i: int, geometry, hidden: bool, sizes: SizeBindings | None,
+                      bumps: int) -> Callable:
+    """`bumps`: how far the step moves the version counter."""
     if sizes is not None:  # symbolic geometry: evaluated for each call's sizes
         def step(inputs, raw):
             concrete = sizes.concrete(inputs)(geometry)
-            _set_geometry(inputs[i], concrete, _extent(concrete), hidden)
+            _set_geometry(inputs[i], concrete, _extent(concrete), hidden, bumps)
         return step
     extent = _extent(geometry)
 
     def step(inputs, raw):
-        _set_geometry(inputs[i], geometry, extent, hidden)
+        _set_geometry(inputs[i], geometry, extent, hidden, bumps)
     return step
 
 
@@ -153,19 +158,30 @@ def _extent(geometry) -> int:
     return offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
 
 
-def _set_geometry(t: torch.Tensor, geometry, extent: int, hidden: bool) -> None:
+def _set_geometry(t: torch.Tensor, geometry, extent: int, hidden: bool, bumps: int) -> None:
     storage = t.untyped_storage()
+    version = None if t.is_inference() else t._version  # inference tensors have no counter
     if storage.nbytes() < extent * t.element_size():
         storage.resize_(extent * t.element_size())  # as eager's resize_ does
     with _grad_hidden(hidden):
         t.as_strided_(*geometry)
+    if version is not None and t._version != version + bumps:
+        _set_version_counters([t], [version + bumps])
 
 
-def _copy_back(i: int, k: int, hidden: bool, bumps_version: bool) -> Callable:
-    if bumps_version:
+def _copy_back(i: int, k: int, hidden: bool, bumps: int) -> Callable:
+    """`bumps`: eager's in-place ops on the input, each a step of its version counter; the
+    copy is one."""
+    if bumps == 1:
         def step(inputs, raw):
             with _grad_hidden(hidden):
                 inputs[i].copy_(raw[k])
+    elif bumps:
+        def step(inputs, raw):
+            version = inputs[i]._version
+            with _grad_hidden(hidden):
+                inputs[i].copy_(raw[k])
+            _set_version_counters([inputs[i]], [version + bumps])
     else:  # a mutation through .data: invisible to the version counter as well
         def step(inputs, raw):
             with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(inputs[i]):
