@@ -11,6 +11,7 @@ import functools
 import gc
 import itertools
 import logging
+import operator
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -325,6 +326,8 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         plan,
         num_saved_sizes=sum(not isinstance(v.meta.get("val"), torch.Tensor) for v in p.saved),
         gradless_inputs=_gradless_inputs(c, grads),
+        unreached_grads=_unreached_grads(bw, grads, plan.tangent_outputs) if edge.is_plain
+        else (),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     backward = _backward_parts(c, options, timer, bw, facts, _double_backward(c, edge, p, held))
@@ -443,6 +446,29 @@ def _plain_range(edge: subclasses.Boundary, info: FunctionInfo) -> range:
     """The graph's (plain) outputs the user sees: after the mutated inputs' new values."""
     return range(edge.plain_count(len(info.data_mutated_inputs)),
                  edge.plain_count(info.num_graph_outputs))
+
+
+def _unreached_grads(bw: fx.GraphModule, grads: Sequence[Sequence], tangent_outputs: tuple
+                     ) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """RuntimePlan.unreached_grads: per input, the outputs whose tangents its gradient
+    reads, where those are some of the outputs only. One pass over the backward: each node
+    with the set (bits) of tangents it reads."""
+    if len(tangent_outputs) < 2:
+        return ()
+    placeholders = bw.graph.find_nodes(op="placeholder")
+    reads = {node: 1 << j for j, node in enumerate(placeholders[-len(tangent_outputs):])}
+    for node in bw.graph.nodes:
+        if node.op != "placeholder":
+            reads[node] = functools.reduce(operator.or_, (reads.get(a, 0)
+                                                          for a in node.all_input_nodes), 0)
+    every = (1 << len(tangent_outputs)) - 1
+    unreached = []
+    for i, input_grads in enumerate(grads):
+        bits = functools.reduce(operator.or_, (reads.get(g, 0) for g in input_grads), 0)
+        if bits and bits != every:  # no bits: a constant gradient (a zero fill) stays so
+            outputs = tuple(k for j, k in enumerate(tangent_outputs) if bits >> j & 1)
+            unreached.append((i, outputs))
+    return tuple(unreached)
 
 
 def _is_zero_fill(grad) -> bool:

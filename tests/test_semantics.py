@@ -206,6 +206,28 @@ def test_a_view_made_under_no_grad_stays_out_of_the_gradient(door, f):
         view.mul_(3)
 
 
+def _two_heads(x, w, v):
+    h = x * w
+    return h.sin(), h * v
+
+
+@DOORS
+@pytest.mark.parametrize("used", [(0,), (1,), (0, 1)])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_parameter_no_output_in_the_loss_reaches_keeps_no_grad(door, used, create_graph):
+    """Eager never reaches `v` when only the first output is in the loss: its .grad stays
+    None (an optimizer skips it: no weight decay, no momentum), not zeros."""
+    args = [torch.randn(3, requires_grad=True) for _ in range(3)]
+    expected_args = [a.detach().clone().requires_grad_() for a in args]
+    for fn, inputs in ((door(_two_heads), args), (_two_heads, expected_args)):
+        outs = fn(*inputs)
+        sum(outs[k].sum() for k in used).backward(create_graph=create_graph)
+    for a, e in zip(args, expected_args):
+        assert (a.grad is None) == (e.grad is None)
+        if e.grad is not None:
+            torch.testing.assert_close(a.grad, e.grad)
+
+
 @DOORS
 def test_saved_tensor_hooks_see_what_the_compiled_forward_saves(door):
     packed = []

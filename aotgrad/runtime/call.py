@@ -27,7 +27,7 @@ from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
 from ..autograd import state as _compiled_autograd
 from .mutations import BackwardWrites, mutation_steps, set_versions
-from .lean import lean_function, tangent as _tangent
+from .lean import lean_function, none_where_unreached, tangent as _tangent
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -54,6 +54,10 @@ class RuntimePlan:
     # Where symbolic sizes the runtime applies itself (views it rebuilds, metadata it restores)
     # are read from each call's inputs; None when nothing it applies is symbolic.
     sizes: SizeBindings | None = None
+    # (input, the outputs whose gradients its gradient reads) for inputs that some outputs
+    # do not reach: when none of those outputs took part in the loss, autograd never
+    # reaches the input in eager and its .grad stays None; the backward would give zeros.
+    unreached_grads: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
@@ -123,10 +127,12 @@ class CompiledFunction(torch.autograd.Function):
         shapes = ctx.output_shapes if call.symbolic_tangents else {}
         tangents = [_tangent(grads[i], metas[i], shapes.get(i))
                     for i in call.plan.tangent_outputs]
+        unreached = call.plan.unreached_grads
         if torch.is_grad_enabled():  # only create_graph=True runs a backward with grad on
             if call.backward_writes is not None:
                 call.backward_writes.refuse_create_graph()
-            return (None, *call.double_backward.input_grads(ctx, tangents))
+            return (None, *none_where_unreached(
+                unreached, grads, call.double_backward.input_grads(ctx, tangents)))
         if torch.compiler.is_compiling() or _compiled_autograd.capturing:
             # Dynamo inlines this backward into the graph torch's compiled autograd captured,
             # or aotgrad's compiled autograd traces it: run the backward graph's ops for it
@@ -134,7 +140,7 @@ class CompiledFunction(torch.autograd.Function):
             outs = call.backward_ops([*ctx.saved_tensors, *ctx.saved_sizes, *tangents])
             if call.backward_writes is not None:
                 outs = call.backward_writes.copy_in(ctx, outs)
-            return (None, *outs)
+            return (None, *none_where_unreached(unreached, grads, outs))
         # The backward may clear this list to free each saved value after its last use: no
         # other reference may remain, neither autograd's (unless retain_graph) nor ours.
         args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
@@ -144,9 +150,10 @@ class CompiledFunction(torch.autograd.Function):
         if call.backward_keeping_saved is not None and (
                 ctx.hooked or torch._C._autograd._get_current_graph_task_keep_graph()):
             backward = call.backward_keeping_saved  # retain_graph: a later backward reads them
+        outs = backward(args)
         if call.backward_writes is not None:
-            return (None, *call.backward_writes.apply(ctx, backward(args)))
-        return (None, *backward(args))
+            outs = call.backward_writes.apply(ctx, outs)
+        return (None, *none_where_unreached(unreached, grads, outs))
 
 
 class CompiledOnFirstCall:

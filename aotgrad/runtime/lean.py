@@ -21,6 +21,18 @@ from ..autograd import state as _compiled_autograd
 from ..semantics import subclasses
 
 
+def none_where_unreached(unreached: tuple, grads, outs):
+    """`outs` with None for each input that no output in the loss reaches (eager's .grad
+    stays None there, and optimizers skip the parameter: weight decay, momentum)."""
+    if not unreached:
+        return outs
+    outs = list(outs)
+    for i, outputs in unreached:
+        if all(grads[k] is None for k in outputs):
+            outs[i] = None
+    return outs
+
+
 def tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch.Tensor:
     """What the backward graph takes for one output's gradient `grad`."""
     if grad is None and shape is not None:  # the meta's shape is symbolic: this call's
@@ -70,7 +82,8 @@ def _backward(call: Any, node: type, general: Callable) -> Callable:
     metas = call.plan.info.graph_output_metas
     scope = {"_node": node, "_grad": torch.is_grad_enabled, "_ca": _compiled_autograd,
              "_general": general, "_call": call,
-             "_keep_graph": torch._C._autograd._get_current_graph_task_keep_graph}
+             "_keep_graph": torch._C._autograd._get_current_graph_task_keep_graph,
+             "_unreached": functools.partial(none_where_unreached, call.plan.unreached_grads)}
     tangents = []
     for i in call.tangent_outputs:
         scope[f"_zeros{i}"] = functools.partial(tangent, None, metas[i], None)
@@ -86,7 +99,9 @@ def _backward(call: Any, node: type, general: Callable) -> Callable:
               "    ctx.maybe_clear_saved_tensors()\n"
               "    if not _keep_graph():\n"
               "        ctx.primals = None\n"
-              "    return (None, *_call.backward(args))\n")
+              + ("    return (None, *_unreached(grads, _call.backward(args)))\n"
+                 if call.plan.unreached_grads else
+                 "    return (None, *_call.backward(args))\n"))
     return _generated(source, scope, "backward")
 
 
