@@ -346,6 +346,21 @@ def test_registered_names_checked_at_each_call_cost_little():
     assert attributes.changed() == "buffer '77.late' (added)"
 
 
+@pytest.mark.parametrize("factory", [lambda: nn.Sequential(nn.LazyLinear(3), nn.ReLU()),
+                                     lambda: nn.LazyLinear(3)], ids=["submodule", "module"])
+def test_a_lazy_module_is_refused_until_an_eager_call_initializes_it(factory):
+    """Eager initializes it at the first call; aotgrad says to run that call eagerly
+    (torch's error was about an uninitialized parameter's shape)."""
+    eager, mine, f = pair(factory)
+    x = torch.randn(2, 4)
+    with pytest.raises(RuntimeError, match="aotgrad: .*lazy module.*eager forward"):
+        f(x)
+    for m in (eager, mine):
+        torch.manual_seed(2)  # the same initial values
+        m(x)
+    check_step(eager, mine, f, x)
+
+
 # ---- the eager backend's bindings ----------------------------------------------------------
 
 def test_fast_bindings_are_torch_functions_where_proven():
