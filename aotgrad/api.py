@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils.stateless import _reparametrize_module
 
 from . import check
@@ -265,6 +266,7 @@ class CompiledModule(torch.nn.Module):
         self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())
         self._attributes = ModuleAttributes(module)
+        self._lazy = _uninitialized(module)  # the first call refuses them (_refuse_lazy)
         self._traced = False
         options = dataclasses.replace(
             options, static_inputs=tuple(range(len(self._names))),
@@ -298,12 +300,29 @@ class CompiledModule(torch.nn.Module):
         changed = self._attributes.changed()
         if changed is not None:
             return self._compile_again(changed, args, kwargs)
+        if self._lazy:
+            self._refuse_lazy()
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
         out = self.compiled(*self._read_state(), *training_flags, *args, **kwargs)
         if self._traced:  # as the trace left them
             self._attributes, self._traced = ModuleAttributes(self.orig_module), False
         return out
+
+    def _refuse_lazy(self) -> None:
+        """A lazy module (nn.LazyLinear) infers its parameters' shapes from its first call's
+        inputs, in eager; its initializing hook runs Python on real values, which a trace on
+        fake tensors cannot, and an eager call of the whole module first would update state
+        (BatchNorm's statistics) once more than eager does. So the user runs that call."""
+        self._lazy = _uninitialized(self.orig_module)  # initialized since: the guard rebinds
+        if self._lazy:
+            name, lazy = self._lazy[0]
+            where = f"submodule {name!r}" if name else "the module"
+            raise RuntimeError(
+                f"aotgrad: {where} ({type(lazy).__name__}, a lazy module) has parameters "
+                "not initialized yet: eager infers their shapes at the first call. Run one "
+                "eager forward of the module first (module(example_input)) to initialize "
+                "them, then call the compiled module.")
 
     def _compile_again(self, changed: str, args, kwargs):
         self._rebinds += 1
@@ -341,6 +360,12 @@ def _recompiles_spent(count: int, max_entries: int, changed: str, name: str) -> 
             "or use torch.compile(backend='aotgrad'), which makes a changing number an "
             "input.")
     return True
+
+
+def _uninitialized(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The lazy submodules whose parameters or buffers are not initialized yet."""
+    return [(name, m) for name, m in module.named_modules()
+            if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
 
 
 def _slot(module: torch.nn.Module, name: str):

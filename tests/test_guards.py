@@ -1,6 +1,8 @@
 """Per-entry call guards (aotgrad/runtime/guards.py) and the cheaper call path around them: a call
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -8,6 +10,7 @@ from torch import nn
 import aotgrad
 from aotgrad import api
 from aotgrad.runtime import guards
+from aotgrad.runtime.module_guard import ModuleAttributes
 from aotgrad.backends.bindings import fast_binding
 import guarded_helpers
 from guarded_helpers import shifted as guarded_helpers_shifted
@@ -250,6 +253,112 @@ def test_module_sees_a_reassigned_buffer_and_a_deleted_parameter():
         del m.weight
         m.register_buffer("weight", torch.full((3,), 3.0))  # a buffer now, under the old name
     torch.testing.assert_close(f(x), eager(x))
+
+
+class _Optional(nn.Module):
+    """State that may be None, read by name, and all the state read through
+    `self.parameters()` and `self.buffers()`: what eager reads changes with the names the
+    module holds, not only with their tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4, bias=False)
+        self.scale = nn.Parameter(torch.full((), 0.5))
+        self.register_buffer("shift", None)
+        self.register_parameter("gain", None)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.shift is not None:
+            y = y + self.shift
+        if self.gain is not None:
+            y = y * self.gain
+        return (y + sum(p.sum() for p in self.parameters())
+                + sum(b.sum() for b in self.buffers()))
+
+
+def _seeded(cls, *args):
+    torch.manual_seed(3)  # the same values for eager's module and the compiled one's
+    return cls(*args)
+
+
+def _renamed(m):
+    del m.scale
+    m.register_parameter("scale2", nn.Parameter(torch.full((), 3.0)))
+
+
+STATE_ADDED = {  # the change, and the reason the log gives
+    "a None buffer given a tensor": (lambda m: setattr(m, "shift", torch.full((4,), 5.0)),
+                                     "buffer 'shift' (None at the compile)"),
+    "a None parameter given one": (lambda m: setattr(m, "gain", nn.Parameter(torch.ones(4))),
+                                   "parameter 'gain' (None at the compile)"),
+    "a submodule's None bias given one": (
+        lambda m: setattr(m.fc, "bias", nn.Parameter(torch.ones(4))),
+        "parameter 'fc.bias' (None at the compile)"),
+    "a parameter registered": (
+        lambda m: m.register_parameter("extra", nn.Parameter(torch.ones(4))),
+        "parameter 'extra' (added)"),
+    "a buffer registered": (lambda m: m.register_buffer("offset", torch.ones(4)),
+                            "buffer 'offset' (added)"),
+    "a submodule added": (lambda m: m.add_module("extra", _seeded(nn.Linear, 4, 4)),
+                          "submodule 'extra' (added)"),
+    "a parameter renamed": (_renamed, "parameter 'scale2' (added)"),
+}
+
+
+@pytest.mark.parametrize("change", STATE_ADDED)
+def test_state_added_after_the_compile_compiles_again(change, caplog):
+    """aotgrad.compile kept running the graph traced without it, silently (or, for a
+    renamed parameter, failed to read the old name)."""
+    eager, mine, f = pair(_Optional)
+    x = torch.randn(2, 4)
+    check_step(eager, mine, f, x)
+    apply, reason = STATE_ADDED[change]
+    apply(eager), apply(mine)
+    with caplog.at_level(logging.INFO, logger="aotgrad"):
+        check_step(eager, mine, f, x)
+    check_step(eager, mine, f, x)
+    assert f._rebinds == 1
+    assert f"{reason} of _Optional changed since it was compiled" in caplog.text
+
+
+@pytest.mark.parametrize("grow", [lambda s: s.append(nn.ReLU()),
+                                  lambda s: s.extend([nn.ReLU(), nn.Linear(4, 2)])],
+                         ids=["append", "extend"])
+def test_a_module_appended_to_a_sequential_after_the_compile(grow):
+    eager, mine, f = pair(lambda: nn.Sequential(nn.Linear(4, 4)))
+    x = torch.randn(8, 4)
+    check_step(eager, mine, f, x)
+    torch.manual_seed(1)
+    grow(eager)
+    torch.manual_seed(1)
+    grow(mine)
+    check_step(eager, mine, f, x)
+    assert f._rebinds == 1
+
+
+def test_registered_names_checked_at_each_call_cost_little():
+    """The names are checked in C loops: one added anywhere among 101 modules is seen."""
+    model = nn.Sequential(*[m for _ in range(50) for m in (nn.Linear(2, 2), nn.ReLU())])
+    attributes = ModuleAttributes(model)
+    assert attributes.changed() is None
+    model[77].register_buffer("late", torch.ones(2))
+    assert attributes.changed() == "buffer '77.late' (added)"
+
+
+@pytest.mark.parametrize("factory", [lambda: nn.Sequential(nn.LazyLinear(3), nn.ReLU()),
+                                     lambda: nn.LazyLinear(3)], ids=["submodule", "module"])
+def test_a_lazy_module_is_refused_until_an_eager_call_initializes_it(factory):
+    """Eager initializes it at the first call; aotgrad says to run that call eagerly
+    (torch's error was about an uninitialized parameter's shape)."""
+    eager, mine, f = pair(factory)
+    x = torch.randn(2, 4)
+    with pytest.raises(RuntimeError, match="aotgrad: .*lazy module.*eager forward"):
+        f(x)
+    for m in (eager, mine):
+        torch.manual_seed(2)  # the same initial values
+        m(x)
+    check_step(eager, mine, f, x)
 
 
 # ---- the eager backend's bindings ----------------------------------------------------------

@@ -4,6 +4,10 @@ running graphs that baked the old state. torch.compile guards the same things (D
 guards); the argument guards are runtime/guards.py.
 
 - which submodule sits where, and its class (`parametrize` swaps it);
+- which names each module holds in `_parameters`, `_buffers` and `_modules`, and which of
+  them hold None: a name added (`seq.append`, `register_parameter`) or removed, or a None
+  entry given a tensor (`register_buffer("shift", None)`, then `self.shift = t`), changes
+  what forward reads (`self.parameters()`, a Sequential's loop, `if self.shift is None`);
 - the attributes forward may read as constants: numbers (a `scale`, a dropout's `p`),
   strings, None, and plain (unregistered) tensor attributes, by identity;
 - the globals the forwards of the user's module classes name (a module-level flag, a
@@ -29,6 +33,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
+import operator
 import site
 import sysconfig
 import types
@@ -40,12 +46,16 @@ from torch.utils.hooks import RemovableHandle
 
 _CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_REGISTRIES = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
 _GONE = object()
+_NONES = itertools.repeat(None)  # never exhausted: map stops at its other iterables' end
 
 
 class ModuleAttributes:
     def __init__(self, module: torch.nn.Module):
-        modules = list(module.modules())
+        named = list(module.named_modules())
+        modules = [m for _, m in named]
+        self.names = RegisteredNames(named)
         self.edges = [(m._modules, n, c, type(c)) for m in modules
                       for n, c in m._modules.items()]
         self.values = [(vars(m), n, v) for m in modules for n, v in vars(m).items()
@@ -67,6 +77,9 @@ class ModuleAttributes:
         for parent, name, child, cls in self.edges:
             if parent.get(name) is not child or type(child) is not cls:
                 return f"submodule {name!r}"
+        names = self.names.changed()
+        if names is not None:
+            return names
         for owner, name, value in self.values:
             now = owner.get(name, _GONE)
             if now is not value and not _same(now, value):
@@ -82,6 +95,57 @@ class ModuleAttributes:
                 return "a module hook"
             self.next_hook = RemovableHandle.next_id  # a tensor's, or another module's
         return None
+
+
+class RegisteredNames:
+    """The names the modules hold in `_parameters`, `_buffers` and `_modules`, and which of
+    the first two's hold None, as at the compile. Checked at every call, so in C loops
+    (`map`), not Python ones: the names' count over all the dicts, that each name is still
+    there, that each None is still None; together they say the names are the same. (An
+    existing entry's object is not compared here: parameters and buffers are read at each
+    call, submodules are `ModuleAttributes.edges`.) A dict replaced whole is not seen, nor a
+    reordering of the same names; torch's own `del seq[i]` first deletes from the old dict."""
+
+    def __init__(self, named: list[tuple[str, torch.nn.Module]]):
+        self.registries = [(path, kind, getattr(m, kind), dict(getattr(m, kind)))
+                           for path, m in named for kind in _REGISTRIES]
+        self.dicts = [d for _, _, d, _ in self.registries]
+        self.count = sum(map(len, self.dicts))
+        state = [(d, n, v) for _, kind, d, before in self.registries if kind != "_modules"
+                 for n, v in before.items()]
+        self.state_dicts, self.state_names = [d for d, _, _ in state], [n for _, n, _ in state]
+        self.none_dicts = [d for d, _, v in state if v is None]
+        self.none_names = [n for _, n, v in state if v is None]
+
+    def changed(self) -> str | None:
+        """Which name changed, in words; None if none did."""
+        if (sum(map(len, self.dicts)) != self.count
+                or not all(map(operator.contains, self.state_dicts, self.state_names))
+                or not all(map(operator.is_,  # each name is there, by the check before
+                               map(operator.getitem, self.none_dicts, self.none_names),
+                               _NONES))):
+            return self._which()
+        return None
+
+    def _which(self) -> str:
+        """The first difference, found the slow way (once per change)."""
+        for path, kind, now, before in self.registries:
+            for name in [*now, *before]:
+                what = _name_change(before.get(name, _GONE), now.get(name, _GONE))
+                if what is not None:
+                    full = f"{path}.{name}" if path else name
+                    return f"{_REGISTRIES[kind]} {full!r} ({what})"
+        return "the parameters, buffers or submodules"  # not reached: the checks agree
+
+
+def _name_change(before: Any, now: Any) -> str | None:
+    if before is _GONE and now is not _GONE:
+        return "added"
+    if now is _GONE and before is not _GONE:
+        return "removed"
+    if before is None and now is not None:
+        return "None at the compile"
+    return None
 
 
 class FunctionReads:
