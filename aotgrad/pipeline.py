@@ -146,6 +146,7 @@ def analyze_call(c: Captured, timer: _Timer) -> Captured:
         is_pure = info is not None
         if not is_pure:
             info = analysis.analyze(graph_fn, fakes, is_leaf, box, fake_mode)
+        aliasing.refuse_writes_into_overlapping(inputs, info)
         alias = aliasing.plan_aliasing(inputs, info)
         if alias is not None and alias.groups:
             if is_symbolic(fakes):  # a group's base and members are addressed by geometry

@@ -462,6 +462,20 @@ def test_the_gradient_of_a_non_leaf_input_the_function_mutates(door):
     torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
 
 
+@pytest.mark.parametrize("door", list(DOORS))
+def test_a_write_into_an_expanded_input_is_refused_by_name(door):
+    """Eager's x[0] = 5 writes every row of an expanded x (one memory); a traced function
+    writes one row, and torch refused the copy back with an error naming neither."""
+    def f(x):
+        x[0] = 5
+        return x.sum()
+    with pytest.raises(Exception, match="aotgrad: the function writes in place into input 0, "
+                                        "whose elements share memory"):
+        DOORS[door](f)(torch.arange(4.).expand(3, 4))
+    torch.testing.assert_close(DOORS[door](lambda x: x * 2)(torch.arange(4.).expand(3, 4)),
+                               torch.arange(4.).expand(3, 4) * 2)  # reading one is fine
+
+
 def test_export_refuses_aliased_mutated_inputs():
     from aotgrad.compat import aot_export_module
 

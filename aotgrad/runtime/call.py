@@ -18,7 +18,6 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from ..semantics import subclasses
 from ..semantics.aliasing import InputAliasing
 from ..capture.analysis import regenerate_view
 from ..schema import FunctionInfo, OutputInfo, OutputKind

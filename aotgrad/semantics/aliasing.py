@@ -309,6 +309,20 @@ def _span_geometry(inputs, members: list[int], dtype: torch.dtype, nbytes: int) 
     return (-(-end // size),), (1,), 0
 
 
+def refuse_writes_into_overlapping(inputs: Sequence[Any], info: FunctionInfo) -> None:
+    """An input whose elements share memory (`expand`: stride 0): eager's write into one
+    element writes them all, where the traced function, functionalized, sees independent
+    elements, and the copy of the new value back into the input would be refused by torch."""
+    for i in info.data_mutated_inputs:
+        if torch._debug_has_internal_overlap(inputs[i]) == 1:
+            raise NotImplementedError(
+                f"aotgrad: the function writes in place into input {i}, whose elements share "
+                f"memory (stride {tuple(inputs[i].stride())}: an expanded tensor); a write into "
+                "one element writes them all in eager, which a traced function does not "
+                "follow. Pass a copy (x.clone() or x.contiguous()), or write into the tensor "
+                "it was expanded from.")
+
+
 # ---- the merged function (trace time) -----------------------------------------------------
 
 def analyze_merged(graph_fn: Callable, inputs: Sequence[torch.Tensor], fakes: list, fake_mode,
