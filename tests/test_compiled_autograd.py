@@ -537,3 +537,61 @@ def test_inductor_gradient_penalty_runs_compiled_and_hits_the_cache(front_door, 
     assert fresh and ("forward" in fresh) == (front_door == "eager")
     assert [r for r in second if r != "backward"] == fresh  # the create_graph graph: cached
     assert third == second  # every backward of the third step: cached
+
+
+# -- what eager's engine checks and fixes between nodes -----------------------------------------
+def eager_and_compiled(step, compiler="eager"):
+    """`step()` run eagerly and under compiled autograd: both results, and the stats."""
+    torch.manual_seed(0)
+    expected = step()
+    torch.manual_seed(0)
+    with compiled_autograd.enable(compiler) as stats:
+        actual = step()
+    return expected, actual, stats
+
+
+def hooked_exp(hook, shape=(3, 4)):
+    def step():
+        x = torch.ones(*shape, requires_grad=True)
+        y = x.exp()
+        y.register_hook(hook)
+        (y * 2).sum().backward()
+        return x.grad
+    return step
+
+
+@pytest.mark.parametrize("hook, message", [
+    (lambda g: g[:1], r"hook '<lambda>' has changed the size of value"),
+    (lambda g: g.double(), r"hook '<lambda>' has changed the type of value \(was "
+                           r"torch.FloatTensor got torch.DoubleTensor\)"),
+    (lambda g: 2, r"expected Variable, but hook returned 'int'")],
+    ids=["size", "dtype", "not a tensor"])
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_a_hook_that_changes_its_gradient_raises_as_eager(hook, message, compiler):
+    # Was: "eager" broadcast a gradient of another size, "inductor" read a double gradient
+    # as float (garbage): the graph after a hook is traced for the gradient it was given.
+    with pytest.raises((RuntimeError, TypeError), match=message):
+        hooked_exp(hook)()
+    with pytest.raises((RuntimeError, TypeError), match=message), \
+            compiled_autograd.enable(compiler):
+        hooked_exp(hook)()
+
+
+def test_a_grad_fn_hook_returning_too_many_values_raises_as_eager():
+    def step():
+        x = torch.ones(3, requires_grad=True)
+        y = x.exp()
+        y.grad_fn.register_prehook(lambda grads: (grads[0], grads[0]))
+        y.sum().backward()
+    message = r"hook '<lambda>' has returned an incorrect number of values \(got 2, but " \
+              r"expected 1\)"
+    with pytest.raises(RuntimeError, match=message):
+        step()
+    with pytest.raises(RuntimeError, match=message), compiled_autograd.enable("eager"):
+        step()
+
+
+def test_a_hook_returning_an_equal_gradient_still_runs_compiled():
+    expected, actual, stats = eager_and_compiled(hooked_exp(lambda g: g * 3), "inductor")
+    torch.testing.assert_close(actual, expected)
+    assert stats.fallbacks == []

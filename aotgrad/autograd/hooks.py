@@ -62,19 +62,64 @@ def copy_slices_epilogue(needs_input_grad: list, result, res: list, grad_slice) 
 def run_tensor_hook(hook: Callable, grad: torch.Tensor) -> torch.Tensor:
     """A tensor pre-hook (`register_hook`) or a post-accumulate-grad hook's stand-in."""
     result = hook(grad)
-    return grad if result is None else result
+    if result is None:
+        return grad
+    check_hook_result(hook, grad, result)
+    return result
 
 
 def run_node_pre_hook(hook: Callable, grads: list) -> list:
     """`grad_fn.register_prehook(hook)`: hook(grad_outputs) -> new grad_outputs or None."""
     result = hook(grads)
-    return grads if result is None else list(result)
+    return grads if result is None else check_hook_results(hook, grads, result)
 
 
 def run_node_post_hook(hook: Callable, grad_inputs: list, grad_outputs: list) -> list:
     """`grad_fn.register_hook(hook)`: hook(grad_inputs, grad_outputs) -> new or None."""
     result = hook(grad_inputs, grad_outputs)
-    return grad_inputs if result is None else list(result)
+    return grad_inputs if result is None else check_hook_results(hook, grad_inputs, result)
+
+
+def check_hook_results(hook: Callable, given: list, result: Any) -> list:
+    """A grad_fn hook's results checked as eager's engine checks them (python_hook.cpp's
+    check_result): a tuple of as many values, each like the gradient it replaces."""
+    if not isinstance(result, tuple):
+        raise TypeError(f"expected tuple, but hook returned '{type(result).__name__}'")
+    if len(result) != len(given):
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has returned an incorrect number of "
+                           f"values (got {len(result)}, but expected {len(given)})")
+    for old, new in zip(given, result):
+        if new is not None:
+            check_hook_result(hook, old, new)
+    return list(result)
+
+
+def check_hook_result(hook: Callable, given: Any, result: Any) -> None:
+    """A hook's new gradient must be like the one it was given, as eager's engine checks
+    (check_variable_result): the graph after the hook was traced for that one, and
+    broadcasting a gradient of another size, or reading one of another dtype as this one,
+    would give a wrong gradient silently."""
+    if given is None:
+        raise RuntimeError("can't replace a None gradient with a non-None value")
+    if not isinstance(result, torch.Tensor):
+        raise TypeError(f"expected Variable, but hook returned '{type(result).__name__}'")
+    if (result.dtype, result.layout, result.device.type) != \
+            (given.dtype, given.layout, given.device.type):
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the type of value (was "
+                           f"{_type_name(given)} got {_type_name(result)})")
+    if result.shape != given.shape:
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value")
+
+
+def _hook_name(hook: Callable) -> str:
+    return str(getattr(hook, "__name__", "<unknown>"))
+
+
+def _type_name(t: torch.Tensor) -> str:
+    try:
+        return t.type()  # eager's text: torch.FloatTensor, torch.cuda.HalfTensor
+    except (RuntimeError, TypeError):  # a dtype with no legacy tensor type
+        return f"{t.device.type} {t.dtype} tensor"
 
 
 def run_post_accumulate_hook(hook: Callable, param: torch.Tensor) -> torch.Tensor:
