@@ -595,3 +595,55 @@ def test_a_hook_returning_an_equal_gradient_still_runs_compiled():
     expected, actual, stats = eager_and_compiled(hooked_exp(lambda g: g * 3), "inductor")
     torch.testing.assert_close(actual, expected)
     assert stats.fallbacks == []
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_an_uncapturable_formula_falls_back_leaving_the_graph_intact(mode):
+    # Was: the stand-ins for the failed formula's outputs read the engine's metadata in
+    # another form (torch 2.13's packed InputMetadata) and raised inside the engine, which
+    # left the capture's fakes in the node: the eager rerun, and every later backward of the
+    # graph, failed.
+    import torch.nn.functional as F
+
+    def step():
+        x = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(0),
+                        requires_grad=True)
+        loss = F.interpolate(x * 1, size=(8, 8), mode=mode).sum()
+        loss.backward(retain_graph=True)
+        first = x.grad.clone()
+        return first, loss, x
+    expected, actual, stats = eager_and_compiled(step)
+    torch.testing.assert_close(actual[0], expected[0])
+    assert len(stats.fallbacks) <= 1  # captured, or run by the eager engine (logged)
+    actual[1].backward()  # the same graph, outside compiled autograd
+    torch.testing.assert_close(actual[2].grad, 2 * expected[0])
+
+
+def test_ctc_loss_falls_back_to_eager_with_a_reason():
+    # aten._ctc_loss_backward has no fake kernel: its capture fails, and the eager engine
+    # runs the backward on the intact graph.
+    import torch.nn.functional as F
+
+    def step():
+        logits = torch.randn(6, 2, 4, generator=torch.Generator().manual_seed(0),
+                             requires_grad=True)
+        loss = F.ctc_loss(logits.log_softmax(2), torch.tensor([[1, 2], [1, 1]]), [6, 6], [2, 2])
+        loss.backward(retain_graph=True)
+        return logits.grad.clone(), loss, logits
+    expected, actual, stats = eager_and_compiled(step)
+    torch.testing.assert_close(actual[0], expected[0])
+    assert len(stats.fallbacks) == 1 and "ctc_loss_backward" in stats.fallbacks[0]
+    actual[1].backward()
+    torch.testing.assert_close(actual[2].grad, 2 * expected[0])
+
+
+def test_packed_input_metadata_reads_as_a_stand_ins_metadata():
+    from aotgrad.autograd.capture import _meta
+    device = torch.device("cpu")
+    packed_213 = ((None, None, device, 6, 0, None), [3, 2], False, 6)  # + grad_dtype
+    packed_211 = ((None, None, device, 15, None, None), [4], False)
+    assert _meta(packed_213) == (torch.strided, device, torch.float32, [3, 2])
+    assert _meta(packed_211) == (torch.strided, device, torch.bfloat16, [4])
+    assert _meta((torch.strided, device, torch.float16, (2,))) == (torch.strided, device,
+                                                                   torch.float16, [2])
+    assert _meta(None) is None
