@@ -114,7 +114,9 @@ class BackwardCapture(Trace):
         return self._record(hooks.call_formula, ("validate_outputs", list(outputs), *args))
 
     def accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        return torch.add(old, new)
+        # A call, not the add itself: a custom backward's None (no contribution) reaches it
+        # where the program runs unspecialized (specialize.py's trace holds the add).
+        return self._record(hooks.add_gradients, (old, new))
 
     def accumulate_grad(self, variable: torch.Tensor, *args):
         # torch 2.11: (variable, grad, has_post_hooks) -> None; 2.13 adds the current .grad
