@@ -114,7 +114,9 @@ class BackwardCapture(Trace):
         return self._record(hooks.call_formula, ("validate_outputs", list(outputs), *args))
 
     def accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        return torch.add(old, new)
+        # A call, not the add itself: a custom backward's None (no contribution) reaches it
+        # where the program runs unspecialized (specialize.py's trace holds the add).
+        return self._record(hooks.add_gradients, (old, new))
 
     def accumulate_grad(self, variable: torch.Tensor, *args):
         # torch 2.11: (variable, grad, has_post_hooks) -> None; 2.13 adds the current .grad
@@ -240,8 +242,30 @@ def _bound(name: str) -> tuple[Callable, bool]:
 
 def _meta(meta: Any) -> Any:
     """(layout, device, dtype, size) of an output, its size a list (FX holds no torch.Size
-    of symbols)."""
-    return None if meta is None else (*meta[:3], list(meta[3]))
+    of symbols), from either form the engine passes: a Python backward's
+    `(layout, device, dtype, size)`, or a C++ formula's packed InputMetadata,
+    `(options, size, is_subclass[, grad_dtype])` (torch 2.11 and 2.13), its options
+    `(requires_grad, memory_format, device, dtype, layout, pinned)` with ScalarType and Layout
+    as their enums' ints."""
+    if meta is None:
+        return None
+    if not isinstance(meta[0], tuple):
+        return (*meta[:3], list(meta[3]))
+    options, size = meta[0], meta[1]
+    return (_enum(options[4], "layout", torch.strided), options[2],
+            _enum(options[3], "dtype", torch.get_default_dtype()), list(size))
+
+
+def _enum(value: Any, kind: str, default: Any) -> Any:
+    """A layout or dtype the engine packed as its C++ enum's int, as torch's object: ATen's
+    own ops read those ints back (Python has no public table of them)."""
+    if value is None:
+        return default
+    if not isinstance(value, int):
+        return value
+    with disable_proxy_modes_tracing(), torch._C._DisableTorchDispatch():
+        probe = torch.ops.aten.empty.memory_format([0], device="meta", **{kind: value})
+    return getattr(probe, kind)
 
 
 def _lifted(inputs: Sequence, sizes: Sequence, origins: Any) -> tuple[Lifted, ...]:

@@ -62,19 +62,64 @@ def copy_slices_epilogue(needs_input_grad: list, result, res: list, grad_slice) 
 def run_tensor_hook(hook: Callable, grad: torch.Tensor) -> torch.Tensor:
     """A tensor pre-hook (`register_hook`) or a post-accumulate-grad hook's stand-in."""
     result = hook(grad)
-    return grad if result is None else result
+    if result is None:
+        return grad
+    check_hook_result(hook, grad, result)
+    return result
 
 
 def run_node_pre_hook(hook: Callable, grads: list) -> list:
     """`grad_fn.register_prehook(hook)`: hook(grad_outputs) -> new grad_outputs or None."""
     result = hook(grads)
-    return grads if result is None else list(result)
+    return grads if result is None else check_hook_results(hook, grads, result)
 
 
 def run_node_post_hook(hook: Callable, grad_inputs: list, grad_outputs: list) -> list:
     """`grad_fn.register_hook(hook)`: hook(grad_inputs, grad_outputs) -> new or None."""
     result = hook(grad_inputs, grad_outputs)
-    return grad_inputs if result is None else list(result)
+    return grad_inputs if result is None else check_hook_results(hook, grad_inputs, result)
+
+
+def check_hook_results(hook: Callable, given: list, result: Any) -> list:
+    """A grad_fn hook's results checked as eager's engine checks them (python_hook.cpp's
+    check_result): a tuple of as many values, each like the gradient it replaces."""
+    if not isinstance(result, tuple):
+        raise TypeError(f"expected tuple, but hook returned '{type(result).__name__}'")
+    if len(result) != len(given):
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has returned an incorrect number of "
+                           f"values (got {len(result)}, but expected {len(given)})")
+    for old, new in zip(given, result):
+        if new is not None:
+            check_hook_result(hook, old, new)
+    return list(result)
+
+
+def check_hook_result(hook: Callable, given: Any, result: Any) -> None:
+    """A hook's new gradient must be like the one it was given, as eager's engine checks
+    (check_variable_result): the graph after the hook was traced for that one, and
+    broadcasting a gradient of another size, or reading one of another dtype as this one,
+    would give a wrong gradient silently."""
+    if given is None:
+        raise RuntimeError("can't replace a None gradient with a non-None value")
+    if not isinstance(result, torch.Tensor):
+        raise TypeError(f"expected Variable, but hook returned '{type(result).__name__}'")
+    if (result.dtype, result.layout, result.device.type) != \
+            (given.dtype, given.layout, given.device.type):
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the type of value (was "
+                           f"{_type_name(given)} got {_type_name(result)})")
+    if result.shape != given.shape:
+        raise RuntimeError(f"hook '{_hook_name(hook)}' has changed the size of value")
+
+
+def _hook_name(hook: Callable) -> str:
+    return str(getattr(hook, "__name__", "<unknown>"))
+
+
+def _type_name(t: torch.Tensor) -> str:
+    try:
+        return t.type()  # eager's text: torch.FloatTensor, torch.cuda.HalfTensor
+    except (RuntimeError, TypeError):  # a dtype with no legacy tensor type
+        return f"{t.device.type} {t.dtype} tensor"
 
 
 def run_post_accumulate_hook(hook: Callable, param: torch.Tensor) -> torch.Tensor:
@@ -108,9 +153,66 @@ class _SavedContext:
 
 
 def run_python_backward(ctx: Any, saved: list, metas: Any, *grads: Any) -> tuple:
-    """A custom autograd.Function's backward, run as eager runs it (untraced)."""
+    """A custom autograd.Function's backward, run as eager runs it (untraced), its gradients
+    then made like its inputs as eager's engine makes them (the graph after it was traced
+    for gradients of the inputs' metadata)."""
     out = ctx._forward_cls.backward(_SavedContext(ctx, saved), *grads)
-    return out if isinstance(out, tuple) else (out,)
+    out = out if isinstance(out, tuple) else (out,)
+    name = type(ctx).__name__
+    return tuple(as_input_gradient(name, i, grad, meta)
+                 for i, (grad, meta) in enumerate(zip(out, metas))) + out[len(metas):]
+
+
+def as_input_gradient(name: str, index: int, grad: Any, meta: Any) -> Any:
+    """A custom backward's gradient for input `index`, as eager's engine validates it
+    (engine.cpp's validate_outputs): summed to the input's shape where it broadcasts to it,
+    cast to its dtype, a 0-dim one moved to its device; other mismatches raise eager's
+    error. `meta`: the input's (layout, device, dtype, size); None where none is needed."""
+    if grad is None or meta is None or not isinstance(grad, torch.Tensor):
+        return grad
+    _, device, dtype, size = meta
+    if list(grad.shape) != list(size):
+        if not _expandable(size, grad.shape):
+            raise RuntimeError(f"Function {name} returned an invalid gradient at index {index}"
+                               f" - got {list(grad.shape)} but expected shape compatible with "
+                               f"{list(size)}")
+        grad = grad.sum_to_size(size)
+    if not grad.is_floating_point() and grad.is_complex() != dtype.is_complex:
+        raise RuntimeError(f"Function {name} returned an invalid gradient at index {index} - "
+                           f"a {grad.dtype} gradient for a {dtype} input")
+    if grad.dtype != dtype:
+        grad = grad.to(dtype)
+    if grad.device != device:
+        if grad.dim() != 0:
+            raise RuntimeError(f"Function {name} returned an invalid gradient at index {index}"
+                               f" - expected device {device} but got {grad.device}")
+        grad = grad.to(device)
+    return grad
+
+
+def _expandable(shape: Any, target: Any) -> bool:
+    """Does `shape` broadcast to `target` (the broadcast rule, from the trailing dims)?"""
+    if len(shape) > len(target):
+        return False
+    return all(s == 1 or s == t for s, t in zip(reversed(list(shape)), reversed(list(target))))
+
+
+def none_as_zeros(grad: Any, meta: Any) -> Any:
+    """A custom backward's None gradient (no contribution, in eager) where the compiled ops
+    after it take a tensor: zeros of the input's metadata, which those ops (linear in the
+    gradient) turn into the same values eager's skipped contribution leaves."""
+    if grad is not None:
+        return grad
+    layout, device, dtype, size = meta
+    return torch.zeros(size, dtype=dtype, layout=layout, device=device)
+
+
+def add_gradients(old: Any, new: Any) -> Any:
+    """Two contributions to one gradient, summed; None (a custom backward's "no
+    gradient") contributes nothing, as in eager's input buffers."""
+    if old is None or new is None:
+        return new if old is None else old
+    return torch.add(old, new)
 
 
 def accumulate_into(variable: torch.Tensor, grad: torch.Tensor, has_post_hooks: bool) -> None:
@@ -149,9 +251,10 @@ RESULT_LIKE: dict[Callable, Callable[..., Any]] = {
     run_post_accumulate_hook: lambda hook, param: _like(param),
     run_python_backward: lambda ctx, saved, metas, *grads: tuple(_empty(m) for m in metas),
 }
-# Run for their effects (or, the replay, for what they read at run time): never dropped,
-# never traced into. The replay's results are stood in for by the region's traced backward.
-EFFECTS = frozenset(RESULT_LIKE) | {replay_region_backward}
+# Run for their effects (or, the replay, for what they read at run time; `none_as_zeros`,
+# for a value only the run knows): never dropped, never traced into. The replay's results
+# are stood in for by the region's traced backward.
+EFFECTS = frozenset(RESULT_LIKE) | {replay_region_backward, none_as_zeros}
 
 
 def in_layout(grad: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:

@@ -286,6 +286,7 @@ def _traced(trace: Specialization, program: fx.GraphModule, args: Sequence,
     graph = trace.run(program.graph, args, dynamic)
     order_like_eager(graph)
     drop_unused(graph)
+    zeros_for_none(graph)
     return fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
 
 
@@ -327,6 +328,23 @@ def drop_unused(graph: fx.Graph) -> None:
         if node.op == "call_function" and not node.users and node.target not in hooks.EFFECTS \
                 and not mutates(node.target):
             graph.erase_node(node)
+
+
+def zeros_for_none(graph: fx.Graph) -> None:
+    """A custom backward may return None for an input that needs a gradient (eager: no
+    contribution). Where ATen ops read that gradient, they read zeros instead; the Python
+    calls (`.grad` accumulation, hooks, other custom backwards) take the None, as in eager."""
+    for call in graph.find_nodes(op="call_function", target=hooks.run_python_backward):
+        metas = call.args[2]
+        for read in [u for u in call.users if u.target is operator.getitem]:
+            traced = [u for u in read.users if u.target not in hooks.EFFECTS]
+            if not traced:
+                continue
+            with graph.inserting_after(read):
+                zeros = graph.call_function(hooks.none_as_zeros, (read, metas[read.args[1]]))
+            zeros.meta = dict(read.meta)
+            for user in traced:
+                user.replace_input_with(read, zeros)
 
 
 def mutates(target: Any) -> bool:

@@ -44,7 +44,7 @@ _UNKEYABLE = {
 # The Python functions a program or its specialization may call, by the name entries use.
 _TARGETS = {f"aotgrad.autograd.{f.__name__}": f for f in (
     hooks.call_formula, hooks.accumulate_into, hooks.copy_slices_prologue,
-    hooks.copy_slices_epilogue)}
+    hooks.copy_slices_epilogue, hooks.add_gradients)}
 
 
 def specialize(program: fx.GraphModule, args: Sequence,
