@@ -175,7 +175,7 @@ def _collector_paused():
 
 
 @_collector_paused()
-@analysis.global_state_restored_on_error()  # an error raised to the user's code
+@capture.global_state_restored_on_error()  # an error raised to the user's code
 @regions.reused_in_compile(lambda options: functools.partial(
     build_region, options, capture_and_analyze, lambda *args: _trace_joint(*args)))
 def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,

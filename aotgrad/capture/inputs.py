@@ -243,6 +243,42 @@ def functional_mode(observe: Callable | None = None):
 
 
 @contextlib.contextmanager
+def global_state_restored_on_error():
+    """Grad mode and autocast as they were, if the user's code stops midway. Dynamo's graphs
+    switch them with plain calls (`with torch.no_grad()` is `_set_grad_enabled(False)`
+    then `(True)`), where eager's `with` would restore them on the way out: a run stopped
+    in between (an in-place op that the plain analysis hands over to the functionalized
+    one, an error) would leave grad off for the next run of the function, which then took
+    the outputs computed before the region as not differentiable, or leave autocast on
+    for the ops after it, and the user's thread so after an error."""
+    grad = torch.is_grad_enabled()
+    devices = torch._C._autocast_supported_devices()
+    autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
+    cache = torch.is_autocast_cache_enabled()
+    nesting = _autocast_nesting()
+    try:
+        yield
+    except BaseException:
+        torch._C._set_grad_enabled(grad)
+        for device, enabled, dtype in autocast:
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_cache_enabled(cache)
+        for _ in range(_autocast_nesting() - nesting):  # regions entered, not exited
+            torch.autocast_decrement_nesting()
+        if nesting == 0:
+            torch.clear_autocast_cache()
+        raise
+
+
+def _autocast_nesting() -> int:
+    """How many autocast regions are open (torch reads it only through its setters)."""
+    level = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return level
+
+
+@contextlib.contextmanager
 def differentiating():
     """Around a trace that runs autograd (a joint, a double backward's replay): autograd's
     own engine, and torch's decompositions of the kinds that keep a backward."""

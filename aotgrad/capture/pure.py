@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import analysis, joint, oplog
 from .analysis import graph_outputs
 from ..schema import JOINT_FW_OUTPUTS, SIZE_INPUT, FunctionInfo, Geometry, InputInfo
-from .inputs import OutputBox
+from .inputs import OutputBox, global_state_restored_on_error
 from ..semantics.dynamic import geometry, is_symbolic
 from ..tables import needs_functionalization
 
@@ -83,7 +83,7 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
     requires_grad = [getattr(f, "requires_grad", False) for f in fakes]
     geometry, held = [_geometry_of(f) for f in fakes], analysis.storages(fakes)
     try:
-        with analysis.global_state_restored_on_error(), fake_mode, \
+        with global_state_restored_on_error(), fake_mode, \
                 analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
                 analysis.user_code_checks(), oplog.recording(fakes, _same) as ops:
             outs = graph_fn(*fakes)
@@ -190,7 +190,7 @@ def _trace_plain(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     """The graph of `fn`, or None where it needs functionalization (decompositions run below
     the checking mode: their ops are checked in the graph)."""
     try:
-        with analysis.global_state_restored_on_error():
+        with global_state_restored_on_error():
             gm = joint.trace(fn, args, fake_mode, decompositions, differentiates)
     except Exception:  # noqa: BLE001 - the functionalized trace raises it again, explained
         return None
