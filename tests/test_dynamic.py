@@ -378,3 +378,15 @@ def test_an_overwritten_input_compiles_for_dynamic_shapes(door):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         check_sizes(door, sgd_step, sgd_inputs, [5, 6, 9])
+
+
+def test_a_guard_dividing_by_a_size_expression_rejects_the_call_that_makes_it_zero():
+    """chunk(3) of a symbolic size gives a guard dividing by (size + 2) // 3, which a size-0
+    call makes 0: that call compiles again instead of raising ZeroDivisionError."""
+    def f(x):
+        return x.chunk(3, 0)[0] * 2
+    compiled = aotgrad.compile(f, backend="eager", dynamic=True)
+    for rows in (5, 0, 7):
+        x = torch.randn(rows, 3, requires_grad=True)
+        out = compiled(x)
+        torch.testing.assert_close(out, f(x))
