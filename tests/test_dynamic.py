@@ -390,3 +390,20 @@ def test_a_guard_dividing_by_a_size_expression_rejects_the_call_that_makes_it_ze
         x = torch.randn(rows, 3, requires_grad=True)
         out = compiled(x)
         torch.testing.assert_close(out, f(x))
+
+
+def test_a_double_backward_torch_cannot_trace_for_symbolic_sizes_says_what_to_do():
+    """pad's double backward reads a storage offset, which a tensor of symbolic sizes has
+    not (torch 2.13): torch's error from inside the replay becomes aotgrad's, naming the
+    way out. Where a torch can trace it, the gradients are eager's."""
+    def f(x):
+        return torch.nn.functional.pad(x, (0, 2)).sin().sum()
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    compiled = aotgrad.compile(f, backend="eager", dynamic=True)
+    try:
+        got, = torch.autograd.grad(compiled(x), x, create_graph=True)
+    except NotImplementedError as error:
+        assert str(error).startswith("aotgrad:") and "dynamic=False" in str(error)
+    else:
+        expected, = torch.autograd.grad(f(x), x, create_graph=True)
+        torch.testing.assert_close(got, expected)

@@ -143,7 +143,7 @@ class DoubleBackward:
                 with no_new_guards(self._trace_args[3], "double backward"):
                     self._result = trace_replay(*self._trace_args)
             except Exception as error:  # the same refusal each time, without tracing again
-                self._result = error
+                self._result = _said_for_symbolic_sizes(error, self._trace_args[3])
         if isinstance(self._result, BaseException):
             raise self._result
         return self._result
@@ -183,6 +183,19 @@ _FREED = (
 
 
 # ---- tracing -------------------------------------------------------------------------------
+
+def _said_for_symbolic_sizes(error: Exception, fake_mode: Any) -> Exception:
+    """torch's own error from a replay traced for symbolic sizes (an op whose double
+    backward needs concrete ones: `pad`'s reads a storage offset), said as what to do."""
+    if str(error).startswith("aotgrad:") or getattr(fake_mode, "shape_env", None) is None:
+        return error
+    first_line = (str(error).strip().splitlines() or [""])[0][:200]
+    said = NotImplementedError(
+        "aotgrad: the double backward of this function cannot be traced for dynamic shapes "
+        f"({type(error).__name__}: {first_line}). Compile with dynamic=False.")
+    said.__cause__ = error
+    return said
+
 
 def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
                  fake_mode: Any, autocast: tuple, random: ForwardRandomValues) -> Replay:
