@@ -230,6 +230,26 @@ def test_corrupt_entry_is_a_miss_with_a_warning(cache_dir):
         train_step(mlp(), x)
 
 
+def test_an_unreadable_entry_is_a_miss_with_a_warning(cache_dir):
+    x = torch.randn(5, 8)
+    cold = train_step(mlp(), x)
+    for entry in (cache_dir / store.FORMAT).glob("*.json"):
+        entry.unlink()
+        entry.mkdir()  # reading it raises IsADirectoryError, as a permission error would
+    with pytest.warns(UserWarning, match="cannot be read"):
+        warm = train_step(mlp(), x)
+    assert last_event()[0] == "miss"
+    assert all(torch.equal(a, b) for a, b in zip(cold[1], warm[1]))
+
+
+def test_a_key_file_without_components_leaves_a_miss_explained(cache_dir):
+    compile_once()
+    for key_file in (cache_dir / store.FORMAT).glob("*.key"):
+        key_file.write_bytes(store.seal({"not": "a key"}))  # sealed right, read wrong
+    compile_once(inputs=args(4, 7))  # a miss, explained against the keys on disk
+    assert last_event()[0] == "miss"
+
+
 def test_group_or_world_writable_directory_is_not_read(cache_dir):
     compile_once()
     os.chmod(cache_dir, 0o777)

@@ -146,14 +146,13 @@ class Store:
         """The entry's payload; None where there is none, or (with a warning) a corrupt one."""
         path = self.entry(digest)
         try:
-            data = path.read_bytes()
+            payload = unseal(path.read_bytes())
         except FileNotFoundError:
             return None
-        try:
-            payload = unseal(data)
-        except ValueError as exc:
+        except (OSError, ValueError) as exc:  # unreadable (permissions, a directory), corrupt
             count("corrupt")
-            warnings.warn(f"aotgrad: compile cache entry {path} is corrupt ({exc}); "
+            what = "is corrupt" if isinstance(exc, ValueError) else "cannot be read"
+            warnings.warn(f"aotgrad: compile cache entry {path} {what} ({exc}); "
                           "compiling instead.", stacklevel=3)
             return None
         self.touch(digest)  # its recent use, for eviction
@@ -178,8 +177,12 @@ class Store:
     def keys(self) -> Iterator[dict[str, str]]:
         """Every entry's key components (for explaining a miss); unreadable ones skipped."""
         for path in self.path.glob("*.key"):
-            with contextlib.suppress(OSError, ValueError):
-                yield unseal(path.read_bytes())["components"]
+            try:
+                components = unseal(path.read_bytes())["components"]
+            except (OSError, ValueError, KeyError, TypeError):  # unreadable, or not a key's
+                continue
+            if isinstance(components, dict):
+                yield components
 
     def evict(self, limit: int) -> int:
         """Remove the least recently used entries until the rest fit in `limit` bytes."""
