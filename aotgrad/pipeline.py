@@ -262,6 +262,8 @@ def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.Grap
         sizes["inference graph ops"] = count_ops(gm)
     copied = info.inference_mutations_in_graph if keep else ()
     edge = _boundary(c, facts, copied)
+    if edge.is_plain:
+        aliasing.unview_plain_outputs(gm, info)
     _attach(gm, "inference", options, _plain_range(edge, info), c.layout, _cudagraphs(options))
     with timer("compile_forward") as sizes:
         compiled = _compile(options.backend.inference_compiler, gm)
@@ -276,7 +278,7 @@ def _build_training(c: Captured, options: Options, timer: _Timer,
         random_ops = random_values.RandomValueTags()  # for a double backward's replay
         c, joint_gm = _trace_joint(c, options, random_ops)
         sizes["joint graph ops"] = count_ops(joint_gm)
-    facts = TraceFacts.of(joint_gm, random_ops.ops)
+    facts = TraceFacts.of(joint_gm, random_ops.ops, joint.tangents_read_by_grads(joint_gm))
     # Keyed by the joint graph as traced; a hit holds the partition's graphs.
     with Lookup("training", joint_gm, c, options, program, facts) as lookup:
         return _compile_training(c, options, timer, joint_gm, facts, lookup)
@@ -313,6 +315,8 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
             mark_donated(p)
             lookup.keep([fw, bw])
         sizes.update(_partition_sizes(p))
+    if edge.is_plain:
+        aliasing.unview_plain_outputs(fw, info)
     graphed = _cudagraphs(options)  # one state for the forward and its backward
     _attach(fw, "forward", options, _plain_range(edge, info), c.layout, graphed)
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])),
@@ -327,8 +331,7 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         plan,
         num_saved_sizes=sum(not isinstance(v.meta.get("val"), torch.Tensor) for v in p.saved),
         gradless_inputs=_gradless_inputs(c, grads),
-        unreached_grads=_unreached_grads(bw, grads, plan.tangent_outputs) if edge.is_plain
-        else (),
+        unreached_grads=_unreached_grads(facts.grad_reads, edge, plan.tangent_outputs),
         overwritten_inputs=tuple(i for i, g in enumerate(grads)
                                  if info.inputs[i].mutates_data and all(map(_is_zero_fill, g))))
     backward = _backward_parts(c, options, timer, bw, facts, _double_backward(c, edge, p, held))
@@ -449,23 +452,17 @@ def _plain_range(edge: subclasses.Boundary, info: FunctionInfo) -> range:
                  edge.plain_count(info.num_graph_outputs))
 
 
-def _unreached_grads(bw: fx.GraphModule, grads: Sequence[Sequence], tangent_outputs: tuple
-                     ) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """RuntimePlan.unreached_grads: per input, the outputs whose tangents its gradient
-    reads, where those are some of the outputs only. One pass over the backward: each node
-    with the set (bits) of tangents it reads."""
-    if len(tangent_outputs) < 2:
+def _unreached_grads(grad_reads: tuple[int, ...], edge: subclasses.Boundary,
+                     tangent_outputs: tuple) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """RuntimePlan.unreached_grads: per input, the outputs whose tangents its gradient reads
+    in the joint graph as traced (TraceFacts.grad_reads), where those are some of the
+    outputs only."""
+    if len(tangent_outputs) < 2 or not edge.is_plain or len(grad_reads) != len(edge.grads):
         return ()
-    placeholders = bw.graph.find_nodes(op="placeholder")
-    reads = {node: 1 << j for j, node in enumerate(placeholders[-len(tangent_outputs):])}
-    for node in bw.graph.nodes:
-        if node.op != "placeholder":
-            reads[node] = functools.reduce(operator.or_, (reads.get(a, 0)
-                                                          for a in node.all_input_nodes), 0)
     every = (1 << len(tangent_outputs)) - 1
     unreached = []
-    for i, input_grads in enumerate(grads):
-        bits = functools.reduce(operator.or_, (reads.get(g, 0) for g in input_grads), 0)
+    for i, bits in enumerate(edge.grads_per_input(grad_reads)):
+        bits = functools.reduce(operator.or_, bits, 0)
         if bits and bits != every:  # no bits: a constant gradient (a zero fill) stays so
             outputs = tuple(k for j, k in enumerate(tangent_outputs) if bits >> j & 1)
             unreached.append((i, outputs))

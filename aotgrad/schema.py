@@ -203,6 +203,9 @@ class OutputInfo:
     # A view made under no_grad of a base that requires grad: eager's has no grad_fn, and
     # refuses an in-place change with grad on; the runtime rebuilds it with grad off too.
     made_without_grad: bool = False
+    # A plain output that is a view in eager (made in a custom Function, whose node the
+    # compiled one stands for): the graph returns it as a view, not a tensor of its own.
+    returned_as_view: bool = False
 
 
 @dataclass(frozen=True)
@@ -293,11 +296,15 @@ class TraceFacts:
     num_fw_outputs: int | None = None  # JOINT_FW_OUTPUTS; None: an inference graph
     backward_writes: tuple = ()  # BACKWARD_WRITES: (input, eager's in-place op count)
     random_ops: tuple = ()  # the random ops the forward calls, in order (random_values.py)
+    # Per gradient a joint graph returns, the tangents it reads as traced (bit j: the j-th
+    # tangent), before a pass drops `mul(tangent, 0)`, a path eager's autograd still takes.
+    grad_reads: tuple[int, ...] = ()
 
     @staticmethod
-    def of(gm: fx.GraphModule, random_ops=()) -> "TraceFacts":
+    def of(gm: fx.GraphModule, random_ops=(), grad_reads=()) -> "TraceFacts":
         return TraceFacts(tuple(gm.meta[TRACED_OUTPUTS]), gm.meta.get(JOINT_FW_OUTPUTS),
-                          tuple(gm.meta.get(BACKWARD_WRITES, ())), tuple(random_ops))
+                          tuple(gm.meta.get(BACKWARD_WRITES, ())), tuple(random_ops),
+                          tuple(grad_reads))
 
 
 # ---- graphs and backends ------------------------------------------------------------------

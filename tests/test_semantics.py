@@ -228,6 +228,17 @@ def test_a_parameter_no_output_in_the_loss_reaches_keeps_no_grad(door, used, cre
             torch.testing.assert_close(a.grad, e.grad)
 
 
+def test_a_gradient_through_a_multiplication_by_zero_is_zeros_not_none():
+    """Eager's autograd reaches x through `x * 0` (its .grad is zeros); Inductor's passes
+    drop the multiplication from the backward graph, which then reads only the unused
+    output's tangent: the reads are taken from the joint graph as traced."""
+    def f(x):
+        return x.sqrt(), x * 0 + 1
+    x = torch.rand(3, requires_grad=True)
+    aotgrad.compile(f)(x)[1].sum().backward()  # Inductor
+    assert x.grad is not None and torch.equal(x.grad, torch.zeros(3))
+
+
 @DOORS
 def test_saved_tensor_hooks_see_what_the_compiled_forward_saves(door):
     packed = []

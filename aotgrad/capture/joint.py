@@ -10,6 +10,8 @@ compilers written for functorch's compile API expect.
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -365,6 +367,22 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
         node.meta[JOINT_ROLE] = role
     copy_forward_stack_traces(gm)
     return cleanup(gm)
+
+
+def tangents_read_by_grads(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """TraceFacts.grad_reads of a joint graph: one pass, each node with the set (bits) of
+    tangents it reads."""
+    reads: dict[torch.fx.Node, int] = {}
+    tangents = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if node.meta.get(JOINT_ROLE) == TANGENT:
+                reads[node], tangents = 1 << tangents, tangents + 1
+        else:
+            reads[node] = functools.reduce(
+                operator.or_, (reads.get(a, 0) for a in node.all_input_nodes), 0)
+    grads = gm.graph.output_node().args[0][gm.meta[JOINT_FW_OUTPUTS]:]
+    return tuple(reads.get(g, 0) if isinstance(g, torch.fx.Node) else 0 for g in grads)
 
 
 def _lazy_graph_modules():

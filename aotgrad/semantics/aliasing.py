@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from torch import fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..capture import analysis
 from . import subclasses
-from ..schema import OVERWRITTEN, FunctionInfo, Geometry, primals_of
-from .dynamic import geometry
+from ..schema import OVERWRITTEN, FunctionInfo, Geometry, OutputKind, primals_of
+from .dynamic import geometry, is_symbolic
 
 # Which storage a tensor uses: the address of its StorageImpl, in one C call where torch has
 # one (a storage object is built otherwise).
@@ -321,6 +322,35 @@ def refuse_writes_into_overlapping(inputs: Sequence[Any], info: FunctionInfo) ->
                 "one element writes them all in eager, which a traced function does not "
                 "follow. Pass a copy (x.clone() or x.contiguous()), or write into the tensor "
                 "it was expanded from.")
+
+
+def unview_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> None:
+    """An output eager returns as a tensor of its own (`_unsafe_view`'s: a batched matmul's,
+    attention's) may come out of the trace as a `view` of an intermediate (the python
+    dispatcher's decompositions): the compiled function would return a view, which autograd
+    then refuses to change in place, where eager's output takes it. That output reads an
+    `_unsafe_view` of it instead (the same memory, no view relation)."""
+    outputs = list(gm.graph.output_node().args[0])
+    first = info.first_user_output
+    for i, o in enumerate(info.outputs):
+        node = outputs[first + i]
+        if o.kind is OutputKind.PLAIN and not (o.made_leaf or o.returned_as_view) \
+                and _is_view_op(node):
+            with gm.graph.inserting_after(node):
+                own = gm.graph.call_function(torch.ops.aten._unsafe_view.default,
+                                             (node, list(node.meta["val"].shape)))
+            own.meta = {**node.meta, "val": node.meta["val"]}
+            outputs[first + i] = own
+    gm.graph.output_node().args = (outputs,)
+    gm.recompile()
+
+
+def _is_view_op(node: Any) -> bool:
+    """A view op's result of static shape (with symbolic sizes the analysis runs the same
+    decompositions as the trace, and sees the view)."""
+    return isinstance(node, fx.Node) and isinstance(node.target, torch._ops.OpOverload) \
+        and node.target.is_view and isinstance(node.meta.get("val"), torch.Tensor) \
+        and not is_symbolic(node.meta["val"])
 
 
 # ---- the merged function (trace time) -----------------------------------------------------
