@@ -31,7 +31,7 @@ from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph,
 from .replay.double_backward import DoubleBackward
 from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
                                 is_symbolic, shape_guard)
-from .partition.split import default_partition, find_joint, tag_backward
+from .partition.split import call_partitioner, default_partition, find_joint, tag_backward
 from .backends.fxcache import lacks_fake_values
 from .backends.passes import inference_passes, joint_passes
 from .partition.donate import mark_donated, without_donations
@@ -305,7 +305,8 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         else:
             # Found once, after the last pass: every partitioner (and explain) reads it here.
             joint_gm.meta[JOINT] = find_joint(joint_gm, n)
-            p = Partition(*options.partition_fn(joint_gm, None, num_fwd_outputs=n), n)
+            static = c.layout.graph_positions(options.static_inputs)
+            p = Partition(*call_partitioner(options.partition_fn, joint_gm, n, static), n)
         fw, bw = p.forward, p.backward
         tag_backward(bw)
         held = random_values.hold_random_values(fw, bw, n, facts.random_ops)

@@ -179,6 +179,28 @@ def test_export_module_signature():
     assert len(sig.user_inputs) == 1
 
 
+def test_export_signature_files_a_mutated_parameter_as_torch_does():
+    from torch._functorch.aot_autograd import aot_export_module as torch_export
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.w.mul_(2)
+                self.count.add_(1)
+            return ((x * self.w).sum(),)
+    fields = ("parameters_to_mutate", "buffers_to_mutate", "input_tokens", "output_tokens")
+    signatures = [export(Scaled(), [torch.zeros(3)], trace_joint=False)[1]
+                  for export in (torch_export, compat.aot_export_module)]
+    want, got = ([sorted(getattr(s, f).values()) if isinstance(getattr(s, f), dict)
+                  else getattr(s, f) for f in fields] for s in signatures)
+    assert got == want == [["w"], ["count"], [], []]
+
+
 # ---- an outer torch.compile over an aotgrad-compiled callable ---------------------------
 
 class _Recording:

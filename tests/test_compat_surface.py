@@ -72,6 +72,27 @@ def test_config_has_torchs_flags_with_torchs_defaults():
             assert getattr(compat.config, name) == torch_config._config[name].default, name
 
 
+def test_config_saves_restores_and_prints_as_torchs_config_module_does():
+    """Code that snapshots torch's config (get_config_copy, save_config, load_config,
+    get_hash, codegen_config) runs on compat's too."""
+    for method in ("get_config_copy", "save_config", "load_config", "get_hash", "codegen_config",
+                   "to_dict", "shallow_copy_dict"):
+        assert callable(getattr(torch_config, method)) and callable(getattr(compat.config, method))
+    saved, copy, digest = (compat.config.save_config(), compat.config.get_config_copy(),
+                           compat.config.get_hash())
+    with compat.config.patch(activation_memory_budget=0.5):
+        assert compat.config.get_hash() != digest
+        assert compat.config.codegen_config() == \
+            "aotgrad.compat.config.activation_memory_budget = 0.5"
+        compat.config.load_config(saved)
+        assert compat.config.activation_memory_budget == copy["activation_memory_budget"]
+        compat.config.load_config({"activation_memory_budget": 0.25})
+        assert compat.config.activation_memory_budget == 0.25
+    assert compat.config.get_config_copy() == copy and compat.config.get_hash() == digest
+    with pytest.raises(NotImplementedError, match="config.cse=False"):
+        compat.config.load_config({"cse": False})
+
+
 def test_config_refuses_values_it_would_ignore():
     with pytest.raises(NotImplementedError, match="aotgrad: config.cse=False"):
         compat.config.cse = False

@@ -272,3 +272,46 @@ def test_compilers_run_with_grad_mode_and_autocast_off_as_in_torch():
 
     assert states(compat.aot_function) == states(torch_compile_api.aot_function) == {
         "forward": (False, False), "backward": (False, False)}
+
+
+@pytest.mark.parametrize("module", ["functorch", "compat"])
+def test_a_partition_fn_gets_the_joint_inputs_as_functorch_gives_them(module):
+    """A partitioner written for functorch unpacks (primals, tangents) and may take
+    static_lifetime_input_indices: compat passed None and left the keyword out."""
+    import functorch.compile as functorch_compile
+    import aotgrad.compat as compat_module
+    api = functorch_compile if module == "functorch" else compat_module
+    seen = []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices):
+        primals, tangents = joint_inputs
+        seen.append(([tuple(p.shape) for p in primals], [tuple(t.shape) for t in tangents],
+                     static_lifetime_input_indices))
+        return api.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+    x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    api.aot_function(lambda x, w: (x @ w).relu(), api.nop, partition_fn=partition)(x, w) \
+        .sum().backward()
+    assert seen == [([(2, 3), (3, 4)], [(2, 4)], [])]
+    torch.testing.assert_close(w.grad, x.t() @ ((x @ w) > 0).float())
+
+
+@pytest.mark.parametrize("module", ["functorch", "compat"])
+def test_graphs_return_a_tuple_as_functorchs_do(module):
+    """A pass written for functorch's graphs concatenates tuples to the output's args."""
+    import functorch.compile as functorch_compile
+    import aotgrad.compat as compat_module
+    api = functorch_compile if module == "functorch" else compat_module
+    kinds = []
+
+    def compiler(gm, example_inputs):
+        output = gm.graph.output_node()
+        kinds.append(type(output.args[0]))
+        output.args = (output.args[0] + (),)  # a tuple pass
+        gm.recompile()
+        return gm
+    x = torch.randn(3, requires_grad=True)
+    api.aot_function(lambda x: x.sin() * 2, compiler)(x).sum().backward()
+    with torch.no_grad():
+        api.aot_function(lambda x: x.sin() * 2, compiler)(x)  # the inference graph
+    assert kinds == [tuple, tuple, tuple]
+    torch.testing.assert_close(x.grad, 2 * x.cos())

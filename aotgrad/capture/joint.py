@@ -394,8 +394,12 @@ def _lazy_graph_modules():
 
 
 def cleanup(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Flat calling convention, no runtime no-ops, no dead code."""
+    """Flat calling convention, outputs in a tuple (as torch's graphs return them), no
+    runtime no-ops, no dead code."""
     gm.graph._codegen = torch.fx.graph.CodeGen()
+    output = gm.graph.output_node()
+    if isinstance(output.args[0], list):
+        output.args = (tuple(output.args[0]),)
     remove_no_ops(gm.graph)
     allocate_overwritten_clones(gm.graph)
     gm.graph.eliminate_dead_code()

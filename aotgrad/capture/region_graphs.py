@@ -15,7 +15,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from . import joint
-from ..partition.split import find_joint
+from ..partition.split import call_partitioner, find_joint
 from ..replay.random_values import RandomValueTags
 from ..schema import JOINT, JOINT_FW_OUTPUTS
 from ..semantics.regions import Region, all_tensors, is_plain_body, keep_given_grads
@@ -38,7 +38,7 @@ def build_region(options, capture: Callable, trace_joint: Callable, body: fx.Gra
     c, joint_gm = trace_joint(c, options, RandomValueTags())
     n = joint_gm.meta[JOINT_FW_OUTPUTS]
     joint_gm.meta[JOINT] = find_joint(joint_gm, n)
-    forward, backward = options.partition_fn(joint_gm, None, num_fwd_outputs=n)
+    forward, backward = call_partitioner(options.partition_fn, joint_gm, n)
     if not all_tensors(forward):  # a saved size: symbolic shapes, left to PyTorch's rules
         return None
     has_grad = keep_given_grads(backward)

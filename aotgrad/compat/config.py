@@ -8,6 +8,8 @@ only: a value aotgrad would silently ignore is refused, with the flag's name.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import pickle
 from typing import Any, Callable
 
 import torch._functorch.config as torch_config
@@ -92,6 +94,30 @@ class Config:
         if isinstance(changes, str):
             changes = {changes: value}
         return _Patch(self, {**(changes or {}), **kwargs})
+
+    # torch's ConfigModule methods, for code that saves, restores or prints the config.
+    def get_config_copy(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    to_dict = shallow_copy_dict = get_config_copy
+
+    def save_config(self) -> bytes:
+        return pickle.dumps(self._values, protocol=2)
+
+    def load_config(self, saved: bytes | dict[str, Any]) -> None:
+        """What save_config (or get_config_copy) returned; each flag checked as if set."""
+        values = pickle.loads(saved) if isinstance(saved, bytes) else dict(saved)
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def get_hash(self) -> bytes:
+        return hashlib.md5(repr(sorted(self._values.items())).encode()).digest()
+
+    def codegen_config(self) -> str:
+        """Python lines setting the flags that differ from their defaults."""
+        return "\n".join(f"aotgrad.compat.config.{name} = {value!r}"
+                         for name, value in self._values.items()
+                         if value != self._defaults[name])
 
     def partitioner(self, partition_fn: Callable) -> Callable:
         """The partitioner a compile uses: the min-cut one under the memory budget set here

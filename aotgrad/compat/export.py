@@ -45,6 +45,10 @@ class ExportGraphSignature:
     in_spec: Any = None
     out_spec: Any = None
     backward_signature: BackwardSignature | None = None
+    parameters_to_mutate: dict[str, str] = field(default_factory=dict)
+    # Effect tokens threaded through the graph: aotgrad's exported graphs take none.
+    input_tokens: list[str] = field(default_factory=list)
+    output_tokens: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,10 @@ def _signature(gm, info, params, buffers, wrt, loss_index, out_spec) -> ExportGr
         user_outputs=user_outs,
         inputs_to_parameters=dict(zip(in_names, params)),
         inputs_to_buffers=dict(zip(in_names[len(params):], buffers)),
-        buffers_to_mutate={o: state[i] for i, o in mutation_outputs.items() if i < len(state)},
+        parameters_to_mutate={o: params[i] for i, o in mutation_outputs.items()
+                              if i < len(params)},
+        buffers_to_mutate={o: buffers[i - len(params)] for i, o in mutation_outputs.items()
+                           if len(params) <= i < len(state)},
         user_inputs_to_mutate={o: in_names[i] for i, o in mutation_outputs.items()
                                if i >= len(state)},
         out_spec=out_spec,

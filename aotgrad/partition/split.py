@@ -128,6 +128,18 @@ def with_tuple_elements(forward: set[fx.Node]) -> set[fx.Node]:
                       if user.target is operator.getitem}
 
 
+def call_partitioner(partition_fn: Callable, joint_gm: fx.GraphModule, num_fwd_outputs: int,
+                     static_inputs: Sequence[int] = ()) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """`partition_fn` called as functorch calls one: with the joint graph's inputs (fake
+    primals, fake tangents) and the positions of the inputs that live across calls
+    (parameters, buffers), for partitioners written for torch."""
+    placeholders = joint_gm.graph.find_nodes(op="placeholder")
+    primals = [n.meta.get("val") for n in placeholders if not is_tangent(n)]
+    tangents = [n.meta.get("val") for n in placeholders if is_tangent(n)]
+    return partition_fn(joint_gm, (primals, tangents), num_fwd_outputs=num_fwd_outputs,
+                        static_lifetime_input_indices=list(static_inputs))
+
+
 def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_fwd_outputs: int,
                       static_lifetime_input_indices=None, static_lifetime_input_nodes=None):
     """Save every forward value the backward reads; recompute nothing.
@@ -259,5 +271,5 @@ def _extract(joint: fx.GraphModule, inputs: Sequence[fx.Node],
     nodes = [node for node in joint.graph.nodes if node in needed and node not in env]
     for node in (order(nodes) if order is not None else nodes):
         env[node] = graph.node_copy(node, env.__getitem__)
-    graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
+    graph.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
     return fx.GraphModule(joint, graph)

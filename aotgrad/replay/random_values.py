@@ -139,12 +139,12 @@ def through_passes(gm: fx.GraphModule, passes: Callable) -> fx.GraphModule:
     tags = [n.meta[RANDOM_VALUE] for n in values]
     output = gm.graph.output_node()
     num_outputs = len(output.args[0])
-    output.args = (list(output.args[0]) + values,)
+    output.args = (tuple(output.args[0]) + tuple(values),)
     gm.recompile()
     gm = passes(gm)
     output = gm.graph.output_node()
     outs = list(output.args[0])
-    output.args = (outs[:num_outputs],)
+    output.args = (tuple(outs[:num_outputs]),)
     for node, tag in zip(outs[num_outputs:], tags):
         if isinstance(node, fx.Node):
             node.meta[RANDOM_VALUE] = tag
@@ -181,7 +181,7 @@ def hold_random_values(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: i
                 _add_backward_input(bw, len(tensors), node)
                 tensors.append(node)
             saved_at[node.meta[RANDOM_VALUE]] = tensors.index(node)
-    output.args = (outs[:num_fw_outputs] + tensors + sizes,)
+    output.args = (tuple(outs[:num_fw_outputs] + tensors + sizes),)
     fw.recompile()
     return ForwardRandomValues(tuple(ops), tuple(sorted(saved_at.items())))
 

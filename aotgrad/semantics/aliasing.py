@@ -341,7 +341,7 @@ def unview_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> None:
                                              (node, list(node.meta["val"].shape)))
             own.meta = {**node.meta, "val": node.meta["val"]}
             outputs[first + i] = own
-    gm.graph.output_node().args = (outputs,)
+    gm.graph.output_node().args = (tuple(outputs),)
     gm.recompile()
 
 
