@@ -291,6 +291,29 @@ def custom_function_returns_view_of_input(x):
     return HalfGradTranspose.apply(x)
 
 
+class ViewAndDouble(torch.autograd.Function):
+    """Two outputs, the first a view of the input: eager marks it as one of the Function's
+    outputs (its gradient goes through this backward), not as a view to rebuild."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view(2, 2), x * 2
+
+    @staticmethod
+    def backward(ctx, g_view, g_double):
+        return g_view.reshape(4) * 3 + g_double * 2
+
+
+@case(lambda: call(leaf(4)))  # Inductor: tests/test_semantics.py (the output is no view)
+def custom_function_outputs_a_view_of_its_input_among_others(x):
+    return ViewAndDouble.apply(x)
+
+
+@case(lambda: call(leaf(4)))
+def custom_function_outputs_a_view_of_an_intermediate_among_others(x):
+    return ViewAndDouble.apply(x * 1)
+
+
 @case(lambda: call(leaf(4)))
 def custom_function_returns_view_of_intermediate(x):
     y = x * 2

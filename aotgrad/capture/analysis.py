@@ -514,11 +514,17 @@ def _is_alias(o: torch.Tensor) -> bool:
     it, as made in a custom Function): the graph computes it instead, and returns it from
     the compiled node, which (as eager's Function) makes it a view again. (Reading grad_fn
     instead would regenerate a view whose base was mutated, outside the functional mode.)"""
-    return o._is_view() and _creation_meta(o) != _IN_CUSTOM_FUNCTION
+    if not o._is_view():
+        return False
+    made = _creation_meta(o)
+    return made != _IN_CUSTOM_FUNCTION and not (  # one of several outputs of a Function
+        made == _MULTI_OUTPUT_NODE and isinstance(o.grad_fn, _FUNCTION_NODE))
 
 
 _creation_meta = torch._C._autograd._get_creation_meta
 _IN_CUSTOM_FUNCTION = torch._C._autograd.CreationMeta.IN_CUSTOM_FUNCTION
+_MULTI_OUTPUT_NODE = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
+_FUNCTION_NODE = torch.autograd.function.BackwardCFunction
 _IN_NO_GRAD_MODE = torch._C._autograd.CreationMeta.NO_GRAD_MODE
 
 
