@@ -239,6 +239,89 @@ def test_a_gradient_through_a_multiplication_by_zero_is_zeros_not_none():
     assert x.grad is not None and torch.equal(x.grad, torch.zeros(3))
 
 
+@DOORS
+def test_an_in_place_op_under_inference_mode_steps_a_normal_tensors_version(door):
+    """The fakes were inference tensors when the call ran under inference_mode: no version
+    count, so a backward through the modified tensor ran on its new value."""
+    def scale(x):
+        x.mul_(2)
+    compiled = door(scale)
+    w = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    a = w * 1
+    b = (a * a).sum()
+    with torch.inference_mode():
+        compiled(a)
+    assert a._version == 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        b.backward()
+
+
+@DOORS
+def test_an_inference_tensor_updated_in_place_under_inference_mode(door):
+    """A cache updated inside inference_mode: the runtime's copy back read a version
+    counter inference tensors do not have."""
+    compiled = door(lambda cache, x: cache.index_copy_(0, torch.tensor([1]), x))
+    with torch.inference_mode():
+        cache = torch.zeros(3, 2)
+        compiled(cache, torch.ones(1, 2))
+    torch.testing.assert_close(cache, torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))
+
+
+@DOORS
+def test_a_view_made_under_inference_mode_refuses_in_place_changes_as_in_eager(door):
+    x = torch.ones(2, 2, requires_grad=True)
+    with torch.inference_mode():
+        view = door(lambda x: x.view(-1))(x)
+    assert view._is_view() and view._base is x
+    with pytest.raises(RuntimeError, match="created in inference mode"):
+        view.mul_(torch.full((4,), 3.0, requires_grad=True))
+
+
+def test_a_failed_dynamo_compile_leaves_saved_tensor_hooks_on():
+    """Dynamo's graph turns saved-tensor hooks off around torch.func.grad; the compile
+    failing inside it left them off for the process: checkpointing then raised."""
+    def f(x):
+        return torch.func.grad(lambda a: a.sin().sum())(x)
+    try:
+        dynamo(f)(torch.randn(4))
+    except Exception:  # noqa: BLE001 - whether it compiles is not the point here
+        pass
+    y = torch.randn(4, requires_grad=True)
+    torch.utils.checkpoint.checkpoint(torch.sin, y, use_reentrant=False).sum().backward()
+    torch.testing.assert_close(y.grad, y.cos())
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_a_sparse_input_is_refused_by_name_not_traced_as_dense(door):
+    """Its fake was dense: `to_dense() * 2` came back sparse, an `is_sparse` branch took
+    the dense path (zeros where eager has the values)."""
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1], [2, 0]]), torch.tensor([3.0, 4.0]),
+                                     (2, 3))
+    with pytest.raises(NotImplementedError, match="aotgrad: graph input 0 is a torch.sparse_coo"):
+        door(lambda s: s.to_dense() * 2)(sparse)
+
+
+def test_a_parameter_subclass_that_overrides_nothing_compiles_as_a_parameter():
+    class Tagged(torch.nn.Parameter):
+        pass
+
+    class Linearish(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = Tagged(torch.randn(4, 3))
+
+        def forward(self, x):
+            return x @ self.w
+    model, x = Linearish(), torch.randn(2, 4)
+    expected = model(x)
+    expected.sum().backward()
+    grad, model.w.grad = model.w.grad, None
+    out = aotgrad.compile(model, backend="eager")(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(model.w.grad, grad)
+
+
 def _view_and_double_grads(compiled):
     from corpus import ViewAndDouble
     x = torch.ones(4, requires_grad=True)

@@ -189,7 +189,9 @@ def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     if subclasses.is_subclass(t):  # inner tensors never require grad: the subclass does
         fake = subclasses.map_plain(t, lambda inner: _fresh_fake(mode, inner.detach()))
         return fake.requires_grad_(t.requires_grad)
-    with mode:
+    # Under inference_mode, an inference tensor only where the input is one: a normal one
+    # keeps views and version counts, as in eager. (Dynamo compiles outside inference_mode.)
+    with torch.inference_mode(t.is_inference() and torch.is_inference_mode_enabled()), mode:
         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
         if t.layout is torch.strided and t.storage_offset():
             _offset_like(fake, t)
@@ -244,22 +246,29 @@ def functional_mode(observe: Callable | None = None):
 
 @contextlib.contextmanager
 def global_state_restored_on_error():
-    """Grad mode and autocast as they were, if the user's code stops midway. Dynamo's graphs
-    switch them with plain calls (`with torch.no_grad()` is `_set_grad_enabled(False)`
-    then `(True)`), where eager's `with` would restore them on the way out: a run stopped
-    in between (an in-place op that the plain analysis hands over to the functionalized
-    one, an error) would leave grad off for the next run of the function, which then took
-    the outputs computed before the region as not differentiable, or leave autocast on
-    for the ops after it, and the user's thread so after an error."""
+    """Grad mode, autocast and saved-tensor hooks as they were, if the user's code stops
+    midway. Dynamo's graphs switch them with plain calls (`with torch.no_grad()` is
+    `_set_grad_enabled(False)` then `(True)`; torch.func.grad's region turns saved-tensor
+    hooks off), where eager's `with` would restore them on the way out: a run stopped in
+    between (an in-place op that the plain analysis hands over to the functionalized one,
+    an error) would leave grad off for the next run of the function, which then took the
+    outputs computed before the region as not differentiable, autocast on for the ops
+    after it, or, after an error, the user's thread so (checkpointing then refused)."""
     grad = torch.is_grad_enabled()
     devices = torch._C._autocast_supported_devices()
     autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
     cache = torch.is_autocast_cache_enabled()
     nesting = _autocast_nesting()
+    hooks = torch._C._autograd._saved_tensors_hooks_is_enabled()  # Dynamo turns them off
+    hooks_off_because = torch._C._autograd._saved_tensors_hooks_get_disabled_error_message()
     try:
         yield
     except BaseException:
         torch._C._set_grad_enabled(grad)
+        if hooks:
+            torch._C._autograd._saved_tensors_hooks_enable()
+        elif hooks_off_because is not None:
+            torch._C._autograd._saved_tensors_hooks_disable(hooks_off_because)
         for device, enabled, dtype in autocast:
             torch.set_autocast_enabled(device, enabled)
             torch.set_autocast_dtype(device, dtype)
@@ -336,7 +345,9 @@ def to_functional(args: Sequence[Any]) -> list[Any]:
 
 def _to_functional(t: torch.Tensor) -> torch.Tensor:
     if not subclasses.is_subclass(t):
-        return FunctionalTensor.to_functional(t)
+        # A wrapper of the input's kind, as _fresh_fake makes it.
+        with torch.inference_mode(t.is_inference() and torch.is_inference_mode_enabled()):
+            return FunctionalTensor.to_functional(t)
     out = subclasses.map_plain(t, FunctionalTensor.to_functional)
     torch._mirror_autograd_meta_to(t, out)  # requires_grad, as to_functional does
     return out

@@ -184,6 +184,9 @@ def _copy_back(i: int, k: int, hidden: bool, bumps: int) -> Callable:
             _set_version_counters([inputs[i]], [version + bumps])
     else:  # a mutation through .data: invisible to the version counter as well
         def step(inputs, raw):
+            if inputs[i].is_inference():  # no counter to preserve
+                inputs[i].copy_(raw[k])
+                return
             with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(inputs[i]):
                 inputs[i].copy_(raw[k])
     return step

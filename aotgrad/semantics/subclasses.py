@@ -42,14 +42,31 @@ def is_subclass(t: Any) -> bool:
 
 
 def check_supported(t: torch.Tensor, what: str) -> None:
-    """Refuse tensor subclasses that cannot be split into plain tensors."""
-    if type(t) in _PLAIN_TYPES or isinstance(t, (FakeTensor, FunctionalTensor)) or is_subclass(t):
+    """Refuse tensors a trace cannot stand in for: other layouts than strided (a sparse
+    input's fake would be dense: its ops, and `is_sparse` branches, traced as dense ones),
+    and subclasses that cannot be split into plain tensors."""
+    if (t.layout is not torch.strided or t.is_nested) and not is_subclass(t):  # NJT is one
+        raise NotImplementedError(
+            f"aotgrad: {what} is a {'nested' if t.is_nested else t.layout} tensor; aotgrad "
+            "traces strided (dense) tensors only. Pass it densified (t.to_dense()), or run "
+            "that part outside the compiled function (torch.compiler.disable).")
+    if type(t) in _PLAIN_TYPES or isinstance(t, (FakeTensor, FunctionalTensor)) or \
+            is_subclass(t) or _plain_parameter(t):
         return
     raise NotImplementedError(
         f"aotgrad: {what} is a tensor subclass ({type(t).__name__}) that is not a traceable "
         "wrapper subclass (it lacks __tensor_flatten__/__tensor_unflatten__), so aotgrad "
         "cannot split it into plain tensors for the graph. Implement those two methods, or "
         "pass t.as_subclass(torch.Tensor) and rebuild the subclass outside.")
+
+
+def _plain_parameter(t: torch.Tensor) -> bool:
+    """A subclass of nn.Parameter that overrides neither torch function: Parameter turns
+    __torch_function__ off, so eager runs its ops as a plain tensor's."""
+    cls = type(t)
+    return isinstance(t, torch.nn.Parameter) and \
+        cls.__torch_function__ is torch.nn.Parameter.__torch_function__ and \
+        cls.__torch_dispatch__ is torch.nn.Parameter.__torch_dispatch__
 
 
 def describe(t: Any) -> "PlainMeta | SubclassMeta | None":
