@@ -255,7 +255,7 @@ def global_state_restored_on_error():
     outputs computed before the region as not differentiable, autocast on for the ops
     after it, or, after an error, the user's thread so (checkpointing then refused)."""
     grad = torch.is_grad_enabled()
-    devices = torch._C._autocast_supported_devices()
+    devices = getattr(torch._C, "_autocast_supported_devices", lambda: ("cpu", "cuda"))()
     autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
     cache = torch.is_autocast_cache_enabled()
     nesting = _autocast_nesting()
