@@ -13,11 +13,16 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# Next (session 20): `part20`, the partition's effect alone: aotgrad's pipeline and Inductor
+# Next (session 20): `verify20` first (this session's fixes on torch 2.11). Then `part20`, the partition's effect alone: aotgrad's pipeline and Inductor
 # with aotgrad's partitioner vs functorch's (bench mode aotgrad_torch_partition): backward
 # kernel time (profile_gap: total less forward) and peak memory, per model (issue 20). Then
 # `models20a`/`models20b`: bench/models.py, the issue's table (cold compile per process,
 # every mode interleaved in one process) on the models it lists, DeBERTa-v2 added.
+verify20)  # first: session 19's fixes on torch 2.11 + CUDA (never run there), the files they touched
+  TAIL=6 step verify20 420 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_semantics.py tests/test_aliasing.py tests/test_batch_norm_devices.py \
+    tests/test_compiled_autograd.py tests/test_guards.py tests/test_graph_conventions.py \
+    tests/test_dynamic.py tests/test_backends.py ;;
 part20)
   TAIL=40 step part 560 python bench/profile_gap.py --models bert,gpt2,deberta_v2,resnet50 --steps 5 \
     --timeout 130 --modes aotgrad_dynamo,aotgrad_torch_partition --out $OUT/part ;;
