@@ -332,15 +332,17 @@ def unview_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> None:
     `_unsafe_view` of it instead (the same memory, no view relation)."""
     outputs = list(gm.graph.output_node().args[0])
     first = info.first_user_output
-    for i, o in enumerate(info.outputs):
-        node = outputs[first + i]
-        if o.kind is OutputKind.PLAIN and not (o.made_leaf or o.returned_as_view) \
-                and _is_view_op(node):
-            with gm.graph.inserting_after(node):
-                own = gm.graph.call_function(torch.ops.aten._unsafe_view.default,
-                                             (node, list(node.meta["val"].shape)))
-            own.meta = {**node.meta, "val": node.meta["val"]}
-            outputs[first + i] = own
+    views = [first + i for i, o in enumerate(info.outputs) if o.kind is OutputKind.PLAIN
+             and not (o.made_leaf or o.returned_as_view) and _is_view_op(outputs[first + i])]
+    if not views:  # most graphs: nothing to regenerate
+        return
+    for k in views:
+        node = outputs[k]
+        with gm.graph.inserting_after(node):
+            own = gm.graph.call_function(torch.ops.aten._unsafe_view.default,
+                                         (node, list(node.meta["val"].shape)))
+        own.meta = dict(node.meta)
+        outputs[k] = own
     gm.graph.output_node().args = (tuple(outputs),)
     gm.recompile()
 
