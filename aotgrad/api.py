@@ -29,7 +29,7 @@ from .runtime.guards import MISS, global_state, make_guard, make_guarded_run, pl
 from .partition.remat import min_cut_rematerialization_partition
 from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
-from .pipeline import Options, compile_call
+from .pipeline import COMPILES, Options, compile_call
 from .runtime.call import CompiledCall
 from .runtime.module_guard import (FunctionReads, ModuleAttributes, hooks_checked,
                                    refuse_traced_attributes, refuse_traced_reads)
@@ -304,7 +304,8 @@ class CompiledModule(torch.nn.Module):
             self._refuse_lazy()
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
-        out = self.compiled(*self._read_state(), *training_flags, *args, **kwargs)
+        state = COMPILES.stable_read(self._read_state)  # not another thread's trace's fakes
+        out = self.compiled(*state, *training_flags, *args, **kwargs)
         if self._traced:  # as the trace left them
             self._attributes, self._traced = ModuleAttributes(self.orig_module), False
         return out

@@ -302,3 +302,30 @@ def test_torch_export_traces_the_original_module(strict):
     x = torch.randn(3, 4)
     torch.testing.assert_close(exported.module()(x), model(x))
     assert torch.ops.aten.gelu.default in {n.target for n in exported.graph.nodes}
+
+
+def test_threads_calling_a_compiled_module_first_at_once_get_eagers_results():
+    """One compile at a time: racing first calls broke each other's traces (torch's
+    tracer state is process-wide) and read the parameters another thread's trace had
+    swapped for fakes, leaving them in the user's module."""
+    import copy
+    import threading
+    module = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    reference, compiled = copy.deepcopy(module), aotgrad.compile(module, backend="eager")
+    barrier, failures = threading.Barrier(4), []
+
+    def calls():
+        barrier.wait()
+        for _ in range(10):
+            x = torch.randn(2, 3)
+            try:
+                torch.testing.assert_close(compiled(x), reference(x))
+            except Exception as error:  # noqa: BLE001 - collected, asserted below
+                failures.append(repr(error)[:200])
+    threads = [threading.Thread(target=calls) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert all(type(p) is torch.nn.Parameter for p in module.parameters())
