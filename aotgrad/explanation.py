@@ -164,7 +164,9 @@ def explain(fn_or_module: Callable, *example_inputs: Any, memory_budget: float |
             partitioner: Callable | None = None, curve: bool = True, plot: str | None = None,
             print_report: bool = False, **options) -> Explanation:
     """Compile for `example_inputs` (eager backend) and return the report of its partition;
-    nothing is printed unless `print_report` (or `print(report)`, `report.show()`).
+    nothing is printed unless `print_report` (or `print(report)`, `report.show()`). The
+    compiled function is called once on them: what it changes in place (an input, a
+    module's buffers) is changed, as a call would.
 
     `memory_budget` and `partitioner` are passed to `aotgrad.compile`, as are `options`;
     `curve=False`: no memory/compute curve (else computed when first used); `plot` writes
