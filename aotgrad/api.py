@@ -29,7 +29,8 @@ from .runtime.guards import MISS, global_state, make_guard, make_guarded_run, pl
 from .partition.remat import min_cut_rematerialization_partition
 from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
-from .pipeline import COMPILES, Options, compile_call
+from .backends.compilers import COMPILES
+from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
 from .runtime.module_guard import (FunctionReads, ModuleAttributes, hooks_checked,
                                    refuse_traced_attributes, refuse_traced_reads)

@@ -12,7 +12,6 @@ import gc
 import itertools
 import logging
 import operator
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from .capture.region_graphs import build_region
 from .capture import analysis, inputs as capture, joint, oplog, pure
 from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph,
-                                 set_graph_being_compiled)
+                                 one_compile_at_a_time, set_graph_being_compiled)
 from .replay.double_backward import DoubleBackward
 from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
                                 is_symbolic, shape_guard)
@@ -175,49 +174,7 @@ def _collector_paused():
             gc.enable()
 
 
-class _Compiles:
-    """One compile at a time in a process: tracing uses process-wide state (make_fx's
-    patcher, the modules whose parameters a trace swaps for fakes), and threads calling a
-    compiled function for the first time at once broke each other's traces. `generation`
-    moves at each compile's start: a reader of a module's state that saw it move (or a
-    compile running) reads again under the lock (`stable_read`)."""
-
-    def __init__(self):
-        self.lock = threading.RLock()
-        self.active = 0
-        self.generation = 0
-
-    def __enter__(self):
-        self.lock.acquire()
-        self.active += 1
-        self.generation += 1
-
-    def __exit__(self, *exc):
-        self.active -= 1
-        self.lock.release()
-
-    def stable_read(self, read: Callable[[], Any]) -> Any:
-        """`read()`, taken while no other thread's trace had the module's state swapped."""
-        generation, active = self.generation, self.active
-        value = read()
-        if active or self.generation != generation:
-            with self.lock:
-                value = read()
-        return value
-
-
-COMPILES = _Compiles()
-
-
-def _one_compile_at_a_time(compile: Callable) -> Callable:
-    @functools.wraps(compile)
-    def serialized(*args, **kwargs):
-        with COMPILES:
-            return compile(*args, **kwargs)
-    return serialized
-
-
-@_one_compile_at_a_time
+@one_compile_at_a_time
 @_collector_paused()
 @capture.global_state_restored_on_error()  # an error raised to the user's code
 @regions.reused_in_compile(lambda options: functools.partial(

@@ -413,3 +413,45 @@ def resolve_backend(backend: Any, decompositions: Mapping | None = None) -> Back
         return Backend(backend, backend, backend, decompositions)
     raise ValueError(f"aotgrad: unknown backend {backend!r}; use 'inductor', 'eager' or a "
                      "compiler callable (gm, example_inputs) -> callable")
+
+
+class _Compiles:
+    """One compile at a time in a process: tracing uses process-wide state (make_fx's
+    patcher, the modules whose parameters a trace swaps for fakes), and threads calling a
+    compiled function for the first time at once broke each other's traces. `generation`
+    moves at each compile's start: a reader of a module's state that saw it move (or a
+    compile running) reads again under the lock (`stable_read`)."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.active = 0
+        self.generation = 0
+
+    def __enter__(self):
+        self.lock.acquire()
+        self.active += 1
+        self.generation += 1
+
+    def __exit__(self, *exc):
+        self.active -= 1
+        self.lock.release()
+
+    def stable_read(self, read: Callable[[], Any]) -> Any:
+        """`read()`, taken while no other thread's trace had the module's state swapped."""
+        generation, active = self.generation, self.active
+        value = read()
+        if active or self.generation != generation:
+            with self.lock:
+                value = read()
+        return value
+
+
+COMPILES = _Compiles()
+
+
+def one_compile_at_a_time(compile: Callable) -> Callable:
+    @functools.wraps(compile)
+    def serialized(*args, **kwargs):
+        with COMPILES:
+            return compile(*args, **kwargs)
+    return serialized
