@@ -189,9 +189,7 @@ def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     if subclasses.is_subclass(t):  # inner tensors never require grad: the subclass does
         fake = subclasses.map_plain(t, lambda inner: _fresh_fake(mode, inner.detach()))
         return fake.requires_grad_(t.requires_grad)
-    # Under inference_mode, an inference tensor only where the input is one: a normal one
-    # keeps views and version counts, as in eager. (Dynamo compiles outside inference_mode.)
-    with torch.inference_mode(t.is_inference() and torch.is_inference_mode_enabled()), mode:
+    with _of_the_kind_of(t), mode:
         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
         if t.layout is torch.strided and t.storage_offset():
             _offset_like(fake, t)
@@ -200,6 +198,13 @@ def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     if getattr(t, "item_memo", None) is not None:
         fake.item_memo = t.item_memo
     return fake.requires_grad_(t.requires_grad)
+
+
+def _of_the_kind_of(t: torch.Tensor):
+    """Under inference_mode, a tensor made here (a fake, a functional wrapper) is an
+    inference tensor only where `t` is one: a normal one keeps views and version counts, as
+    in eager. (Dynamo compiles outside inference_mode.)"""
+    return torch.inference_mode(t.is_inference() and torch.is_inference_mode_enabled())
 
 
 def _offset_like(fake: torch.Tensor, t: torch.Tensor) -> None:
@@ -345,8 +350,7 @@ def to_functional(args: Sequence[Any]) -> list[Any]:
 
 def _to_functional(t: torch.Tensor) -> torch.Tensor:
     if not subclasses.is_subclass(t):
-        # A wrapper of the input's kind, as _fresh_fake makes it.
-        with torch.inference_mode(t.is_inference() and torch.is_inference_mode_enabled()):
+        with _of_the_kind_of(t):
             return FunctionalTensor.to_functional(t)
     out = subclasses.map_plain(t, FunctionalTensor.to_functional)
     torch._mirror_autograd_meta_to(t, out)  # requires_grad, as to_functional does
