@@ -13,11 +13,10 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# Next (session 20): `verify20` first (this session's fixes on torch 2.11). Then `part20`, the partition's effect alone: aotgrad's pipeline and Inductor
-# with aotgrad's partitioner vs functorch's (bench mode aotgrad_torch_partition): backward
-# kernel time (profile_gap: total less forward) and peak memory, per model (issue 20). Then
-# `models20a`/`models20b`: bench/models.py, the issue's table (cold compile per process,
-# every mode interleaved in one process) on the models it lists, DeBERTa-v2 added.
+# Session 20 ran `verify20`, `models20a`, `models20b` (and DeBERTa-v2, EfficientNet-B0 alone):
+# bench/results/h200-2026-11-29-session20. Next: DeBERTa-v2's host time (46.05 vs 40.19 ms a
+# step in one process, equal with CUDA graphs) and its warm first step (18.1 vs 5.4 s): `part20`
+# and `split19` on it; Swin-T and ConvNeXt-T for the table.
 verify20)  # first: session 19's fixes on torch 2.11 + CUDA (never run there), the files they touched
   TAIL=6 step verify20 420 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_semantics.py tests/test_aliasing.py tests/test_batch_norm_devices.py \
@@ -26,12 +25,12 @@ verify20)  # first: session 19's fixes on torch 2.11 + CUDA (never run there), t
 part20)
   TAIL=40 step part 560 python bench/profile_gap.py --models bert,gpt2,deberta_v2,resnet50 --steps 5 \
     --timeout 130 --modes aotgrad_dynamo,aotgrad_torch_partition --out $OUT/part ;;
-models20a)
-  TAIL=30 step models 575 python bench/models.py --models gpt2,bert,deberta_v2 --budget 400 \
-    --timeout 170 --out $OUT/models ;;
+models20a)  # the issue's three host-bound steps, and Llama
+  TAIL=30 step models 575 python bench/models.py --models gpt2_2x256,resnet50_b16,resnet50,llama \
+    --budget 430 --timeout 135 --out $OUT/models ;;
 models20b)
-  TAIL=30 step models 575 python bench/models.py --models resnet50,efficientnet_b0,vit_s16,swin_t \
-    --budget 400 --timeout 140 --out $OUT/models ;;
+  TAIL=30 step models 575 python bench/models.py --models gpt2,bert,deberta_v2,vit_s16 \
+    --budget 420 --timeout 150 --out $OUT/models ;;
 prof19)  # stages19: BERT's pre-Inductor stages take 11.5 s on the GPU machine (trace 6.9, passes
   # 3.6), 2.4 s on the CPU one: each mode's first step under cProfile, with the graphs.
   TAIL=30 step stages 280 python bench/compile_stages.py --model bert --modes aotgrad,inductor \
