@@ -39,6 +39,8 @@ from types import SimpleNamespace
 
 import torch
 
+import aotgrad.cache
+
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 import interleaved  # noqa: E402  (bench/interleaved.py: one compiled step, turns)
@@ -217,11 +219,17 @@ def _allow_recompiles(modes: int) -> None:
 
 
 def warmed_step(job: bench.Job, warmup: int, cuda: bool):
+    aotgrad.cache.reset_stats()  # the events of this mode's compile alone
     step = interleaved.compiled_step(job)  # job.warmup is 0: compiles on the first call
     first = bench.time_step(step, cuda)
     for _ in range(warmup):
         step()
-    return step, {"status": "ok", "first_step_s": first["wall"], "first_loss": first["loss"]}
+    row = {"status": "ok", "first_step_s": first["wall"], "first_loss": first["loss"]}
+    if "aotgrad" in job.mode:  # a slow warm first step: did our cache miss, and why?
+        row["aotgrad_cache"] = {"stats": {k: v for k, v in aotgrad.cache.stats().items() if v},
+                                "events": [f"{e}: {why[:300]}" for e, why in
+                                           aotgrad.cache.events()[:20]]}
+    return step, row
 
 
 def summarize(timed: list[dict]) -> dict:
