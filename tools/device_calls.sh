@@ -14,9 +14,17 @@ step() {  # step NAME SECONDS COMMAND...
 }
 case $1 in
 # Session 20 ran `verify20`, `models20a`, `models20b` (and DeBERTa-v2, EfficientNet-B0 alone):
-# bench/results/h200-2026-11-29-session20. Next: DeBERTa-v2's host time (46.05 vs 40.19 ms a
-# step in one process, equal with CUDA graphs) and its warm first step (18.1 vs 5.4 s): `part20`
-# and `split19` on it; Swin-T and ConvNeXt-T for the table.
+# bench/results/h200-2026-11-29-session20. Next: `split21`, DeBERTa-v2's host time (46.05 vs
+# 40.19 ms a step in one process, equal with CUDA graphs); its warm first step (18.1 vs 5.4 s:
+# models.py's interleaved rows now hold our cache's events); `part20`; `models21`.
+split21)  # DeBERTa-v2's step, 46.05 vs 40.19 ms in models20's interleaved process (host 38.1 vs
+  # 33.6 ms; equal with CUDA graphs): forward/backward host and GPU time, both modes in one
+  # process taking turns, and each mode's host calls by own time (BERT: ours faster, control)
+  TAIL=60 step split 400 python bench/step_split.py --models deberta_v2,bert --together \
+    --steps 24 --rounds 8 --out $OUT/split ;;
+models21)  # the two models models20 left out (session 11 has them)
+  TAIL=14 step models 575 python bench/models.py --models swin_t,convnext_t --budget 300 \
+    --timeout 260 --out $OUT/models ;;
 verify20)  # first: session 19's fixes on torch 2.11 + CUDA (never run there), the files they touched
   TAIL=6 step verify20 420 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_semantics.py tests/test_aliasing.py tests/test_batch_norm_devices.py \
