@@ -297,6 +297,58 @@ def test_clear_and_stats(cache_dir):
     assert last_event()[0] == "miss" and last_event()[1].startswith("no entry in the cache yet")
 
 
+CONSTANTS = [torch.tensor(3.5), torch.arange(5), torch.tensor([True, False]),
+             torch.tensor([1.25, -2.0], dtype=torch.bfloat16), torch.tensor([1 + 2j]),
+             torch.empty(0, 3), torch.randn(2, 3, dtype=torch.float64)]
+
+
+def graph_with_constants(constants) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    root = torch.nn.Module()
+    outs = []
+    for i, c in enumerate(constants):
+        setattr(root, f"_tensor_constant{i}", c)
+        outs.append(graph.call_function(torch.ops.aten.lift_fresh_copy.default,
+                                        (graph.get_attr(f"_tensor_constant{i}"),)))
+    graph.output((x, *outs))
+    return torch.fx.GraphModule(root, graph)
+
+
+def test_tensor_constants_are_written_by_value():
+    gm = graph_with_constants(CONSTANTS)
+    rows = json.loads(json.dumps(codec.encode_graph(gm, lambda n: {})))
+    back = codec.decode_graph(rows)
+    assert back.code == gm.code  # Inductor's cache hashes the code: names kept
+    for i, c in enumerate(CONSTANTS):
+        got = getattr(back, f"_tensor_constant{i}")
+        assert got.dtype == c.dtype and torch.equal(got, c)
+    other = graph_with_constants([torch.tensor(3.25), *CONSTANTS[1:]])
+    assert cache_key.program(other) != cache_key.program(gm)  # the value is in the key
+
+
+@pytest.mark.parametrize("constant,reason", [
+    (torch.zeros(codec.CONSTANT_BYTES // 4 + 1), "tensor constant"),
+    (torch.zeros(4, 4).t(), "contiguous False"),
+    (torch.nn.Parameter(torch.zeros(3)), "of type Parameter"),
+])
+def test_large_or_odd_constants_are_not_cached(constant, reason):
+    with pytest.raises(codec.Unencodable, match=reason):
+        codec.encode_graph(graph_with_constants([constant]), lambda n: {})
+
+
+def test_a_closed_over_constant_is_cached_by_its_value():
+    def scaled_by(value):
+        c = torch.full((6,), value)
+        return lambda x, y: (x.sin() * y * c).sum(-1)
+    inputs = args(4, 6)
+    for value, event in ((2.0, "miss"), (2.0, "hit"), (3.0, "miss")):
+        fn = scaled_by(value)
+        out = compile_once(fn, inputs)
+        assert last_event()[0] == event, cache.events()
+        torch.testing.assert_close(out, fn(*inputs))
+
+
 def test_checksum_rejects_truncation_and_edits():
     sealed = store.seal({"a": [1, 2]})
     assert store.unseal(sealed) == {"a": [1, 2]}
@@ -618,7 +670,7 @@ DYNAMO_SCRIPT = textwrap.dedent("""
 
     def step(m, x, counter):
         counter.add_(1)  # an input mutation
-        out = m(x)
+        out = m(x) / torch.tensor(8.0).sqrt()  # a tensor constant in the graph, as HF models'
         return out, counter  # an output that is an input: an alias
 
     def run(m, fn):

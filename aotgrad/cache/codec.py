@@ -4,12 +4,14 @@ A graph is a list of nodes: opcode, name, target, arguments, and the few meta en
 later stage reads. Targets are ATen operator overloads, named `aten::add.Tensor` and found
 again through `torch.ops`, or one of a short list of Python functions: decoding resolves
 names, it never evaluates text. Values are JSON literals or tagged objects (dtypes,
-devices, tuples...). Whatever has no encoding raises `Unencodable`, naming it: the compile
-is then not cached, and the bypass log says why.
+devices, tuples...). A small tensor constant a graph holds (a model's `torch.tensor(...)`)
+is written by value, so that its bytes are part of the key. Whatever has no encoding raises
+`Unencodable`, naming it: the compile is then not cached, and the bypass log says why.
 """
 
 from __future__ import annotations
 
+import base64
 import enum
 import importlib
 import math
@@ -187,6 +189,38 @@ def _op_packet(namespace: str, op_name: str) -> Any:
         return getattr(getattr(torch.ops, namespace), op_name)  # AttributeError: not loaded
 
 
+# ---- tensor constants ------------------------------------------------------------------------
+
+# Larger constants leave the compile uncached: an entry is JSON, read whole on every hit.
+CONSTANT_BYTES = 1 << 16
+
+
+def encode_constant(t: Any) -> dict:
+    """A plain tensor a graph holds, by value: dtype, shape, device and its bytes."""
+    if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized \
+            or t.device.type == "meta":
+        raise Unencodable(f"a graph constant of type {type(t).__name__}")
+    nbytes = t.numel() * t.element_size()
+    if t.requires_grad or not t.is_contiguous() or nbytes > CONSTANT_BYTES:
+        raise Unencodable(f"a tensor constant ({nbytes} bytes, contiguous "
+                          f"{t.is_contiguous()}, requires_grad {t.requires_grad})")
+    data = t.detach().resolve_conj().resolve_neg().cpu().reshape(-1).view(torch.uint8)
+    return {"dtype": encode_value(t.dtype), "shape": list(t.shape), "device": str(t.device),
+            "bytes": base64.b64encode(data.numpy().tobytes()).decode("ascii")}
+
+
+def decode_constant(c: dict) -> torch.Tensor:
+    raw = bytearray(base64.b64decode(c["bytes"]))
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return flat.view(decode_value(c["dtype"])).reshape(c["shape"]).to(c["device"], copy=True)
+
+
+def _constant(gm: fx.GraphModule, target: str) -> Any:
+    if "." in target:  # a submodule's attribute: a module's state, not the graph's own
+        raise Unencodable(f"a get_attr node ({target}) into a submodule")
+    return getattr(gm, target)
+
+
 def encode_graph(gm: fx.GraphModule, node_meta: Callable[[fx.Node], dict],
                  names: Callable[[int, fx.Node], str] | None = None,
                  targets: dict[str, Callable] | None = None) -> list:
@@ -197,9 +231,13 @@ def encode_graph(gm: fx.GraphModule, node_meta: Callable[[fx.Node], dict],
     rows = []
     for i, node in enumerate(gm.graph.nodes):
         renamed[node] = names(i, node) if names is not None else node.name
-        if node.op in ("get_attr", "call_module", "call_method"):
-            raise Unencodable(f"a {node.op} node ({node.target}): graphs holding constants or "
-                              "submodules")
+        if node.op in ("call_module", "call_method"):
+            raise Unencodable(f"a {node.op} node ({node.target}): graphs calling submodules")
+        if node.op == "get_attr":  # its name too: Inductor's cache hashes the graph's code
+            rows.append([node.op, renamed[node], node.target,
+                         {"constant": encode_constant(_constant(gm, node.target))}, [],
+                         node_meta(node)])
+            continue
         target = encode_target(node.target, targets) if node.op == "call_function" else None
         ref = renamed.__getitem__
         # Pairs, not an object: the order is part of the code a compiler's cache hashes.
@@ -217,9 +255,13 @@ def decode_graph(rows: list, targets: dict[str, Callable] | None = None) -> fx.G
     """The graph (without meta: the caller restores what it stored); `targets` as encoded."""
     graph = fx.Graph()
     nodes: dict[str, fx.Node] = {}
+    root = torch.nn.Module()  # holds the constants; GraphModule copies what get_attr reads
     for op, name, target, args, kwargs, _ in rows:
         if op == "placeholder":
             node = graph.placeholder(name)
+        elif op == "get_attr":
+            setattr(root, target, decode_constant(args["constant"]))
+            node = graph.create_node(op, target, name=name)
         elif op == "output":
             node = graph.output(decode_value(args, nodes)[0])
         elif op == "call_function":
@@ -229,4 +271,4 @@ def decode_graph(rows: list, targets: dict[str, Callable] | None = None) -> fx.G
         else:
             raise ValueError(f"unknown opcode {op!r}")
         nodes[name] = node
-    return fx.GraphModule(torch.nn.Module(), graph)
+    return fx.GraphModule(root, graph)

@@ -209,6 +209,8 @@ def decode(rows: list, fake_mode, fake_values: bool = True) -> fx.GraphModule:
         meta = row[5]
         if node.op == "placeholder":
             node.meta["val"] = codec.fake_from_meta(meta["val"], fake_mode)
+        if node.op == "get_attr":
+            node.meta["val"] = fake_mode.from_tensor(getattr(gm, node.target))
         if meta.get("donated"):
             node.meta[DONATED] = True
         if meta.get("held"):
