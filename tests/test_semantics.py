@@ -727,3 +727,29 @@ def test_a_tensor_forward_stores_in_an_attribute_is_refused_by_the_native_door()
     torch._dynamo.reset()
     out = torch.compile(model, backend="aotgrad")(x)
     torch.testing.assert_close(model.last, out.detach())
+
+
+def test_a_parametrized_module_under_parametrize_cached_matches_eager():
+    """Under `parametrize.cached()` the trace stored its fake weight in torch's process-wide
+    cache: the compiled module's outputs were FakeTensors, and so was `m.weight`."""
+    from torch.nn.utils import parametrize
+
+    class Symmetric(torch.nn.Module):
+        def forward(self, w):
+            return w.triu() + w.triu(1).transpose(0, 1)
+
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(3, 3)
+    parametrize.register_parametrization(eager, "weight", Symmetric())
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend="eager")
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        with parametrize.cached():
+            expected, got = eager(eager(x)), compiled(compiled(x))
+            expected.sum().backward()
+            got.sum().backward()
+            assert type(got) is torch.Tensor and type(model.weight) is torch.Tensor
+        torch.testing.assert_close(got, expected)
+        for p, q in zip(eager.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
