@@ -753,3 +753,40 @@ def test_a_parametrized_module_under_parametrize_cached_matches_eager():
         torch.testing.assert_close(got, expected)
         for p, q in zip(eager.parameters(), model.parameters()):
             torch.testing.assert_close(q.grad, p.grad)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_reading_an_inputs_grad_inside_is_refused_by_the_native_doors(door):
+    """A traced input has no .grad: `p.add_(p.grad)` failed with torch's TypeError, and a
+    step behind `if p.grad is not None` was skipped silently (eager takes it). Dynamo takes
+    the gradient as an input and matches eager."""
+    def step(w, x):
+        if w.grad is not None:
+            with torch.no_grad():
+                w.sub_(w.grad)
+        return (w * x).sum()
+
+    w, x = torch.randn(4, requires_grad=True), torch.randn(4)
+    w.grad = torch.ones(4)
+    with pytest.raises(NotImplementedError, match=r"aotgrad: the function reads the \.grad"):
+        door(step)(w, x)
+    eager_w = w.detach().clone().requires_grad_()
+    eager_w.grad = torch.ones(4)
+    step(eager_w, x)
+    dynamo(step)(w, x)
+    torch.testing.assert_close(w, eager_w)
+
+
+def test_a_modules_forward_reading_a_parameters_grad_is_refused():
+    class GradGated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.fc(x) * (0 if self.fc.weight.grad is not None else 1)
+
+    model = GradGated()
+    model.fc.weight.grad = torch.ones(2, 2)
+    with pytest.raises(NotImplementedError, match=r"aotgrad: the function reads the \.grad"):
+        aotgrad.compile(model, backend="eager")(torch.randn(3, 2))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import sys
 import warnings
 from typing import Any, Callable, Sequence
@@ -43,7 +44,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)
         held = storages(f_args)
-        with user_code_checks(), _RefuseRequiresGradOff(f_args, is_leaf), \
+        with user_code_checks(f_args), _RefuseRequiresGradOff(f_args, is_leaf), \
                 oplog.recording(f_args, saved_values_hook) as ops:
             outs = graph_fn(*f_args)
         if ops is not None:  # out of the user code's checks: it reads grad_fn
@@ -99,9 +100,10 @@ def _tensor_meta(v: Any) -> TensorMeta | None:
 
 
 @contextlib.contextmanager
-def user_code_checks():
-    """Around the user's code: refuse closed-over state, explain what tracing cannot see."""
-    with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass(), \
+def user_code_checks(inputs: Sequence[Any]):
+    """Around the user's code on traced `inputs`: refuse closed-over state, explain what
+    tracing cannot see."""
+    with _RefuseClosedOverState(inputs), _explain_data_dependence(), _explain_opaque_subclass(), \
             _python_draws_warned():
         yield
 
@@ -206,7 +208,12 @@ def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
 
 class _RefuseClosedOverState(TorchFunctionMode):
     """Real tensors the function closes over become constants of the graph. That is only
-    right for tensors that neither need a gradient nor get mutated: refuse the others."""
+    right for tensors that neither need a gradient nor get mutated: refuse the others. And
+    the `.grad` of the traced `inputs`, which the graph cannot take."""
+
+    def __init__(self, inputs: Sequence[Any]):
+        super().__init__()
+        self.inputs = {id(a) for a in inputs if isinstance(a, torch.Tensor)}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -216,6 +223,8 @@ class _RefuseClosedOverState(TorchFunctionMode):
             raise _address_read()
         if func is torch.Tensor.retain_grad and not args[0].is_leaf:
             raise _retained_grad()
+        if getattr(func, "__self__", None) in _GRAD_SLOTS and id(args[0]) in self.inputs:
+            raise _grad_slot_used(func)
         if isinstance(kwargs.get("generator"), torch.Generator) and \
                 not mends.generators_traceable():
             raise _generator_untraceable(func)
@@ -247,6 +256,10 @@ class _RefuseRequiresGradOff(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# `.grad` (and `._grad`): a TorchFunctionMode sees their reads and writes as the getter's
+# and setter's calls (`__self__` is the slot).
+_GRAD_SLOTS = (inspect.getattr_static(torch.Tensor, "grad"),
+               inspect.getattr_static(torch.Tensor, "_grad"))
 _REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
 
 
@@ -275,6 +288,18 @@ def _retained_grad() -> NotImplementedError:
         "aotgrad: the function calls retain_grad() on a tensor it computes; its .grad would "
         "stay None. Call retain_grad() on the output after the compiled call, or use "
         "torch.compile(backend='aotgrad').")
+
+
+def _grad_slot_used(func) -> NotImplementedError:
+    """A traced input has no `.grad`: a read gives None where eager gives the caller's
+    gradient (an SGD step `p.add_(p.grad, alpha=-lr)` failed; one behind `if p.grad is not
+    None` was skipped, silently), and a write would be lost."""
+    access = "assigns" if func.__name__ == "__set__" else "reads"
+    return NotImplementedError(
+        f"aotgrad: the function {access} the .grad of an input (or parameter) while it is "
+        "traced, where the graph cannot follow the caller's .grad from call to call. Pass "
+        "the gradient as an argument (f(p, p.grad)) and update .grad outside, or use "
+        "torch.compile(backend='aotgrad'), which does.")
 
 
 def _requires_grad_turned_off() -> NotImplementedError:
