@@ -421,6 +421,14 @@ def saved_input_for_one_output(x, w):
     return a, w * 2
 
 
+def saved_input_then_written_by_foreach(x, w):
+    """A foreach op's write stepped no version counter in the trace (functionalization runs
+    its functional form): the backward read the new x silently."""
+    a = (x * w).sum()  # saves x for w's gradient
+    torch._foreach_mul_([x], 2.0)
+    return a
+
+
 STALE = [
     (saved_input_then_mutated, lambda: (nonleaf(4),), [0]),
     (saved_view_then_base_mutated, lambda: (torch.randn(3, 4), torch.randn(4, requires_grad=True)), [0]),
@@ -428,6 +436,8 @@ STALE = [
     (saved_intermediate_then_mutated, lambda: (nonleaf(4),), [1]),
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [0]),
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [1]),
+    (saved_input_then_written_by_foreach, lambda: (nonleaf(3), torch.randn(3, requires_grad=True)),
+     [0]),
 ]
 
 
@@ -790,3 +800,23 @@ def test_a_modules_forward_reading_a_parameters_grad_is_refused():
     model.fc.weight.grad = torch.ones(2, 2)
     with pytest.raises(NotImplementedError, match=r"aotgrad: the function reads the \.grad"):
         aotgrad.compile(model, backend="eager")(torch.randn(3, 2))
+
+
+@DOORS
+def test_a_foreach_write_steps_the_inputs_version_counters_as_eager(door):
+    """Eager's `_foreach_add_` steps each tensor's version once; the compiled call left them
+    at 0, so a backward through a value saved before the call read the new one silently."""
+    def f(a, b):
+        torch._foreach_add_([a, b], 1.0)
+        return a.sum() + b.sum()
+
+    w = torch.randn(3, requires_grad=True)
+    got, expected = [], []
+    for fn, seen in ((f, expected), (door(f), got)):
+        a, b = torch.randn(3), torch.randn(2)
+        loss = (a * w).sum()  # saves a
+        fn(a, b)
+        seen.append((a._version, b._version))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    assert got == expected == [(1, 1)]

@@ -140,4 +140,10 @@ def _eager_style() -> tuple[Callable[[str], str], str]:
         message = pool.submit(_eager_error).result()
     strip = "of AddBackward0," not in message
     hint = message[message.index(" instead. ") + len(" instead. "):]
-    return (lambda name: re.sub(r"Backward\d*$", "", name)) if strip else (lambda n: n), hint
+    return (_short_node_name if strip else (lambda n: n)), hint
+
+
+def _short_node_name(name: str) -> str:
+    """As torch's error shortens a node's name: "MulBackward0" is "Mul", "PowBackward1"
+    "Pow1" (a foreach write leaves MulBackward1), "ForeachMulBackward1Scalar" stays."""
+    return re.sub(r"Backward(\d*)$", lambda m: "" if m[1] in ("", "0") else m[1], name)
