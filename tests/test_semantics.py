@@ -429,6 +429,15 @@ def saved_input_then_written_by_foreach(x, w):
     return a
 
 
+def loss_returned_after_its_gradient_taken_inside(w, x):
+    """The function's own autograd.grad frees the loss's graph: the call failed at the
+    joint trace ('backward through the graph a second time'), where eager raises only at
+    a backward through the loss."""
+    loss = (x @ w).pow(2).sum()
+    (g,) = torch.autograd.grad(loss, [w])
+    return loss, (w * 3).sum(), g
+
+
 STALE = [
     (saved_input_then_mutated, lambda: (nonleaf(4),), [0]),
     (saved_view_then_base_mutated, lambda: (torch.randn(3, 4), torch.randn(4, requires_grad=True)), [0]),
@@ -438,6 +447,10 @@ STALE = [
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [1]),
     (saved_input_then_written_by_foreach, lambda: (nonleaf(3), torch.randn(3, requires_grad=True)),
      [0]),
+    (loss_returned_after_its_gradient_taken_inside,
+     lambda: (torch.randn(4, 2, requires_grad=True), torch.randn(3, 4)), [0]),
+    (loss_returned_after_its_gradient_taken_inside,
+     lambda: (torch.randn(4, 2, requires_grad=True), torch.randn(3, 4)), [1]),
 ]
 
 
