@@ -833,3 +833,23 @@ def test_a_foreach_write_steps_the_inputs_version_counters_as_eager(door):
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
     assert got == expected == [(1, 1)]
+
+
+@pytest.mark.parametrize("register", ["register_hook", "register_post_accumulate_grad_hook"])
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_a_hook_registered_on_an_input_inside_is_refused_by_the_native_doors(door, register):
+    """Eager keeps the hook on the caller's tensor for every later backward; the trace ran
+    `x.register_hook(lambda g: g * 10)` twice inside the graph (x.grad 100x eager's) and
+    never on the caller's x. Dynamo registers it on the caller's tensor, as eager."""
+    def f(x, w):
+        getattr(x, register)(lambda g: g * 10)
+        return (x * w).sin()
+
+    x, w = torch.randn(3, requires_grad=True), torch.randn(3)
+    with pytest.raises(NotImplementedError, match=f"aotgrad: the function calls {register}"):
+        door(f)(x, w)
+    if register == "register_hook":
+        expected_x = x.detach().clone().requires_grad_()
+        f(expected_x, w).sum().backward()
+        dynamo(f)(x, w).sum().backward()
+        torch.testing.assert_close(x.grad, expected_x.grad)

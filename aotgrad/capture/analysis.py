@@ -209,7 +209,7 @@ def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
 class _RefuseClosedOverState(TorchFunctionMode):
     """Real tensors the function closes over become constants of the graph. That is only
     right for tensors that neither need a gradient nor get mutated: refuse the others. And
-    the `.grad` of the traced `inputs`, which the graph cannot take."""
+    the `.grad` and hooks of the traced `inputs`, which the graph cannot take."""
 
     def __init__(self, inputs: Sequence[Any]):
         super().__init__()
@@ -225,6 +225,8 @@ class _RefuseClosedOverState(TorchFunctionMode):
             raise _retained_grad()
         if getattr(func, "__self__", None) in _GRAD_SLOTS and id(args[0]) in self.inputs:
             raise _grad_slot_used(func)
+        if func in _INPUT_HOOKS and id(args[0]) in self.inputs:
+            raise _input_hooked(func)
         if isinstance(kwargs.get("generator"), torch.Generator) and \
                 not mends.generators_traceable():
             raise _generator_untraceable(func)
@@ -260,6 +262,10 @@ class _RefuseRequiresGradOff(TorchFunctionMode):
 # and setter's calls (`__self__` is the slot).
 _GRAD_SLOTS = (inspect.getattr_static(torch.Tensor, "grad"),
                inspect.getattr_static(torch.Tensor, "_grad"))
+# Hooks on an input stay on the caller's tensor in eager, for every later backward through
+# it; a trace would apply them inside the graph (twice: the analysis's hook stays on the
+# fake input the joint trace takes too), and never on the caller's tensor.
+_INPUT_HOOKS = (torch.Tensor.register_hook, torch.Tensor.register_post_accumulate_grad_hook)
 _REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
 
 
@@ -300,6 +306,14 @@ def _grad_slot_used(func) -> NotImplementedError:
         "traced, where the graph cannot follow the caller's .grad from call to call. Pass "
         "the gradient as an argument (f(p, p.grad)) and update .grad outside, or use "
         "torch.compile(backend='aotgrad'), which does.")
+
+
+def _input_hooked(func) -> NotImplementedError:
+    return NotImplementedError(
+        f"aotgrad: the function calls {func.__name__}() on an input (or parameter) while it "
+        "is traced; eager keeps the hook on the caller's tensor for every later backward, "
+        "which a graph cannot. Register it before calling the compiled function, or use "
+        "torch.compile(backend='aotgrad').")
 
 
 def _requires_grad_turned_off() -> NotImplementedError:
