@@ -519,6 +519,7 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
     """Each output's kind, and the intermediate bases the graph must return as well."""
     input_index = {id(a): i for i, a in enumerate(f_args)}
     input_index.update((id(t), i) for t, i in aliases)
+    held = {ref: i for i, ref in enumerate(storages(f_args)) if ref is not None}
     first_seen: dict[int, int] = {}
     plain_index: dict[int, int] = {}
     for i, o in enumerate(outs):
@@ -539,11 +540,23 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
             infos.append(OutputInfo(OutputKind.INPUT, input_index[id(o)], o.requires_grad))
         elif not _is_alias(o):
             infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad,
-                                    returned_as_view=o._is_view()))
+                                    returned_as_view=o._is_view(),
+                                    detached_from=_detached_from(o, held, f_args)))
         else:
             kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
             infos.append(_view_info(o, kind, source))
     return tuple(infos), len(bases)
+
+
+def _detached_from(o: torch.Tensor, held: dict, f_args: Sequence[Any]) -> int | None:
+    """The input whose memory `o`, no view and of its dtype, lies over (`x.detach()`), if
+    any. (`x.data` too, whose version counter eager does not share: rebuilt as a detach, a
+    later in-place change through it raises at a backward where eager's would not, never
+    silently.) A view to another dtype the graph computes, as before."""
+    if o._is_view() or subclasses.is_subclass(o):
+        return None
+    i = held.get(storages([o])[0])
+    return i if i is not None and f_args[i].dtype == o.dtype else None
 
 
 def _is_alias(o: torch.Tensor) -> bool:
