@@ -10,6 +10,7 @@ share compiled graphs, each serving the calls its shape guard accepts (`dynamic.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import warnings
@@ -17,6 +18,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.utils import parametrize
 from torch.nn.utils.stateless import _reparametrize_module
 
 from . import check
@@ -281,7 +283,7 @@ class CompiledModule(torch.nn.Module):
         args = flat[len(self._names) + len(self._submodules):]
         with _reparametrize_module(self.orig_module, dict(zip(self._names, state)),
                                    tie_weights=True), \
-                hooks_checked(self._attributes.hook_dicts):
+                hooks_checked(self._attributes.hook_dicts), _parametrizations_uncached():
             out = self.orig_module(*args, **kwargs)
             self._refuse_reassigned_state(state)
         refuse_traced_attributes(self.orig_module)
@@ -346,6 +348,23 @@ class CompiledModule(torch.nn.Module):
     @property
     def artifacts(self) -> list[Artifact]:
         return self.compiled.artifacts
+
+
+@contextlib.contextmanager
+def _parametrizations_uncached():
+    """Trace parametrized tensors from their originals, under `parametrize.cached()` too.
+
+    The cache is process-wide: a trace would store its fake tensors there (the caller's
+    parametrized weight, read later, would be a FakeTensor) or read a real tensor cached
+    before the call (a constant the graph would keep). So each call computes the
+    parametrization from the original: eager's cached value and gradients, unless the
+    original is changed in place inside the `cached()` block (eager keeps the stale value)."""
+    enabled, cache = parametrize._cache_enabled, parametrize._cache
+    parametrize._cache_enabled, parametrize._cache = 0, {}
+    try:
+        yield
+    finally:
+        parametrize._cache_enabled, parametrize._cache = enabled, cache
 
 
 def _recompiles_spent(count: int, max_entries: int, changed: str, name: str) -> bool:

@@ -38,7 +38,7 @@ from .partition.donate import mark_donated, without_donations
 from .runtime.call import (BackwardParts, CompiledCall, CompiledOnFirstCall, RuntimePlan,
                            run_graph_boxed)
 from .runtime.mutations import BackwardWrites
-from .capture.stale import StaleBackward, find_stale_outputs
+from .capture.stale import StaleBackward, find_stale_outputs, freed_graph
 from .cache.entry import Lookup
 from .cache.program import ProgramLookup
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
@@ -412,14 +412,17 @@ def _gradless_inputs(c: Captured, grads: Sequence[Sequence]) -> tuple[int, ...]:
 def _trace_joint(c: Captured, options: Options, random_ops: random_values.RandomValueTags
                  ) -> tuple[Captured, fx.GraphModule]:
     """The joint graph, without the outputs whose backward reads a saved value the function
-    modified in place (stale.py); `random_ops` tags the random values (random_values.py)."""
+    modified in place or freed (stale.py); `random_ops` tags the random values
+    (random_values.py)."""
     def trace(c: Captured) -> fx.GraphModule:
         trace_joint = pure.trace_joint if c.pure else joint.trace_joint
         return trace_joint(random_ops.wrap(c.graph_fn), c.info, c.fakes, c.fake_mode,
                            options.backend.decompositions)
     try:
         return c, trace(c)
-    except capture.StaleSavedValue:
+    except RuntimeError as e:  # StaleSavedValue, or a graph the function's backward freed
+        if not isinstance(e, capture.StaleSavedValue) and not freed_graph(e):
+            raise
         stale = find_stale_outputs(c.graph_fn, c.info, c.fakes, c.fake_mode)
         c = dataclasses.replace(c, info=dataclasses.replace(c.info, stale_outputs=stale.outputs),
                                 stale=stale, pure=False)

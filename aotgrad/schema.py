@@ -206,6 +206,10 @@ class OutputInfo:
     # A plain output that is a view in eager (made in a custom Function, whose node the
     # compiled one stands for): the graph returns it as a view, not a tensor of its own.
     returned_as_view: bool = False
+    # A plain output over this input's memory that is no view (`x.detach()`, of a view of
+    # x too): eager's shares x's version counter, so an in-place change through it shows
+    # on x; the runtime rebuilds it from the input.
+    detached_from: int | None = None
 
 
 @dataclass(frozen=True)

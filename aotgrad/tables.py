@@ -232,6 +232,18 @@ UNMARKED_MUTATIONS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def writes_a_tensor_list(op) -> bool:
+    """Does `op` write into a list of tensors in place (`_foreach_add_`'s `self`)? Eager's
+    kernels step each one's version counter once; functionalization, which runs the op's
+    functional form and swaps the results in, steps none."""
+    if not isinstance(op, torch._ops.OpOverload) or not op._schema.arguments:
+        return False
+    first = op._schema.arguments[0]
+    return (first.alias_info is not None and first.alias_info.is_write
+            and isinstance(first.type, torch.ListType))
+
+
 def has_effect(op) -> bool:
     """Does PyTorch order `op` with effect tokens (a print, a torchbind call...)?"""
     from torch._higher_order_ops.effects import has_effects

@@ -578,3 +578,29 @@ def test_metadata_mutation_and_subclass_members_of_alias_groups(case, door):
     except AssertionError as e:  # the gap is the named refusal, nothing else
         assert isinstance(e.__cause__, NotImplementedError) and "aotgrad:" in str(e.__cause__)
         raise
+
+
+def _detached(x):
+    return x.detach(), x[1:].detach(), x * 2
+
+
+@pytest.mark.parametrize("door", [*DOORS, "compile-inductor"])
+@pytest.mark.parametrize("grad", [True, False])
+def test_a_detached_output_shares_its_inputs_version_counter(door, grad):
+    """Eager's `x.detach()` is no view but shares x's version counter: the compiled output
+    shared x's memory and not its counter, so a write through it left x at version 0 and a
+    backward through a value saved from x read the new values silently."""
+    compile_fn = DOORS.get(door) or aotgrad.compile
+    w = torch.randn(3, requires_grad=True)
+    seen = []
+    for fn in (_detached, compile_fn(_detached)):
+        x = torch.randn(3, requires_grad=grad)
+        loss = (x * w).sum()  # saves x
+        outs = fn(x)
+        outs[0].add_(1)
+        outs[1].add_(1)
+        facts = [(o._is_view(), o.requires_grad, o.data_ptr() - x.data_ptr()) for o in outs[:2]]
+        seen.append((x._version, facts))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    assert seen[1] == seen[0]

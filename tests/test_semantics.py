@@ -421,6 +421,23 @@ def saved_input_for_one_output(x, w):
     return a, w * 2
 
 
+def saved_input_then_written_by_foreach(x, w):
+    """A foreach op's write stepped no version counter in the trace (functionalization runs
+    its functional form): the backward read the new x silently."""
+    a = (x * w).sum()  # saves x for w's gradient
+    torch._foreach_mul_([x], 2.0)
+    return a
+
+
+def loss_returned_after_its_gradient_taken_inside(w, x):
+    """The function's own autograd.grad frees the loss's graph: the call failed at the
+    joint trace ('backward through the graph a second time'), where eager raises only at
+    a backward through the loss."""
+    loss = (x @ w).pow(2).sum()
+    (g,) = torch.autograd.grad(loss, [w])
+    return loss, (w * 3).sum(), g
+
+
 STALE = [
     (saved_input_then_mutated, lambda: (nonleaf(4),), [0]),
     (saved_view_then_base_mutated, lambda: (torch.randn(3, 4), torch.randn(4, requires_grad=True)), [0]),
@@ -428,6 +445,12 @@ STALE = [
     (saved_intermediate_then_mutated, lambda: (nonleaf(4),), [1]),
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [0]),
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [1]),
+    (saved_input_then_written_by_foreach, lambda: (nonleaf(3), torch.randn(3, requires_grad=True)),
+     [0]),
+    (loss_returned_after_its_gradient_taken_inside,
+     lambda: (torch.randn(4, 2, requires_grad=True), torch.randn(3, 4)), [0]),
+    (loss_returned_after_its_gradient_taken_inside,
+     lambda: (torch.randn(4, 2, requires_grad=True), torch.randn(3, 4)), [1]),
 ]
 
 
@@ -727,3 +750,106 @@ def test_a_tensor_forward_stores_in_an_attribute_is_refused_by_the_native_door()
     torch._dynamo.reset()
     out = torch.compile(model, backend="aotgrad")(x)
     torch.testing.assert_close(model.last, out.detach())
+
+
+def test_a_parametrized_module_under_parametrize_cached_matches_eager():
+    """Under `parametrize.cached()` the trace stored its fake weight in torch's process-wide
+    cache: the compiled module's outputs were FakeTensors, and so was `m.weight`."""
+    from torch.nn.utils import parametrize
+
+    class Symmetric(torch.nn.Module):
+        def forward(self, w):
+            return w.triu() + w.triu(1).transpose(0, 1)
+
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(3, 3)
+    parametrize.register_parametrization(eager, "weight", Symmetric())
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend="eager")
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        with parametrize.cached():
+            expected, got = eager(eager(x)), compiled(compiled(x))
+            expected.sum().backward()
+            got.sum().backward()
+            assert type(got) is torch.Tensor and type(model.weight) is torch.Tensor
+        torch.testing.assert_close(got, expected)
+        for p, q in zip(eager.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_reading_an_inputs_grad_inside_is_refused_by_the_native_doors(door):
+    """A traced input has no .grad: `p.add_(p.grad)` failed with torch's TypeError, and a
+    step behind `if p.grad is not None` was skipped silently (eager takes it). Dynamo takes
+    the gradient as an input and matches eager."""
+    def step(w, x):
+        if w.grad is not None:
+            with torch.no_grad():
+                w.sub_(w.grad)
+        return (w * x).sum()
+
+    w, x = torch.randn(4, requires_grad=True), torch.randn(4)
+    w.grad = torch.ones(4)
+    with pytest.raises(NotImplementedError, match=r"aotgrad: the function reads the \.grad"):
+        door(step)(w, x)
+    eager_w = w.detach().clone().requires_grad_()
+    eager_w.grad = torch.ones(4)
+    step(eager_w, x)
+    dynamo(step)(w, x)
+    torch.testing.assert_close(w, eager_w)
+
+
+def test_a_modules_forward_reading_a_parameters_grad_is_refused():
+    class GradGated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.fc(x) * (0 if self.fc.weight.grad is not None else 1)
+
+    model = GradGated()
+    model.fc.weight.grad = torch.ones(2, 2)
+    with pytest.raises(NotImplementedError, match=r"aotgrad: the function reads the \.grad"):
+        aotgrad.compile(model, backend="eager")(torch.randn(3, 2))
+
+
+@DOORS
+def test_a_foreach_write_steps_the_inputs_version_counters_as_eager(door):
+    """Eager's `_foreach_add_` steps each tensor's version once; the compiled call left them
+    at 0, so a backward through a value saved before the call read the new one silently."""
+    def f(a, b):
+        torch._foreach_add_([a, b], 1.0)
+        return a.sum() + b.sum()
+
+    w = torch.randn(3, requires_grad=True)
+    got, expected = [], []
+    for fn, seen in ((f, expected), (door(f), got)):
+        a, b = torch.randn(3), torch.randn(2)
+        loss = (a * w).sum()  # saves a
+        fn(a, b)
+        seen.append((a._version, b._version))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    assert got == expected == [(1, 1)]
+
+
+@pytest.mark.parametrize("register", ["register_hook", "register_post_accumulate_grad_hook"])
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_a_hook_registered_on_an_input_inside_is_refused_by_the_native_doors(door, register):
+    """Eager keeps the hook on the caller's tensor for every later backward; the trace ran
+    `x.register_hook(lambda g: g * 10)` twice inside the graph (x.grad 100x eager's) and
+    never on the caller's x. Dynamo registers it on the caller's tensor, as eager."""
+    def f(x, w):
+        getattr(x, register)(lambda g: g * 10)
+        return (x * w).sin()
+
+    x, w = torch.randn(3, requires_grad=True), torch.randn(3)
+    with pytest.raises(NotImplementedError, match=f"aotgrad: the function calls {register}"):
+        door(f)(x, w)
+    if register == "register_hook":
+        expected_x = x.detach().clone().requires_grad_()
+        f(expected_x, w).sum().backward()
+        dynamo(f)(x, w).sum().backward()
+        torch.testing.assert_close(x.grad, expected_x.grad)

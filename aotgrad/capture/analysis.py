@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import sys
 import warnings
 from typing import Any, Callable, Sequence
@@ -43,7 +44,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)
         held = storages(f_args)
-        with user_code_checks(), _RefuseRequiresGradOff(f_args, is_leaf), \
+        with user_code_checks(f_args), _RefuseRequiresGradOff(f_args, is_leaf), \
                 oplog.recording(f_args, saved_values_hook) as ops:
             outs = graph_fn(*f_args)
         if ops is not None:  # out of the user code's checks: it reads grad_fn
@@ -99,9 +100,10 @@ def _tensor_meta(v: Any) -> TensorMeta | None:
 
 
 @contextlib.contextmanager
-def user_code_checks():
-    """Around the user's code: refuse closed-over state, explain what tracing cannot see."""
-    with _RefuseClosedOverState(), _explain_data_dependence(), _explain_opaque_subclass(), \
+def user_code_checks(inputs: Sequence[Any]):
+    """Around the user's code on traced `inputs`: refuse closed-over state, explain what
+    tracing cannot see."""
+    with _RefuseClosedOverState(inputs), _explain_data_dependence(), _explain_opaque_subclass(), \
             _python_draws_warned():
         yield
 
@@ -206,7 +208,12 @@ def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
 
 class _RefuseClosedOverState(TorchFunctionMode):
     """Real tensors the function closes over become constants of the graph. That is only
-    right for tensors that neither need a gradient nor get mutated: refuse the others."""
+    right for tensors that neither need a gradient nor get mutated: refuse the others. And
+    the `.grad` and hooks of the traced `inputs`, which the graph cannot take."""
+
+    def __init__(self, inputs: Sequence[Any]):
+        super().__init__()
+        self.inputs = {id(a) for a in inputs if isinstance(a, torch.Tensor)}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -216,6 +223,10 @@ class _RefuseClosedOverState(TorchFunctionMode):
             raise _address_read()
         if func is torch.Tensor.retain_grad and not args[0].is_leaf:
             raise _retained_grad()
+        if getattr(func, "__self__", None) in _GRAD_SLOTS and id(args[0]) in self.inputs:
+            raise _grad_slot_used(func)
+        if func in _INPUT_HOOKS and id(args[0]) in self.inputs:
+            raise _input_hooked(func)
         if isinstance(kwargs.get("generator"), torch.Generator) and \
                 not mends.generators_traceable():
             raise _generator_untraceable(func)
@@ -247,6 +258,14 @@ class _RefuseRequiresGradOff(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# `.grad` (and `._grad`): a TorchFunctionMode sees their reads and writes as the getter's
+# and setter's calls (`__self__` is the slot).
+_GRAD_SLOTS = (inspect.getattr_static(torch.Tensor, "grad"),
+               inspect.getattr_static(torch.Tensor, "_grad"))
+# Hooks on an input stay on the caller's tensor in eager, for every later backward through
+# it; a trace would apply them inside the graph (twice: the analysis's hook stays on the
+# fake input the joint trace takes too), and never on the caller's tensor.
+_INPUT_HOOKS = (torch.Tensor.register_hook, torch.Tensor.register_post_accumulate_grad_hook)
 _REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
 
 
@@ -274,6 +293,26 @@ def _retained_grad() -> NotImplementedError:
     return NotImplementedError(
         "aotgrad: the function calls retain_grad() on a tensor it computes; its .grad would "
         "stay None. Call retain_grad() on the output after the compiled call, or use "
+        "torch.compile(backend='aotgrad').")
+
+
+def _grad_slot_used(func) -> NotImplementedError:
+    """A traced input has no `.grad`: a read gives None where eager gives the caller's
+    gradient (an SGD step `p.add_(p.grad, alpha=-lr)` failed; one behind `if p.grad is not
+    None` was skipped, silently), and a write would be lost."""
+    access = "assigns" if func.__name__ == "__set__" else "reads"
+    return NotImplementedError(
+        f"aotgrad: the function {access} the .grad of an input (or parameter) while it is "
+        "traced, where the graph cannot follow the caller's .grad from call to call. Pass "
+        "the gradient as an argument (f(p, p.grad)) and update .grad outside, or use "
+        "torch.compile(backend='aotgrad'), which does.")
+
+
+def _input_hooked(func) -> NotImplementedError:
+    return NotImplementedError(
+        f"aotgrad: the function calls {func.__name__}() on an input (or parameter) while it "
+        "is traced; eager keeps the hook on the caller's tensor for every later backward, "
+        "which a graph cannot. Register it before calling the compiled function, or use "
         "torch.compile(backend='aotgrad').")
 
 
@@ -480,6 +519,7 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
     """Each output's kind, and the intermediate bases the graph must return as well."""
     input_index = {id(a): i for i, a in enumerate(f_args)}
     input_index.update((id(t), i) for t, i in aliases)
+    held = {ref: i for i, ref in enumerate(storages(f_args)) if ref is not None}
     first_seen: dict[int, int] = {}
     plain_index: dict[int, int] = {}
     for i, o in enumerate(outs):
@@ -500,11 +540,23 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
             infos.append(OutputInfo(OutputKind.INPUT, input_index[id(o)], o.requires_grad))
         elif not _is_alias(o):
             infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad,
-                                    returned_as_view=o._is_view()))
+                                    returned_as_view=o._is_view(),
+                                    detached_from=_detached_from(o, held, f_args)))
         else:
             kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
             infos.append(_view_info(o, kind, source))
     return tuple(infos), len(bases)
+
+
+def _detached_from(o: torch.Tensor, held: dict, f_args: Sequence[Any]) -> int | None:
+    """The input whose memory `o`, no view and of its dtype, lies over (`x.detach()`), if
+    any. (`x.data` too, whose version counter eager does not share: rebuilt as a detach, a
+    later in-place change through it raises at a backward where eager's would not, never
+    silently.) A view to another dtype the graph computes, as before."""
+    if o._is_view() or subclasses.is_subclass(o):
+        return None
+    i = held.get(storages([o])[0])
+    return i if i is not None and f_args[i].dtype == o.dtype else None
 
 
 def _is_alias(o: torch.Tensor) -> bool:

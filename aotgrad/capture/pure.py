@@ -85,7 +85,7 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
     try:
         with global_state_restored_on_error(), fake_mode, \
                 analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
-                analysis.user_code_checks(), oplog.recording(fakes, _same) as ops:
+                analysis.user_code_checks(fakes), oplog.recording(fakes, _same) as ops:
             outs = graph_fn(*fakes)
         if ops is not None:  # out of the user code's checks: it reads grad_fn
             ops.returned(outs, fakes)

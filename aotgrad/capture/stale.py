@@ -10,6 +10,11 @@ tangent); the compiled forward still returns them as differentiable outputs, so 
 grad as in eager, and the backward raises eager's error when one of them receives a gradient
 (`StaleBackward.check`). A call under no_grad, or whose stale outputs take no part in a
 backward, runs as eager's does.
+
+An output whose graph the function's own backward freed (`torch.autograd.grad(loss, ...)`
+inside, without `retain_graph`, then `return loss`) is stale the same way: the joint trace
+meets eager's "backward through the graph a second time" at the call, where eager raises it
+only at a backward through that output.
 """
 
 from __future__ import annotations
@@ -47,11 +52,27 @@ class StaleSaved:
 
 
 @dataclass(frozen=True)
+class FreedGraph:
+    """A value the function's own backward freed: eager's `message` at a backward."""
+
+    message: str
+    input = None  # no caller's tensor to hold
+
+
+def freed_graph(e: BaseException) -> bool:
+    """Is `e` autograd's error for a backward through values a backward freed?"""
+    return isinstance(e, RuntimeError) and FREED_MESSAGE in str(e)
+
+
+FREED_MESSAGE = "Trying to backward through the graph a second time"
+
+
+@dataclass(frozen=True)
 class StaleBackward:
     """Which forward outputs are stale, and the error a backward through one raises."""
 
     outputs: tuple[int, ...]
-    saved: StaleSaved
+    saved: StaleSaved | FreedGraph
 
     def hold(self, ctx, inputs: Sequence[Any]) -> None:
         """Keep the input the saved value belongs to, and its version at the call."""
@@ -61,6 +82,8 @@ class StaleBackward:
 
     def check(self, ctx, grads: Sequence[Any]) -> None:
         if any(grads[k] is not None for k in self.outputs):
+            if isinstance(self.saved, FreedGraph):
+                raise RuntimeError(self.saved.message)
             raise RuntimeError(_message(self.saved, ctx))
 
 
@@ -80,9 +103,14 @@ def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[A
                             allow_unused=True)
             except StaleSavedValue as e:
                 found[k] = _describe(e, args)
+            except RuntimeError as e:
+                if not freed_graph(e):
+                    raise
+                found[k] = FreedGraph(str(e))
     if not found:
-        raise RuntimeError("aotgrad: the joint trace found a saved value modified in place, "
-                           "but no single output's backward reads it; please report this.")
+        raise RuntimeError("aotgrad: the joint trace found a saved value modified in place "
+                           "or freed, but no single output's backward reads it; please "
+                           "report this.")
     return StaleBackward(tuple(found), next(iter(found.values())))
 
 
@@ -140,4 +168,10 @@ def _eager_style() -> tuple[Callable[[str], str], str]:
         message = pool.submit(_eager_error).result()
     strip = "of AddBackward0," not in message
     hint = message[message.index(" instead. ") + len(" instead. "):]
-    return (lambda name: re.sub(r"Backward\d*$", "", name)) if strip else (lambda n: n), hint
+    return (_short_node_name if strip else (lambda n: n)), hint
+
+
+def _short_node_name(name: str) -> str:
+    """As torch's error shortens a node's name: "MulBackward0" is "Mul", "PowBackward1"
+    "Pow1" (a foreach write leaves MulBackward1), "ForeachMulBackward1Scalar" stays."""
+    return re.sub(r"Backward(\d*)$", lambda m: "" if m[1] in ("", "0") else m[1], name)

@@ -435,7 +435,8 @@ def _gatherer(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[
 def _plain_output_slice(info: FunctionInfo) -> slice | None:
     """Where the user outputs lie in the graph's results when every one is computed by the
     graph (no aliases to rebuild): a call then slices instead of running the getters."""
-    if any(o.kind is not OutputKind.PLAIN or o.made_leaf for o in info.outputs):
+    if any(o.kind is not OutputKind.PLAIN or o.made_leaf or o.detached_from is not None
+           for o in info.outputs):
         return None
     first = info.first_user_output
     return slice(first, first + len(info.outputs))
@@ -466,6 +467,8 @@ _RANK = {OutputKind.VIEW_OF_INPUT: 1, OutputKind.VIEW_OF_INTERMEDIATE: 1,
 def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     """How output `o` is obtained from the inputs, the graph's results and earlier outputs."""
     kind, src = o.kind, o.source
+    if kind is OutputKind.PLAIN and o.detached_from is not None:
+        return lambda inputs, raw, outs: detached_alias(inputs[o.detached_from], raw[k])
     if kind is OutputKind.PLAIN:
         return lambda inputs, raw, outs: raw[k]
     if kind is OutputKind.CONSTANT:
@@ -479,6 +482,14 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     if kind is OutputKind.VIEW_OF_OUTPUT:
         return lambda inputs, raw, outs: regenerate_view(o, outs[src])
     return lambda inputs, raw, outs: outs[src]  # SAME_AS_OUTPUT
+
+
+def detached_alias(source: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`out`, over `source`'s memory, as eager's `source.detach()` returns it: no view,
+    sharing `source`'s version counter (a graph's alias of its input shares neither)."""
+    if out.untyped_storage().data_ptr() != source.untyped_storage().data_ptr():
+        return out  # the backend copied it: its geometry says nothing of the input's
+    return source.detach().as_strided(out.size(), out.stride(), out.storage_offset()).detach()
 
 
 def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Callable:

@@ -35,7 +35,8 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from . import regions
 from .hops import functionalize_hop
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from ..tables import ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS, has_effect
+from ..tables import (ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS, has_effect,
+                      writes_a_tensor_list)
 from ..schema import PHASE, is_tangent
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -118,6 +119,10 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             out = super().__torch_dispatch__(func, types, args, kwargs)
             if has_effect(func):
                 _tag_traced_effects(self.phase, func)
+            if writes_a_tensor_list(func):
+                # As eager's foreach kernels do: the runtime copies the count back to the
+                # inputs, and a value saved before the write fails autograd's check.
+                torch.autograd.graph.increment_version(args[0])
             return out
         args, kwargs = pytree.tree_map_only(
             FunctionalTensor, FunctionalTensor.from_functional, (args, kwargs or {}))
