@@ -16,12 +16,16 @@ case $1 in
 # Session 20 ran `verify20`, `models20a`, `models20b` (and DeBERTa-v2, EfficientNet-B0 alone):
 # bench/results/h200-2026-11-29-session20. Next: `split21`, DeBERTa-v2's host time (46.05 vs
 # 40.19 ms a step in one process, equal with CUDA graphs); its warm first step (18.1 vs 5.4 s:
-# models.py's interleaved rows now hold our cache's events); `part20`; `models21`.
+# models.py's interleaved rows now hold our cache's events; `cache21`); `part20`; `models21`.
 split21)  # DeBERTa-v2's step, 46.05 vs 40.19 ms in models20's interleaved process (host 38.1 vs
   # 33.6 ms; equal with CUDA graphs): forward/backward host and GPU time, both modes in one
   # process taking turns, and each mode's host calls by own time (BERT: ours faster, control)
   TAIL=60 step split 400 python bench/step_split.py --models deberta_v2,bert --together \
     --steps 24 --rounds 8 --out $OUT/split ;;
+cache21)  # 79da4ff: DeBERTa-v2's graphs hold tensor constants, which made every compile of it
+  # uncached (warm first step 18.1 s vs torch's 5.4 in models20): cold, then warm, both doors
+  TAIL=20 step cache 560 python bench/cache.py --gpu --models deberta_v2 \
+    --sides aotgrad_dynamo,torch --timeout 250 --out $OUT/cache ;;
 models21)  # the two models models20 left out (session 11 has them)
   TAIL=14 step models 575 python bench/models.py --models swin_t,convnext_t --budget 300 \
     --timeout 260 --out $OUT/models ;;
