@@ -10,24 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
-import sys
-import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 from torch._dispatch.python import enable_python_dispatcher
-from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                          DynamicOutputShapeException, FakeTensor,
-                                          FakeTensorMode)
-from torch._subclasses.functional_tensor import FunctionalTensor
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
-from ..semantics import mends, subclasses, swaps
+from ..semantics import subclasses, swaps
 from . import oplog
+from .user_checks import RefuseRequiresGradOff, requires_grad_turned_off, user_code_checks
 from .inputs import OutputBox, functional_mode, saved_values_hook, to_functional
 from ..semantics.dynamic import DynamicShapesUnsupported, geometry, is_size, is_symbolic
 from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKind, StorageSwap,
@@ -44,7 +37,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)
         held = storages(f_args)
-        with user_code_checks(f_args), _RefuseRequiresGradOff(f_args, is_leaf), \
+        with user_code_checks(f_args), RefuseRequiresGradOff(f_args, is_leaf), \
                 oplog.recording(f_args, saved_values_hook) as ops:
             outs = graph_fn(*f_args)
         if ops is not None:  # out of the user code's checks: it reads grad_fn
@@ -97,57 +90,6 @@ def _tensor_meta(v: Any) -> TensorMeta | None:
     layout = subclasses.describe(v)
     subclass = layout if isinstance(layout, SubclassMeta) else None
     return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass)
-
-
-@contextlib.contextmanager
-def user_code_checks(inputs: Sequence[Any]):
-    """Around the user's code on traced `inputs`: refuse closed-over state, explain what
-    tracing cannot see."""
-    with _RefuseClosedOverState(inputs), _explain_data_dependence(), _explain_opaque_subclass(), \
-            _python_draws_warned():
-        yield
-
-
-# Python's own random draws (module `random`, numpy's), where loaded (else the function
-# cannot call them): a trace calls them once.
-_PYTHON_DRAWS = {
-    "random": ("random", "uniform", "randint", "randrange", "choice", "choices", "shuffle",
-               "sample", "gauss", "normalvariate", "getrandbits", "betavariate",
-               "expovariate", "triangular"),
-    "numpy.random": ("random", "rand", "randn", "randint", "uniform", "normal", "choice",
-                     "shuffle", "permutation", "random_sample", "binomial", "beta"),
-}
-
-
-@contextlib.contextmanager
-def _python_draws_warned():
-    """A draw of Python's `random` runs once, while traced: the graph keeps that value (a
-    layer dropped or not, a crop's offset), where eager draws again at each call. Warned,
-    not refused: a draw whose value changes nothing (HF's LayerDrop at probability 0) is
-    common in models that compile right."""
-    drawn: list[str] = []
-
-    def noted(name: str, draw: Callable) -> Callable:
-        @functools.wraps(draw)
-        def draw_noted(*args, **kwargs):
-            drawn.append(name)
-            return draw(*args, **kwargs)
-        return draw_noted
-
-    with contextlib.ExitStack() as stack:
-        for module_name, names in _PYTHON_DRAWS.items():
-            module = sys.modules.get(module_name)
-            if module is not None:
-                stack.enter_context(mends.patched(module, **{
-                    name: noted(f"{module_name}.{name}", vars(module)[name])
-                    for name in names if name in vars(module)}))
-        yield
-    if drawn:
-        warnings.warn(
-            f"aotgrad: the function called {drawn[0]}() while traced: the compiled "
-            "graph keeps the value drawn then, where eager draws a new one at each call. "
-            "Draw it outside the compiled function and pass it in, or use torch.rand "
-            "(which the graph draws at each call).", stacklevel=2)
 
 
 def storages(args: Sequence[Any]) -> list:
@@ -206,148 +148,6 @@ def _intermediate_bases(info: FunctionInfo, outs: Sequence) -> list:
     return bases
 
 
-class _RefuseClosedOverState(TorchFunctionMode):
-    """Real tensors the function closes over become constants of the graph. That is only
-    right for tensors that neither need a gradient nor get mutated: refuse the others. And
-    the `.grad` and hooks of the traced `inputs`, which the graph cannot take."""
-
-    def __init__(self, inputs: Sequence[Any]):
-        super().__init__()
-        self.inputs = {id(a) for a in inputs if isinstance(a, torch.Tensor)}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if torch.compiler.is_dynamo_compiling():  # torch.cond's Dynamo capturing a branch:
-            return func(*args, **kwargs)  # the op it records meets this mode after
-        if func is torch.Tensor.data_ptr and not _is_real(args[0]):
-            raise _address_read()
-        if func is torch.Tensor.retain_grad and not args[0].is_leaf:
-            raise _retained_grad()
-        if getattr(func, "__self__", None) in _GRAD_SLOTS and id(args[0]) in self.inputs:
-            raise _grad_slot_used(func)
-        if func in _INPUT_HOOKS and id(args[0]) in self.inputs:
-            raise _input_hooked(func)
-        if isinstance(kwargs.get("generator"), torch.Generator) and \
-                not mends.generators_traceable():
-            raise _generator_untraceable(func)
-        oplog.note_function(func)  # hooks: Python code in the backward the log cannot see
-        for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
-            if _is_real(t):
-                _refuse(func, t, mutated=i == 0 and _is_inplace(func))
-        return func(*args, **kwargs)
-
-
-class _RefuseRequiresGradOff(TorchFunctionMode):
-    """`requires_grad_(False)` on an input leaf: eager allows it, but the ops before it still
-    reach the input's gradient, which a trace cannot tell apart from those after it. (Here
-    the input is a wrapper that is no leaf: autograd itself would raise an error eager
-    does not.)"""
-
-    def __init__(self, args: Sequence[Any], is_leaf: Sequence[bool]):
-        super().__init__()
-        self.leaves = {id(a) for a, leaf in zip(args, is_leaf)
-                       if isinstance(a, torch.Tensor) and leaf and a.requires_grad}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if torch.compiler.is_dynamo_compiling():  # as _RefuseClosedOverState
-            return func(*args, **kwargs)
-        if func in _REQUIRES_GRAD_SETTERS and id(args[0]) in self.leaves and \
-                not (args[1] if len(args) > 1 else kwargs.get("requires_grad", True)):
-            raise _requires_grad_turned_off()
-        return func(*args, **kwargs)
-
-
-# `.grad` (and `._grad`): a TorchFunctionMode sees their reads and writes as the getter's
-# and setter's calls (`__self__` is the slot).
-_GRAD_SLOTS = (inspect.getattr_static(torch.Tensor, "grad"),
-               inspect.getattr_static(torch.Tensor, "_grad"))
-# Hooks on an input stay on the caller's tensor in eager, for every later backward through
-# it; a trace would apply them inside the graph (twice: the analysis's hook stays on the
-# fake input the joint trace takes too), and never on the caller's tensor.
-_INPUT_HOOKS = (torch.Tensor.register_hook, torch.Tensor.register_post_accumulate_grad_hook)
-_REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
-
-
-def _address_read() -> NotImplementedError:
-    """A traced tensor has no memory: its address is 0, and a kernel launched on it (a user
-    Triton kernel, a C extension) would write through that, or the trace would go on without
-    its effect. Named here, at the first read."""
-    return NotImplementedError(
-        "aotgrad: the function reads a tensor's data_ptr() while it is traced (a user Triton "
-        "kernel or C extension launched directly?). Call the kernel from a custom op "
-        "(torch.library.custom_op with a register_fake), which aotgrad traces as one op.")
-
-
-def _generator_untraceable(func) -> NotImplementedError:
-    return NotImplementedError(
-        f"aotgrad: {getattr(func, '__name__', func)}(generator=...) draws from a "
-        f"torch.Generator, which torch {torch.__version__}'s tracer cannot hold in a graph "
-        "(torch >= 2.13 can). Draw the numbers outside the compiled function and pass them "
-        "in, or use the default generator.")
-
-
-def _retained_grad() -> NotImplementedError:
-    """The compiled function's outputs are new tensors made after the graph ran: the one
-    retain_grad() marked is the trace's, and eager's `.grad` would stay None."""
-    return NotImplementedError(
-        "aotgrad: the function calls retain_grad() on a tensor it computes; its .grad would "
-        "stay None. Call retain_grad() on the output after the compiled call, or use "
-        "torch.compile(backend='aotgrad').")
-
-
-def _grad_slot_used(func) -> NotImplementedError:
-    """A traced input has no `.grad`: a read gives None where eager gives the caller's
-    gradient (an SGD step `p.add_(p.grad, alpha=-lr)` failed; one behind `if p.grad is not
-    None` was skipped, silently), and a write would be lost."""
-    access = "assigns" if func.__name__ == "__set__" else "reads"
-    return NotImplementedError(
-        f"aotgrad: the function {access} the .grad of an input (or parameter) while it is "
-        "traced, where the graph cannot follow the caller's .grad from call to call. Pass "
-        "the gradient as an argument (f(p, p.grad)) and update .grad outside, or use "
-        "torch.compile(backend='aotgrad'), which does.")
-
-
-def _input_hooked(func) -> NotImplementedError:
-    return NotImplementedError(
-        f"aotgrad: the function calls {func.__name__}() on an input (or parameter) while it "
-        "is traced; eager keeps the hook on the caller's tensor for every later backward, "
-        "which a graph cannot. Register it before calling the compiled function, or use "
-        "torch.compile(backend='aotgrad').")
-
-
-def _requires_grad_turned_off() -> NotImplementedError:
-    return NotImplementedError(
-        "aotgrad: the function calls requires_grad_(False) (or detach_()) on an input that "
-        "requires grad; call it before the compiled function, or use x.detach() inside.")
-
-
-def _is_real(t) -> bool:
-    if subclasses.is_subclass(t):  # real when what it wraps is
-        return any(_is_real(inner) for inner in subclasses.unwrap(t))
-    return (isinstance(t, torch.Tensor) and not isinstance(t, (FakeTensor, FunctionalTensor))
-            and not torch._is_functional_tensor(t))
-
-
-def _is_inplace(func) -> bool:
-    name = getattr(func, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")
-
-
-def _refuse(func, t: torch.Tensor, mutated: bool) -> None:
-    if t.requires_grad:
-        raise RuntimeError(
-            f"aotgrad: {getattr(func, '__name__', func)} reads a tensor of shape {tuple(t.shape)} "
-            "that requires grad but is not an input of the compiled function (a closed-over "
-            "parameter?); its gradient would be lost. Pass it as an argument, or compile the "
-            "module that owns it: aotgrad.compile(module).")
-    if mutated:
-        raise RuntimeError(
-            f"aotgrad: {func.__name__} mutates a tensor of shape {tuple(t.shape)} that is not "
-            "an input of the compiled function; the mutation would be lost. Pass it as an "
-            "argument.")
-
-
 def _state(a: Any) -> tuple | None:
     """What a mutation inside the function could change, before the call."""
     if not isinstance(a, torch.Tensor):
@@ -376,7 +176,7 @@ def _input_info(a: torch.Tensor, is_leaf: bool, before: tuple, version: int,
     # A data mutation by a value that requires grad makes the input require it too.
     gains = a.requires_grad and not old_requires_grad and not mutates_data
     if old_requires_grad and not a.requires_grad:  # detach_(), or requires_grad_(False)
-        raise _requires_grad_turned_off()
+        raise requires_grad_turned_off()
     return InputInfo(
         requires_grad=old_requires_grad,
         is_leaf=is_leaf,
@@ -486,35 +286,6 @@ def _reaches_leaves_made_inside(values: Sequence[Any], args: Sequence[Any]) -> b
     return False
 
 
-@contextlib.contextmanager
-def _explain_data_dependence():
-    """Data-dependent values cannot be traced with fake tensors; say what to do instead."""
-    try:
-        yield
-    except (DataDependentOutputException, DynamicOutputShapeException) as e:
-        raise NotImplementedError(
-            f"aotgrad: {e.func} produces a value that depends on tensor data (.item(), "
-            "nonzero, boolean masks...), which ahead-of-time tracing cannot see. Move it out "
-            "of the compiled function, or use torch.compile(backend='aotgrad'), which splits "
-            "the function around it.") from e
-
-
-@contextlib.contextmanager
-def _explain_opaque_subclass():
-    """`x.as_subclass(C)` inside the function hides the tensor from functionalization, which
-    then fails with an error that does not say why."""
-    try:
-        yield
-    except RuntimeError as e:
-        if "FunctionalTensor on its own" not in str(e):
-            raise
-        raise NotImplementedError(
-            "aotgrad: the function made a tensor that tracing cannot follow, most likely a "
-            "tensor subclass that is not a traceable wrapper subclass (x.as_subclass(C) with "
-            "C lacking __tensor_flatten__/__tensor_unflatten__). Make C a traceable wrapper "
-            "subclass, or build it outside the compiled function.") from e
-
-
 def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Sequence = ()):
     """Each output's kind, and the intermediate bases the graph must return as well."""
     input_index = {id(a): i for i, a in enumerate(f_args)}
@@ -553,8 +324,8 @@ def _detached_from(o: torch.Tensor, held: dict, f_args: Sequence[Any]) -> int | 
     any. (`x.data` too, whose version counter eager does not share: rebuilt as a detach, a
     later in-place change through it raises at a backward where eager's would not, never
     silently.) A view to another dtype the graph computes, as before."""
-    if o._is_view() or subclasses.is_subclass(o):
-        return None
+    if o._is_view() or o.requires_grad or subclasses.is_subclass(o):
+        return None  # a detach never requires grad; unsafe_chunk's outputs do, and are own
     i = held.get(storages([o])[0])
     return i if i is not None and f_args[i].dtype == o.dtype else None
 

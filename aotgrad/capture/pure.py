@@ -23,7 +23,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import analysis, joint, oplog
+from . import analysis, joint, oplog, user_checks
 from .analysis import graph_outputs
 from ..schema import JOINT_FW_OUTPUTS, SIZE_INPUT, FunctionInfo, Geometry, InputInfo
 from .inputs import OutputBox, global_state_restored_on_error
@@ -85,7 +85,7 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
     try:
         with global_state_restored_on_error(), fake_mode, \
                 analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
-                analysis.user_code_checks(fakes), oplog.recording(fakes, _same) as ops:
+                user_checks.user_code_checks(fakes), oplog.recording(fakes, _same) as ops:
             outs = graph_fn(*fakes)
         if ops is not None:  # out of the user code's checks: it reads grad_fn
             ops.returned(outs, fakes)
