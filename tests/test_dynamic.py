@@ -11,6 +11,8 @@ import aotgrad
 from aotgrad.compat import aot_function, aot_module_simplified, make_boxed_compiler, nop
 from aotgrad.semantics.dynamic import is_size
 
+from harness import Case, call_index, check_case
+
 
 class Counted:
     """A front door, and how many graphs it compiled so far."""
@@ -407,3 +409,46 @@ def test_a_double_backward_torch_cannot_trace_for_symbolic_sizes_says_what_to_do
     else:
         expected, = torch.autograd.grad(f(x), x, create_graph=True)
         torch.testing.assert_close(got, expected)
+
+
+# ---- values that depend on data, through Dynamo (its capture flags on) ----------------------
+
+def dynamo_captures_data(fn):
+    """The Dynamo door with `nonzero`, boolean masks and `.item()` kept in the graph (their
+    sizes and values unbacked symbols, checked by `_assert_scalar` nodes) instead of split
+    around."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aotgrad.backend(backend="eager"))
+
+    def run(*args):
+        with torch._dynamo.config.patch(capture_scalar_outputs=True,
+                                        capture_dynamic_output_shape_ops=True):
+            return compiled(*args)
+    return run
+
+
+def _masked_inputs():
+    x = torch.randn(6)
+    x[::call_index() + 2] = -1.0  # a different count of positives at each call
+    return (x.requires_grad_(),), {}
+
+
+DATA_DEPENDENT = [
+    Case("boolean_mask", _masked_inputs, lambda x: (x[x > 0] ** 2, x * 2)),
+    Case("nonzero_index", _masked_inputs, lambda x: x[torch.nonzero(x > 0).squeeze(1)] * 3),
+    Case("masked_select_mean", _masked_inputs,
+         lambda x: torch.masked_select(x, x > 0).exp().mean() * x),
+    Case("nonzero_count_returned", _masked_inputs, lambda x: (x.nonzero().shape[0], x * 2)),
+    Case("item_checked_slice", lambda: ((torch.randn(5, requires_grad=True),
+                                         torch.tensor(2 + call_index())), {}),
+         lambda x, n: (torch._check(n.item() <= 5), torch._check(n.item() >= 0),
+                       x[:n.item()] * 2)[-1]),
+]
+
+
+@pytest.mark.parametrize("case", DATA_DEPENDENT, ids=lambda c: c.name)
+def test_dynamo_data_dependent_sizes_behave_as_eager(case):
+    """Dynamo's graph checks an unbacked size with `aten._assert_scalar`, an op that returns
+    nothing: make_fx left its node without a value, which verify refused (a crash where
+    eager and torch's aot_eager run)."""
+    check_case(case, dynamo_captures_data, calls=3)

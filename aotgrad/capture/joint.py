@@ -359,6 +359,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
             fx_traceback.preserve_node_meta(), _lazy_graph_modules(), \
             differentiating() if differentiates else mends.lstm_states_shaped():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
+    mark_valueless(gm.graph)
     gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
     # Each placeholder's role, from the argument it stands for: `fn` takes the primals, then
     # (a joint) the tangents. Partitioners read it (schema.is_tangent), not the node's name.
@@ -367,6 +368,17 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
         node.meta[JOINT_ROLE] = role
     copy_forward_stack_traces(gm)
     return cleanup(gm)
+
+
+def mark_valueless(graph: torch.fx.Graph) -> None:
+    """Ops that return nothing carry the value None. make_fx records none for the runtime
+    checks Dynamo puts in its graph (`aten._assert_scalar` of a symbolic size: `torch._check`,
+    the bounds of `nonzero`'s unbacked size, `sym_constrain_range_for_size`), and `verify`
+    refuses a node without a value."""
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and not schema.returns:
+            node.meta.setdefault("val", None)
 
 
 def tangents_read_by_grads(gm: torch.fx.GraphModule) -> tuple[int, ...]:
