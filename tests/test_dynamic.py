@@ -446,9 +446,32 @@ DATA_DEPENDENT = [
 ]
 
 
+def _ones_of_item(x, n):
+    size = n.item()
+    torch._check(size >= 0)
+    return x.new_ones(size) * x.sum()
+
+
+# An output whose size is computed from data, built by the forward from that size alone.
+SIZED_BY_DATA = [
+    Case("new_ones_of_item", lambda: ((torch.randn(5, requires_grad=True),
+                                       torch.tensor(2 + call_index())), {}), _ones_of_item),
+    Case("ones_of_nonzero_count", _masked_inputs,
+         lambda x: torch.ones(x.nonzero().shape[0]) * x.sum()),
+]
+
+
 @pytest.mark.parametrize("case", DATA_DEPENDENT, ids=lambda c: c.name)
 def test_dynamo_data_dependent_sizes_behave_as_eager(case):
     """Dynamo's graph checks an unbacked size with `aten._assert_scalar`, an op that returns
     nothing: make_fx left its node without a value, which verify refused (a crash where
     eager and torch's aot_eager run)."""
+    check_case(case, dynamo_captures_data, calls=3)
+
+
+@pytest.mark.parametrize("case", SIZED_BY_DATA, ids=lambda c: c.name)
+def test_dynamo_forward_reads_its_own_data_dependent_size(case):
+    """The output's tangent has the data-dependent size too, and make_fx read the size from
+    the tangent placeholder (bound before the forward ran): the forward needed a tangent and
+    the partition failed ('tangents_1 are needed but are not inputs')."""
     check_case(case, dynamo_captures_data, calls=3)
