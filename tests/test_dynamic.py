@@ -475,3 +475,28 @@ def test_dynamo_forward_reads_its_own_data_dependent_size(case):
     the tangent placeholder (bound before the forward ran): the forward needed a tangent and
     the partition failed ('tangents_1 are needed but are not inputs')."""
     check_case(case, dynamo_captures_data, calls=3)
+
+
+def _write_positives(x, y):
+    x[x > 0] = y[:int((x > 0).sum().item())]
+    return x
+
+
+def _write_positives_of_copy(x, y):
+    z = x.detach().clone()
+    z[z > 0] = y[:int((z > 0).sum().item())] * 2
+    return z.sum() * x
+
+
+@pytest.mark.parametrize("case", [
+    Case("into_input", lambda: ((_masked_inputs()[0][0].detach(), torch.randn(6)), {}),
+         _write_positives),
+    Case("into_copy_with_grad", lambda: ((_masked_inputs()[0][0],
+                                          torch.randn(6, requires_grad=True)), {}),
+         _write_positives_of_copy),
+], ids=lambda c: c.name)
+def test_dynamo_writes_sized_by_data_behave_as_eager(case):
+    """A function that mutates runs two analyses before its trace; the unbacked symbols they
+    made (`.item()` of a count) were left pending on Dynamo's ShapeEnv, and the trace
+    refused them (PendingUnbackedSymbolNotFound)."""
+    check_case(case, dynamo_captures_data, calls=3)

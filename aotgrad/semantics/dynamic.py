@@ -88,6 +88,16 @@ def hint(value: Any) -> int:
 
 # ---- symbolic fake inputs (aotgrad's own front doors) ----------------------------------------
 
+def fresh_unbacked_ignored(mode: FakeTensorMode):
+    """A run on fake values that only looks (the analyses): the unbacked symbols it makes
+    (`.item()`, `nonzero`) are left pending on the ShapeEnv, and the trace that follows
+    refuses symbols none of its ops bound (`PendingUnbackedSymbolNotFound`), as torch's
+    AOTAutograd's metadata run avoids this way too."""
+    if mode.shape_env is None:
+        return contextlib.nullcontext()
+    return mode.shape_env.ignore_fresh_unbacked_symbols()
+
+
 def symbolic_fake_mode() -> FakeTensorMode:
     # Values that depend on tensor data (.item(), nonzero) raise as with static shapes, where
     # the analysis explains them, instead of becoming sizes no input determines.
