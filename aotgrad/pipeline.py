@@ -530,11 +530,25 @@ def _runtime_sizes(info: FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | N
         return None
     sizes = SizeBindings(fakes)
     unbound = sorted(map(str, sizes.unbound(geometry)))
+    _refuse_views_sized_by_data(unbound)
     if unbound:
         raise DynamicShapesUnsupported(
             f"aotgrad: an output view or an input's new metadata has sizes {unbound} that no "
             "input's size determines; compile with dynamic=False.")
     return sizes
+
+
+def _refuse_views_sized_by_data(unbound: list[str]) -> None:
+    """The runtime rebuilds an output view from its base with sizes it reads from the graph
+    inputs. A size computed from data (an unbacked symbol `u0`: `nonzero`, a boolean mask,
+    `.item()`) is in no input, and static shapes do not help (the default advice)."""
+    from_data = [s for s in unbound if s.startswith("u")]
+    if from_data:
+        raise NotImplementedError(
+            f"aotgrad: an output view (or an input's new shape) has sizes {from_data} "
+            "computed from tensor data (`nonzero`, a boolean mask, `.item()`), which aotgrad "
+            "cannot rebuild at run time; return a `.clone()` of it, or compute it outside "
+            "the compiled function.")
 
 
 def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range,

@@ -500,3 +500,21 @@ def test_dynamo_writes_sized_by_data_behave_as_eager(case):
     made (`.item()` of a count) were left pending on Dynamo's ShapeEnv, and the trace
     refused them (PendingUnbackedSymbolNotFound)."""
     check_case(case, dynamo_captures_data, calls=3)
+
+
+VIEW_SIZED_BY_DATA = Case("view_of_masked", _masked_inputs, lambda x: x[x > 0].view(-1, 1))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="the runtime rebuilds output views with sizes read from the graph "
+                          "inputs; a size computed from data is in none (docs/unsupported.md)")
+def test_dynamo_output_view_sized_by_data_as_eager():
+    check_case(VIEW_SIZED_BY_DATA, dynamo_captures_data, calls=2)
+
+
+def test_dynamo_output_view_sized_by_data_is_refused_clearly():
+    """It advised `dynamic=False`, which does not help a size computed from data."""
+    with pytest.raises(Exception, match=r"aotgrad: an output view .*computed from tensor data.*"
+                                        r"\.clone\(\)") as info:
+        dynamo_captures_data(VIEW_SIZED_BY_DATA.fn)(*_masked_inputs()[0])
+    assert "dynamic=False" not in str(info.value)
