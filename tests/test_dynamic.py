@@ -518,3 +518,19 @@ def test_dynamo_output_view_sized_by_data_is_refused_clearly():
                                         r"\.clone\(\)") as info:
         dynamo_captures_data(VIEW_SIZED_BY_DATA.fn)(*_masked_inputs()[0])
     assert "dynamic=False" not in str(info.value)
+
+
+def _length_inputs():
+    return (torch.randn(6, requires_grad=True), torch.tensor(2 + call_index())), {}
+
+
+@pytest.mark.parametrize("case", [
+    Case("narrow_by_item", _length_inputs, lambda x, n: x.narrow(0, 0, n.item())),
+    Case("slice_by_item", _length_inputs, lambda x, n: (x[:n.item()], x * 2)),
+    Case("item_times_two", _length_inputs, lambda x, n: (n.item() * 2, x[1:n.item()].t())),
+], ids=lambda c: c.name)
+def test_dynamo_output_view_sized_by_an_inputs_item(case):
+    """A view of an input whose size is the `.item()` of another input (unpadding by a
+    length): the runtime rebuilds it with sizes read from the graph inputs, and found none
+    holding the symbol (refused, advising dynamic=False). It reads the input's value now."""
+    check_case(case, dynamo_captures_data, calls=3)

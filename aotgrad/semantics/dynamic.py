@@ -186,7 +186,9 @@ def no_new_guards(mode: FakeTensorMode, what: str):
 
 # ---- evaluating sizes at run time ------------------------------------------------------------
 
-Where = tuple[int, str, int]  # (graph input, "size"/"stride"/"offset"/"value", dim)
+# (graph input, "size"/"stride"/"offset"/"value"/"item", dim). An "item" read syncs with the
+# device where the input lives there, as the graph's own `.item()` of it does.
+Where = tuple[int, str, int]
 
 
 class SizeBindings:
@@ -234,13 +236,16 @@ class SizeBindings:
 
 
 def _plain_symbols(i: int, fake: Any):
-    """(symbol, where) for each size, stride or offset of a graph input that is one symbol."""
+    """(symbol, where) for each size, stride or offset of a graph input that is one symbol,
+    and for the value of a 0-d input Dynamo's graph reads with `.item()` (its fake's memo:
+    `x[:n.item()]` returned as a view takes its size from `n`)."""
     if isinstance(fake, torch.SymInt):
         candidates = [(fake, (i, "value", 0))]
     elif isinstance(fake, torch.Tensor) and fake.layout is torch.strided:
         candidates = [(s, (i, "size", d)) for d, s in enumerate(fake.shape)]
         candidates += [(s, (i, "stride", d)) for d, s in enumerate(fake.stride())]
         candidates.append((fake.storage_offset(), (i, "offset", 0)))
+        candidates.append((getattr(fake, "item_memo", None), (i, "item", 0)))
     else:
         candidates = []
     for value, where in candidates:
@@ -257,4 +262,6 @@ def _read(graph_inputs: Sequence[Any], where: Where) -> int:
         return t.stride(d)
     if prop == "offset":
         return t.storage_offset()
+    if prop == "item":
+        return t.item()
     return t
