@@ -528,7 +528,7 @@ def _runtime_sizes(info: FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | N
     geometry += [o.constant for o in info.outputs if is_symbolic(o.constant)]
     if not is_symbolic(geometry):
         return None
-    sizes = SizeBindings(fakes)
+    sizes = SizeBindings(fakes, _outputs_holding_sizes(info))
     unbound = sorted(map(str, sizes.unbound(geometry)))
     _refuse_views_sized_by_data(unbound)
     if unbound:
@@ -536,6 +536,16 @@ def _runtime_sizes(info: FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | N
             f"aotgrad: an output view or an input's new metadata has sizes {unbound} that no "
             "input's size determines; compile with dynamic=False.")
     return sizes
+
+
+def _outputs_holding_sizes(info: FunctionInfo) -> list:
+    """The graph outputs' metadata, where the runtime may read a size computed from data;
+    None for the user's output views, which the runtime rebuilds (their slots may be empty)."""
+    metas = list(info.graph_output_metas)
+    for i, o in enumerate(info.outputs):
+        if o.geometry is not None:
+            metas[info.first_user_output + i] = None
+    return metas
 
 
 def _refuse_views_sized_by_data(unbound: list[str]) -> None:

@@ -502,21 +502,48 @@ def test_dynamo_writes_sized_by_data_behave_as_eager(case):
     check_case(case, dynamo_captures_data, calls=3)
 
 
-VIEW_SIZED_BY_DATA = Case("view_of_masked", _masked_inputs, lambda x: x[x > 0].view(-1, 1))
+@pytest.mark.parametrize("case", [
+    Case("view_of_masked", _masked_inputs, lambda x: x[x > 0].view(-1, 1)),
+    Case("views_of_one_masked", _masked_inputs,
+         lambda x: (lambda y: (y, y.t(), y[1:]))(x[x > 0].view(-1, 1) * 2)),
+    Case("view_of_masked_without_grad", lambda: ((_masked_inputs()[0][0].detach(),), {}),
+         lambda x: x[x > 0].unsqueeze(0)),
+], ids=lambda c: c.name)
+def test_dynamo_output_view_sized_by_data_as_eager(case):
+    """The runtime rebuilds an output view from its base with sizes it read off the graph
+    inputs only; a size computed from data (`nonzero`'s count) is in none, and the compile
+    was refused. It is read off the graph output that has it (the view's base)."""
+    check_case(case, dynamo_captures_data, calls=3)
+
+
+def _strided_by_count(x):
+    count = x.nonzero().shape[0]
+    torch._check(count >= 1)
+    torch._check(count <= 6)
+    return x.as_strided((2,), (count,))
+
+
+def _zero_tail():
+    x = torch.randn(12)
+    x[3 + call_index():] = 0.0
+    return (x.requires_grad_(),), {}
+
+
+VIEW_STRIDED_BY_DATA = Case("strided_by_count", _zero_tail, _strided_by_count)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="the runtime rebuilds output views with sizes read from the graph "
-                          "inputs; a size computed from data is in none (docs/unsupported.md)")
-def test_dynamo_output_view_sized_by_data_as_eager():
-    check_case(VIEW_SIZED_BY_DATA, dynamo_captures_data, calls=2)
+                   reason="a view's stride computed from data is no size of any graph input "
+                          "or output, whence the runtime would read it (docs/unsupported.md)")
+def test_dynamo_output_view_strided_by_data_as_eager():
+    check_case(VIEW_STRIDED_BY_DATA, dynamo_captures_data, calls=2)
 
 
-def test_dynamo_output_view_sized_by_data_is_refused_clearly():
+def test_dynamo_output_view_strided_by_data_is_refused_clearly():
     """It advised `dynamic=False`, which does not help a size computed from data."""
     with pytest.raises(Exception, match=r"aotgrad: an output view .*computed from tensor data.*"
                                         r"\.clone\(\)") as info:
-        dynamo_captures_data(VIEW_SIZED_BY_DATA.fn)(*_masked_inputs()[0])
+        dynamo_captures_data(_strided_by_count)(*_zero_tail()[0])
     assert "dynamic=False" not in str(info.value)
 
 

@@ -186,19 +186,23 @@ def no_new_guards(mode: FakeTensorMode, what: str):
 
 # ---- evaluating sizes at run time ------------------------------------------------------------
 
-# (graph input, "size"/"stride"/"offset"/"value"/"item", dim). An "item" read syncs with the
-# device where the input lives there, as the graph's own `.item()` of it does.
+# (graph input, "size"/"stride"/"offset"/"value"/"item", dim), or (graph output, "output
+# size", dim). An "item" read syncs with the device where the input lives there, as the
+# graph's own `.item()` of it does.
 Where = tuple[int, str, int]
 
 
 class SizeBindings:
-    """Where each size symbol's value is found among the graph inputs of a call, and the
-    values of symbolic expressions computed from them."""
+    """Where each size symbol's value is found among the graph inputs of a call (else among
+    its graph outputs), and the values of symbolic expressions computed from them."""
 
-    def __init__(self, fakes: Sequence[Any]):
+    def __init__(self, fakes: Sequence[Any], output_metas: Sequence[Any] = ()):
         self.where: dict[Any, Where] = {}
         for i, fake in enumerate(fakes):
             for symbol, where in _plain_symbols(i, fake):
+                self.where.setdefault(symbol, where)
+        for j, meta in enumerate(output_metas):
+            for symbol, where in _output_symbols(j, meta):
                 self.where.setdefault(symbol, where)
         self.symbols = tuple(self.where)
         self._functions: dict[Any, Callable[..., int]] = {}
@@ -207,13 +211,15 @@ class SizeBindings:
         """The symbols of `value` that no graph input holds."""
         return {s for s in free_symbols(value) if s not in self.where}
 
-    def values(self, graph_inputs: Sequence[Any]) -> tuple[int, ...]:
-        return tuple(_read(graph_inputs, self.where[s]) for s in self.symbols)
+    def values(self, graph_inputs: Sequence[Any], raw: Sequence[Any] = ()) -> tuple[int, ...]:
+        return tuple(_read(graph_inputs, raw, self.where[s]) for s in self.symbols)
 
-    def concrete(self, graph_inputs: Sequence[Any]) -> Callable[[Any], Any]:
+    def concrete(self, graph_inputs: Sequence[Any], raw: Sequence[Any] = ()
+                 ) -> Callable[[Any], Any]:
         """A function replacing every symbolic int in a value (nested tuples allowed) by its
-        value in this call."""
-        values = self.values(graph_inputs)
+        value in this call; `raw`: the graph's outputs, where a size computed from data is
+        found."""
+        values = self.values(graph_inputs, raw)
 
         def concrete(value):
             if isinstance(value, (tuple, list)):
@@ -253,8 +259,20 @@ def _plain_symbols(i: int, fake: Any):
             yield value.node.expr, where
 
 
-def _read(graph_inputs: Sequence[Any], where: Where) -> int:
+def _output_symbols(j: int, meta: Any):
+    """(symbol, where) for each size of graph output `j` that is one symbol: a size computed
+    from data (`nonzero`'s count), which no input holds, read off the output that has it."""
+    if meta is None or meta.subclass is not None:
+        return
+    for d, size in enumerate(meta.shape):
+        if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+            yield size.node.expr, (j, "output size", d)
+
+
+def _read(graph_inputs: Sequence[Any], raw: Sequence[Any], where: Where) -> int:
     i, prop, d = where
+    if prop == "output size":
+        return raw[i].size(d)
     t = graph_inputs[i]
     if prop == "size":
         return t.size(d)
