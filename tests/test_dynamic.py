@@ -561,3 +561,19 @@ def test_dynamo_output_view_sized_by_an_inputs_item(case):
     length): the runtime rebuilds it with sizes read from the graph inputs, and found none
     holding the symbol (refused, advising dynamic=False). It reads the input's value now."""
     check_case(case, dynamo_captures_data, calls=3)
+
+
+def test_dynamo_output_view_sized_by_an_inputs_item_with_a_cold_inductor(tmp_path, monkeypatch):
+    """Inductor's cold compile moves the fake mode's epoch, which hides the fake input's
+    `.item()` memo: the runtime found no input holding the view's size, and refused."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, n: x.narrow(0, 0, n.item()),
+                             backend=aotgrad.backend(backend="inductor"))
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for n in (2, 3):
+            x = torch.randn(6, requires_grad=True)
+            out = compiled(x, torch.tensor(n))
+            assert out._base is x and out.shape == (n,)
+            out.sum().backward()
+            torch.testing.assert_close(x.grad, (torch.arange(6) < n).float())

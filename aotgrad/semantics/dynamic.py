@@ -43,6 +43,13 @@ class DynamicShapesUnsupported(NotImplementedError):
     """A construct aotgrad compiles for static shapes only."""
 
 
+def item_symbol(fake: Any) -> Any:
+    """The symbol a fake 0-d input's `.item()` stands for in Dynamo's graph (its memo), else
+    None. Read past the memo's validity check: a later trace on the same fake mode (Inductor's
+    cold compile) moves its epoch, which hides the memo, not the symbol the graphs hold."""
+    return getattr(fake, "_item_memo", None) or getattr(fake, "item_memo", None)
+
+
 def falls_back_to_static(exc: BaseException) -> bool:
     """Whether a failed compile for dynamic shapes is retried for static shapes, one graph
     per shape: any failure but aotgrad's own refusals, which static shapes meet as well."""
@@ -251,7 +258,7 @@ def _plain_symbols(i: int, fake: Any):
         candidates = [(s, (i, "size", d)) for d, s in enumerate(fake.shape)]
         candidates += [(s, (i, "stride", d)) for d, s in enumerate(fake.stride())]
         candidates.append((fake.storage_offset(), (i, "offset", 0)))
-        candidates.append((getattr(fake, "item_memo", None), (i, "item", 0)))
+        candidates.append((item_symbol(fake), (i, "item", 0)))
     else:
         candidates = []
     for value, where in candidates:
