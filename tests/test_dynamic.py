@@ -577,3 +577,24 @@ def test_dynamo_output_view_sized_by_an_inputs_item_with_a_cold_inductor(tmp_pat
             assert out._base is x and out.shape == (n,)
             out.sum().backward()
             torch.testing.assert_close(x.grad, (torch.arange(6) < n).float())
+
+
+def _checked_count(x):
+    count = x.nonzero().shape[0]
+    torch._check(count <= 3)
+    return x * count
+
+
+def _growing_nonzeros():
+    x = torch.zeros(6)
+    x[:2 + 2 * call_index()] = 1.0  # 2 nonzeros, then 4: the check fails at the second call
+    return (x.requires_grad_(),), {}
+
+
+@pytest.mark.parametrize("context", ["grad", "no_grad"])
+def test_dynamo_runtime_checks_of_data_dependent_sizes_still_raise(context):
+    """Dynamo checks `torch._check` on a size computed from data with an `_assert_scalar`
+    node; the partition kept only what the outputs need and dropped it: the second call
+    returned a result where eager (and aot_eager) raise."""
+    case = Case("checked_count", _growing_nonzeros, _checked_count, context=context)
+    check_case(case, dynamo_captures_data, calls=2)
