@@ -598,3 +598,42 @@ def test_dynamo_runtime_checks_of_data_dependent_sizes_still_raise(context):
     returned a result where eager (and aot_eager) raise."""
     case = Case("checked_count", _growing_nonzeros, _checked_count, context=context)
     check_case(case, dynamo_captures_data, calls=2)
+
+
+def _write_then_mask(a, b):
+    a.add_(1)
+    return a[a > 1] * b.sum()
+
+
+def _aliased_on_second_call():
+    if call_index() == 0:
+        return (torch.randn(4), torch.randn(4)), {}
+    base = torch.randn(6)
+    return (base[:4], base[2:]), {}
+
+
+REALIASED_DATA = Case("write_then_mask", _aliased_on_second_call, _write_then_mask)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a call aliased differently compiles again without Dynamo's "
+                          "ShapeEnv, which data-dependent values need (docs/unsupported.md)")
+def test_dynamo_data_dependent_graph_called_with_new_aliasing_as_eager():
+    check_case(REALIASED_DATA, dynamo_captures_data, calls=2)
+
+
+@pytest.mark.parametrize("fn, extra", [
+    (_write_then_mask, ()),
+    (lambda a, b, n: a.add_(1) * b * n.item(), (torch.tensor(2.0),)),
+], ids=["nonzero", "item"])
+def test_dynamo_data_dependent_graph_called_with_new_aliasing_is_refused_clearly(fn, extra):
+    """It raised the native door's refusal of data-dependent ops, which advises using
+    torch.compile(backend='aotgrad'): the very door in use."""
+    compiled = dynamo_captures_data(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor a cache warning about guarding on the memo
+        compiled(torch.randn(4), torch.randn(4), *extra)
+    base = torch.randn(6)
+    with pytest.raises(NotImplementedError, match="aotgrad: this graph from Dynamo reads "
+                                                  r"values that depend on tensor data.*clone"):
+        compiled(base[:4], base[2:], *extra)

@@ -47,7 +47,8 @@ def item_symbol(fake: Any) -> Any:
     """The symbol a fake 0-d input's `.item()` stands for in Dynamo's graph (its memo), else
     None. Read past the memo's validity check: a later trace on the same fake mode (Inductor's
     cold compile) moves its epoch, which hides the memo, not the symbol the graphs hold."""
-    return getattr(fake, "_item_memo", None) or getattr(fake, "item_memo", None)
+    memo = getattr(fake, "_item_memo", None)  # no `or`: a symbol's truth value is a guard
+    return memo if memo is not None else getattr(fake, "item_memo", None)
 
 
 def falls_back_to_static(exc: BaseException) -> bool:
