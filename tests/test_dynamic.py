@@ -529,14 +529,26 @@ def _zero_tail():
     return (x.requires_grad_(),), {}
 
 
+def _sliced_by_first_length(x, lengths):
+    n = lengths[0].item()
+    torch._check(n >= 0)
+    torch._check(n <= x.shape[0])
+    return x[:n]
+
+
 VIEW_STRIDED_BY_DATA = Case("strided_by_count", _zero_tail, _strided_by_count)
+VIEW_BY_AN_ELEMENT = Case("sliced_by_first_length", lambda: (
+    (torch.randn(5, requires_grad=True), torch.tensor([1 + call_index(), 2])), {}),
+    _sliced_by_first_length)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a view's stride computed from data is no size of any graph input "
-                          "or output, whence the runtime would read it (docs/unsupported.md)")
-def test_dynamo_output_view_strided_by_data_as_eager():
-    check_case(VIEW_STRIDED_BY_DATA, dynamo_captures_data, calls=2)
+                   reason="a value computed from data that is no size of any graph input or "
+                          "output, whence the runtime would read it (docs/unsupported.md)")
+@pytest.mark.parametrize("case", [VIEW_STRIDED_BY_DATA, VIEW_BY_AN_ELEMENT],
+                         ids=lambda c: c.name)
+def test_dynamo_output_view_of_a_value_from_data_as_eager(case):
+    check_case(case, dynamo_captures_data, calls=2)
 
 
 def test_dynamo_output_view_strided_by_data_is_refused_clearly():
