@@ -24,7 +24,8 @@ from . import check
 from .semantics import hops
 from .semantics.aliasing import AliasingChanged
 from .api import CompiledFunction, checked_options
-from .semantics.dynamic import falls_back_to_static, is_symbolic, warn_static_fallback
+from .semantics.dynamic import (falls_back_to_static, is_symbolic, item_symbol,
+                                warn_static_fallback)
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
 
@@ -52,14 +53,15 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         graph_options = replace(base, static_inputs=_static_inputs(gm, example_inputs),
                                 input_names=_user_names(gm),
                                 cudagraphs=wants_cudagraphs(mode, options, base.cudagraphs))
-        call = compile_dynamo_graph(gm, dynamo_fakes(gm, example_inputs), graph_options)
+        fakes = dynamo_fakes(gm, example_inputs)
+        call = compile_dynamo_graph(gm, fakes, graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
             lazy = CompiledFunction(gm, graph_options)
             return lambda *args: lazy(*args)
         run_call = call.run
         # Dynamo does not guard on how inputs alias; a call aliased differently from the
         # example inputs compiles again, as aotgrad.compile does.
-        realiased = CompiledFunction(gm, graph_options)
+        realiased = _compile_for_new_aliasing(gm, fakes, graph_options)
 
         def run(*args):
             try:
@@ -71,6 +73,33 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         return run
 
     return aotgrad_dynamo_backend
+
+
+def _compile_for_new_aliasing(gm: torch.fx.GraphModule, fakes: list, options: Options
+                              ) -> Callable:
+    """What compiles a call whose inputs alias differently from Dynamo's example inputs:
+    aotgrad.compile's per-signature compile, on the call's tensors. It has no ShapeEnv, so a
+    graph reading values that depend on data (`.item()`, `nonzero`) is refused by name."""
+    if not _reads_data(gm, fakes):
+        return CompiledFunction(gm, options)
+
+    def refuse(*args):
+        raise NotImplementedError(
+            "aotgrad: this graph from Dynamo reads values that depend on tensor data "
+            "(`.item()`, `nonzero`, boolean masks) and was called with inputs that share "
+            "memory differently from the call it was compiled for (views of one tensor, one "
+            "of which it writes into); aotgrad cannot compile it again for that aliasing. "
+            "Pass tensors that do not share memory (`.clone()` one of them).")
+    return refuse
+
+
+def _reads_data(gm: torch.fx.GraphModule, fakes: list) -> bool:
+    """Whether the graph takes `.item()` of an input, or computes an unbacked size."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    if any(item_symbol(f) is not None for f in fakes):
+        return True
+    return any(free_unbacked_symbols(n.meta.get("example_value")) for n in gm.graph.nodes
+               if n.meta.get("example_value") is not None)
 
 
 # torch.compile's modes, as aotgrad takes them: whether each records CUDA graphs.

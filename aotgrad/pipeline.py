@@ -29,8 +29,8 @@ from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph,
                                  one_compile_at_a_time, set_graph_being_compiled)
 from .replay.double_backward import DoubleBackward
-from .semantics.dynamic import (DynamicShapesUnsupported, SizeBindings, hint, is_size,
-                                is_symbolic, shape_guard)
+from .semantics.dynamic import (DynamicShapesUnsupported, hint, is_size, is_symbolic,
+                                runtime_sizes, shape_guard)
 from .partition.split import call_partitioner, default_partition, find_joint, tag_backward
 from .backends.fxcache import lacks_fake_values
 from .backends.passes import inference_passes, joint_passes
@@ -519,25 +519,8 @@ def _plan(info: FunctionInfo, c: Captured, num_fw_outputs: int,
         copied_in_graph=copied_in_graph,
         disable_autocast=torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"),
         aliasing=c.aliasing,
-        sizes=_runtime_sizes(info, c.fakes),
+        sizes=runtime_sizes(info, c.fakes),
     )
-
-
-def _runtime_sizes(info: FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | None:
-    """Where the runtime finds the sizes it applies itself (metadata it restores on inputs,
-    views it rebuilds, sizes returned as constants), when they vary from call to call."""
-    geometry = [x.final_geometry for x in info.inputs if x.mutates_metadata]
-    geometry += [o.geometry for o in info.outputs if o.geometry is not None]
-    geometry += [o.constant for o in info.outputs if is_symbolic(o.constant)]
-    if not is_symbolic(geometry):
-        return None
-    sizes = SizeBindings(fakes)
-    unbound = sorted(map(str, sizes.unbound(geometry)))
-    if unbound:
-        raise DynamicShapesUnsupported(
-            f"aotgrad: an output view or an input's new metadata has sizes {unbound} that no "
-            "input's size determines; compile with dynamic=False.")
-    return sizes
 
 
 def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range,

@@ -24,6 +24,7 @@ ERROR_CHECKS = frozenset({
     aten._linalg_check_errors.default,  # linalg.inv, cholesky, solve...: singular input
     aten._assert_async.default,  # torch._assert_async(tensor)
     aten._assert_async.msg,
+    aten._assert_scalar.default,  # Dynamo's runtime check of a size (torch._check, nonzero)
 })
 
 # Higher-order ops (by name) whose fake-tensor rule makes symbols: they need a shape

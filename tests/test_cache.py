@@ -933,3 +933,20 @@ def test_stored_graphs_keep_the_aten_op_inductor_names_kernels_after():
     assert ("aten::mul.Tensor", "aten::gelu") in ops(gm)
     decoded = entry.decode(json.loads(json.dumps(entry.encode(gm))), FakeTensorMode())
     assert ops(decoded) == ops(gm)
+
+
+def test_a_float_dynamo_made_dynamic_is_not_served_from_the_cache():
+    """After a float changes, Dynamo passes it as a 0-d tensor the graph reads with .item().
+    A float the graph returns (`s * 2`) cannot become tensor ops: torch's pass specializes it
+    (a constant in the graph, a guard in Dynamo's ShapeEnv). A hit skipped both: every later
+    value got the first one's result (3.0 for s=2.5, where eager returns 5.0)."""
+    def f(x, s):
+        return x * s, s * 2
+    for _ in range(2):  # the second round finds the first round's entries
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend=aotgrad.backend(backend="eager"))
+        for s in (0.5, 1.5, 2.5):
+            x = torch.randn(3, requires_grad=True)
+            out, doubled = compiled(x, s)
+            torch.testing.assert_close(out, x * s)
+            assert doubled == s * 2

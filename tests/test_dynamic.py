@@ -11,6 +11,8 @@ import aotgrad
 from aotgrad.compat import aot_function, aot_module_simplified, make_boxed_compiler, nop
 from aotgrad.semantics.dynamic import is_size
 
+from harness import Case, call_index, check_case
+
 
 class Counted:
     """A front door, and how many graphs it compiled so far."""
@@ -407,3 +409,243 @@ def test_a_double_backward_torch_cannot_trace_for_symbolic_sizes_says_what_to_do
     else:
         expected, = torch.autograd.grad(f(x), x, create_graph=True)
         torch.testing.assert_close(got, expected)
+
+
+# ---- values that depend on data, through Dynamo (its capture flags on) ----------------------
+
+def dynamo_captures_data(fn):
+    """The Dynamo door with `nonzero`, boolean masks and `.item()` kept in the graph (their
+    sizes and values unbacked symbols, checked by `_assert_scalar` nodes) instead of split
+    around."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aotgrad.backend(backend="eager"))
+
+    def run(*args):
+        with torch._dynamo.config.patch(capture_scalar_outputs=True,
+                                        capture_dynamic_output_shape_ops=True):
+            return compiled(*args)
+    return run
+
+
+def _masked_inputs():
+    x = torch.randn(6)
+    x[::call_index() + 2] = -1.0  # a different count of positives at each call
+    return (x.requires_grad_(),), {}
+
+
+DATA_DEPENDENT = [
+    Case("boolean_mask", _masked_inputs, lambda x: (x[x > 0] ** 2, x * 2)),
+    Case("nonzero_index", _masked_inputs, lambda x: x[torch.nonzero(x > 0).squeeze(1)] * 3),
+    Case("masked_select_mean", _masked_inputs,
+         lambda x: torch.masked_select(x, x > 0).exp().mean() * x),
+    Case("nonzero_count_returned", _masked_inputs, lambda x: (x.nonzero().shape[0], x * 2)),
+    Case("item_checked_slice", lambda: ((torch.randn(5, requires_grad=True),
+                                         torch.tensor(2 + call_index())), {}),
+         lambda x, n: (torch._check(n.item() <= 5), torch._check(n.item() >= 0),
+                       x[:n.item()] * 2)[-1]),
+]
+
+
+def _ones_of_item(x, n):
+    size = n.item()
+    torch._check(size >= 0)
+    return x.new_ones(size) * x.sum()
+
+
+# An output whose size is computed from data, built by the forward from that size alone.
+SIZED_BY_DATA = [
+    Case("new_ones_of_item", lambda: ((torch.randn(5, requires_grad=True),
+                                       torch.tensor(2 + call_index())), {}), _ones_of_item),
+    Case("ones_of_nonzero_count", _masked_inputs,
+         lambda x: torch.ones(x.nonzero().shape[0]) * x.sum()),
+]
+
+
+@pytest.mark.parametrize("case", DATA_DEPENDENT, ids=lambda c: c.name)
+def test_dynamo_data_dependent_sizes_behave_as_eager(case):
+    """Dynamo's graph checks an unbacked size with `aten._assert_scalar`, an op that returns
+    nothing: make_fx left its node without a value, which verify refused (a crash where
+    eager and torch's aot_eager run)."""
+    check_case(case, dynamo_captures_data, calls=3)
+
+
+@pytest.mark.parametrize("case", SIZED_BY_DATA, ids=lambda c: c.name)
+def test_dynamo_forward_reads_its_own_data_dependent_size(case):
+    """The output's tangent has the data-dependent size too, and make_fx read the size from
+    the tangent placeholder (bound before the forward ran): the forward needed a tangent and
+    the partition failed ('tangents_1 are needed but are not inputs')."""
+    check_case(case, dynamo_captures_data, calls=3)
+
+
+def _write_positives(x, y):
+    x[x > 0] = y[:int((x > 0).sum().item())]
+    return x
+
+
+def _write_positives_of_copy(x, y):
+    z = x.detach().clone()
+    z[z > 0] = y[:int((z > 0).sum().item())] * 2
+    return z.sum() * x
+
+
+@pytest.mark.parametrize("case", [
+    Case("into_input", lambda: ((_masked_inputs()[0][0].detach(), torch.randn(6)), {}),
+         _write_positives),
+    Case("into_copy_with_grad", lambda: ((_masked_inputs()[0][0],
+                                          torch.randn(6, requires_grad=True)), {}),
+         _write_positives_of_copy),
+], ids=lambda c: c.name)
+def test_dynamo_writes_sized_by_data_behave_as_eager(case):
+    """A function that mutates runs two analyses before its trace; the unbacked symbols they
+    made (`.item()` of a count) were left pending on Dynamo's ShapeEnv, and the trace
+    refused them (PendingUnbackedSymbolNotFound)."""
+    check_case(case, dynamo_captures_data, calls=3)
+
+
+@pytest.mark.parametrize("case", [
+    Case("view_of_masked", _masked_inputs, lambda x: x[x > 0].view(-1, 1)),
+    Case("views_of_one_masked", _masked_inputs,
+         lambda x: (lambda y: (y, y.t(), y[1:]))(x[x > 0].view(-1, 1) * 2)),
+    Case("view_of_masked_without_grad", lambda: ((_masked_inputs()[0][0].detach(),), {}),
+         lambda x: x[x > 0].unsqueeze(0)),
+], ids=lambda c: c.name)
+def test_dynamo_output_view_sized_by_data_as_eager(case):
+    """The runtime rebuilds an output view from its base with sizes it read off the graph
+    inputs only; a size computed from data (`nonzero`'s count) is in none, and the compile
+    was refused. It is read off the graph output that has it (the view's base)."""
+    check_case(case, dynamo_captures_data, calls=3)
+
+
+def _strided_by_count(x):
+    count = x.nonzero().shape[0]
+    torch._check(count >= 1)
+    torch._check(count <= 6)
+    return x.as_strided((2,), (count,))
+
+
+def _zero_tail():
+    x = torch.randn(12)
+    x[3 + call_index():] = 0.0
+    return (x.requires_grad_(),), {}
+
+
+def _sliced_by_first_length(x, lengths):
+    n = lengths[0].item()
+    torch._check(n >= 0)
+    torch._check(n <= x.shape[0])
+    return x[:n]
+
+
+VIEW_STRIDED_BY_DATA = Case("strided_by_count", _zero_tail, _strided_by_count)
+VIEW_BY_AN_ELEMENT = Case("sliced_by_first_length", lambda: (
+    (torch.randn(5, requires_grad=True), torch.tensor([1 + call_index(), 2])), {}),
+    _sliced_by_first_length)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a value computed from data that is no size of any graph input or "
+                          "output, whence the runtime would read it (docs/unsupported.md)")
+@pytest.mark.parametrize("case", [VIEW_STRIDED_BY_DATA, VIEW_BY_AN_ELEMENT],
+                         ids=lambda c: c.name)
+def test_dynamo_output_view_of_a_value_from_data_as_eager(case):
+    check_case(case, dynamo_captures_data, calls=2)
+
+
+def test_dynamo_output_view_strided_by_data_is_refused_clearly():
+    """It advised `dynamic=False`, which does not help a size computed from data."""
+    with pytest.raises(Exception, match=r"aotgrad: an output view .*computed from tensor data.*"
+                                        r"\.clone\(\)") as info:
+        dynamo_captures_data(_strided_by_count)(*_zero_tail()[0])
+    assert "dynamic=False" not in str(info.value)
+
+
+def _length_inputs():
+    return (torch.randn(6, requires_grad=True), torch.tensor(2 + call_index())), {}
+
+
+@pytest.mark.parametrize("case", [
+    Case("narrow_by_item", _length_inputs, lambda x, n: x.narrow(0, 0, n.item())),
+    Case("slice_by_item", _length_inputs, lambda x, n: (x[:n.item()], x * 2)),
+    Case("item_times_two", _length_inputs, lambda x, n: (n.item() * 2, x[1:n.item()].t())),
+], ids=lambda c: c.name)
+def test_dynamo_output_view_sized_by_an_inputs_item(case):
+    """A view of an input whose size is the `.item()` of another input (unpadding by a
+    length): the runtime rebuilds it with sizes read from the graph inputs, and found none
+    holding the symbol (refused, advising dynamic=False). It reads the input's value now."""
+    check_case(case, dynamo_captures_data, calls=3)
+
+
+def test_dynamo_output_view_sized_by_an_inputs_item_with_a_cold_inductor(tmp_path, monkeypatch):
+    """Inductor's cold compile moves the fake mode's epoch, which hides the fake input's
+    `.item()` memo: the runtime found no input holding the view's size, and refused."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, n: x.narrow(0, 0, n.item()),
+                             backend=aotgrad.backend(backend="inductor"))
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for n in (2, 3):
+            x = torch.randn(6, requires_grad=True)
+            out = compiled(x, torch.tensor(n))
+            assert out._base is x and out.shape == (n,)
+            out.sum().backward()
+            torch.testing.assert_close(x.grad, (torch.arange(6) < n).float())
+
+
+def _checked_count(x):
+    count = x.nonzero().shape[0]
+    torch._check(count <= 3)
+    return x * count
+
+
+def _growing_nonzeros():
+    x = torch.zeros(6)
+    x[:2 + 2 * call_index()] = 1.0  # 2 nonzeros, then 4: the check fails at the second call
+    return (x.requires_grad_(),), {}
+
+
+@pytest.mark.parametrize("context", ["grad", "no_grad"])
+def test_dynamo_runtime_checks_of_data_dependent_sizes_still_raise(context):
+    """Dynamo checks `torch._check` on a size computed from data with an `_assert_scalar`
+    node; the partition kept only what the outputs need and dropped it: the second call
+    returned a result where eager (and aot_eager) raise."""
+    case = Case("checked_count", _growing_nonzeros, _checked_count, context=context)
+    check_case(case, dynamo_captures_data, calls=2)
+
+
+def _write_then_mask(a, b):
+    a.add_(1)
+    return a[a > 1] * b.sum()
+
+
+def _aliased_on_second_call():
+    if call_index() == 0:
+        return (torch.randn(4), torch.randn(4)), {}
+    base = torch.randn(6)
+    return (base[:4], base[2:]), {}
+
+
+REALIASED_DATA = Case("write_then_mask", _aliased_on_second_call, _write_then_mask)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a call aliased differently compiles again without Dynamo's "
+                          "ShapeEnv, which data-dependent values need (docs/unsupported.md)")
+def test_dynamo_data_dependent_graph_called_with_new_aliasing_as_eager():
+    check_case(REALIASED_DATA, dynamo_captures_data, calls=2)
+
+
+@pytest.mark.parametrize("fn, extra", [
+    (_write_then_mask, ()),
+    (lambda a, b, n: a.add_(1) * b * n.item(), (torch.tensor(2.0),)),
+], ids=["nonzero", "item"])
+def test_dynamo_data_dependent_graph_called_with_new_aliasing_is_refused_clearly(fn, extra):
+    """It raised the native door's refusal of data-dependent ops, which advises using
+    torch.compile(backend='aotgrad'): the very door in use."""
+    compiled = dynamo_captures_data(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor a cache warning about guarding on the memo
+        compiled(torch.randn(4), torch.randn(4), *extra)
+    base = torch.randn(6)
+    with pytest.raises(NotImplementedError, match="aotgrad: this graph from Dynamo reads "
+                                                  r"values that depend on tensor data.*clone"):
+        compiled(base[:4], base[2:], *extra)

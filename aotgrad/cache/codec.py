@@ -22,6 +22,8 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
+from ..semantics.dynamic import item_symbol
+
 
 class Unencodable(Exception):
     """A value, target or graph the cache cannot write down safely (the reason is the text)."""
@@ -134,6 +136,12 @@ def encode_tensor_meta(t: Any) -> dict:
         raise Unencodable(f"a graph input of type {type(t).__name__}, layout {t.layout}")
     if any(not isinstance(s, int) for s in (*t.shape, *t.stride(), t.storage_offset())):
         raise Unencodable("symbolic shapes (dynamic=True)")
+    if item_symbol(t) is not None:
+        # A float Dynamo made dynamic: a 0-d tensor whose value the graph reads as a symbol.
+        # Where the passes cannot keep it symbolic they specialize it (its value becomes a
+        # constant of the graph, guarded in Dynamo's ShapeEnv); a hit would skip both, and
+        # serve the constant for every value.
+        raise Unencodable("a float Dynamo made dynamic (its value may be specialized)")
     return {"shape": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset(),
             "dtype": encode_value(t.dtype), "device": str(t.device),
             "requires_grad": t.requires_grad}

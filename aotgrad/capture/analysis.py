@@ -22,7 +22,8 @@ from ..semantics import subclasses, swaps
 from . import oplog
 from .user_checks import RefuseRequiresGradOff, requires_grad_turned_off, user_code_checks
 from .inputs import OutputBox, functional_mode, saved_values_hook, to_functional
-from ..semantics.dynamic import DynamicShapesUnsupported, geometry, is_size, is_symbolic
+from ..semantics.dynamic import (DynamicShapesUnsupported, fresh_unbacked_ignored, geometry,
+                                 is_size, is_symbolic)
 from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKind, StorageSwap,
                       SubclassMeta, TensorMeta)
 
@@ -31,7 +32,7 @@ from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKin
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
             box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo:
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
-    with fake_mode, python_dispatcher(is_symbolic(fake_args)), \
+    with fake_mode, fresh_unbacked_ignored(fake_mode), python_dispatcher(is_symbolic(fake_args)), \
             functional_mode(observe=oplog.note) as mode:
         f_args = to_functional(fake_args)
         before = [_state(a) for a in f_args]

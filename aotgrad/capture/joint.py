@@ -359,6 +359,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
             fx_traceback.preserve_node_meta(), _lazy_graph_modules(), \
             differentiating() if differentiates else mends.lstm_states_shaped():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
+    mark_valueless(gm.graph)
     gm.meta[TRACED_OUTPUTS] = tuple(traced_outputs)
     # Each placeholder's role, from the argument it stands for: `fn` takes the primals, then
     # (a joint) the tangents. Partitioners read it (schema.is_tangent), not the node's name.
@@ -366,7 +367,69 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     for node, role in zip(gm.graph.find_nodes(op="placeholder"), roles, strict=True):
         node.meta[JOINT_ROLE] = role
     copy_forward_stack_traces(gm)
+    read_unbacked_sizes_from_forward(gm.graph)
     return cleanup(gm)
+
+
+def mark_valueless(graph: torch.fx.Graph) -> None:
+    """Ops that return nothing carry the value None. make_fx records none for the runtime
+    checks Dynamo puts in its graph (`aten._assert_scalar` of a symbolic size: `torch._check`,
+    the bounds of `nonzero`'s unbacked size, `sym_constrain_range_for_size`), and `verify`
+    refuses a node without a value."""
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and not schema.returns:
+            node.meta.setdefault("val", None)
+
+
+def read_unbacked_sizes_from_forward(graph: torch.fx.Graph) -> None:
+    """A size the forward computes from data (`.item()`, `nonzero`'s count) is also a size of
+    the tangent of an output shaped by it. make_fx reads a symbol from the first tensor that
+    has it, the tangent placeholders before the forward's ops ran: the forward's
+    `x.new_ones(n)` read `n` from a tangent, which the forward does not have. Each use of
+    such a read of a symbol no primal has is given the forward's own value instead."""
+    placeholders = graph.find_nodes(op="placeholder")
+    tangents = {n for n in placeholders if n.meta.get(JOINT_ROLE) == TANGENT}
+    bound = set().union(*(_symbols(n.meta.get("val")) for n in placeholders if n not in tangents))
+    for read in [u for t in tangents for u in t.users]:
+        val = read.meta.get("val")
+        if not isinstance(val, torch.SymInt) or not val.node.expr.is_Symbol \
+                or val.node.expr in bound:
+            continue
+        own = _forward_value_of(graph, val.node.expr, tangents)
+        if own is not None:
+            read.replace_all_uses_with(own)
+
+
+def _symbols(val) -> set:
+    if isinstance(val, torch.Tensor):
+        return set().union(*(_symbols(s) for s in (*val.shape, *val.stride())))
+    return set(val.node.expr.free_symbols) if isinstance(val, torch.SymInt) else set()
+
+
+def _forward_value_of(graph: torch.fx.Graph, symbol, tangents: set) -> torch.fx.Node | None:
+    """The first node that does not read a tangent and whose value is `symbol`, or has it as
+    a size (a size read is added after it); None where the forward has none."""
+    from_tangents = set(tangents)
+    for node in graph.nodes:
+        if node in from_tangents or any(i in from_tangents for i in node.all_input_nodes):
+            from_tangents.add(node)
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr == symbol:
+            return node
+        if isinstance(val, torch.Tensor) and node.op == "call_function":
+            for dim, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr == symbol:
+                    return _size_read(graph, node, dim, size)
+    return None
+
+
+def _size_read(graph: torch.fx.Graph, node: torch.fx.Node, dim: int, size) -> torch.fx.Node:
+    with graph.inserting_after(node):
+        read = graph.call_function(aten.sym_size.int, (node, dim))
+    read.meta["val"] = size
+    return read
 
 
 def tangents_read_by_grads(gm: torch.fx.GraphModule) -> tuple[int, ...]:

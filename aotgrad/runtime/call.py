@@ -496,7 +496,7 @@ def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Calla
     """`_getter`, for a view or a constant (a `torch.Size`) that holds symbolic sizes: their
     values are those of each call."""
     if o.kind is OutputKind.CONSTANT and is_symbolic(o.constant):
-        return lambda inputs, raw, outs: sizes.concrete(inputs)(o.constant)
+        return lambda inputs, raw, outs: sizes.concrete(inputs, raw)(o.constant)
     if o.kind not in _VIEWS:
         return _getter(o, k)
     src = o.source
@@ -504,7 +504,7 @@ def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Calla
             OutputKind.VIEW_OF_INTERMEDIATE: lambda inputs, raw, outs: raw[k],
             OutputKind.VIEW_OF_OUTPUT: lambda inputs, raw, outs: outs[src]}[o.kind]
     return lambda inputs, raw, outs: regenerate_view(o, base(inputs, raw, outs),
-                                                     sizes.concrete(inputs))
+                                                     sizes.concrete(inputs, raw))
 
 
 _VIEWS = (OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE, OutputKind.VIEW_OF_OUTPUT)

@@ -142,7 +142,7 @@ def _restore_metadata(i: int, geometry, hidden: bool, sizes: SizeBindings | None
     """`bumps`: how far the step moves the version counter."""
     if sizes is not None:  # symbolic geometry: evaluated for each call's sizes
         def step(inputs, raw):
-            concrete = sizes.concrete(inputs)(geometry)
+            concrete = sizes.concrete(inputs, raw)(geometry)
             _set_geometry(inputs[i], concrete, _extent(concrete), hidden, bumps)
         return step
     extent = _extent(geometry)

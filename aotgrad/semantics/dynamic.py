@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from ..schema import Geometry
+from ..schema import FunctionInfo, Geometry
 
 SIZE_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -41,6 +41,14 @@ def free_symbols(value: Any) -> set:
 
 class DynamicShapesUnsupported(NotImplementedError):
     """A construct aotgrad compiles for static shapes only."""
+
+
+def item_symbol(fake: Any) -> Any:
+    """The symbol a fake 0-d input's `.item()` stands for in Dynamo's graph (its memo), else
+    None. Read past the memo's validity check: a later trace on the same fake mode (Inductor's
+    cold compile) moves its epoch, which hides the memo, not the symbol the graphs hold."""
+    memo = getattr(fake, "_item_memo", None)  # no `or`: a symbol's truth value is a guard
+    return memo if memo is not None else getattr(fake, "item_memo", None)
 
 
 def falls_back_to_static(exc: BaseException) -> bool:
@@ -87,6 +95,16 @@ def hint(value: Any) -> int:
 
 
 # ---- symbolic fake inputs (aotgrad's own front doors) ----------------------------------------
+
+def fresh_unbacked_ignored(mode: FakeTensorMode):
+    """A run on fake values that only looks (the analyses): the unbacked symbols it makes
+    (`.item()`, `nonzero`) are left pending on the ShapeEnv, and the trace that follows
+    refuses symbols none of its ops bound (`PendingUnbackedSymbolNotFound`), as torch's
+    AOTAutograd's metadata run avoids this way too."""
+    if mode.shape_env is None:
+        return contextlib.nullcontext()
+    return mode.shape_env.ignore_fresh_unbacked_symbols()
+
 
 def symbolic_fake_mode() -> FakeTensorMode:
     # Values that depend on tensor data (.item(), nonzero) raise as with static shapes, where
@@ -176,17 +194,65 @@ def no_new_guards(mode: FakeTensorMode, what: str):
 
 # ---- evaluating sizes at run time ------------------------------------------------------------
 
-Where = tuple[int, str, int]  # (graph input, "size"/"stride"/"offset"/"value", dim)
+def runtime_sizes(info: FunctionInfo, fakes: Sequence[Any]) -> SizeBindings | None:
+    """Where the runtime finds the sizes it applies itself (metadata it restores on inputs,
+    views it rebuilds, sizes returned as constants), when they vary from call to call."""
+    geometry = [x.final_geometry for x in info.inputs if x.mutates_metadata]
+    geometry += [o.geometry for o in info.outputs if o.geometry is not None]
+    geometry += [o.constant for o in info.outputs if is_symbolic(o.constant)]
+    if not is_symbolic(geometry):
+        return None
+    sizes = SizeBindings(fakes, _outputs_holding_sizes(info))
+    unbound = sorted(map(str, sizes.unbound(geometry)))
+    _refuse_views_sized_by_data(unbound)
+    if unbound:
+        raise DynamicShapesUnsupported(
+            f"aotgrad: an output view or an input's new metadata has sizes {unbound} that no "
+            "input's size determines; compile with dynamic=False.")
+    return sizes
+
+
+def _outputs_holding_sizes(info: FunctionInfo) -> list:
+    """The graph outputs' metadata, where the runtime may read a size computed from data;
+    None for the user's output views, which the runtime rebuilds (their slots may be empty)."""
+    metas = list(info.graph_output_metas)
+    for i, o in enumerate(info.outputs):
+        if o.geometry is not None:
+            metas[info.first_user_output + i] = None
+    return metas
+
+
+def _refuse_views_sized_by_data(unbound: list[str]) -> None:
+    """The runtime rebuilds an output view from its base with sizes it reads from the graph
+    inputs. A size computed from data (an unbacked symbol `u0`: `nonzero`, a boolean mask,
+    `.item()`) is in no input, and static shapes do not help (the default advice)."""
+    from_data = [s for s in unbound if s.startswith("u")]
+    if from_data:
+        raise NotImplementedError(
+            f"aotgrad: an output view (or an input's new shape) has sizes {from_data} "
+            "computed from tensor data (`nonzero`, a boolean mask, `.item()`), which aotgrad "
+            "cannot rebuild at run time; return a `.clone()` of it, or compute it outside "
+            "the compiled function.")
+
+
+
+# (graph input, "size"/"stride"/"offset"/"value"/"item", dim), or (graph output, "output
+# size", dim). An "item" read syncs with the device where the input lives there, as the
+# graph's own `.item()` of it does.
+Where = tuple[int, str, int]
 
 
 class SizeBindings:
-    """Where each size symbol's value is found among the graph inputs of a call, and the
-    values of symbolic expressions computed from them."""
+    """Where each size symbol's value is found among the graph inputs of a call (else among
+    its graph outputs), and the values of symbolic expressions computed from them."""
 
-    def __init__(self, fakes: Sequence[Any]):
+    def __init__(self, fakes: Sequence[Any], output_metas: Sequence[Any] = ()):
         self.where: dict[Any, Where] = {}
         for i, fake in enumerate(fakes):
             for symbol, where in _plain_symbols(i, fake):
+                self.where.setdefault(symbol, where)
+        for j, meta in enumerate(output_metas):
+            for symbol, where in _output_symbols(j, meta):
                 self.where.setdefault(symbol, where)
         self.symbols = tuple(self.where)
         self._functions: dict[Any, Callable[..., int]] = {}
@@ -195,13 +261,15 @@ class SizeBindings:
         """The symbols of `value` that no graph input holds."""
         return {s for s in free_symbols(value) if s not in self.where}
 
-    def values(self, graph_inputs: Sequence[Any]) -> tuple[int, ...]:
-        return tuple(_read(graph_inputs, self.where[s]) for s in self.symbols)
+    def values(self, graph_inputs: Sequence[Any], raw: Sequence[Any] = ()) -> tuple[int, ...]:
+        return tuple(_read(graph_inputs, raw, self.where[s]) for s in self.symbols)
 
-    def concrete(self, graph_inputs: Sequence[Any]) -> Callable[[Any], Any]:
+    def concrete(self, graph_inputs: Sequence[Any], raw: Sequence[Any] = ()
+                 ) -> Callable[[Any], Any]:
         """A function replacing every symbolic int in a value (nested tuples allowed) by its
-        value in this call."""
-        values = self.values(graph_inputs)
+        value in this call; `raw`: the graph's outputs, where a size computed from data is
+        found."""
+        values = self.values(graph_inputs, raw)
 
         def concrete(value):
             if isinstance(value, (tuple, list)):
@@ -224,13 +292,16 @@ class SizeBindings:
 
 
 def _plain_symbols(i: int, fake: Any):
-    """(symbol, where) for each size, stride or offset of a graph input that is one symbol."""
+    """(symbol, where) for each size, stride or offset of a graph input that is one symbol,
+    and for the value of a 0-d input Dynamo's graph reads with `.item()` (its fake's memo:
+    `x[:n.item()]` returned as a view takes its size from `n`)."""
     if isinstance(fake, torch.SymInt):
         candidates = [(fake, (i, "value", 0))]
     elif isinstance(fake, torch.Tensor) and fake.layout is torch.strided:
         candidates = [(s, (i, "size", d)) for d, s in enumerate(fake.shape)]
         candidates += [(s, (i, "stride", d)) for d, s in enumerate(fake.stride())]
         candidates.append((fake.storage_offset(), (i, "offset", 0)))
+        candidates.append((item_symbol(fake), (i, "item", 0)))
     else:
         candidates = []
     for value, where in candidates:
@@ -238,8 +309,20 @@ def _plain_symbols(i: int, fake: Any):
             yield value.node.expr, where
 
 
-def _read(graph_inputs: Sequence[Any], where: Where) -> int:
+def _output_symbols(j: int, meta: Any):
+    """(symbol, where) for each size of graph output `j` that is one symbol: a size computed
+    from data (`nonzero`'s count), which no input holds, read off the output that has it."""
+    if meta is None or meta.subclass is not None:
+        return
+    for d, size in enumerate(meta.shape):
+        if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+            yield size.node.expr, (j, "output size", d)
+
+
+def _read(graph_inputs: Sequence[Any], raw: Sequence[Any], where: Where) -> int:
     i, prop, d = where
+    if prop == "output size":
+        return raw[i].size(d)
     t = graph_inputs[i]
     if prop == "size":
         return t.size(d)
@@ -247,4 +330,6 @@ def _read(graph_inputs: Sequence[Any], where: Where) -> int:
         return t.stride(d)
     if prop == "offset":
         return t.storage_offset()
+    if prop == "item":
+        return t.item()
     return t
