@@ -235,7 +235,6 @@ def _refuse_views_sized_by_data(unbound: list[str]) -> None:
             "the compiled function.")
 
 
-
 # (graph input, "size"/"stride"/"offset"/"value"/"item", dim), or (graph output, "output
 # size", dim). An "item" read syncs with the device where the input lives there, as the
 # graph's own `.item()` of it does.
