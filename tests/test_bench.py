@@ -273,3 +273,18 @@ def test_warmed_up_rows_have_compiled_and_stepped():
     assert len(row.compiled.artifacts) == 1  # compiled once, stepped twice
     assert all(p.grad is None for p in row.model.parameters())  # each step zeroes the grads
     assert row.step().item() > 0
+
+
+def test_step_split_together_times_both_halves_and_profiles_each_mode(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "step_split.py"), "--models", "tiny",
+         "--modes", "eager,aotgrad_compile_eager", "--together", "--small", "--device", "cpu",
+         "--steps", "4", "--rounds", "2", "--profile-steps", "1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "step_split.json").read_text())["tiny"]
+    assert set(rows) == {"eager", "aotgrad_compile_eager"}
+    for row in rows.values():
+        assert row["steps"]["host_fw"] > 0 and row["steps"]["host_bw"] > 0
+        assert row["host_profile"] and all(c["own_us"] >= 0 for c in row["host_profile"])
+    assert "tiny/aotgrad_compile_eager: host_fw" in proc.stdout
