@@ -19,13 +19,12 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils import parametrize
-from torch.nn.utils.stateless import _reparametrize_module
 
 from . import check
 from .semantics import subclasses
 from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
-from .capture.inputs import flatten, lift_state
+from .capture.inputs import flatten, lift_state, state_swapped
 from .partition.budget import budget_partition
 from .runtime.guards import MISS, global_state, make_guard, make_guarded_run, plan_guard
 from .partition.remat import min_cut_rematerialization_partition
@@ -281,8 +280,7 @@ class CompiledModule(torch.nn.Module):
         self._traced = True  # forward's Python runs: it may set attributes
         state = flat[:len(self._names)]
         args = flat[len(self._names) + len(self._submodules):]
-        with _reparametrize_module(self.orig_module, dict(zip(self._names, state)),
-                                   tie_weights=True), \
+        with state_swapped(self.orig_module, dict(zip(self._names, state))), \
                 hooks_checked(self._attributes.hook_dicts), _parametrizations_uncached():
             out = self.orig_module(*args, **kwargs)
             self._refuse_reassigned_state(state)

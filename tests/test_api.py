@@ -1,5 +1,7 @@
 """The front doors: recompilation on a new signature, modules, compat names, export."""
 
+import copy
+
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -67,6 +69,40 @@ def test_module_buffers_update_and_parameters_train():
     for a, b in zip(eager.parameters(), mine.parameters()):
         torch.testing.assert_close(a.grad, b.grad)
     assert list(compiled.parameters())  # the compiled module exposes the parameters
+
+
+class _Twice(torch.nn.Module):
+    """One Linear and one BatchNorm, each registered under two names."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn = torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)
+        self.b, self.bn2 = self.a, self.bn
+
+    def forward(self, x):
+        return self.bn2(self.b(self.bn(self.a(x))))
+
+
+@pytest.mark.parametrize("door", ["compile", "aot_module"])
+def test_a_module_registered_under_two_names_keeps_its_parameters(door):
+    """torch's reparametrization (and functional_call) put a module reachable by two names
+    back with the trace's tensors: the first call crashed, or left fakes as parameters."""
+    torch.manual_seed(0)
+    eager = _Twice()
+    model = copy.deepcopy(eager)
+    weight = model.a.weight
+    compiled = aotgrad.compile(model, backend="eager") if door == "compile" else \
+        compat.aot_module(model, fw_compiler=compat.nop, bw_compiler=compat.nop)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), eager(x))
+        eager(x).sum().backward()
+        compiled(x).sum().backward()
+    assert model.a.weight is weight and model.b is model.a
+    torch.testing.assert_close(dict(model.named_parameters()), dict(eager.named_parameters()))
+    torch.testing.assert_close([p.grad for p in model.parameters()],
+                               [p.grad for p in eager.parameters()])
+    torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))
 
 
 def test_artifacts_describe_the_compile():

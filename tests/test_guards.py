@@ -907,6 +907,44 @@ def test_a_python_random_draw_is_warned_once_and_random_restored():
     assert random.random is draw and random.uniform is uniform
 
 
+
+def _reseeds(x):
+    torch.manual_seed(5)
+    return torch.nn.functional.dropout(x, 0.5)
+
+
+def _restores(x):
+    with torch.random.fork_rng():
+        return torch.nn.functional.dropout(x, 0.5)
+
+
+def _sets_state(x):
+    state = torch.get_rng_state()
+    noise = torch.rand(3)
+    torch.set_rng_state(state)
+    return x * noise * torch.rand(3)
+
+
+@pytest.mark.parametrize("fn", [_reseeds, _restores, _sets_state])
+def test_setting_the_global_rng_state_inside_is_refused(fn):
+    """No op records `torch.manual_seed` or `set_rng_state` (`fork_rng`): the trace ran it
+    once, and the graph drew on from the generator's state at each call (a second call of
+    `_reseeds` differed from eager; `_restores` left the state advanced). Refused by name,
+    and the functions are put back."""
+    with pytest.raises(NotImplementedError, match=r"aotgrad: .*torch\.(manual_seed|set_rng_state)"):
+        aotgrad.compile(fn, backend="eager")(torch.ones(3, requires_grad=True))
+    torch.manual_seed(0)  # put back (Dynamo's import wraps it: no identity to compare)
+    torch.set_rng_state(torch.get_rng_state())
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aotgrad.backend(backend="eager"))  # Dynamo seeds
+    for _ in range(2):
+        torch.manual_seed(0)
+        expected, after_eager = fn(torch.ones(3)), torch.rand(2)
+        torch.manual_seed(0)
+        actual, after = compiled(torch.ones(3)), torch.rand(2)
+        torch.testing.assert_close((actual, after), (expected, after_eager))
+
+
 DOUBLE = True
 
 

@@ -633,6 +633,31 @@ def test_a_decomposition_that_changes_an_outputs_shape_is_refused(torch_211_lstm
         aotgrad.compile(model)(x)
 
 
+@pytest.mark.parametrize("cls, grad", [(torch.nn.GRU, True), (torch.nn.LSTM, True),
+                                       (torch.nn.RNN, False)])
+def test_an_rnns_dropout_between_layers_matches_eager(cls, grad):
+    """torch's `_rnn_helper` never applied `dropout` between layers (`num_layers < i - 1`):
+    a compiled multi-layer RNN in training mode silently skipped it. Now the same mask as
+    eager's, the same gradients, and the global generator where eager leaves it."""
+    torch.manual_seed(0)
+    eager = cls(3, 4, num_layers=3, dropout=0.5, bidirectional=True)
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(5, 2, 3)
+    results = []
+    for m in (eager, compiled):
+        torch.manual_seed(1)
+        with torch.set_grad_enabled(grad):
+            out = m(x)[0]
+        results.append((out, torch.rand(2)))
+        if grad:
+            out.pow(2).sum().backward()
+    torch.testing.assert_close(results[1], results[0])
+    if grad:
+        torch.testing.assert_close([p.grad for p in model.parameters()],
+                                   [p.grad for p in eager.parameters()])
+
+
 @pytest.mark.parametrize("optimizer, options", [
     ("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.01)),
     ("AdamW", dict(lr=0.01, weight_decay=0.1, foreach=False)), ("RMSprop", dict(lr=0.01))])

@@ -406,17 +406,27 @@ def call_with_state(module: torch.nn.Module, names: Sequence[str],
     def forward(*flat):
         state = dict(zip(names, flat[:len(names)]))
         user_args, user_kwargs = pytree.tree_unflatten(list(flat[len(names):]), user_spec)
-        return torch.func.functional_call(module, state, tuple(user_args), user_kwargs)
+        with state_swapped(module, state):
+            return module(*user_args, **user_kwargs)
     return forward
+
+
+def state_swapped(module: torch.nn.Module, state: dict):
+    """`module`'s parameters and buffers replaced by `state` meanwhile, tied names too. Put
+    back last in, first out: torch's default order (`functional_call`'s too) puts a module
+    registered under two names (`self.b = self.a`) back with the replacement, since its
+    second name saved the first's replacement as the original (the module then kept the
+    trace's fake tensors as its parameters)."""
+    from torch.nn.utils.stateless import _reparametrize_module
+    return _reparametrize_module(module, state, tie_weights=True, stack_weights=True)
 
 
 def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
     """`module(*args)` with its parameters and buffers replaced by `state`; a graph module
     node by node (`node_by_node`)."""
-    if not isinstance(module, torch.fx.GraphModule):
-        return torch.func.functional_call(module, state, args)
-    from torch.nn.utils.stateless import _reparametrize_module
-    with _reparametrize_module(module, state):
+    with state_swapped(module, state):
+        if not isinstance(module, torch.fx.GraphModule):
+            return module(*args)
         return node_by_node(module)(*args)
 
 

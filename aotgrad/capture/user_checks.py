@@ -31,7 +31,7 @@ def user_code_checks(inputs: Sequence[Any]):
     """Around the user's code on traced `inputs`: refuse closed-over state, explain what
     tracing cannot see."""
     with _RefuseClosedOverState(inputs), _explain_data_dependence(), _explain_opaque_subclass(), \
-            _python_draws_warned():
+            _python_draws_warned(), _global_reseeds_refused():
         yield
 
 
@@ -75,6 +75,48 @@ def _python_draws_warned():
             "graph keeps the value drawn then, where eager draws a new one at each call. "
             "Draw it outside the compiled function and pass it in, or use torch.rand "
             "(which the graph draws at each call).", stacklevel=2)
+
+
+# The default generator's methods that set its state: `torch.manual_seed`, `torch.seed`,
+# `set_rng_state` (which `fork_rng` restores with) call them. No op records them: a trace
+# runs them once, and the graph then draws from wherever the generator is at each call,
+# where eager seeds it again at each call.
+_GLOBAL_RESEEDS = ("manual_seed", "seed", "set_state")
+
+
+class _RefusingGenerator:
+    """Stands for `torch.default_generator` where torch's Python code reads it; forwards
+    all but the methods that set its state. (Patching the module's functions instead would
+    meet Dynamo's import, which wraps `torch.manual_seed` only while it is torch.random's.)"""
+
+    def __init__(self, generator: torch.Generator):
+        self._generator = generator
+
+    def __getattr__(self, name: str):
+        if name in _GLOBAL_RESEEDS:
+            raise _global_reseed(name)
+        return getattr(self._generator, name)
+
+
+@contextlib.contextmanager
+def _global_reseeds_refused():
+    """`torch.manual_seed(5)` inside the function: the first call drew from seed 5 (the
+    trace seeded it just before), later calls silently did not; `fork_rng` left the state
+    advanced by the graph's draws, where eager restores it. Refused by name."""
+    proxy = _RefusingGenerator(torch.default_generator)
+    with mends.patched(torch.random, default_generator=proxy), \
+            mends.patched(torch, default_generator=proxy):
+        yield
+
+
+def _global_reseed(name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"aotgrad: the function sets the global generator's state ({name}: "
+        "torch.manual_seed, set_rng_state, fork_rng) while traced; "
+        "no op records it, so the compiled graph would draw from the global generator "
+        "without it at each call. Seed or restore the generator outside the compiled "
+        "function, pass a torch.Generator seeded there, or use "
+        "torch.compile(backend='aotgrad').")
 
 
 class _RefuseClosedOverState(TorchFunctionMode):

@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from ..capture import joint
-from ..capture.inputs import call_with_state, lift_state
+from ..capture.inputs import call_with_state, lift_state, state_swapped
 from ..api import CompiledFunction
 from ..schema import Backend, FunctionInfo
 from .config import config
@@ -199,7 +199,8 @@ def compile_joint(jd: JointWithDescriptors, partition_fn: Callable, fw_compiler:
 def _module_call(mod: torch.nn.Module, names: list[str]) -> Callable:
     def call(*args, **kwargs):
         state = dict(zip(names, args[:len(names)]))
-        return torch.func.functional_call(mod, state, tuple(args[len(names):]), kwargs)
+        with state_swapped(mod, state):
+            return mod(*args[len(names):], **kwargs)
     return call
 
 

@@ -1,15 +1,18 @@
 """Where torch's Python code, run by our traces, is not what eager runs: mended for the trace.
 
 Traces run under the python dispatcher, so torch's Python decompositions of composite ops
-(`aten.lstm`, for one) stand in for the C++ kernels eager calls. Two of them differ from eager
-in ways a training trace meets:
+(`aten.lstm`, for one) stand in for the C++ kernels eager calls. Three of them differ from
+eager in ways a trace meets:
 
 - `aten.lstm` calls mkldnn's LSTM kernel in its inference mode whenever the input does not
   require grad, the weights' gradients notwithstanding: the backward then reads a workspace
   the kernel never made (`lstm_for_training`);
 - on torch 2.11, its unrolled per-layer LSTM returns each layer's final states as
   (1, batch, hidden) (`squeeze(1)` where `squeeze(0)` was meant), so `h_n` and `c_n` come out
-  with an extra dimension (`lstm_states_shaped`; torch 2.13's is right).
+  with an extra dimension (`lstm_states_shaped`; torch 2.13's is right);
+- the helper every multi-layer RNN decomposition runs (`_rnn_helper`) never applies the
+  `dropout` between layers (its test `num_layers < i - 1` never holds), where eager's kernel
+  drops out each layer's output but the last in training (`rnn_dropout_between_layers`).
 
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
@@ -49,10 +52,51 @@ def lstm_for_training():
     enabled = torch._C._get_mkldnn_enabled()
     torch._C._set_mkldnn_enabled(False)
     try:
-        with lstm_states_shaped():
+        with rnns_mended():
             yield
     finally:
         torch._C._set_mkldnn_enabled(enabled)
+
+
+@contextlib.contextmanager
+def rnns_mended():
+    """Around any trace that may meet an RNN: its decompositions computing what eager's
+    kernels compute."""
+    with lstm_states_shaped(), rnn_dropout_between_layers():
+        yield
+
+
+def rnn_dropout_between_layers():
+    """torch's `_rnn_helper`, with eager's dropout: after each layer but the last (both
+    directions concatenated), drawn by `torch.dropout` as eager's kernel draws it."""
+    params_hiddens = decompositions.params_hiddens
+
+    def _rnn_helper(input, hidden, params, has_biases, num_layers, dropout, train,
+                    bidirectional, batch_first, layer_fn):
+        input = input.transpose(0, 1) if batch_first else input
+        final_hiddens = []
+        for i in range(num_layers):
+            cur_params, cur_hidden, bidir_params, bidir_hidden = params_hiddens(
+                params, hidden, i, bidirectional)
+            input, hidden_i = _rnn_layer(input, cur_hidden, cur_params, bidir_hidden,
+                                         bidir_params, has_biases, bidirectional, layer_fn)
+            final_hiddens.extend(hidden_i)
+            if dropout != 0 and train and i < num_layers - 1:
+                input = torch.dropout(input, dropout, train=True)
+        input = input.transpose(0, 1) if batch_first else input
+        return input, final_hiddens
+
+    return patched(decompositions, _rnn_helper=_rnn_helper)
+
+
+def _rnn_layer(input, hidden, params, bidir_hidden, bidir_params, has_biases, bidirectional,
+               layer_fn):
+    """One layer of `_rnn_helper`: its output and final states, both directions."""
+    out, h = layer_fn(input, hidden, params, has_biases)
+    if not bidirectional:
+        return out, [h]
+    bwd_out, bwd_h = layer_fn(input, bidir_hidden, bidir_params, has_biases, reverse=True)
+    return torch.cat([out, bwd_out], out.dim() - 1), [h, bwd_h]
 
 
 def lstm_states_shaped():
