@@ -69,7 +69,9 @@ def rnns_mended():
 def rnn_dropout_between_layers():
     """torch's `_rnn_helper`, with eager's dropout: after each layer but the last (both
     directions concatenated), drawn by `torch.dropout` as eager's kernel draws it."""
-    params_hiddens = decompositions.params_hiddens
+    params_hiddens = getattr(decompositions, "params_hiddens", None)
+    if params_hiddens is None or not hasattr(decompositions, "_rnn_helper"):
+        return contextlib.nullcontext()  # another torch's decomposition: nothing to mend
 
     def _rnn_helper(input, hidden, params, has_biases, num_layers, dropout, train,
                     bidirectional, batch_first, layer_fn):
