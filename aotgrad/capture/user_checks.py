@@ -77,36 +77,28 @@ def _python_draws_warned():
             "(which the graph draws at each call).", stacklevel=2)
 
 
-# The default generator's methods that set its state: `torch.manual_seed`, `torch.seed`,
-# `set_rng_state` (which `fork_rng` restores with) call them. No op records them: a trace
-# runs them once, and the graph then draws from wherever the generator is at each call,
-# where eager seeds it again at each call.
-_GLOBAL_RESEEDS = ("manual_seed", "seed", "set_state")
-
-
-class _RefusingGenerator:
-    """Stands for `torch.default_generator` where torch's Python code reads it; forwards
-    all but the methods that set its state. (Patching the module's functions instead would
-    meet Dynamo's import, which wraps `torch.manual_seed` only while it is torch.random's.)"""
-
-    def __init__(self, generator: torch.Generator):
-        self._generator = generator
-
-    def __getattr__(self, name: str):
-        if name in _GLOBAL_RESEEDS:
-            raise _global_reseed(name)
-        return getattr(self._generator, name)
+# The functions that set the global generator's state (`fork_rng` restores it with
+# `torch.set_rng_state`). No op records them: a trace runs them once, and the graph then
+# draws from wherever the generator is at each call, where eager seeds it again each call.
+_GLOBAL_RESEEDS = ("manual_seed", "seed", "set_rng_state")
 
 
 @contextlib.contextmanager
 def _global_reseeds_refused():
     """`torch.manual_seed(5)` inside the function: the first call drew from seed 5 (the
     trace seeded it just before), later calls silently did not; `fork_rng` left the state
-    advanced by the graph's draws, where eager restores it. Refused by name."""
-    proxy = _RefusingGenerator(torch.default_generator)
-    with mends.patched(torch.random, default_generator=proxy), \
-            mends.patched(torch, default_generator=proxy):
+    advanced by the graph's draws, where eager restores it. Refused by name, in `torch` and
+    `torch.random` alike (the generator object itself stays: ops take it as an argument)."""
+    import torch._dynamo  # noqa: F401  (its import wraps torch.manual_seed once: the real one)
+    refusing = {name: _refusing(name) for name in _GLOBAL_RESEEDS}
+    with mends.patched(torch, **refusing), mends.patched(torch.random, **refusing):
         yield
+
+
+def _refusing(name: str) -> Callable:
+    def refuse(*args, **kwargs):
+        raise _global_reseed(name)
+    return refuse
 
 
 def _global_reseed(name: str) -> NotImplementedError:
