@@ -77,28 +77,37 @@ def _python_draws_warned():
             "(which the graph draws at each call).", stacklevel=2)
 
 
-# The functions that set the global generator's state (`fork_rng` restores it with
-# `torch.set_rng_state`). No op records them: a trace runs them once, and the graph then
-# draws from wherever the generator is at each call, where eager seeds it again each call.
-_GLOBAL_RESEEDS = ("manual_seed", "seed", "set_rng_state")
+# The functions that set the global generator's state. No op records them: a trace runs
+# them once, and the graph then draws from wherever the generator is at each call, where
+# eager seeds (or restores) it again each call.
+_GLOBAL_RESEEDS = {"torch": ("manual_seed", "seed", "set_rng_state"),
+                   "torch.random": ("manual_seed", "seed", "set_rng_state", "fork_rng")}
 
 
 @contextlib.contextmanager
 def _global_reseeds_refused():
     """`torch.manual_seed(5)` inside the function: the first call drew from seed 5 (the
     trace seeded it just before), later calls silently did not; `fork_rng` left the state
-    advanced by the graph's draws, where eager restores it. Refused by name, in `torch` and
-    `torch.random` alike (the generator object itself stays: ops take it as an argument)."""
+    advanced by the graph's draws, where eager restores it. Refused by name where the user's
+    code calls them; torch's own code (Dynamo tracing a `cond` branch, for one) saves and
+    restores the state around what it runs, which changes nothing, and goes through."""
     import torch._dynamo  # noqa: F401  (its import wraps torch.manual_seed once: the real one)
-    refusing = {name: _refusing(name) for name in _GLOBAL_RESEEDS}
-    with mends.patched(torch, **refusing), mends.patched(torch.random, **refusing):
+    with contextlib.ExitStack() as stack:
+        for module_name, names in _GLOBAL_RESEEDS.items():
+            module = sys.modules[module_name]
+            stack.enter_context(mends.patched(module, **{
+                name: _refused_from_user_code(name, getattr(module, name)) for name in names}))
         yield
 
 
-def _refusing(name: str) -> Callable:
-    def refuse(*args, **kwargs):
+def _refused_from_user_code(name: str, original: Callable) -> Callable:
+    @functools.wraps(original)
+    def refused(*args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.split(".")[0] in ("torch", "aotgrad"):
+            return original(*args, **kwargs)
         raise _global_reseed(name)
-    return refuse
+    return refused
 
 
 def _global_reseed(name: str) -> NotImplementedError:
