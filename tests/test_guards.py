@@ -944,6 +944,30 @@ def test_setting_the_global_rng_state_inside_is_refused(fn):
         torch.testing.assert_close((actual, after), (expected, after_eager))
 
 
+def test_another_thread_seeding_during_a_trace_is_not_refused():
+    """The refusal is the tracing thread's: eager code elsewhere seeds as usual meanwhile."""
+    import threading
+    started, seeded, errors = threading.Event(), threading.Event(), []
+
+    def other():
+        started.wait(30)
+        try:
+            torch.manual_seed(3)
+        except Exception as e:  # recorded: the assertion below names it
+            errors.append(e)
+        seeded.set()
+
+    def waits(x):  # traced while the other thread seeds
+        started.set()
+        seeded.wait(30)
+        return x * 2
+    thread = threading.Thread(target=other)
+    thread.start()
+    out = aotgrad.compile(waits, backend="eager")(torch.ones(3))
+    thread.join()
+    assert not errors and torch.equal(out, torch.full((3,), 2.0))
+
+
 def test_the_global_generator_passed_to_an_op_draws_as_eager():
     """Only the functions that set its state are refused: an op still takes the generator
     itself (a stand-in object for it failed torch's argument parser)."""

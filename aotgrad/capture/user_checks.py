@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import sys
+import threading
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -92,19 +93,21 @@ def _global_reseeds_refused():
     code calls them; torch's own code (Dynamo tracing a `cond` branch, for one) saves and
     restores the state around what it runs, which changes nothing, and goes through."""
     import torch._dynamo  # noqa: F401  (its import wraps torch.manual_seed once: the real one)
+    tracing = threading.get_ident()  # other threads run eager code meanwhile: theirs go through
     with contextlib.ExitStack() as stack:
         for module_name, names in _GLOBAL_RESEEDS.items():
             module = sys.modules[module_name]
             stack.enter_context(mends.patched(module, **{
-                name: _refused_from_user_code(name, getattr(module, name)) for name in names}))
+                name: _refused_from_user_code(name, getattr(module, name), tracing)
+                for name in names}))
         yield
 
 
-def _refused_from_user_code(name: str, original: Callable) -> Callable:
+def _refused_from_user_code(name: str, original: Callable, thread: int) -> Callable:
     @functools.wraps(original)
     def refused(*args, **kwargs):
         caller = sys._getframe(1).f_globals.get("__name__", "")
-        if caller.split(".")[0] in ("torch", "aotgrad"):
+        if caller.split(".")[0] in ("torch", "aotgrad") or threading.get_ident() != thread:
             return original(*args, **kwargs)
         raise _global_reseed(name)
     return refused
