@@ -347,6 +347,17 @@ class CompiledModule(torch.nn.Module):
     def artifacts(self) -> list[Artifact]:
         return self.compiled.artifacts
 
+    def __getattr__(self, name: str):
+        """Attributes the wrapper lacks are the original module's, as torch.compile's
+        OptimizedModule does: `compiled.fc`, and `functional_call(compiled, params)` with the
+        original's names (MAML), which swaps the original's tensors that each call reads."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "orig_module":  # not set yet (__init__): no recursion
+                raise
+            return getattr(self.orig_module, name)
+
 
 @contextlib.contextmanager
 def _parametrizations_uncached():

@@ -365,3 +365,29 @@ def test_threads_calling_a_compiled_module_first_at_once_get_eagers_results():
         t.join()
     assert failures == []
     assert all(type(p) is torch.nn.Parameter for p in module.parameters())
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_functional_call_with_the_original_names_differentiates_twice_like_eager(backend):
+    """MAML's inner loop: functional_call on the compiled module with the original module's
+    parameter names (as on torch.compile's OptimizedModule), gradients with create_graph,
+    the outer loss backward. It raised AttributeError (no attribute `0`) before."""
+    from torch.func import functional_call
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 1)).double()
+    target = copy.deepcopy(eager)
+    compiled = aotgrad.compile(target, backend=backend)
+    xs, ys, xq, yq = [torch.randn(6, k, dtype=torch.float64) for k in (3, 1, 3, 1)]
+
+    def maml(module, owner):
+        params = dict(owner.named_parameters())
+        for _ in range(2):
+            loss = torch.nn.functional.mse_loss(functional_call(module, params, (xs,)), ys)
+            grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
+            params = {k: v - 0.1 * g for (k, v), g in zip(params.items(), grads)}
+        torch.nn.functional.mse_loss(functional_call(module, params, (xq,)), yq).backward()
+        return [p.grad for p in owner.parameters()] + list(owner.buffers())
+
+    torch.testing.assert_close(maml(compiled, target), maml(eager, eager))
+    assert getattr(compiled, "0") is target[0]
