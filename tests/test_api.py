@@ -391,3 +391,24 @@ def test_functional_call_with_the_original_names_differentiates_twice_like_eager
 
     torch.testing.assert_close(maml(compiled, target), maml(eager, eager))
     assert getattr(compiled, "0") is target[0]
+
+
+def test_a_gradient_penalty_through_spectral_norm_in_training_is_refused():
+    """spectral_norm's power iteration writes its `u`/`v` buffers and reads them again: a
+    replay of the backward would iterate once more. Refused at the double backward, not a
+    silently different penalty; in eval() mode (no iteration) it runs."""
+    torch.manual_seed(0)
+    D = torch.nn.Sequential(
+        torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(4, 8)),
+        torch.nn.LeakyReLU(0.2), torch.nn.Linear(8, 1))
+    x = torch.randn(5, 4, requires_grad=True)
+
+    def penalty(model):
+        g, = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+        return ((g.norm(2, dim=1) - 1) ** 2).mean()
+    with pytest.raises(NotImplementedError, match="aotgrad: double backward.*mutates input"):
+        penalty(aotgrad.compile(D, backend="eager"))
+    D.eval()
+    want = torch.autograd.grad(penalty(D), [D[2].weight])
+    got = torch.autograd.grad(penalty(aotgrad.compile(D, backend="eager")), [D[2].weight])
+    torch.testing.assert_close(got, want)
