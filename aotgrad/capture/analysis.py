@@ -32,8 +32,7 @@ from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKin
 def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequence[bool],
             box: OutputBox, fake_mode: FakeTensorMode) -> FunctionInfo:
     """Run `graph_fn` once, functionalized, on fake inputs and describe its effects."""
-    with fake_mode, fresh_unbacked_ignored(fake_mode), python_dispatcher(is_symbolic(fake_args)), \
-            functional_mode(observe=oplog.note) as mode:
+    with on_fakes(fake_mode, fake_args), functional_mode(observe=oplog.note) as mode:
         f_args = to_functional(fake_args)
         before = [_state(a) for a in f_args]
         originals = swaps.originals(f_args)
@@ -115,6 +114,15 @@ def _refuse_data_assignment(before: list, after: list, swapped: Sequence) -> Non
             f"aotgrad: the function assigns `.data` of input {changed[0]}, which tracing cannot "
             "follow. Assign it outside the compiled function, or write the new values with "
             "`x.copy_(new)` (or `x.set_(new)`) inside it.")
+
+
+@contextlib.contextmanager
+def on_fakes(fake_mode: FakeTensorMode, fakes: Sequence[Any]):
+    """Where an analysis runs the user's code on fake inputs (this one and pure.py's): their
+    fake mode, the python dispatcher for symbolic sizes, and the unbacked symbols the run
+    makes left aside (the trace after it makes its own)."""
+    with fake_mode, fresh_unbacked_ignored(fake_mode), python_dispatcher(is_symbolic(fakes)):
+        yield
 
 
 def python_dispatcher(symbolic: bool):

@@ -27,7 +27,7 @@ from . import analysis, joint, oplog, user_checks
 from .analysis import graph_outputs
 from ..schema import JOINT_FW_OUTPUTS, SIZE_INPUT, FunctionInfo, Geometry, InputInfo
 from .inputs import OutputBox, global_state_restored_on_error
-from ..semantics.dynamic import fresh_unbacked_ignored, geometry, is_symbolic
+from ..semantics.dynamic import geometry, is_symbolic
 from ..tables import needs_functionalization
 
 _needs_functionalization = functools.cache(needs_functionalization)
@@ -83,8 +83,7 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
     requires_grad = [getattr(f, "requires_grad", False) for f in fakes]
     geometry, held = [_geometry_of(f) for f in fakes], analysis.storages(fakes)
     try:
-        with global_state_restored_on_error(), fake_mode, fresh_unbacked_ignored(fake_mode), \
-                analysis.python_dispatcher(is_symbolic(fakes)), plain_mode(), \
+        with global_state_restored_on_error(), analysis.on_fakes(fake_mode, fakes), plain_mode(), \
                 user_checks.user_code_checks(fakes), oplog.recording(fakes, _same) as ops:
             outs = graph_fn(*fakes)
         if ops is not None:  # out of the user code's checks: it reads grad_fn
