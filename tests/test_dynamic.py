@@ -504,11 +504,17 @@ def test_dynamo_writes_sized_by_data_behave_as_eager(case):
 
 @pytest.mark.parametrize("case", [
     Case("view_of_masked", _masked_inputs, lambda x: x[x > 0].view(-1, 1)),
-    Case("views_of_one_masked", _masked_inputs,
-         lambda x: (lambda y: (y, y.t(), y[1:]))(x[x > 0].view(-1, 1) * 2)),
+    pytest.param(
+        Case("views_of_one_masked", _masked_inputs,
+             lambda x: (lambda y: (y, y.t(), y[1:]))(x[x > 0].view(-1, 1) * 2)),
+        marks=pytest.mark.xfail(
+            torch.__version__ < "2.13", strict=True, raises=torch._dynamo.exc.BackendCompilerFailed,
+            reason="torch 2.11 sizes `y[1:]` of a data-sized `y` by a fresh unbacked symbol that "
+                   "no graph value holds; the compile is refused by name (measured on the GPU "
+                   "machine, session 21)")),
     Case("view_of_masked_without_grad", lambda: ((_masked_inputs()[0][0].detach(),), {}),
          lambda x: x[x > 0].unsqueeze(0)),
-], ids=lambda c: c.name)
+], ids=lambda c: getattr(c, "name", None))
 def test_dynamo_output_view_sized_by_data_as_eager(case):
     """The runtime rebuilds an output view from its base with sizes it read off the graph
     inputs only; a size computed from data (`nonzero`'s count) is in none, and the compile
