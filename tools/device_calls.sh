@@ -13,10 +13,8 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# Session 20 ran `verify20`, `models20a`, `models20b` (and DeBERTa-v2, EfficientNet-B0 alone):
-# bench/results/h200-2026-11-29-session20. Next: `verify21`, then `split21`, DeBERTa-v2's host time (46.05 vs
-# 40.19 ms a step in one process, equal with CUDA graphs); its warm first step (18.1 vs 5.4 s:
-# models.py's interleaved rows now hold our cache's events; `cache21`); `part20`; `models21`.
+# Session 21 ran `verify21`, `split21` (and again with --modes torch_compile,aotgrad_dynamo),
+# `models21`: bench/results/h200-2026-11-29-session21. Next: `verify22` (this session's fixes).
 verify21)  # first: session 20's fixes on torch 2.11 + CUDA (the files they touched)
   TAIL=6 step verify21 400 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_dynamic.py tests/test_semantics.py tests/test_aliasing.py tests/test_cache.py \
