@@ -50,13 +50,19 @@ class StaleSaved:
     saved_version: int  # relative to the input's version at the call, when `input` is set
     version: int  # at the end of the forward, for a value made inside
 
+    def error(self, ctx) -> str:
+        return _message(self, ctx)
+
 
 @dataclass(frozen=True)
 class FreedGraph:
     """A value the function's own backward freed: eager's `message` at a backward."""
 
     message: str
-    input = None  # no caller's tensor to hold
+    input: None = None  # no caller's tensor to hold, as `StaleSaved.input` may name
+
+    def error(self, ctx) -> str:
+        return self.message
 
 
 def freed_graph(e: BaseException) -> bool:
@@ -82,16 +88,14 @@ class StaleBackward:
 
     def check(self, ctx, grads: Sequence[Any]) -> None:
         if any(grads[k] is not None for k in self.outputs):
-            if isinstance(self.saved, FreedGraph):
-                raise RuntimeError(self.saved.message)
-            raise RuntimeError(_message(self.saved, ctx))
+            raise RuntimeError(self.saved.error(ctx))
 
 
 def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[Any],
                        fake_mode: Any) -> StaleBackward:
     """Run the function functionalized and differentiate each differentiable graph output
     alone; those whose backward reads a value modified in place are stale."""
-    found: dict[int, StaleSaved] = {}
+    found: dict[int, StaleSaved | FreedGraph] = {}
     with fake_mode, enable_python_dispatcher(), functional_mode(), differentiating():
         primals = to_functional(fakes)
         args = mutable_copies(info, primals)
