@@ -12,7 +12,9 @@ as in run.py. It also counts the synchronizing calls of one step (CUDA's sync de
 and times the steps again with Python's garbage collector off. One process per row; with
 `--together`, one process per model instead, the modes taking turns (rounds of a few steps,
 the order flipping every round, so that the host's speed hits every mode alike), and a
-cProfile of a few steps of each mode: the host calls that differ between the modes.
+cProfile of a few steps of each mode: the host calls that differ between the modes. A mode
+named twice with a suffix (`aotgrad_dynamo,aotgrad_dynamo#2`) is the control: two rows of the
+same code, whose difference is what the host's speed alone makes of a row in this process.
 """
 
 from __future__ import annotations
@@ -97,8 +99,8 @@ def measure_together(model_name: str, modes: list[str], args) -> dict:
     config = torch._dynamo.config  # each mode compiles the same code once more
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 8 * len(modes)))
-    rows = {mode: bench.warmed_up(bench.Job(model_name, mode, None, args.small, args.device,
-                                            5, args.steps)) for mode in modes}
+    rows = {mode: bench.warmed_up(bench.Job(model_name, mode.split("#")[0], None, args.small,
+                                            args.device, 5, args.steps)) for mode in modes}
     timed = {mode: [] for mode in modes}
     for turn in range(args.rounds):
         for mode in (modes if turn % 2 == 0 else modes[::-1]):
