@@ -315,3 +315,40 @@ def test_graphs_return_a_tuple_as_functorchs_do(module):
         api.aot_function(lambda x: x.sin() * 2, compiler)(x)  # the inference graph
     assert kinds == [tuple, tuple, tuple]
     torch.testing.assert_close(x.grad, 2 * x.cos())
+
+
+def _placeholder_names(aot_function, fn, args, grad: bool, **kwargs) -> dict[str, list[str]]:
+    rec = Recorder()
+    compiled = aot_function(fn, fw_compiler=rec.compiler("forward"),
+                            bw_compiler=rec.compiler("backward"),
+                            inference_compiler=rec.compiler("inference"), **kwargs)
+    args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    with torch.enable_grad() if grad else torch.no_grad():
+        outs = compiled(*args)
+    if grad:
+        outs = outs if isinstance(outs, (tuple, list)) else [outs]
+        sum(o.sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad).backward()
+    return {role: [n.name for n in gm.graph.find_nodes(op="placeholder")]
+            for role, gm in rec.graphs.items()}
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize("name", ["plain", "mutated_input", "mutation_kept_in_graph"])
+def test_placeholder_names_match_torchs(name, grad):
+    """A compiler may look inputs up by name: `primals_N`/`tangents_N` in training graphs,
+    `argN_1` in inference graphs (compat named those `primals_N`)."""
+    fn, args, kwargs = CASES[name]
+    ours = _placeholder_names(compat.aot_function, fn, args, grad, **kwargs)
+    theirs = _placeholder_names(torch_compile_api.aot_function, fn, args, grad, **kwargs)
+    assert ours == theirs
+
+
+def test_inference_export_names_inputs_as_torch():
+    from torch._functorch.aot_autograd import aot_export_joint_simple as torch_export
+    args = [torch.randn(3), torch.randn(3)]
+
+    def f(a, b):
+        return ((a * b).sin(),)
+    ours = compat.aot_export_joint_simple(f, args, trace_joint=False)
+    theirs = torch_export(f, args, trace_joint=False)
+    assert ours.code == theirs.code

@@ -3,8 +3,8 @@
 Both graphs return, in order: the new values of data-mutated inputs, the plain user outputs,
 the intermediate bases of aliased outputs (see `FunctionInfo`). The joint graph then returns
 one gradient (or None) per input, then the new values of the inputs its backward writes
-into (`BACKWARD_WRITES`). Placeholders are named `primals_N` and `tangents_N`, as
-compilers written for functorch's compile API expect.
+into (`BACKWARD_WRITES`). Placeholders are named as compilers written for functorch's compile
+API expect: `primals_N` and `tangents_N` in a joint graph, `argN_1` in an inference graph.
 """
 
 from __future__ import annotations
@@ -56,7 +56,18 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[
                 outs[k] = primals[i].copy_(outs[k])
         return outs
 
-    return trace(inference, (list(fake_args),), fake_mode, decompositions, differentiates=False)
+    return name_inputs_as_args(trace(inference, (list(fake_args),), fake_mode, decompositions,
+                                     differentiates=False))
+
+
+def name_inputs_as_args(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Torch names the inputs of a graph without tangents `arg0_1`, `arg1_1`, ...: compilers
+    and export tools look them up by name."""
+    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        node.target = f"arg{i}_1"
+        node._rename(node.target)
+    gm.recompile()
+    return gm
 
 
 def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torch.Tensor],

@@ -154,6 +154,8 @@ def trace_inference(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torc
     if gm is None:
         gm = joint.trace_inference(graph_fn, info, fakes, fake_mode, decompositions,
                                    keep_input_mutations)
+    else:
+        gm = joint.name_inputs_as_args(gm)
     return outputs_as_analysed(gm, info)
 
 

@@ -86,7 +86,7 @@ def export_module(mod: torch.nn.Module, args: Sequence[Any], request: ExportRequ
     gm = _trace(c, request, wrt)
     refuse_subclasses(c.fakes, gm, "aot_export_module")
     verify(gm)
-    name_inputs_as_torch(gm)
+    joint.name_inputs_as_args(gm)  # a joint export's too, as torch's
     sig = _signature(gm, info, list(state.params), list(state.buffers), wrt, request.loss_index,
                      info.out_spec)
     in_spec = pytree.tree_flatten(((*state.tensors, *args), dict(request.kwargs)))[1]
@@ -161,14 +161,6 @@ def _trace_pre_dispatch(c, decompositions) -> fx.GraphModule:
 # A stand-in graph for refuse_subclasses before tracing: the inputs alone are checked.
 _NO_OUTPUT_LAYOUTS = fx.GraphModule(torch.nn.Module(), fx.Graph())
 _NO_OUTPUT_LAYOUTS.meta[TRACED_OUTPUTS] = ()
-
-
-def name_inputs_as_torch(gm: fx.GraphModule) -> None:
-    """torch's export names its graph inputs `arg0_1`, `arg1_1`, ...: tools look them up."""
-    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
-        node.target = f"arg{i}_1"
-        node._rename(node.target)
-    gm.recompile()
 
 
 def _signature(gm, info, params, buffers, wrt, loss_index, out_spec) -> ExportGraphSignature:
