@@ -27,7 +27,7 @@ from .capture.region_graphs import build_region
 from .capture import analysis, inputs as capture, joint, oplog, pure
 from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph,
-                                 one_compile_at_a_time, set_graph_being_compiled)
+                                 one_compile_at_a_time, graph_being_compiled)
 from .replay.double_backward import DoubleBackward
 from .semantics.dynamic import (DynamicShapesUnsupported, hint, is_size, is_symbolic,
                                 runtime_sizes, shape_guard)
@@ -186,7 +186,7 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
     if options.backend.warm_up is not None:
         options.backend.warm_up(flat_args)
     c = capture_call(fn, flat_args, in_spec, timer, options.dynamic, options.static_inputs)
-    with compiling(getattr(fn, "__name__", type(fn).__name__)), \
+    with compiling(), \
             ProgramLookup(fn, c, options) as program:  # keyed before the analysis, if it can be
         if program.hit:  # the entry holds what the analysis and the trace found
             c = program.captured(c)
@@ -554,13 +554,13 @@ def _static_graph_inputs(gm: fx.GraphModule, options: Options,
 
 def _compile(compiler: Callable, gm: fx.GraphModule) -> Callable:
     example_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    set_graph_being_compiled(gm.meta[GRAPH_INFO].role)
     # The graph holds autocast's casts already. A call's autocast must not reach the compiler:
     # Inductor retraces its pattern replacements (attention, for one), and autocast would
     # recast them against the graph's dtypes. Nor its grad mode: a graph is compiled to be
     # run, not differentiated, and compilers see grad mode off as torch's AOTAutograd
     # hands them graphs (a replacement retraced with grad on may pick another kernel).
-    with torch._C._DisableAutocast(), torch.no_grad():
+    with torch._C._DisableAutocast(), torch.no_grad(), \
+            graph_being_compiled(gm.meta[GRAPH_INFO].role):
         compiled = as_boxed(compiler(gm, example_inputs))
     info = gm.meta[GRAPH_INFO]
     if info.cudagraphs is not None and not getattr(compiler, "records_cudagraphs", False):

@@ -3,6 +3,7 @@ refusals torch makes, and the export conventions tools rely on."""
 
 import contextlib
 import inspect
+import re
 
 import functorch.compile as torch_compile
 import pytest
@@ -174,14 +175,36 @@ def test_draw_graph_writes_or_names_what_is_missing(tmp_path):
     assert (tmp_path / "g.dot").exists()
 
 
-def test_graph_being_compiled_is_named_as_torch_names_it():
-    names = []
+def _graph_names(api) -> list[tuple[str, tuple]]:
+    seen = []
 
     def compiler(gm, _):
-        names.append(compat.get_graph_being_compiled())
-        return gm
-    compat.aot_function(lambda x: x.cos(), compiler)(torch.randn(2, requires_grad=True)).sum().backward()
-    assert [n.split("__")[1].rsplit("_", 1)[0] for n in names] == ["forward", "backward"]
+        seen.append((api.get_graph_being_compiled(), api.get_aot_compilation_context()))
+        return api.make_boxed_func(gm.forward)
+    f = api.aot_function(lambda x: x.cos(), compiler, inference_compiler=compiler)
+    f(torch.randn(2, requires_grad=True)).sum().backward()
+    with torch.no_grad():
+        api.aot_function(lambda x: x.sin(), compiler, inference_compiler=compiler)(torch.randn(2))
+    return seen
+
+
+def _name_parts(name: str, context: tuple) -> tuple:
+    """`model__<compile id>_<graph>_<graphs compiled before>`, and the context it is made of."""
+    match = re.fullmatch(r"model__(\d+)_(\w+)_(\d+)", name)
+    assert match, name
+    graphs, model, nth = context
+    assert graphs == [f"{match[1]}_{match[2]}"] and model == "model" and nth == int(match[3])
+    return int(match[1]), match[2], int(match[3])
+
+
+@pytest.mark.parametrize("api", [torch_compile, compat], ids=["functorch", "compat"])
+def test_graph_being_compiled_is_named_as_torch_names_it(api):
+    """Tools name files after it (Inductor's debug folders, the partitioner's plots): compat
+    gave `<lambda>__forward_1` and the same number to every graph of a compile."""
+    (fw_id, fw, fw_n), (bw_id, bw, bw_n), (inf_id, inf, inf_n) = (
+        _name_parts(*seen) for seen in _graph_names(api))
+    assert (fw, bw, inf) == ("forward", "backward", "inference")
+    assert fw_id == bw_id < inf_id and fw_n < bw_n < inf_n
 
 
 def test_pythonkey_decompose_and_minifier_are_torchs_tools():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import logging
 import operator
 import threading
@@ -28,21 +29,34 @@ from ..schema import (DONATED, GRAPH_INFO, INDUCTOR_FX_KEY, OUTPUT_STRIDES, Back
                       GraphInfo)
 
 log = logging.getLogger("aotgrad.cache")
-_compiling: contextvars.ContextVar[tuple[list[str], str, int]] = contextvars.ContextVar(
-    "aotgrad_compiling", default=([], "model", 0))
-_compile_count = 0
+# Per compile: (the graph being compiled, as `<compile id>_<role>`; the compile's id).
+_compiling: contextvars.ContextVar[tuple[list[str], int]] = contextvars.ContextVar(
+    "aotgrad_compiling", default=([], 0))
+_compile_ids = itertools.count()
+_graphs_compiled = 0  # graphs handed to a compiler so far, in this process
 
 
 @contextlib.contextmanager
-def compiling(model_name: str):
-    """Names the graphs of one compile, for `compat.get_aot_compilation_context()`."""
-    global _compile_count
-    _compile_count += 1
-    token = _compiling.set(([], model_name, _compile_count))
+def compiling():
+    """Numbers one compile, for `compat.get_aot_compilation_context()`."""
+    token = _compiling.set(([], next(_compile_ids)))
     try:
         yield
     finally:
         _compiling.reset(token)
+
+
+@contextlib.contextmanager
+def graph_being_compiled(role: str):
+    """Names the graph a compiler is handed: functorch's tools name files after it."""
+    global _graphs_compiled
+    graphs, compile_id = _compiling.get()
+    graphs[:] = [f"{compile_id}_{role}"]
+    try:
+        yield
+    finally:
+        graphs.clear()
+        _graphs_compiled += 1
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,7 @@ class CompileScope:
     the compile's name (`compat.get_aot_compilation_context`), Dynamo's tracing and compile
     contexts (its fake mode, the compile id); grad mode off, as torch compiles a backward."""
 
-    compilation: tuple[list[str], str, int]
+    compilation: tuple[list[str], int]
     tracing: Any  # torch._guards.TracingContext, or None outside Dynamo
     dynamo_compile: Any  # torch._guards.CompileContext, or None
 
@@ -76,13 +90,10 @@ class CompileScope:
             _compiling.reset(token)
 
 
-def set_graph_being_compiled(role: str) -> None:
-    _compiling.get()[0][:] = [role]
-
-
 def compilation_context() -> tuple[list[str], str, int]:
-    graphs, model, n = _compiling.get()
-    return list(graphs), model, n
+    """(the graph being compiled, model name, graphs compiled before it), as functorch's:
+    its model is always "model"."""
+    return list(_compiling.get()[0]), "model", _graphs_compiled
 
 
 def make_boxed_func(f: Callable) -> Callable:

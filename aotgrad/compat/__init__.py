@@ -230,11 +230,13 @@ compiled_module = aot_module
 
 
 def get_aot_compilation_context() -> tuple[list[str], str, int]:
-    """(graphs being compiled, model name, graph number), as in functorch."""
+    """(the graph being compiled, `["<compile id>_<role>"]`; the model name, "model"; how many
+    graphs were compiled before it), as in functorch."""
     return compilation_context()
 
 
 def get_aot_graph_name() -> str:
+    """`model__<compile id>_<role>_<graphs compiled before>`, as functorch names it."""
     graphs, model, n = compilation_context()
     return f"{model}__{'_'.join(graphs)}_{n}"
 
