@@ -13,8 +13,24 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-# Session 21 ran `verify21`, `split21` (and again with --modes torch_compile,aotgrad_dynamo),
-# `models21`: bench/results/h200-2026-11-29-session21. Next: `verify22` (this session's fixes).
+# Session 21 ran `verify21`, `split21` (and again with --modes torch_compile,aotgrad_dynamo,
+# and with a control row), `models21`: bench/results/h200-2026-11-29-session21; a profile_gap
+# call with 62 s rows timed out (rows need ~130 s cold). Next: `verify22`, `deberta22`, `part22`.
+verify22)  # first: session 21's fixes on torch 2.11 + CUDA (the files the hunts touched)
+  TAIL=6 step verify22 560 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_cache.py tests/test_cache_by_key.py tests/test_compiled_autograd.py \
+    tests/test_compat_surface.py tests/test_graph_conventions.py tests/test_api.py \
+    tests/test_swaps.py tests/test_lazy_backward.py ;;
+deberta22)  # step_split --together has our DeBERTa-v2 forward at half torch's host time (three
+  # runs, a control row agreeing); models20's five-mode process had it the other way. The two
+  # modes alone through models.py's interleaved phase, then with the CUDA-graph modes beside.
+  TAIL=14 step two 280 python bench/models.py --models deberta_v2 --modes inductor,aotgrad \
+    --budget 200 --timeout 270 --out $OUT/two
+  TAIL=14 step four 290 python bench/models.py --models deberta_v2 \
+    --modes inductor,inductor_ro,aotgrad,aotgrad_ro --budget 200 --timeout 280 --out $OUT/four ;;
+part22)  # issue 20: backward kernel time and peak, our partition vs torch's on the same Inductor
+  TAIL=40 step part 575 python bench/profile_gap.py --models resnet50,bert,gpt2,deberta_v2 \
+    --steps 5 --timeout 135 --modes aotgrad_dynamo,aotgrad_torch_partition --out $OUT/part ;;
 verify21)  # first: session 20's fixes on torch 2.11 + CUDA (the files they touched)
   TAIL=6 step verify21 400 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_dynamic.py tests/test_semantics.py tests/test_aliasing.py tests/test_cache.py \
