@@ -242,6 +242,27 @@ def test_an_unreadable_entry_is_a_miss_with_a_warning(cache_dir):
     assert all(torch.equal(a, b) for a, b in zip(cold[1], warm[1]))
 
 
+def test_a_read_only_directory_still_hits_and_a_miss_compiles(cache_dir, monkeypatch):
+    """A cache shipped read-only (an image, a shared mount): no file can be created there, a
+    lock neither. Simulated, as chmod does not stop root."""
+    x = torch.randn(5, 8)
+    cold = train_step(mlp(), x)
+    real_open = os.open
+
+    def read_only(path, flags, *rest):
+        if str(path).startswith(str(cache_dir)) and flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *rest)
+
+    monkeypatch.setattr(os, "open", read_only)
+    warm = train_step(mlp(), x)
+    assert last_event()[0] == "hit"
+    assert all(torch.equal(a, b) for a, b in zip(cold[1], warm[1]))
+    stores, inputs = cache.stats()["stores"], args(3, 2)  # a miss: compiled, not stored
+    torch.testing.assert_close(compile_once(inputs=inputs), f(*inputs))
+    assert last_event()[0] == "miss" and cache.stats()["stores"] == stores
+
+
 def test_a_key_file_without_components_leaves_a_miss_explained(cache_dir):
     compile_once()
     for key_file in (cache_dir / store.FORMAT).glob("*.key"):

@@ -243,6 +243,10 @@ def _acquire(path: Path, timeout: float) -> tuple[bool, bool]:
             time.sleep(0.05)
             waited = True
             continue
+        except OSError as exc:  # a read-only or full directory: its entries still hit
+            log.warning("aotgrad cache: cannot lock %s (%s); compiling without it",
+                        path.name, exc)
+            return False, False
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
         return True, waited
