@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -552,6 +553,21 @@ def test_lock_of_a_dead_process_is_broken_a_live_one_times_out_and_ours_is_reent
         assert (tmp_path / "k.lock").read_text() == str(live.pid)  # the holder's lock stays
     finally:
         live.kill()
+
+
+def test_a_lock_left_without_its_pid_is_broken_once_old(tmp_path):
+    """Its holder died between making it and writing its pid: no pid says it is dead. Before,
+    every compile of that entry waited for the whole timeout, forever."""
+    s = store.Store(tmp_path)
+    lock = tmp_path / "k.lock"
+    lock.write_text("")
+    with s.lock("k", timeout=0.2) as waited:  # new: its holder may be writing its pid
+        assert waited and lock.read_text() == ""
+    old = time.time() - store.LOCK_WRITE_GRACE - 1
+    os.utime(lock, (old, old))
+    with s.lock("k", timeout=5) as waited:
+        assert not waited and lock.read_text() == str(os.getpid())
+    assert not lock.exists() and cache.stats()["lock_timeouts"] == 1
 
 
 # ---- compiled autograd's graphs -------------------------------------------------------------

@@ -28,6 +28,7 @@ log = logging.getLogger("aotgrad.cache")
 FORMAT = "v1"  # the layout of entries: a new one starts a new subdirectory
 DEFAULT_SIZE_LIMIT = 1 << 30  # bytes of entries kept before the least recently used go
 LOCK_TIMEOUT = 120.0  # seconds a compile waits for another process's before compiling itself
+LOCK_WRITE_GRACE = 10.0  # seconds a new lock may stay without its holder's pid
 _STATS = {"hits": 0, "misses": 0, "bypasses": 0, "stores": 0, "evictions": 0, "corrupt": 0,
           "untrusted": 0, "lock_timeouts": 0, "inductor_by_key": 0, "inductor_by_key_missing": 0}
 _warned_untrusted: set[str] = set()
@@ -231,7 +232,7 @@ def _acquire(path: Path, timeout: float) -> tuple[bool, bool]:
             holder = _holder(path)
             if holder == os.getpid():  # a compile nested in this process's own: no waiting
                 return False, False
-            if holder is not None and _dead(holder):
+            if holder is not None and _dead(holder) or holder is None and _abandoned(path):
                 with contextlib.suppress(OSError):
                     path.unlink()
                 continue
@@ -247,8 +248,15 @@ def _acquire(path: Path, timeout: float) -> tuple[bool, bool]:
             log.warning("aotgrad cache: cannot lock %s (%s); compiling without it",
                         path.name, exc)
             return False, False
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as exc:  # a full disk: no lock without its pid may stay behind
+            with contextlib.suppress(OSError):
+                path.unlink()
+            log.warning("aotgrad cache: cannot lock %s (%s); compiling without it",
+                        path.name, exc)
+            return False, False
         return True, waited
 
 
@@ -259,6 +267,15 @@ def _holder(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if pid > 0 else None
+
+
+def _abandoned(path: Path) -> bool:
+    """A lock without a pid long after it was made: its holder died between making it and
+    writing its pid, and no process could ever break it by the pid."""
+    try:
+        return time.time() - path.stat().st_mtime > LOCK_WRITE_GRACE
+    except OSError:
+        return False
 
 
 def _dead(pid: int) -> bool:
