@@ -353,6 +353,10 @@ def test_tensor_constants_are_written_by_value():
     (torch.zeros(codec.CONSTANT_BYTES // 4 + 1), "tensor constant"),
     (torch.zeros(4, 4).t(), "contiguous False"),
     (torch.nn.Parameter(torch.zeros(3)), "of type Parameter"),
+    # Decoded, each would own its memory: an as_strided on it would read other values.
+    (torch.arange(8.0)[2:5], "view of more memory"),
+    (torch.arange(8.0)[:3], "view of more memory"),
+    (torch.zeros(3, 1).as_strided((3, 1), (1, 7)), "view of more memory"),
 ])
 def test_large_or_odd_constants_are_not_cached(constant, reason):
     with pytest.raises(codec.Unencodable, match=reason):
@@ -369,6 +373,20 @@ def test_a_closed_over_constant_is_cached_by_its_value():
         out = compile_once(fn, inputs)
         assert last_event()[0] == event, cache.events()
         torch.testing.assert_close(out, fn(*inputs))
+
+
+def test_a_closed_over_view_of_more_memory_is_not_cached():
+    """Its offset into a larger storage was lost in the entry: a warm process's as_strided
+    read the view's own values, not the storage's (silently wrong before)."""
+    big = torch.arange(8.0)
+    view = big[2:5]
+
+    def shifted(x):
+        return x + view.as_strided((2,), (1,), 0)  # the storage's first two values: 0, 1
+    for _ in range(2):  # cold, then what would be warm
+        x = torch.zeros(2)
+        assert torch.equal(aotgrad.compile(shifted, backend="eager")(x), shifted(x))
+    assert last_event()[0] == "bypass" and "view of more memory" in last_event()[1]
 
 
 def test_checksum_rejects_truncation_and_edits():

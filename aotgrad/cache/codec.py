@@ -212,9 +212,19 @@ def encode_constant(t: Any) -> dict:
     if t.requires_grad or not t.is_contiguous() or nbytes > CONSTANT_BYTES:
         raise Unencodable(f"a tensor constant ({nbytes} bytes, contiguous "
                           f"{t.is_contiguous()}, requires_grad {t.requires_grad})")
+    if not _owns_its_storage(t, nbytes):  # an as_strided on it reads memory beyond it
+        raise Unencodable(f"a tensor constant that is a view of more memory (offset "
+                          f"{t.storage_offset()}, stride {t.stride()})")
     data = t.detach().resolve_conj().resolve_neg().cpu().reshape(-1).view(torch.uint8)
     return {"dtype": encode_value(t.dtype), "shape": list(t.shape), "device": str(t.device),
             "bytes": base64.b64encode(data.numpy().tobytes()).decode("ascii")}
+
+
+def _owns_its_storage(t: torch.Tensor, nbytes: int) -> bool:
+    """Whether `t`'s bytes are its whole storage, in its decoded layout (a size-1 dim's
+    stride too): decoded, a constant has a storage of its own, contiguous."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == nbytes and \
+        t.stride() == torch.empty(t.shape, device="meta").stride()
 
 
 def decode_constant(c: dict) -> torch.Tensor:
