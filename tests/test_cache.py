@@ -798,6 +798,45 @@ def test_a_changed_input_or_option_misses_before_the_trace_with_its_reason(varia
     torch.testing.assert_close(out, f(inputs["x"], inputs["y"]))
 
 
+def attention(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.fixture
+def kernel_flags():
+    """The flags SDPA and the CPU kernels choose by, restored after the test."""
+    cuda = torch.backends.cuda
+    saved = (cuda.flash_sdp_enabled(), cuda.cudnn_sdp_enabled(),
+             cuda.fp16_bf16_reduction_math_sdp_allowed(), torch.backends.mkldnn.enabled)
+    cuda.enable_flash_sdp(False)  # the math decomposition, traced op by op
+    yield
+    cuda.enable_flash_sdp(saved[0])
+    cuda.enable_cudnn_sdp(saved[1])
+    cuda.allow_fp16_bf16_reduction_math_sdp(saved[2])
+    torch.backends.mkldnn.enabled = saved[3]
+
+
+FLAG_CHANGES = {  # whether bf16 attention upcasts (silently served stale before), ...
+    "math_sdp_reduction": lambda: torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True),
+    "cudnn_sdp": lambda: torch.backends.cuda.enable_cudnn_sdp(False),
+    "mkldnn": lambda: setattr(torch.backends.mkldnn, "enabled", False),  # CPU LSTM's kernel
+}
+
+
+@pytest.mark.parametrize("change", sorted(FLAG_CHANGES))
+def test_a_flag_choosing_what_a_composite_op_traces_into_is_in_the_key(change, kernel_flags):
+    """Dynamo's graph calls attention (an LSTM, batch_norm), whose ATen ops these flags
+    choose: a graph keyed before its trace must not be served across them."""
+    q, k, v = (torch.randn(1, 2, 16, 64).bfloat16().requires_grad_() for _ in range(3))
+    torch.compile(attention, backend=aotgrad.backend(backend="eager"))(q, k, v)
+    FLAG_CHANGES[change]()
+    torch._dynamo.reset()
+    out = torch.compile(attention, backend=aotgrad.backend(backend="eager"))(q, k, v)
+    event, why = last_event()  # the trace runs (its graph may hit: one trace for both)
+    assert "before the trace: global state" in why, why
+    assert torch.equal(out, attention(q, k, v))
+
+
 def test_corrupt_entry_before_the_trace_is_a_miss_with_a_warning(cache_dir):
     x, y = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6)
     cold = dynamo_step(x, y)

@@ -320,16 +320,29 @@ def decompositions(table) -> str:
 
 def global_state() -> str:
     """What a trace reads besides its inputs: grad mode, autocast, default dtype and the
-    flags that choose kernels or decompositions (Dynamo guards them too)."""
+    flags that choose kernels or decompositions. A graph keyed before its trace calls
+    composite ops (`scaled_dot_product_attention`, `lstm`, `batch_norm`) whose ATen ops
+    these flags choose; Dynamo does not guard all of them."""
     cuda = torch.backends.cuda
     state = {"grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
              "default dtype": torch.get_default_dtype(),
              "deterministic": torch.are_deterministic_algorithms_enabled(),
              "matmul precision": torch.get_float32_matmul_precision(),
              "tf32": (torch.backends.cudnn.allow_tf32, cuda.matmul.allow_tf32),
-             "sdp": (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
-                     cuda.math_sdp_enabled())}
+             "sdp": tuple(_flag(cuda, name) for name in _SDP_FLAGS),
+             "mkldnn, cudnn": (torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled)}
     for device in ("cpu", "cuda"):
         state[f"autocast {device}"] = (torch.is_autocast_enabled(device) and
                                        torch.get_autocast_dtype(device))
     return ", ".join(f"{k} {v}" for k, v in state.items())
+
+
+# Which SDPA kernel attention traces into, and whether its math decomposition upcasts
+# half-precision inputs; each where this torch has it.
+_SDP_FLAGS = ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled",
+              "cudnn_sdp_enabled", "fp16_bf16_reduction_math_sdp_allowed")
+
+
+def _flag(module, name: str):
+    read = getattr(module, name, None)
+    return read() if read is not None else None
