@@ -837,6 +837,23 @@ def test_a_flag_choosing_what_a_composite_op_traces_into_is_in_the_key(change, k
     assert torch.equal(out, attention(q, k, v))
 
 
+def test_a_partition_is_not_served_across_float32_matmul_precision():
+    """The partition weighs a float32 matmul's recomputation by the precision it runs at, and
+    the key after the trace holds the graph, not the global state: it holds the precision."""
+    def matmul(x, w):
+        return (x @ w).relu().sum()
+
+    compile_once(matmul, (torch.randn(4, 8, requires_grad=True), torch.randn(8, 8)))
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if saved == "highest" else "highest")
+    try:
+        compile_once(matmul, (torch.randn(4, 8, requires_grad=True), torch.randn(8, 8)))
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    assert "hit" not in [e for e, _ in cache.events()]
+    assert "float32 matmul precision" in last_event()[1], last_event()
+
+
 def test_corrupt_entry_before_the_trace_is_a_miss_with_a_warning(cache_dir):
     x, y = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6)
     cold = dynamo_step(x, y)

@@ -167,14 +167,16 @@ def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
 
 
 def partitioner_components(fn: Callable) -> list[tuple[str, str]]:
+    # Our partitioners weigh a float32 matmul's recomputation by the precision it runs at.
+    precision = ("float32 matmul precision", torch.get_float32_matmul_precision())
     budget = getattr(fn, "memory_budget", None)
     if budget is not None:
         return [("partitioner", "budget_partition"), ("memory_budget", str(budget)),
-                ("solver", str(getattr(fn, "solver", "")))]
+                ("solver", str(getattr(fn, "solver", ""))), precision]
     name = _KNOWN_PARTITIONERS.get(fn)
     if name is None:
         raise codec.Unencodable(f"a custom partitioner ({getattr(fn, '__qualname__', fn)})")
-    return [("partitioner", name), ("memory_budget", "None")]
+    return [("partitioner", name), ("memory_budget", "None"), precision]
 
 
 # ---- graphs ------------------------------------------------------------------------------
