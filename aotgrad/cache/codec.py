@@ -70,8 +70,6 @@ def encode_value(v: Any, node_ref: Callable[[fx.Node], Any] | None = None) -> An
         return {"slice": [encode_value(x, node_ref) for x in (v.start, v.stop, v.step)]}
     if v is Ellipsis:  # x[..., :n] in a Dynamo graph
         return {"ellipsis": None}
-    if isinstance(v, enum.Enum):
-        return {"enum": f"{type(v).__qualname__}.{v.name}"}
     raise Unencodable(f"a graph value of type {type(v).__name__}")
 
 
@@ -118,6 +116,8 @@ def fingerprint(v: Any) -> Any:
         return {"callable": f"{getattr(v, '__module__', '')}.{v.__qualname__}"}
     if isinstance(v, torch.Tensor):
         return {"tensor": [list(v.shape), str(v.dtype)]}
+    if isinstance(v, enum.Enum):  # metadata's kinds (OutputKind); never a graph value
+        return {"enum": f"{type(v).__qualname__}.{v.name}"}
     try:
         return encode_value(v)
     except Unencodable:
