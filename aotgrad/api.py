@@ -33,8 +33,8 @@ from .artifact import Artifact
 from .backends.compilers import COMPILES
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
-from .runtime.module_guard import (FunctionReads, ModuleAttributes, hooks_checked,
-                                   refuse_traced_attributes, refuse_traced_reads)
+from .runtime.module_guard import (FunctionReads, ModuleAttributes, hook_set_attributes,
+                                   hooks_checked, refuse_traced_attributes, refuse_traced_reads)
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +277,7 @@ class CompiledModule(torch.nn.Module):
 
     def _functional_forward(self, *flat, **kwargs):
         # flat: the state, each submodule's training flag (for the signature), the arguments.
+        # Returns forward's output and the tensors torch's hooks set as attributes (forward).
         self._traced = True  # forward's Python runs: it may set attributes
         state = flat[:len(self._names)]
         args = flat[len(self._names) + len(self._submodules):]
@@ -286,7 +287,7 @@ class CompiledModule(torch.nn.Module):
             self._refuse_reassigned_state(state)
         refuse_traced_attributes(self.orig_module)
         refuse_traced_reads(self._attributes.cells, self._attributes.globals, "forward")
-        return out
+        return out, hook_set_attributes(self._submodules)
 
     def _refuse_reassigned_state(self, state) -> None:
         for name, (owner, attr), value in zip(self._names, self._slots, state):
@@ -306,7 +307,9 @@ class CompiledModule(torch.nn.Module):
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
         state = COMPILES.stable_read(self._read_state)  # not another thread's trace's fakes
-        out = self.compiled(*state, *training_flags, *args, **kwargs)
+        out, hook_set = self.compiled(*state, *training_flags, *args, **kwargs)
+        for (i, name), value in hook_set.items():  # a pruned weight: eager leaves this call's
+            setattr(self._submodules[i], name, value)
         if self._traced:  # as the trace left them
             self._attributes, self._traced = ModuleAttributes(self.orig_module), False
         return out

@@ -17,7 +17,8 @@ guards); the argument guards are runtime/guards.py.
   compile are compared whole, so that a removal is seen too.
 
 `hooks_checked` refuses, during a trace, the hooks whose effects a graph cannot keep;
-`refuse_traced_attributes`, after it, a traced tensor forward stored in an attribute.
+`refuse_traced_attributes`, after it, a traced tensor forward stored in an attribute;
+`hook_set_attributes`, the traced tensors torch's own hooks stored (a pruned weight).
 
 `FunctionReads` is the same for `aotgrad.compile(function)`: the values its closure's cells
 hold and the globals its code names (through a module of the user's it holds, the names
@@ -402,11 +403,10 @@ def refuse_traced_attributes(owner: Any) -> None:
     last attention map, for a later look) holds a traced tensor, not a call's values, and
     later calls would not store theirs. `owner`: a module (and its submodules), or the
     object a compiled method is bound to. (A module with a hook of torch's is left alone:
-    `spectral_norm`'s hook sets `weight` so, as its forward's input.)"""
+    its attributes are `hook_set_attributes`'.)"""
     owners = owner.modules() if isinstance(owner, torch.nn.Module) else [owner]
     for owner in owners:
-        if isinstance(owner, torch.nn.Module) and any(
-                _is_torchs(hook) for name in _HOOK_DICTS for hook in getattr(owner, name).values()):
+        if isinstance(owner, torch.nn.Module) and _has_torchs_hook(owner):
             continue
         for name, value in getattr(owner, "__dict__", {}).items():
             if isinstance(value, torch.Tensor) and _is_traced(value):
@@ -416,6 +416,21 @@ def refuse_traced_attributes(owner: Any) -> None:
                     "when it traces, so the attribute would hold a traced tensor and no "
                     "call's values. Return the tensor, copy_ it into a registered buffer, or "
                     "use torch.compile(backend='aotgrad').")
+
+
+def hook_set_attributes(modules: list[torch.nn.Module]) -> dict[tuple[int, str], torch.Tensor]:
+    """The traced tensors that torch's hooks stored in plain attributes during a trace, by
+    (index in `modules`, name): the weight that `prune`, `weight_norm` and `spectral_norm`
+    compute before each forward. Eager leaves each call's weight there (a pruning script
+    reads `module.weight` to count zeros); the compiled module returns them from its graph
+    and sets them after each call, where the trace left fake tensors."""
+    return {(i, name): value for i, m in enumerate(modules) if _has_torchs_hook(m)
+            for name, value in vars(m).items()
+            if isinstance(value, torch.Tensor) and _is_traced(value)}
+
+
+def _has_torchs_hook(module: torch.nn.Module) -> bool:
+    return any(_is_torchs(hook) for name in _HOOK_DICTS for hook in getattr(module, name).values())
 
 
 def refuse_traced_reads(cells: list, reads: list, who: str) -> None:
