@@ -1,5 +1,6 @@
 """The surface a user meets: the log, `explain`'s report, argument errors, import cost."""
 
+import importlib.metadata
 import logging
 import os
 import subprocess
@@ -293,6 +294,22 @@ def test_eager_compile_loads_no_inductor_compiler_and_dynamo_registry_gets_aotgr
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["", "registered"]
+
+
+def test_torch_compile_with_the_aotgrad_backend_name_through_the_entry_point():
+    """Without `import aotgrad`: Dynamo loads the installed entry point, whose import
+    registered the name already, and Dynamo's own registration then failed ('duplicate
+    name: aotgrad')."""
+    if not any(e.name == "aotgrad" for e in importlib.metadata.entry_points(
+            group="torch_dynamo_backends")):
+        pytest.skip("aotgrad is not installed: no entry point")
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; x = torch.randn(3); "
+         "f = torch.compile(lambda x: x.cos() * 2, backend='aotgrad'); "
+         "assert torch.allclose(f(x), x.cos() * 2); import aotgrad; "
+         "assert aotgrad.__file__.startswith(%r); print('OK')" % str(ROOT)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert out.stdout.strip() == "OK", out.stderr[-2000:]
 
 
 def test_torch_compile_with_the_aotgrad_backend_name():
