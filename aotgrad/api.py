@@ -350,6 +350,19 @@ class CompiledModule(torch.nn.Module):
     def artifacts(self) -> list[Artifact]:
         return self.compiled.artifacts
 
+    # What `_bind` derives from the module: left out of a copy or pickle (the compiled
+    # entries hold locks and generated code), derived again for the copy's own module. An
+    # EMA model is `copy.deepcopy(model)` after some steps; torch.save(model) pickles it.
+    _BOUND = frozenset({"_names", "_slots", "_state_dicts", "_submodules", "_attributes",
+                        "_lazy", "_traced", "compiled"})
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in self._BOUND}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._bind(self._options, self._max_entries)
+
     def __getattr__(self, name: str):
         """Attributes the wrapper lacks are the original module's, as torch.compile's
         OptimizedModule does: `compiled.fc`, and `functional_call(compiled, params)` with the

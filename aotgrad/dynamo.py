@@ -34,6 +34,10 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                  memory_budget: float | None = None, decompositions=None,
                  keep_inference_input_mutations: bool = False,
                  compile_backward: str = "lazy", cudagraphs: bool = False) -> Callable:
+    made_with = dict(backend=backend, partitioner=partitioner, memory_budget=memory_budget,
+                     decompositions=decompositions,
+                     keep_inference_input_mutations=keep_inference_input_mutations,
+                     compile_backward=compile_backward, cudagraphs=cudagraphs)
     base = checked_options(
         "backend", backend=backend, partitioner=partitioner, memory_budget=memory_budget,
         decompositions=decompositions,
@@ -72,7 +76,27 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         run.artifact = call.artifact
         return run
 
-    return aotgrad_dynamo_backend
+    return _Backend(aotgrad_dynamo_backend, made_with)
+
+
+class _Backend:
+    """`make_backend`'s compiler, which pickles as the options it was made from:
+    `torch.save(torch.compile(model, backend="aotgrad"))` pickles the backend, as it does
+    torch's own, where a function made inside `make_backend` cannot be pickled."""
+
+    def __init__(self, compiler: Callable, made_with: dict):
+        functools.update_wrapper(self, compiler)  # the name Dynamo logs
+        self._compiler, self._made_with = compiler, made_with
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):
+        return self._compiler(gm, example_inputs, **kwargs)
+
+    def __reduce__(self):
+        return _remake_backend, (self._made_with,)
+
+
+def _remake_backend(made_with: dict) -> Callable:
+    return make_backend(**made_with)
 
 
 def _compile_for_new_aliasing(gm: torch.fx.GraphModule, fakes: list, options: Options

@@ -45,3 +45,69 @@ def test_the_weight_torchs_hooks_set_holds_each_calls_value(kind, cache, monkeyp
             torch.testing.assert_close(b.grad, a.grad)
         for a, b in zip(eager.buffers(), mine.buffers()):  # spectral_norm's u, v
             torch.testing.assert_close(b, a)
+
+
+def _train(model, compiled, xs, ema=None, ema_model=None):
+    """SGD steps; with `ema`, its parameters follow the model's (an EMA model's update)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    outs = []
+    for x in xs:
+        out = compiled(x)
+        out.pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        outs.append(out.detach())
+        if ema is not None:
+            with torch.no_grad():
+                for e, p in zip(ema_model.parameters(), model.parameters()):
+                    e.lerp_(p, 0.5)
+            outs.append(ema(x).detach())
+    return outs
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6),
+                               torch.nn.Linear(6, 2))
+
+
+def test_an_ema_model_deep_copied_from_the_compiled_one_after_steps_trains_as_eager():
+    """`ema = copy.deepcopy(model)` after some steps (timm's ModelEmaV2): it raised
+    "cannot pickle '_thread.lock' object" (the compiled entries)."""
+    xs = [torch.randn(5, 4) for _ in range(4)]
+    eager, mine = _net(), _net()
+    compiled = aotgrad.compile(mine, backend="eager")
+    _train(eager, eager, xs[:2])
+    _train(mine, compiled, xs[:2])
+    eager_ema, ema = copy.deepcopy(eager), copy.deepcopy(compiled)
+    assert ema.orig_module[0].weight is not mine[0].weight
+    expected = _train(eager, eager, xs[2:], eager_ema, eager_ema)
+    got = _train(mine, compiled, xs[2:], ema, ema.orig_module)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(list(ema.state_dict().values()),
+                               list(eager_ema.state_dict().values()))
+
+
+@pytest.mark.parametrize("door", ["native", "native_budget", "dynamo", "dynamo_options"])
+def test_a_compiled_model_saved_whole_after_its_first_call_loads_and_trains_as_eager(
+        door, tmp_path):
+    """torch.save(compiled) raised: the native door's entries hold locks and generated
+    code (and its options Inductor's decompositions, a budget's partitioner made in a
+    closure); through Dynamo, torch.compile pickles its backend, a function made inside
+    `make_backend`. torch.compile's own backends pickle."""
+    torch._dynamo.reset()
+    make = {"native": lambda m: aotgrad.compile(m, backend="eager"),
+            "native_budget": lambda m: aotgrad.compile(m, memory_budget=0.5, backend="eager"),
+            "dynamo": lambda m: torch.compile(m, backend="aotgrad"),
+            "dynamo_options": lambda m: torch.compile(m, backend=aotgrad.backend(
+                backend="eager", memory_budget=0.5))}[door]
+    xs = [torch.randn(5, 4) for _ in range(4)]
+    eager, mine = _net(), _net()
+    compiled = make(mine)
+    expected = _train(eager, eager, xs)
+    got = _train(mine, compiled, xs[:2])
+    torch.save(compiled, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    inner = loaded._orig_mod if door.startswith("dynamo") else loaded.orig_module
+    got += _train(inner, loaded, xs[2:])
+    torch.testing.assert_close(got, expected)

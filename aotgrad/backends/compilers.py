@@ -402,6 +402,9 @@ class InductorDecompositions(Mapping):
     def __len__(self) -> int:
         return len(self._table)
 
+    def __reduce__(self):  # the singleton (a pickled compiled module holds its options)
+        return _inductor_decompositions, ()
+
 
 INDUCTOR_DECOMPOSITIONS = InductorDecompositions()
 

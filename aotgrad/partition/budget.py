@@ -25,6 +25,7 @@ up to `ilp.MAX_EXACT` choices; a greedy when SciPy is missing or the graph is to
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -136,20 +137,25 @@ def pareto(plans: Iterable[Plan]) -> list[Plan]:
 
 
 def budget_partition(memory_budget: float, solver: str = "auto") -> Callable:
-    """A functorch-style partition_fn that honours `memory_budget`."""
+    """A functorch-style partition_fn that honours `memory_budget`. A partial of a module's
+    function, not a closure: a compiled module's options pickle (torch.save(model))."""
     if not 0.0 <= memory_budget <= 1.0:
         raise ValueError(f"memory_budget must be in [0, 1], got {memory_budget}")
-
-    def partition(joint_module, _joint_inputs=None, *, num_fwd_outputs, **_):
-        plan = plan_for_budget(joint_module, num_fwd_outputs, memory_budget, solver)
-        log.debug("memory budget %s: peak %d bytes, recomputation %d bytes of traffic, "
-                  "saves %s", memory_budget, plan.peak_bytes, plan.recompute_cost,
-                  ", ".join(plan.saved))
-        by_name = {node.name: node for node in joint_module.graph.nodes}
-        saved = [by_name[s] for s in plan.saved]
-        return split_recomputing_late(joint_module, num_fwd_outputs, saved)
+    partition = functools.partial(_partition_for_budget, memory_budget=memory_budget,
+                                  solver=solver)
     partition.memory_budget, partition.solver = memory_budget, solver  # for cache keys
     return partition
+
+
+def _partition_for_budget(joint_module, _joint_inputs=None, *, num_fwd_outputs,
+                          memory_budget: float, solver: str, **_):
+    plan = plan_for_budget(joint_module, num_fwd_outputs, memory_budget, solver)
+    log.debug("memory budget %s: peak %d bytes, recomputation %d bytes of traffic, "
+              "saves %s", memory_budget, plan.peak_bytes, plan.recompute_cost,
+              ", ".join(plan.saved))
+    by_name = {node.name: node for node in joint_module.graph.nodes}
+    saved = [by_name[s] for s in plan.saved]
+    return split_recomputing_late(joint_module, num_fwd_outputs, saved)
 
 
 # ---- solvers: each returns plans for the curve --------------------------------------------
