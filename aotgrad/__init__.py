@@ -57,7 +57,8 @@ def _register_in(registry) -> None:
     """Register, unless Dynamo found the installed entry point: then its lookup is loading
     this package, and registers the name itself right after (twice would be an error)."""
     from .dynamo import aotgrad_backend
-    if "aotgrad" not in registry._COMPILER_FNS and registry._BACKENDS.get("aotgrad") is None:
+    if "aotgrad" not in registry._COMPILER_FNS and \
+            getattr(registry, "_BACKENDS", {}).get("aotgrad") is None:
         registry.register_backend(name="aotgrad")(aotgrad_backend)
 
 

@@ -38,11 +38,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                      decompositions=decompositions,
                      keep_inference_input_mutations=keep_inference_input_mutations,
                      compile_backward=compile_backward, cudagraphs=cudagraphs)
-    base = checked_options(
-        "backend", backend=backend, partitioner=partitioner, memory_budget=memory_budget,
-        decompositions=decompositions,
-        keep_inference_input_mutations=keep_inference_input_mutations,
-        compile_backward=compile_backward, cudagraphs=cudagraphs)
+    base = checked_options("backend", **made_with)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *,
                                mode: str | None = None, options: dict | None = None):
