@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import warnings
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import torch
 from torch.nn.modules.lazy import LazyModuleMixin
@@ -248,6 +248,20 @@ class CompiledFunction:
         return [c.artifact for c in calls]
 
 
+class _WithHookSet(NamedTuple):
+    """A forward's output with the weights torch's hooks set on submodules before it (prune,
+    weight_norm, spectral_norm): eager leaves each call's weight there, so the graph returns
+    them where there are any (elsewhere the output alone keeps the runtime's fast path)."""
+
+    out: Any
+    attributes: dict[tuple[int, str], torch.Tensor]  # (submodule index, name) -> weight
+
+    def set_on(self, submodules: list[torch.nn.Module]) -> Any:
+        for (i, name), value in self.attributes.items():
+            setattr(submodules[i], name, value)
+        return self.out
+
+
 class CompiledModule(torch.nn.Module):
     """A module whose forward runs compiled; parameters and buffers are graph inputs, so
     updates of buffers in forward (BatchNorm's running statistics) land on the module."""
@@ -277,7 +291,6 @@ class CompiledModule(torch.nn.Module):
 
     def _functional_forward(self, *flat, **kwargs):
         # flat: the state, each submodule's training flag (for the signature), the arguments.
-        # Returns forward's output and the tensors torch's hooks set as attributes (forward).
         self._traced = True  # forward's Python runs: it may set attributes
         state = flat[:len(self._names)]
         args = flat[len(self._names) + len(self._submodules):]
@@ -287,7 +300,8 @@ class CompiledModule(torch.nn.Module):
             self._refuse_reassigned_state(state)
         refuse_traced_attributes(self.orig_module)
         refuse_traced_reads(self._attributes.cells, self._attributes.globals, "forward")
-        return out, hook_set_attributes(self._submodules)
+        hook_set = hook_set_attributes(self._submodules)
+        return _WithHookSet(out, hook_set) if hook_set else out
 
     def _refuse_reassigned_state(self, state) -> None:
         for name, (owner, attr), value in zip(self._names, self._slots, state):
@@ -307,9 +321,9 @@ class CompiledModule(torch.nn.Module):
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
         state = COMPILES.stable_read(self._read_state)  # not another thread's trace's fakes
-        out, hook_set = self.compiled(*state, *training_flags, *args, **kwargs)
-        for (i, name), value in hook_set.items():  # a pruned weight: eager leaves this call's
-            setattr(self._submodules[i], name, value)
+        out = self.compiled(*state, *training_flags, *args, **kwargs)
+        if type(out) is _WithHookSet:
+            out = out.set_on(self._submodules)
         if self._traced:  # as the trace left them
             self._attributes, self._traced = ModuleAttributes(self.orig_module), False
         return out
