@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils import parametrize
 
@@ -260,6 +261,10 @@ class _WithHookSet(NamedTuple):
         for (i, name), value in self.attributes.items():
             setattr(submodules[i], name, value)
         return self.out
+
+
+# Named, so that the output's structure is written into a cache entry.
+pytree._register_namedtuple(_WithHookSet, serialized_type_name="aotgrad.api._WithHookSet")
 
 
 class CompiledModule(torch.nn.Module):
