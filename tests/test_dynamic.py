@@ -189,6 +189,30 @@ def test_mutations_views_and_sizes_follow_each_call(door):
     assert counted.count() == 1
 
 
+def _written_through_a_view(x):
+    y = x.clone()
+    flat = y.view(-1)
+    flat.add_(1)
+    return y, flat
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_an_output_written_through_its_view_is_its_own_tensor_as_in_eager(backend):
+    """The functionalized trace returns `y` as a view of the written copy; eager's `y` is no
+    view, and takes an in-place change (with symbolic sizes the output used to stay a view,
+    and `y.mul_(2)` raised autograd's 'view created inside a custom Function')."""
+    compiled = aotgrad.compile(_written_through_a_view, backend=backend, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 2, requires_grad=True)
+        y, flat = compiled(x)
+        y_eager, flat_eager = _written_through_a_view(x)
+        assert y._base is None and flat._base is y
+        y.mul_(2), y_eager.mul_(2)
+        torch.testing.assert_close((y, flat), (y_eager, flat_eager))
+        torch.testing.assert_close(_grads((y, flat), [x]), _grads((y_eager, flat_eager), [x]))
+    assert compiled.num_compiles == 1
+
+
 def test_metadata_mutation_of_an_input_follows_each_call():
     def f(x):
         x.t_()

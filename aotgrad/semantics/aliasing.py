@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..capture import analysis
 from . import subclasses
 from ..schema import OVERWRITTEN, FunctionInfo, Geometry, OutputKind, primals_of
-from .dynamic import geometry, is_symbolic
+from .dynamic import geometry, is_size
 
 # Which storage a tensor uses: the address of its StorageImpl, in one C call where torch has
 # one (a storage object is built otherwise).
@@ -338,21 +338,31 @@ def unview_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> None:
         return
     for k in views:
         node = outputs[k]
-        with gm.graph.inserting_after(node):
+        with gm.graph.inserting_before(gm.graph.output_node()):  # sizes first, in order
             own = gm.graph.call_function(torch.ops.aten._unsafe_view.default,
-                                         (node, list(node.meta["val"].shape)))
+                                         (node, _size_args(gm.graph, node)))
         own.meta = dict(node.meta)
         outputs[k] = own
     gm.graph.output_node().args = (tuple(outputs),)
     gm.recompile()
 
 
+def _size_args(graph: fx.Graph, node: fx.Node) -> list:
+    """`node`'s sizes as graph arguments: a symbolic one is read from `node` itself (a
+    sym_size node), since no other node need hold that size."""
+    args = []
+    for d, size in enumerate(node.meta["val"].shape):
+        if is_size(size) and size.node.maybe_as_int() is None:
+            size_node = graph.call_function(torch.ops.aten.sym_size.int, (node, d))
+            size_node.meta["val"] = size
+            size = size_node
+        args.append(size)
+    return args
+
+
 def _is_view_op(node: Any) -> bool:
-    """A view op's result of static shape (with symbolic sizes the analysis runs the same
-    decompositions as the trace, and sees the view)."""
     return isinstance(node, fx.Node) and isinstance(node.target, torch._ops.OpOverload) \
-        and node.target.is_view and isinstance(node.meta.get("val"), torch.Tensor) \
-        and not is_symbolic(node.meta["val"])
+        and node.target.is_view and isinstance(node.meta.get("val"), torch.Tensor)
 
 
 # ---- the merged function (trace time) -----------------------------------------------------
