@@ -208,6 +208,24 @@ def test_custom_function_backward_runs_opaquely_each_time():
     assert stats.opaque == ["Scale"]
 
 
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_a_backward_inside_a_backward_runs_as_eager(compiler):
+    # Reentrant checkpoint's backward runs a backward of its own, as could a hook: the engine
+    # refused to nest compiled autograd, and the step raised NotImplementedError.
+    def step(m):
+        out = []
+        for k in range(2):
+            x = torch.randn(3, 8, generator=torch.Generator().manual_seed(k),
+                            requires_grad=True)
+            h = torch.utils.checkpoint.checkpoint(m[:2], x, use_reentrant=True)
+            m[2:](h).sum().backward()
+            out.append(x.grad)
+        return out
+    expected, actual, stats = twice(step, mlp(), compiler)
+    same(expected, actual, "input gradients")
+    assert stats.fallbacks == [] and stats.opaque == ["CheckpointFunction"]
+
+
 def test_saved_tensor_hooks_fall_back_to_eager_with_a_reason(caplog):
     def step(m):
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 1, lambda t: t):

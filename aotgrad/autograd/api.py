@@ -45,6 +45,7 @@ class Session:
         self.stats = Stats()
         self.keys = CaptureLog()
         self.open_capture: BackwardCapture | None = None
+        self.running = False  # a backward is under way (api's wrapper of the engine's run)
 
     def begin(self, capture: BackwardCapture) -> None:
         self.open_capture = capture
@@ -183,12 +184,20 @@ def _eager_fallback(session: Session) -> Iterator[None]:
         return
 
     def run_backward(*args: Any, **kwargs: Any) -> Any:
+        if session.running:
+            # A backward inside a running one (reentrant checkpoint's backward, a hook
+            # calling autograd.grad): the engine refuses to nest compiled autograd, and
+            # eager runs it as a plain backward of its own.
+            return _engine_off(run, args, kwargs)
+        session.running = True
         try:
             return run(*args, **kwargs)
         except Exception as error:
             if session.failed_capture() is None:
                 raise  # the captured graph itself raised, as eager would have
             return _run_eagerly(session, run, error, args, kwargs)
+        finally:
+            session.running = False
 
     module._engine_run_backward = run_backward
     try:
@@ -202,6 +211,11 @@ def _run_eagerly(session: Session, run: Callable, error: Exception, args, kwargs
     session.stats.fallbacks.append(reason)
     log.warning("aotgrad: compiled autograd could not capture this backward; the eager "
                 "engine runs it (%s)", reason, exc_info=log.isEnabledFor(logging.DEBUG))
+    return _engine_off(run, args, kwargs)
+
+
+def _engine_off(run: Callable, args, kwargs) -> Any:
+    """One backward on the eager engine, compiled autograd set aside for it."""
     engine = torch._C._dynamo.compiled_autograd
     prior = engine.set_autograd_compiler(None, False)
     try:
