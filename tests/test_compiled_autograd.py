@@ -798,3 +798,43 @@ def test_a_custom_backwards_gradient_of_another_shape_raises_as_eager():
         step()
     with pytest.raises(RuntimeError, match=message), compiled_autograd.enable("eager"):
         step()
+
+
+class ScaledBy(torch.autograd.Function):
+    """forward(x, k: float): its backward returns `ScaledBy.grads(g)`, right or wrong."""
+    grads = staticmethod(lambda g: (g, None))
+
+    @staticmethod
+    def forward(ctx, x, k):
+        return x * k
+
+    @staticmethod
+    def backward(ctx, g):
+        return ScaledBy.grads(g)
+
+
+@pytest.mark.parametrize("grads, message", [
+    (lambda g: (g,), r"incorrect number of gradients \(expected 2, got 1\)"),
+    (lambda g: (g, None, g), r"incorrect number of gradients \(expected 2, got 3\)"),
+    (lambda g: (g, g), r"different than None at position 2, but the corresponding forward "
+                       r"input was not a Variable"),
+    (lambda g: (g, None, None), None),  # extra Nones are dropped
+])
+def test_a_custom_backwards_gradient_count_is_checked_as_eager(grads, message, monkeypatch):
+    # Were: the extra gradient, or the one for a float input, ignored silently; too few, an
+    # IndexError from the graph.
+    monkeypatch.setattr(ScaledBy, "grads", staticmethod(grads))
+
+    def step():
+        x = torch.ones(3, requires_grad=True)
+        ScaledBy.apply(x * 1, 2.0).sum().backward()
+        return x.grad
+    if message is None:
+        expected, actual, _ = eager_and_compiled(step)
+        same(expected, actual, "grad")
+        return
+    message = "function ScaledByBackward returned .*" + message
+    with pytest.raises(RuntimeError, match=message):
+        step()
+    with pytest.raises(RuntimeError, match=message), compiled_autograd.enable("eager"):
+        step()

@@ -157,10 +157,28 @@ def run_python_backward(ctx: Any, saved: list, metas: Any, *grads: Any) -> tuple
     then made like its inputs as eager's engine makes them (the graph after it was traced
     for gradients of the inputs' metadata)."""
     out = ctx._forward_cls.backward(_SavedContext(ctx, saved), *grads)
-    out = out if isinstance(out, tuple) else (out,)
     name = type(ctx).__name__
+    out = gradient_per_input(name, out if isinstance(out, tuple) else (out,), metas)
     return tuple(as_input_gradient(name, i, grad, meta)
-                 for i, (grad, meta) in enumerate(zip(out, metas))) + out[len(metas):]
+                 for i, (grad, meta) in enumerate(zip(out, metas)))
+
+
+def gradient_per_input(name: str, out: tuple, metas: Any) -> tuple:
+    """A custom backward's results, one per forward input, checked as eager's engine checks
+    them (python_function.cpp): extra Nones dropped, another count raised, and a gradient
+    for an input that was not a tensor (its meta None) raised: the graph after it reads
+    exactly one gradient per input."""
+    if len(out) > len(metas) and all(g is None for g in out[len(metas):]):
+        out = out[:len(metas)]
+    if len(out) != len(metas):
+        raise RuntimeError(f"function {name} returned an incorrect number of gradients "
+                           f"(expected {len(metas)}, got {len(out)})")
+    for i, (grad, meta) in enumerate(zip(out, metas)):
+        if grad is not None and meta is None:
+            raise RuntimeError(f"function {name} returned a gradient different than None at "
+                               f"position {i + 1}, but the corresponding forward input was "
+                               "not a Variable")
+    return out
 
 
 def as_input_gradient(name: str, index: int, grad: Any, meta: Any) -> Any:
