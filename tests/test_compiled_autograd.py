@@ -226,6 +226,32 @@ def test_a_backward_inside_a_backward_runs_as_eager(compiler):
     assert stats.fallbacks == [] and stats.opaque == ["CheckpointFunction"]
 
 
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_final_callbacks_a_hook_queues_run_as_eager(compiler):
+    # FSDP's post-backward, DDP's static-graph all-reduce: queued by a hook, run once the
+    # backward is done. They were dropped: the engine runs them only after nodes it walked.
+    def step(m, calls):
+        engine = torch.autograd.Variable._execution_engine
+
+        def last():
+            calls.append(("last", m[0].weight.grad.sum().item()))
+
+        def queue(p):
+            calls.append("hook")
+            engine.queue_callback(lambda: (calls.append("first"), engine.queue_callback(last)))
+        m[2].weight.register_post_accumulate_grad_hook(queue)
+        for k in range(2):
+            m(torch.randn(3, 8, generator=torch.Generator().manual_seed(k))).sum().backward()
+            calls.append("returned")
+    eager_calls, compiled_calls, m = [], [], mlp()
+    other = copy.deepcopy(m)
+    step(m, eager_calls)
+    with compiled_autograd.enable(compiler) as stats:
+        step(other, compiled_calls)
+    assert compiled_calls == eager_calls and stats.fallbacks == []
+    assert eager_calls[:4] == ["hook", "first", eager_calls[2], "returned"]
+
+
 def test_saved_tensor_hooks_fall_back_to_eager_with_a_reason(caplog):
     def step(m):
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 1, lambda t: t):

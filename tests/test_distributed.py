@@ -213,6 +213,17 @@ def ddp_around_aotgrad() -> dict:
     return difference(eager, train(DDP(inner, bucket_cap_mb=1)))
 
 
+def fsdp2_compiled_autograd() -> dict:
+    """FSDP2 of an eager model, each backward captured by aotgrad's compiled autograd:
+    FSDP's hooks run from the captured graph, and its root post-backward (the last
+    reduce-scatters) is a final callback they queue (queue_callback)."""
+    eager = train(fsdp2_model(reshard=True))
+    with aotgrad.compiled_autograd.enable("eager") as stats:
+        compiled = train(fsdp2_model(reshard=True))
+    return {**difference(eager, compiled), "captures": stats.captures,
+            "fallbacks": stats.fallbacks}
+
+
 def fsdp2_around_aotgrad() -> dict:
     eager = train(fsdp2_model(reshard=True))
     return difference(eager, train(fsdp2_model(reshard=True, compile_blocks=True)))
@@ -253,6 +264,7 @@ SCENARIOS = {
 OWN_LAUNCH = {
     "ddp_python_reducer_aotgrad": lambda: ddp_python_reducer(
         aotgrad.compiled_autograd.enable, CapturedGraphs(), "run_post_accumulate_hook"),
+    "fsdp2_aotgrad_compiled_autograd": lambda: fsdp2_compiled_autograd(),
 }
 
 
@@ -384,6 +396,13 @@ def test_fsdp2_activation_checkpointing(results):
 def test_fsdp2_around_aotgrad_compile(results):
     """fully_shard(aotgrad.compile(block)) per block, then the root."""
     assert_like_eager(results, "fsdp2_around_aotgrad", rtol=BF16)
+
+
+def test_fsdp2_aotgrad_compiled_autograd(results):
+    """fully_shard of an eager model, backward captured by aotgrad.compiled_autograd (in a
+    launch of its own: see OWN_LAUNCH)."""
+    for r in assert_like_eager(results, "fsdp2_aotgrad_compiled_autograd", rtol=BF16):
+        assert r["captures"] >= 1 and r["fallbacks"] == []
 
 
 # ---- what aotgrad refuses -------------------------------------------------------------------

@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from ..cache import autograd as persistent
+from . import hooks
 from .cache import CaptureKey, CaptureLog
 from .capture import BackwardCapture
 from .specialize import (Captured, CompiledOnFirstRun, Variant, calls_region, specialize,
@@ -165,7 +166,8 @@ def enable(compiler: Any = "eager", dynamic: bool = True) -> Iterator[Stats]:
     engine.clear_cache()
     prior = engine.set_autograd_compiler(functools.partial(BackwardCapture, session), dynamic)
     try:
-        with torch.autograd.set_multithreading_enabled(False), _eager_fallback(session):
+        with torch.autograd.set_multithreading_enabled(False), _eager_fallback(session), \
+                _final_callbacks():
             yield session.stats
     finally:
         engine.set_autograd_compiler(*prior)
@@ -206,6 +208,35 @@ def _eager_fallback(session: Session) -> Iterator[None]:
         module._engine_run_backward = run
 
 
+class _CallbackQueue:
+    """`Variable._execution_engine` while a session is on: the engine itself, except that a
+    final callback queued while a captured graph runs waits in `hooks.QUEUED` (the engine
+    would keep it unrun: it runs them only after nodes it walked)."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+
+    def queue_callback(self, callback: Callable[[], None]) -> None:
+        if hooks.QUEUED is None:
+            self._engine.queue_callback(callback)
+        else:
+            hooks.QUEUED.append(callback)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+@contextlib.contextmanager
+def _final_callbacks() -> Iterator[None]:
+    variable = torch.autograd.Variable
+    engine = variable._execution_engine
+    variable._execution_engine = _CallbackQueue(engine)
+    try:
+        yield
+    finally:
+        variable._execution_engine = engine
+
+
 def _run_eagerly(session: Session, run: Callable, error: Exception, args, kwargs) -> Any:
     reason = f"{type(error).__name__}: {error}".splitlines()[0]
     session.stats.fallbacks.append(reason)
@@ -215,10 +246,13 @@ def _run_eagerly(session: Session, run: Callable, error: Exception, args, kwargs
 
 
 def _engine_off(run: Callable, args, kwargs) -> Any:
-    """One backward on the eager engine, compiled autograd set aside for it."""
+    """One backward on the eager engine, compiled autograd set aside for it (and its final
+    callbacks left to that engine)."""
     engine = torch._C._dynamo.compiled_autograd
     prior = engine.set_autograd_compiler(None, False)
+    queued, hooks.QUEUED = hooks.QUEUED, None
     try:
         return run(*args, **kwargs)
     finally:
+        hooks.QUEUED = queued
         engine.set_autograd_compiler(*prior)

@@ -287,8 +287,18 @@ def _owner(origins: Sequence, i: int, what: str) -> str:
 
 def run_captured(captured: Any, inputs: list, sizes: list, scalars: list, hook_list: list,
                  packed: list = ()) -> Any:
-    """The engine's runtime wrapper: it calls this with the compiled graph and its inputs."""
-    return captured(inputs, sizes, scalars, hook_list, packed)
+    """The engine's runtime wrapper: it calls this with the compiled graph and its inputs.
+    The engine runs a backward's final callbacks only where it walked the nodes itself:
+    those the graph's hooks queue run here, after it, as eager runs them (one a callback
+    queues too); where the graph raises, none runs, as in eager."""
+    prior, hooks.QUEUED = hooks.QUEUED, []
+    try:
+        outputs = captured(inputs, sizes, scalars, hook_list, packed)
+        for callback in hooks.QUEUED:  # grows while it runs: a callback may queue another
+            callback()
+        return outputs
+    finally:
+        hooks.QUEUED = prior
 
 
 def _has_grad(t: torch.Tensor) -> bool:

@@ -19,6 +19,10 @@ import torch
 
 # name -> (function, traceable), as the engine binds them (see capture.bind_function).
 BOUND: dict[str, tuple[Callable, bool]] = {}
+# The final callbacks (`Variable._execution_engine.queue_callback`: FSDP's, DDP's static
+# graph's) queued while a captured graph runs, for `capture.run_captured` to run after it;
+# None outside one (api.py's engine stand-in then hands them to the engine).
+QUEUED: list[Callable[[], None]] | None = None
 
 
 def call_formula(name: str, grads: list, *args: Any) -> list:
