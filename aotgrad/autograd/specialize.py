@@ -308,15 +308,16 @@ def unspecialized(program: fx.GraphModule) -> Variant:
 # -- passes over a specialized graph -------------------------------------------------------
 def order_like_eager(graph: fx.Graph) -> None:
     """The engine's walk is a topological order, not eager's: eager runs AccumulateGrad
-    (highest priority) as soon as its gradient is ready, then that parameter's
-    post-accumulate-grad hooks. Move each accumulation there, with its hooks, so hooks
-    observe the same order and `.grad` values as in eager."""
+    (highest priority) as soon as its gradient is ready: the leaf's tensor and node
+    pre-hooks, the accumulation, then that parameter's post-accumulate-grad hooks. Move
+    each accumulation there, with its hooks, so hooks observe the same order and `.grad`
+    values as in eager."""
     _hoist_input_reads(graph)
     for acc in [n for n in graph.nodes if n.target is hooks.accumulate_into]:
-        followers = _post_accumulate_hooks(acc)
-        needs = {a for n in (acc, *followers) for a in n.all_input_nodes} - set(followers)
+        group = [*_pre_accumulate_hooks(acc), acc, *_post_accumulate_hooks(acc)]
+        needs = {a for n in group for a in n.all_input_nodes} - set(group)
         anchor = max(needs, key=_position)
-        for node in [acc, *followers]:
+        for node in group:
             anchor.append(node)
             anchor = node
 
@@ -361,10 +362,37 @@ def _hoist_input_reads(graph: fx.Graph) -> None:
             last = node
 
 
+# The hooks an AccumulateGrad node runs on its gradient before accumulating it.
+_PRE_HOOKS = (hooks.run_tensor_hook, hooks.run_cpp_tensor_hooks, hooks.run_node_pre_hook)
+
+
+def _pre_accumulate_hooks(acc: fx.Node) -> list[fx.Node]:
+    """The hooks the AccumulateGrad node ran on its gradient before `acc` (a pre-hook's
+    result read through a getitem), in graph order: the chain back from `acc` whose every
+    link only the next (and the node's post-hooks) reads."""
+    found, grad, reader = [], acc.args[1], acc
+    while isinstance(grad, fx.Node) and _only_feeds(grad, reader):
+        hook = grad.args[0] if grad.target is operator.getitem else grad
+        if hook.target not in _PRE_HOOKS or hook is not grad and not _only_feeds(hook, grad):
+            break
+        found[:0] = [hook] if hook is grad else [hook, grad]
+        grad, reader = hook.args[1], hook
+        if hook.target is hooks.run_node_pre_hook:  # hook(grad_outputs): a one-item list
+            grad = grad[0]
+    return found
+
+
+def _only_feeds(node: fx.Node, reader: fx.Node) -> bool:
+    return all(u is reader or u.target is hooks.run_node_post_hook for u in node.users)
+
+
 def _post_accumulate_hooks(acc: fx.Node) -> list[fx.Node]:
+    """The parameter's post-accumulate-grad hooks and the node's post-hooks (given its
+    gradient), as the engine ran them after `acc`."""
     found, node = [], acc.next
     while node.op != "output" and node.target is not hooks.accumulate_into:
-        if node.target is hooks.run_post_accumulate_hook and node.args[1] is acc.args[0]:
+        if node.target is hooks.run_post_accumulate_hook and node.args[1] is acc.args[0] or \
+                node.target is hooks.run_node_post_hook and acc.args[1] in node.args[2]:
             found.append(node)
         node = node.next
     return found
