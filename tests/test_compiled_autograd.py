@@ -301,6 +301,40 @@ def test_final_callbacks_a_hook_queues_run_as_eager(compiler):
     assert eager_calls[:4] == ["hook", "first", eager_calls[2], "returned"]
 
 
+def test_a_gradient_penalty_through_a_region_holding_a_custom_function():
+    # create_graph=True replays the region, running autograd.grad on the Function's own
+    # application inside the captured backward: the engine refused it (NotImplementedError).
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * x * g
+
+    class Squared(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return Square.apply(self.inner(x)).tanh().sum()
+
+    def step(m):
+        f = aotgrad.compile(Squared(m), backend="eager")
+        x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        y = f(x)
+        gx, = torch.autograd.grad(y, [x], create_graph=True)
+        (y + gx.pow(2).sum()).backward()
+        return gx.detach()
+    expected, actual, stats = twice(step, mlp(1))
+    same(expected, actual, "input gradient")
+    assert stats.fallbacks == []
+
+
 def test_saved_tensor_hooks_fall_back_to_eager_with_a_reason(caplog):
     def step(m):
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 1, lambda t: t):
