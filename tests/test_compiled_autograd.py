@@ -947,3 +947,23 @@ def test_a_custom_backwards_gradient_count_is_checked_as_eager(grads, message, m
         step()
     with pytest.raises(RuntimeError, match=message), compiled_autograd.enable("eager"):
         step()
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="the engine's cache key holds no "
+                   "count of a node's incoming gradients: unbind's backward captured with 5 "
+                   "(4 of them missing) is reused for 3, and raises (torch's compiled autograd "
+                   "fails the same way); split and chunk likewise")
+def test_unbind_with_unused_outputs_across_sizes():
+    def steps():
+        p = torch.ones(8, requires_grad=True)
+        out = []
+        for rows in (3, 5, 3):
+            x = torch.randn(rows, 8, generator=torch.Generator().manual_seed(rows),
+                            requires_grad=True)
+            ((x * 2).unbind(0)[1] * p).sum().backward()
+            out.append(x.grad)
+        return out
+    expected = steps()
+    with compiled_autograd.enable("eager"):
+        actual = steps()
+    same(expected, actual, "grads per step")
