@@ -927,11 +927,13 @@ class ScaledBy(torch.autograd.Function):
     (lambda g: (g, None, g), r"incorrect number of gradients \(expected 2, got 3\)"),
     (lambda g: (g, g), r"different than None at position 2, but the corresponding forward "
                        r"input was not a Variable"),
+    (lambda g: (1.0, None), r"expected Variable or None \(got float\)"),
+    (lambda g: ([g], None), r"expected Variable or None \(got list\)"),
     (lambda g: (g, None, None), None),  # extra Nones are dropped
 ])
 def test_a_custom_backwards_gradient_count_is_checked_as_eager(grads, message, monkeypatch):
     # Were: the extra gradient, or the one for a float input, ignored silently; too few, an
-    # IndexError from the graph.
+    # IndexError from the graph; a float, read as a scalar gradient silently.
     monkeypatch.setattr(ScaledBy, "grads", staticmethod(grads))
 
     def step():
@@ -942,7 +944,6 @@ def test_a_custom_backwards_gradient_count_is_checked_as_eager(grads, message, m
         expected, actual, _ = eager_and_compiled(step)
         same(expected, actual, "grad")
         return
-    message = "function ScaledByBackward returned .*" + message
     with pytest.raises(RuntimeError, match=message):
         step()
     with pytest.raises(RuntimeError, match=message), compiled_autograd.enable("eager"):

@@ -169,9 +169,10 @@ def run_python_backward(ctx: Any, saved: list, metas: Any, *grads: Any) -> tuple
 
 def gradient_per_input(name: str, out: tuple, metas: Any) -> tuple:
     """A custom backward's results, one per forward input, checked as eager's engine checks
-    them (python_function.cpp): extra Nones dropped, another count raised, and a gradient
-    for an input that was not a tensor (its meta None) raised: the graph after it reads
-    exactly one gradient per input."""
+    them (python_function.cpp): extra Nones dropped, another count raised, a gradient for
+    an input that was not a tensor (its meta None) or one that is not a tensor (a float
+    the graph would read as a scalar) raised: the graph after it reads one tensor or None
+    per input."""
     if len(out) > len(metas) and all(g is None for g in out[len(metas):]):
         out = out[:len(metas)]
     if len(out) != len(metas):
@@ -182,6 +183,8 @@ def gradient_per_input(name: str, out: tuple, metas: Any) -> tuple:
             raise RuntimeError(f"function {name} returned a gradient different than None at "
                                f"position {i + 1}, but the corresponding forward input was "
                                "not a Variable")
+        if grad is not None and not isinstance(grad, torch.Tensor):
+            raise RuntimeError(f"expected Variable or None (got {type(grad).__name__})")
     return out
 
 
