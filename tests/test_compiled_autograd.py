@@ -218,6 +218,18 @@ def test_a_hook_registered_during_the_backward_runs_as_eager():
     assert compiled_calls == eager_calls == ["late"]
 
 
+def test_a_post_accumulate_grad_hook_returning_a_value_raises_as_eager():
+    def step():
+        p = torch.ones(3, requires_grad=True)
+        p.register_post_accumulate_grad_hook(lambda p: p.grad.mul_(0.5))
+        (p * 2).sum().backward()
+    message = "^Tensor post accumulate grad hooks should return None.$"
+    with pytest.raises(RuntimeError, match=message):
+        step()
+    with pytest.raises(RuntimeError, match=message), compiled_autograd.enable("eager"):
+        step()
+
+
 def test_autograd_grad_inputs_and_retain_graph():
     def step(m):
         x = torch.randn(3, 8, requires_grad=True)

@@ -128,7 +128,7 @@ def _type_name(t: torch.Tensor) -> str:
 
 def run_post_accumulate_hook(hook: Callable, param: torch.Tensor) -> torch.Tensor:
     if hook(param) is not None:
-        raise RuntimeError("post accumulate grad hooks cannot return anything")
+        raise RuntimeError("Tensor post accumulate grad hooks should return None.")
     return param
 
 
