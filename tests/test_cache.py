@@ -6,6 +6,7 @@ Each test gets a cache directory of its own. Cross-process tests run real proces
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -802,56 +803,39 @@ def attention(q, k, v):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
-@pytest.fixture
-def kernel_flags():
-    """The flags SDPA and the CPU kernels choose by, restored after the test."""
-    cuda = torch.backends.cuda
-    saved = (cuda.flash_sdp_enabled(), cuda.cudnn_sdp_enabled(),
-             cuda.fp16_bf16_reduction_math_sdp_allowed(), torch.backends.mkldnn.enabled)
-    cuda.enable_flash_sdp(False)  # the math decomposition, traced op by op
-    yield
-    cuda.enable_flash_sdp(saved[0])
-    cuda.enable_cudnn_sdp(saved[1])
-    cuda.allow_fp16_bf16_reduction_math_sdp(saved[2])
-    torch.backends.mkldnn.enabled = saved[3]
+@contextlib.contextmanager
+def sdp_flag(read, write, value):
+    saved = read()
+    write(value)
+    try:
+        yield
+    finally:
+        write(saved)
 
 
+_CUDA = torch.backends.cuda
 FLAG_CHANGES = {  # whether bf16 attention upcasts (silently served stale before), ...
-    "math_sdp_reduction": lambda: torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True),
-    "cudnn_sdp": lambda: torch.backends.cuda.enable_cudnn_sdp(False),
-    "mkldnn": lambda: setattr(torch.backends.mkldnn, "enabled", False),  # CPU LSTM's kernel
+    "math_sdp_reduction": lambda: sdp_flag(_CUDA.fp16_bf16_reduction_math_sdp_allowed,
+                                           _CUDA.allow_fp16_bf16_reduction_math_sdp, True),
+    "cudnn_sdp": lambda: sdp_flag(_CUDA.cudnn_sdp_enabled, _CUDA.enable_cudnn_sdp, False),
+    # the CPU LSTM's kernel; a context, as torch's test utilities forbid setting it plainly
+    "mkldnn": lambda: torch.backends.mkldnn.flags(enabled=False),
 }
 
 
 @pytest.mark.parametrize("change", sorted(FLAG_CHANGES))
-def test_a_flag_choosing_what_a_composite_op_traces_into_is_in_the_key(change, kernel_flags):
+def test_a_flag_choosing_what_a_composite_op_traces_into_is_in_the_key(change):
     """Dynamo's graph calls attention (an LSTM, batch_norm), whose ATen ops these flags
     choose: a graph keyed before its trace must not be served across them."""
     q, k, v = (torch.randn(1, 2, 16, 64).bfloat16().requires_grad_() for _ in range(3))
-    torch.compile(attention, backend=aotgrad.backend(backend="eager"))(q, k, v)
-    FLAG_CHANGES[change]()
-    torch._dynamo.reset()
-    out = torch.compile(attention, backend=aotgrad.backend(backend="eager"))(q, k, v)
-    event, why = last_event()  # the trace runs (its graph may hit: one trace for both)
-    assert "before the trace: global state" in why, why
-    assert torch.equal(out, attention(q, k, v))
-
-
-def test_a_partition_is_not_served_across_float32_matmul_precision():
-    """The partition weighs a float32 matmul's recomputation by the precision it runs at, and
-    the key after the trace holds the graph, not the global state: it holds the precision."""
-    def matmul(x, w):
-        return (x @ w).relu().sum()
-
-    compile_once(matmul, (torch.randn(4, 8, requires_grad=True), torch.randn(8, 8)))
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if saved == "highest" else "highest")
-    try:
-        compile_once(matmul, (torch.randn(4, 8, requires_grad=True), torch.randn(8, 8)))
-    finally:
-        torch.set_float32_matmul_precision(saved)
-    assert "hit" not in [e for e, _ in cache.events()]
-    assert "float32 matmul precision" in last_event()[1], last_event()
+    with sdp_flag(_CUDA.flash_sdp_enabled, _CUDA.enable_flash_sdp, False):  # math, op by op
+        torch.compile(attention, backend=aotgrad.backend(backend="eager"))(q, k, v)
+        with FLAG_CHANGES[change]():
+            torch._dynamo.reset()
+            out = torch.compile(attention, backend=aotgrad.backend(backend="eager"))(q, k, v)
+            event, why = last_event()  # the trace runs (its graph may hit: one trace for both)
+            assert "before the trace: global state" in why, why
+            assert torch.equal(out, attention(q, k, v))
 
 
 def test_corrupt_entry_before_the_trace_is_a_miss_with_a_warning(cache_dir):
