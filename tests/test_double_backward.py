@@ -538,6 +538,55 @@ def test_custom_function_details_differentiate_like_eager(door):
     torch.testing.assert_close((g, torch.autograd.grad(g.pow(2).sum(), x)), expected)
 
 
+class ScaleBy(torch.autograd.Function):
+    """No gradient for `y`, which the backward reads: the input gradient depends on `y`."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(y)
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y, None
+
+
+@torch.library.custom_op("aotgrad_double_backward::scale_by", mutates_args=())
+def scale_by(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * y
+
+
+scale_by.register_fake(lambda x, y: torch.empty_like(x))
+scale_by.register_autograd(lambda ctx, g: (g * ctx.saved_tensors[0], None),
+                           setup_context=lambda ctx, inputs, output:
+                           ctx.save_for_backward(inputs[1]))
+
+
+# Dynamo's door refuses a Function's double backward (test_custom_function_captured_by_dynamo...)
+@pytest.mark.parametrize("scale, door", [
+    (lambda x, y: ScaleBy.apply(x, y), compile_eager), (lambda x, y: ScaleBy.apply(x, y), compat),
+    (scale_by, compile_eager), (scale_by, compat), (scale_by, dynamo)],
+    ids=["function-compile", "function-compat", "custom_op-compile", "custom_op-compat",
+         "custom_op-dynamo"])
+def test_second_order_gradient_of_an_input_without_a_first_order_one(scale, door):
+    """The runtime passes `y` detached (its first-order gradient is None); the replay must
+    still read it with its history, or y.grad was silently None."""
+    def f(x, y):
+        return (scale(x.sin(), y) * x).sum()
+
+    def grads(fn):
+        x, y = leaf(3), leaf(3)
+        (gx,) = torch.autograd.grad(fn(x, y), x, create_graph=True)
+        gx.pow(2).sum().backward()
+        return gx, x.grad, y.grad
+
+    torch.manual_seed(0)
+    expected = grads(f)
+    torch.manual_seed(0)
+    torch.testing.assert_close(grads(door(f)), expected)
+
+
 def raised_by(fn, x) -> tuple:
     """A backward that reaches once_differentiable's error node raises; `grad` with respect
     to x alone would not reach it (in eager too)."""

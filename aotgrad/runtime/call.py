@@ -26,7 +26,8 @@ from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
 from ..autograd import state as _compiled_autograd
 from .mutations import BackwardWrites, mutation_steps, set_versions
-from .lean import lean_function, none_where_unreached, tangent as _tangent
+from .lean import held_inputs, lean_function, none_where_unreached, undetached, \
+    tangent as _tangent
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -84,7 +85,7 @@ class CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: "CompiledCall", *inputs):
-        call.double_backward.hold(ctx, inputs)  # for a backward with create_graph=True
+        call.double_backward.hold(ctx, held_inputs(inputs))  # for create_graph=True
         if call.stale is not None:
             call.stale.hold(ctx, inputs)
         if call.backward_writes is not None:
@@ -285,7 +286,8 @@ class CompiledCall:
         self.num_fw_outputs = plan.num_fw_outputs
         self.tangent_outputs = plan.tangent_outputs
         self.lean = backward is not None and _is_lean(self)
-        self.holds_versions = self.lean and bool(self.double_backward.unsaved_inputs)
+        self.holds_versions = self.lean and bool(self.double_backward.unsaved_inputs
+                                                 or plan.gradless_inputs)
         self.function = lean_function(self, CompiledGraph) if self.lean else CompiledGraph
         self.apply_fast = fast_apply(self.function)
         self.run = _direct_runner(self) or self._run_and_unflatten
@@ -319,21 +321,30 @@ class CompiledCall:
         return self._user_outputs(inputs, raw)
 
     def _run_training(self, inputs: Sequence[Any]) -> Sequence[Any]:
-        args = self._detach(inputs) if self._detaches else inputs
+        if not self._detaches:
+            return self._apply_with_grad(inputs)
+        args, held = self._detach(inputs)
+        with undetached(held):
+            return self._apply_with_grad(args)
+
+    def _apply_with_grad(self, args: Sequence[Any]) -> Sequence[Any]:
         if torch.is_grad_enabled():
             return apply_compiled(self, args)
         with torch.enable_grad():  # grad mode was applied when tracing
             return apply_compiled(self, args)
 
-    def _detach(self, inputs: Sequence[Any]) -> list[Any]:
+    def _detach(self, inputs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """The graph's inputs, and the ones a double backward's replay reads: the inputs
+        without a gradient keep their history there (undetached)."""
         plan = self.plan
         args = list(inputs)
+        for i in plan.overwritten_inputs:
+            args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
+        held = list(args)
         for i in plan.gradless_inputs:
             if args[i].requires_grad:
                 args[i] = args[i].detach()
-        for i in plan.overwritten_inputs:
-            args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
-        return args
+        return args, held
 
     def _run_inference(self, inputs: Sequence[Any]) -> Sequence[Any]:
         if torch.is_grad_enabled():

@@ -12,8 +12,10 @@ tracer, create_graph=True) goes to CompiledFunction's general backward.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -31,6 +33,31 @@ def none_where_unreached(unreached: tuple, grads, outs):
         if all(grads[k] is None for k in outputs):
             outs[i] = None
     return outs
+
+
+_UNDETACHED = threading.local()
+
+
+@contextlib.contextmanager
+def undetached(inputs: Sequence[Any]):
+    """The forward holds `inputs` for a double backward's replay, not the ones the runtime
+    detached (no first-order gradient): the replay may read such an input with its history,
+    as eager's second-order gradient does (a custom backward that returns None for it)."""
+    _UNDETACHED.inputs = inputs
+    try:
+        yield
+    finally:
+        _UNDETACHED.inputs = None
+
+
+def held_inputs(inputs: tuple) -> tuple:
+    """The inputs a forward holds: `undetached`'s, taken once (a compiled call inside this
+    one's graph holds its own)."""
+    held = getattr(_UNDETACHED, "inputs", None)
+    if held is None:
+        return inputs
+    _UNDETACHED.inputs = None
+    return tuple(held)
 
 
 def tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch.Tensor:
@@ -61,7 +88,8 @@ def lean_function(call: Any, base: type) -> type:
 def _forward(call: Any) -> Callable:
     """The forward: hold the inputs, run the graph, save the values after the outputs."""
     n = call.num_fw_outputs
-    hold = ("_hold(ctx, inputs)" if call.holds_versions  # versions of inputs not saved
+    # _hold: versions of inputs not saved, or inputs the runtime passes detached
+    hold = ("_hold(ctx, _held(inputs))" if call.holds_versions
             else "ctx.primals = inputs")  # every input is saved: autograd checks its version
     outputs = "".join(f"outs[{i}], " for i in range(n))
     # What set_materialize_grads(False) and save_for_backward set, without their frames
@@ -72,7 +100,7 @@ def _forward(call: Any) -> Callable:
               "    outs = _graph(list(inputs))\n"
               f"    ctx.to_save = tuple(outs[{n}:])\n"
               f"    return ({outputs})\n")
-    scope = {"_hold": call.double_backward.hold, "_graph": call.forward}
+    scope = {"_hold": call.double_backward.hold, "_held": held_inputs, "_graph": call.forward}
     return _generated(source, scope, "forward")
 
 
