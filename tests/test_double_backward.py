@@ -587,6 +587,20 @@ def test_second_order_gradient_of_an_input_without_a_first_order_one(scale, door
     torch.testing.assert_close(grads(door(f)), expected)
 
 
+scale_by_function = ScaleBy.apply  # bound at import, before any compile
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_function_applied_through_an_apply_bound_at_import_is_refused_saying_so(door):
+    """The replay finds Functions by patching Function.apply, which a bound `apply` skips;
+    the error said the class overrides apply, which ScaleBy does not."""
+    x, y = leaf(3), leaf(3)
+    loss = door(lambda x, y: (scale_by_function(x, y) * x).sum())(x, y)
+    with pytest.raises(NotImplementedError, match=r"ScaleBy, applied through an `apply` bound "
+                       r"before the compile \(`op = ScaleBy.apply`\)"):
+        torch.autograd.grad(loss, x, create_graph=True)
+
+
 def raised_by(fn, x) -> tuple:
     """A backward that reaches once_differentiable's error node raises; `grad` with respect
     to x alone would not reach it (in eager too)."""

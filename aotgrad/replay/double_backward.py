@@ -410,14 +410,17 @@ def _explain_custom_functions():
 
 
 def refuse_custom_functions(outs: Sequence[Any], replayed: set) -> None:
-    """A custom autograd.Function the replay does not call itself (`replayed`: one whose
-    class overrides `apply`) would replay as its forward's ops, run outside autograd:
-    without the history its backward gives its outputs in eager."""
+    """A custom autograd.Function the replay does not call itself (`replayed`: its class
+    overrides `apply`, or the caller bound `apply` before the trace patched it: `op =
+    F.apply` at import) would replay as its forward's ops, run outside autograd: without
+    the history its backward gives its outputs in eager."""
     for node in autograd_nodes(outs):
         if isinstance(node, torch.autograd.function.BackwardCFunction) and node not in replayed:
-            raise CustomFunctionUnsupported(f"{node._forward_cls.__name__}, whose class "
-                                            "overrides apply. Call it outside the compiled "
-                                            "function")
+            name = node._forward_cls.__name__
+            raise CustomFunctionUnsupported(
+                f"{name}, applied through an `apply` bound before the compile (`op = "
+                f"{name}.apply`) or overridden by its class. Call `{name}.apply(...)` where "
+                "it is used, or call the Function outside the compiled function")
 
 
 def refuse_other_history(replay: Replay, fake_args: list, fake_mode: Any,
