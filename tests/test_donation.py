@@ -108,3 +108,37 @@ def test_a_saved_tensor_hook_never_sees_a_donated_value_change(device):
     assert all(torch.equal(t, before) for t, before in kept)
     expected = torch.autograd.grad(exp_of_product(x, w), x)[0]
     torch.testing.assert_close(x.grad, expected)
+
+
+@torch.library.custom_op("aotgrad_donation::add_into", mutates_args=("out",))
+def add_into(out: torch.Tensor, x: torch.Tensor) -> None:
+    out.add_(x)
+
+
+add_into.register_fake(lambda out, x: None)
+
+
+def add_into_then_scale(buf, x):
+    add_into(buf, x.detach() * 2)
+    return buf * x
+
+
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+def test_an_input_a_custom_op_writes_is_never_donated(door):
+    """Inductor computes the op's functionalized result in the input's own memory (it is
+    copied back there): that saved value is the input. The backward raised a version error
+    (the counter was set after the forward saved it), then wrote the gradient into it."""
+    if door == "compile":
+        compiled = aotgrad.compile(add_into_then_scale)
+    else:
+        torch._dynamo.reset()
+        compiled = torch.compile(add_into_then_scale, backend="aotgrad")
+    seen = []
+    for fn in (add_into_then_scale, compiled):
+        torch.manual_seed(0)
+        buf, x, weight = torch.randn(3), torch.randn(3, requires_grad=True), torch.randn(3)
+        out = fn(buf, x)
+        after_call = buf.clone()
+        (out * weight).sum().backward()
+        seen.append((out, after_call, buf, x.grad))
+    torch.testing.assert_close(seen[1], seen[0])

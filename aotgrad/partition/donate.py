@@ -17,6 +17,8 @@ from ..schema import DONATED, HELD_FOR_REPLAY, Partition
 from ..tables import STORAGE_SWAPS
 from .memory import base_of
 
+aten = torch.ops.aten
+
 
 def mark_donated(p: Partition) -> None:
     """Mark the backward's inputs whose memory nothing but the backward holds: saved values
@@ -29,7 +31,7 @@ def mark_donated(p: Partition) -> None:
     outputs = list(fw.graph.output_node().args[0])
     # Each holder of a memory counts once: the inputs, and every output (one listed twice is
     # held twice).
-    holders = [*fw.graph.find_nodes(op="placeholder"), *outputs]
+    holders = [*fw.graph.find_nodes(op="placeholder"), *outputs, *_copied_into_inputs(fw)]
     memory = collections.Counter(key for node in holders for key in _memory_keys(node))
     returned = {base_of(g) for g in bw.graph.output_node().args[0] if isinstance(g, fx.Node)}
     for value, inp in zip(p.saved, bw.graph.find_nodes(op="placeholder")):
@@ -37,6 +39,13 @@ def mark_donated(p: Partition) -> None:
         if keys and all(memory[k] == 1 for k in keys) and inp not in returned \
                 and not inp.meta.get(HELD_FOR_REPLAY):
             inp.meta[DONATED] = True
+
+
+def _copied_into_inputs(fw: fx.GraphModule) -> list[fx.Node]:
+    """The new values of inputs the forward writes: Inductor may compute one in the input's
+    own memory (a functionalized custom op's result, copied back), so the input holds it."""
+    return [n.args[1] for n in fw.graph.find_nodes(op="call_function", target=aten.copy_.default)
+            if base_of(n.args[0]).op == "placeholder" and isinstance(n.args[1], fx.Node)]
 
 
 def without_donations(bw: fx.GraphModule) -> fx.GraphModule:

@@ -266,6 +266,8 @@ class CompiledCall:
                                            is_symbolic(metas[i].shape))
         self._versioned = tuple((i, plan.info.inputs[i].version_bumps)
                                 for i in plan.copied_in_graph)
+        if self._versioned:  # set before the forward saves an input: autograd notes its version
+            self.forward = functools.partial(self._forward_setting_versions, forward)
         # Graph outputs that are inputs the graph wrote in place: nothing reads them.
         data_index = {i: k for k, i in enumerate(plan.info.data_mutated_inputs)}
         self.written_in_graph = tuple(data_index[i] for i in plan.copied_in_graph)
@@ -292,6 +294,16 @@ class CompiledCall:
         self.apply_fast = fast_apply(self.function)
         self.run = _direct_runner(self) or self._run_and_unflatten
 
+    def _forward_setting_versions(self, graph: Callable, inputs: list) -> Sequence[Any]:
+        """The forward graph; then the version counters of the inputs it wrote as eager's
+        (the graph's own writes may have moved them, or not)."""
+        versions = [inputs[i]._version for i, _ in self._versioned]
+        written = list(inputs)  # a boxed graph may clear its list
+        outs = graph(inputs)
+        # from the second call on, only the counters that need it
+        self._versioned = set_versions(written, self._versioned, versions)
+        return outs
+
     def _call_backward_directly_once_compiled(self) -> None:
         """Once compiled, a backward runs without the lazy wrapper's frame in between."""
         for role in ("backward", "backward_keeping_saved"):
@@ -306,14 +318,10 @@ class CompiledCall:
         inputs = self._gather(flat_args)
         if self.plan.aliasing is not None:
             inputs = self.plan.aliasing.graph_inputs(inputs)
-        if self._versioned:
-            versions = [inputs[i]._version for i, _ in self._versioned]
         for i in self._gains_grad:  # before the graphs: autograd then records their use
             inputs[i].requires_grad_()
         with _autocast_off(self.plan.disable_autocast):
             raw = self._run_graphs(inputs)
-        if self._versioned:  # from the second call on, only the counters that need it
-            self._versioned = set_versions(inputs, self._versioned, versions)
         for step in self._mutations:
             step(inputs, raw)
         if self._plain_outputs is not None:
