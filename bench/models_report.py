@@ -124,6 +124,16 @@ def _failures(model: str, phase: str, row: dict) -> list[str]:
             for mode, cell in cells.items() if cell.get("status") != "ok"]
 
 
+def _commits(results: list[dict]) -> str:
+    """The commit each model ran at: a report may merge the directories of several runs."""
+    models = {}
+    for r in results:
+        models.setdefault((r.get("meta") or {}).get("commit"), []).append(r.get("model", "?"))
+    if len(models) == 1:
+        return f"Commit {next(iter(models))}"
+    return "Commits " + ", ".join(f"{c} ({', '.join(m)})" for c, m in models.items())
+
+
 def _first_line(row: dict) -> str:
     return (row.get("error") or "").strip().split("\n")[0][:200]
 
@@ -133,7 +143,7 @@ def markdown(results: list[dict]) -> str:
     title = (f"# Model list: eager, Inductor, aotgrad, with and without CUDA graphs "
              f"({meta.get('date', '?')[:10]}, torch {meta.get('torch', '?')}, "
              f"{meta.get('device', '?')})")
-    parts = [title, f"Commit {meta.get('commit')}; settings {meta.get('settings')}; "
+    parts = [title, f"{_commits(results)}; settings {meta.get('settings')}; "
              f"versions {meta.get('versions')}.", "## Geomeans", *geomean_table(results),
              "## Per model", *results_table(results), "![step time and peak memory](plot.svg)"]
     trouble = problems(results)
