@@ -183,6 +183,7 @@ def hold_random_values(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: i
             saved_at[node.meta[RANDOM_VALUE]] = tensors.index(node)
     output.args = (tuple(outs[:num_fw_outputs] + tensors + sizes),)
     fw.recompile()
+    bw.recompile()  # once: a large backward's code takes a tenth of a second to generate
     return ForwardRandomValues(tuple(ops), tuple(sorted(saved_at.items())))
 
 
@@ -195,7 +196,6 @@ def _add_backward_input(bw: fx.GraphModule, position: int, value: fx.Node) -> No
     with where:
         node = bw.graph.placeholder(value.name)
     node.meta = {**value.meta, HELD_FOR_REPLAY: True}
-    bw.recompile()
 
 
 def compile_without_held_values(compile: Callable[[fx.GraphModule], Callable],
