@@ -142,3 +142,35 @@ def test_an_input_a_custom_op_writes_is_never_donated(door):
         (out * weight).sum().backward()
         seen.append((out, after_call, buf, x.grad))
     torch.testing.assert_close(seen[1], seen[0])
+
+
+def times_kept_scale(x, scale):
+    return (x * scale.clone()).exp().sum()  # the backward reads the scale, a graph constant
+
+
+class KeptScale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.tensor([1.0, 2.0, 3.0])  # a plain attribute: neither parameter nor buffer
+
+    def forward(self, x):
+        return times_kept_scale(x, self.scale)
+
+
+@pytest.mark.parametrize("holder", ["closure", "module"])
+def test_a_tensor_the_graph_holds_as_a_constant_is_never_donated(holder):
+    """A tensor the traced code closes over becomes a constant of the graph module, saved for
+    the backward as it is: it outlives the call, so the backward wrote its gradient into it and
+    every later call read the gradient as the constant."""
+    if holder == "module":
+        module = KeptScale()
+        compiled, scale = aotgrad.compile(module), module.scale
+    else:
+        scale = torch.tensor([1.0, 2.0, 3.0])
+        compiled = aotgrad.compile(lambda x: times_kept_scale(x, scale))
+    for _ in range(2):
+        x = torch.linspace(0, 1, 3, requires_grad=True)
+        compiled(x).backward()
+        expected = torch.autograd.grad(times_kept_scale(x, torch.tensor([1.0, 2.0, 3.0])), x)[0]
+        torch.testing.assert_close(x.grad, expected)
+    assert torch.equal(scale, torch.tensor([1.0, 2.0, 3.0]))

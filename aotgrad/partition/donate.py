@@ -22,16 +22,18 @@ aten = torch.ops.aten
 
 def mark_donated(p: Partition) -> None:
     """Mark the backward's inputs whose memory nothing but the backward holds: saved values
-    that are no input's, no other output's, and that no gradient is a view of. The compiler
+    that are no input's, no constant's, no other output's, and that no gradient is a view of. The compiler
     may free them early or reuse their memory; the runtime gives them up to the backward
     (CompiledGraph.backward says when it cannot)."""
     fw, bw = p.forward, p.backward
     if _swaps_storage(fw) or _swaps_storage(bw):  # the traced storages are not the real ones
         return
     outputs = list(fw.graph.output_node().args[0])
-    # Each holder of a memory counts once: the inputs, and every output (one listed twice is
-    # held twice).
-    holders = [*fw.graph.find_nodes(op="placeholder"), *outputs, *_copied_into_inputs(fw)]
+    # Each holder of a memory counts once: the inputs, the constants (tensors the traced code
+    # closed over, which the graph module keeps for every call), and every output (one listed
+    # twice is held twice).
+    holders = [*fw.graph.find_nodes(op="placeholder"), *fw.graph.find_nodes(op="get_attr"),
+               *outputs, *_copied_into_inputs(fw)]
     memory = collections.Counter(key for node in holders for key in _memory_keys(node))
     returned = {base_of(g) for g in bw.graph.output_node().args[0] if isinstance(g, fx.Node)}
     for value, inp in zip(p.saved, bw.graph.find_nodes(op="placeholder")):
