@@ -186,6 +186,21 @@ def test_a_retained_first_backward_then_a_plain_one_match_eager():
     torch.testing.assert_close(w.grad, 2 * expected)
 
 
+def exp_and_sin(x):
+    return x.exp(), x.sin()  # two nodes in eager, one compiled
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="the compiled outputs share one "
+                   "autograd node, whose first backward frees what both read "
+                   "(docs/unsupported.md; torch's AOTAutograd raises the same)")
+def test_two_outputs_each_differentiated_by_its_own_backward_as_in_eager():
+    x = torch.randn(4, requires_grad=True)
+    a, b = aotgrad.compile(exp_and_sin, backend="eager")(x)
+    a.sum().backward()
+    b.sum().backward()  # eager: the sine's node is untouched by the first backward
+    torch.testing.assert_close(x.grad, x.exp() + x.cos())
+
+
 def test_a_double_backward_first_then_a_plain_one_match_eager():
     x = torch.randn(4, requires_grad=True)
     f = aotgrad.compile(sin_sum, backend="eager")
