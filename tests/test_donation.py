@@ -151,7 +151,7 @@ def times_kept_scale(x, scale):
 class KeptScale(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.scale = torch.tensor([1.0, 2.0, 3.0])  # a plain attribute: neither parameter nor buffer
+        self.scale = torch.tensor([1.0, 2.0, 3.0])  # neither a parameter nor a buffer
 
     def forward(self, x):
         return times_kept_scale(x, self.scale)

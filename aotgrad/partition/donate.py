@@ -22,9 +22,9 @@ aten = torch.ops.aten
 
 def mark_donated(p: Partition) -> None:
     """Mark the backward's inputs whose memory nothing but the backward holds: saved values
-    that are no input's, no constant's, no other output's, and that no gradient is a view of. The compiler
-    may free them early or reuse their memory; the runtime gives them up to the backward
-    (CompiledGraph.backward says when it cannot)."""
+    that are no input's, no constant's, no other output's, and that no gradient is a view of.
+    The compiler may free them early or reuse their memory; the runtime gives them up to the
+    backward (CompiledGraph.backward says when it cannot)."""
     fw, bw = p.forward, p.backward
     if _swaps_storage(fw) or _swaps_storage(bw):  # the traced storages are not the real ones
         return
