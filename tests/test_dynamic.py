@@ -351,6 +351,24 @@ def test_dynamo_automatic_dynamic_shapes_compile_once_more_then_reuse():
     assert len(graphs) == 2  # static at first, then one symbolic graph for the rest
 
 
+def test_dynamo_views_whose_op_took_a_size_the_guards_then_fixed_have_eager_gradients():
+    # At 5 rows Dynamo's symbolic graph specializes the size (split's last piece of one row),
+    # after chunk had taken (s + 1) // 2 as an argument: the output's geometry is concrete,
+    # its rebuilt view held the symbolic split size, and its backward raised.
+    def fn(x):
+        return x.split(2) + x.chunk(2)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aotgrad.backend(backend="eager"))
+    for rows in (4, 6, 5):
+        x = torch.randn(rows, 2, requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        for i, (got, want) in enumerate(zip(compiled(x), fn(y))):
+            torch.testing.assert_close(got, want)
+            got.mul(i + 1).sum().backward()
+            want.mul(i + 1).sum().backward()
+        torch.testing.assert_close(x.grad, y.grad)
+
+
 def test_backward_inputs_of_derived_shape_get_their_symbols_saved():
     """Saved (2*s0,)-shaped values and no plain s0 among the backward's inputs: the forward
     saves s0 too, for compilers that bind symbols from their inputs."""

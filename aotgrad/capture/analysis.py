@@ -23,7 +23,7 @@ from . import oplog
 from .user_checks import RefuseRequiresGradOff, requires_grad_turned_off, user_code_checks
 from .inputs import OutputBox, functional_mode, saved_values_hook, to_functional
 from ..semantics.dynamic import (DynamicShapesUnsupported, fresh_unbacked_ignored, geometry,
-                                 is_size, is_symbolic)
+                                 hint, is_size, is_symbolic)
 from ..schema import (SIZE_INPUT, FunctionInfo, InputInfo, OutputInfo, OutputKind, StorageSwap,
                       SubclassMeta, TensorMeta)
 
@@ -394,8 +394,10 @@ def regenerate_view(out: OutputInfo, base: torch.Tensor,
     differentiable = out.requires_grad and not out.made_without_grad
     with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
         if out.replay is not None:
-            view = out.replay(base) if concrete is None else out.replay(
-                base, symint_visitor_fn=concrete)
+            # Without `concrete` the geometry is concrete, yet the view op may still hold a
+            # size the guards fixed after it was traced (`x.chunk(2)` before Dynamo
+            # specialized `x`'s size): replayed symbolic, it would break the view's backward.
+            view = out.replay(base, symint_visitor_fn=concrete or hint)
             if view is not None:
                 return view
         size, stride, offset = out.geometry if concrete is None else concrete(out.geometry)
