@@ -218,10 +218,18 @@ def test_an_output_written_through_its_view_is_its_own_tensor_as_in_eager(backen
                           "an intermediate (a decomposition's `view`, where eager's C++ returns "
                           "an _unsafe_view), and the runtime rebuilds it as one: `_base` is set "
                           "where eager's is None (in-place changes and gradients still match)")
-def test_attention_output_is_no_view_with_symbolic_sizes_as_in_eager():
-    def f(q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    compiled = aotgrad.compile(f, backend="eager", dynamic=True)
+@pytest.mark.parametrize("f", [
+    lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+    lambda q, k, v: q @ k.transpose(1, 2),  # matmul's decomposition ends in a view too
+], ids=["attention", "batched-matmul"])
+@pytest.mark.parametrize("door", ["compile", "dynamo-automatic"])
+def test_attention_output_is_no_view_with_symbolic_sizes_as_in_eager(f, door):
+    if door == "compile":
+        compiled = aotgrad.compile(f, backend="eager", dynamic=True)
+    else:  # the second size compiles a symbolic graph
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend=aotgrad.backend(backend="eager"))
+        compiled(*[torch.randn(2, 5, 4) for _ in range(3)])
     args = [torch.randn(2, 3, 4, requires_grad=True) for _ in range(3)]
     assert f(*args)._base is None
     assert compiled(*args)._base is None
