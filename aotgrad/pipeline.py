@@ -499,11 +499,24 @@ def restride_saved(p: Partition) -> None:
         # Symbolic strides compare by their value in the example inputs: no guard.
         if tuple(hint(s) for s in val.stride()) == tuple(stride):
             continue
-        if is_symbolic(val):  # Inductor keeps layouts under dynamic shapes; never seen
-            raise DynamicShapesUnsupported(
-                f"aotgrad: the forward's compiler chose strides {tuple(stride)} for {node.name}, "
-                "a saved value of symbolic shape; compile with dynamic=False.")
+        if is_symbolic(val):  # Inductor's CPU convolutions save channels-last copies
+            stride = _symbolic_dense_strides(val, stride, node.name)
         node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
+
+
+def _symbolic_dense_strides(val: torch.Tensor, stride: Sequence[int], name: str) -> list:
+    """The compiler's strides for `val`, of symbolic shape, as expressions of its sizes: dense,
+    in the order of the strides it reported for the example sizes (the compiled forward
+    keeps that layout at every size). Other layouts cannot be written for every size."""
+    order = sorted(range(val.dim()), key=lambda d: (stride[d], -d))  # innermost first
+    symbolic, step = [0] * val.dim(), 1
+    for d in order:
+        symbolic[d], step = step, step * val.shape[d]
+    if tuple(hint(s) for s in symbolic) != tuple(stride):
+        raise DynamicShapesUnsupported(
+            f"aotgrad: the forward's compiler chose strides {tuple(stride)} for {name}, a "
+            "saved value of symbolic shape, not dense; compile with dynamic=False.")
+    return symbolic
 
 
 def _plan(info: FunctionInfo, c: Captured, num_fw_outputs: int,

@@ -2,6 +2,7 @@
 like eager at each: outputs, gradients, inputs after the call. A size that breaks a guard
 compiles again; what cannot be traced symbolically falls back to static shapes, warning."""
 
+import copy
 import warnings
 
 import pytest
@@ -375,6 +376,26 @@ def test_dynamo_views_whose_op_took_a_size_the_guards_then_fixed_have_eager_grad
             got.mul(i + 1).sum().backward()
             want.mul(i + 1).sum().backward()
         torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_dynamo_inductor_convolution_keeps_one_symbolic_graph_for_new_image_sizes():
+    # Inductor's CPU convolution saves a channels-last copy of its input; its strides for the
+    # symbolic graph were refused, and every new size compiled a static graph, warning.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4))
+    twin = copy.deepcopy(net)
+    torch._dynamo.reset()
+    compiled = torch.compile(twin, backend=aotgrad.backend(backend="inductor"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for batch, side in ((4, 8), (3, 8), (2, 6), (5, 7)):
+            x = torch.randn(batch, 3, side, side)
+            got, want = compiled(x), net(x)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            got.square().sum().backward()
+            want.square().sum().backward()
+            for p, q in zip(twin.parameters(), net.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-3, rtol=1e-3)
 
 
 def test_backward_inputs_of_derived_shape_get_their_symbols_saved():
