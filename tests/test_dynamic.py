@@ -398,6 +398,31 @@ def test_dynamo_inductor_convolution_keeps_one_symbolic_graph_for_new_image_size
                 torch.testing.assert_close(p.grad, q.grad, atol=1e-3, rtol=1e-3)
 
 
+def test_dynamo_inductor_backward_taking_a_size_expression_compiles_for_symbolic_sizes(
+        tmp_path, monkeypatch):
+    # The backward takes x.shape[0] // 2, saved by the forward. Inductor's FX graph cache
+    # stored it with a guard naming Dynamo's `L['x']`: the next graph with the same backward
+    # (x of 2 rows, where Dynamo specializes the half) raised KeyError looking it up, and
+    # fell back to static shapes, warning.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    lin = torch.nn.Linear(3, 3)
+
+    def fn(x):
+        y = lin(x)
+        return y, y[: x.shape[0] // 2].mul_(2)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aotgrad.backend(backend="inductor"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for rows in (4, 6, 2, 3):
+            x = torch.randn(rows, 3, requires_grad=True)
+            got, want = compiled(x), fn(x)
+            torch.testing.assert_close(got, want)
+            grads = torch.autograd.grad(sum(o.sum() for o in got), (x, lin.weight))
+            torch.testing.assert_close(
+                grads, torch.autograd.grad(sum(o.sum() for o in want), (x, lin.weight)))
+
+
 def test_backward_inputs_of_derived_shape_get_their_symbols_saved():
     """Saved (2*s0,)-shaped values and no plain s0 among the backward's inputs: the forward
     saves s0 too, for compilers that bind symbols from their inputs."""

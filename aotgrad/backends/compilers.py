@@ -239,11 +239,21 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
     backward = backward_fusion_limits(config) if info.role == "backward" else {}
-    with config.patch({**_by_reference(body), **backward}):
+    with config.patch({**_by_reference(body), **backward, **_fx_cache_for(example_inputs)}):
         return compile_fx_inner(body, example_inputs,
                                 static_input_idxs=list(info.static_inputs),
                                 is_backward=info.role == "backward",
                                 is_inference=info.role == "inference", **graphed)
+
+
+def _fx_cache_for(example_inputs: Sequence[Any]) -> dict:
+    """Inductor's FX graph cache off for a graph taking a size that is an expression of
+    symbols (a backward given `s0 // 2` saved by the forward): the guard Inductor stores with
+    the entry names `s0` by its source outside the graph (Dynamo's `L['x']`), and every later
+    lookup of that graph raised KeyError, so a compile fell back to static shapes."""
+    derived = any(isinstance(v, torch.SymInt) and not v.node.expr.is_Symbol
+                  for v in example_inputs)
+    return {"fx_graph_cache": False} if derived else {}
 
 
 # The most buffers one kernel of a backward may read and write. A backward that recomputes a
