@@ -16,11 +16,12 @@ case $1 in
 # Session 21 ran `verify21`, `split21` (and again with --modes torch_compile,aotgrad_dynamo,
 # and with a control row), `models21`: bench/results/h200-2026-11-29-session21; a profile_gap
 # call with 62 s rows timed out (rows need ~130 s cold). Next: `verify22`, `deberta22`, `part22`.
-verify22)  # first: session 21's fixes on torch 2.11 + CUDA (the files the hunts touched)
-  TAIL=6 step verify22 560 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+verify22)  # first: session 21's fixes on torch 2.11 + CUDA (the files the hunts touched), in two
+  TAIL=6 step verify22a 280 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_cache.py tests/test_cache_by_key.py tests/test_compiled_autograd.py \
-    tests/test_compat_surface.py tests/test_graph_conventions.py tests/test_api.py \
-    tests/test_swaps.py tests/test_lazy_backward.py ;;
+    tests/test_compat_surface.py tests/test_graph_conventions.py tests/test_lifecycle.py
+  TAIL=6 step verify22b 290 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_dynamic.py tests/test_donation.py tests/test_double_backward.py tests/test_api.py ;;
 deberta22)  # step_split --together has our DeBERTa-v2 forward at half torch's host time (three
   # runs, a control row agreeing); models20's five-mode process had it the other way. The two
   # modes alone through models.py's interleaved phase, then with the CUDA-graph modes beside.
