@@ -579,6 +579,29 @@ def test_lstm_trains_and_double_backward_matches_eager(backend):
         torch.testing.assert_close(compiled(x), eager(x))
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_lstm_under_cpu_autocast_runs_in_bfloat16_like_eager(backend):
+    """Under CPU autocast eager's LSTM is mkldnn's kernel, which autocast runs in bfloat16;
+    the trace, mkldnn off, unrolled it in float32 and refused its own float32 output."""
+    torch.manual_seed(0)
+    eager = torch.nn.LSTM(4, 8, num_layers=2, batch_first=True)
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend=backend)
+    x = torch.randn(3, 5, 4)
+    results = []
+    for m in (eager, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, (h, c) = m(x)
+        (out.float().pow(2).sum() + h.float().sum()).backward()
+        results.append((out, h, c))
+    for actual, expected in zip(results[1], results[0]):
+        assert actual.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(actual, expected, atol=3e-2, rtol=3e-2)
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        assert q.grad.dtype == p.grad.dtype == torch.float32
+        torch.testing.assert_close(q.grad, p.grad, atol=5e-2, rtol=5e-2, msg=name)
+
+
 @pytest.fixture
 def torch_211_lstm(monkeypatch):
     """torch 2.11's unrolled LSTM layer, whose final states come out as (1, batch, hidden)."""

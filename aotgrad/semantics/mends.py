@@ -14,6 +14,9 @@ eager in ways a trace meets:
   `dropout` between layers (its test `num_layers < i - 1` never holds), where eager's kernel
   drops out each layer's output but the last in training (`rnn_dropout_between_layers`).
 
+And one difference our own mend makes: with mkldnn off, an LSTM under CPU autocast no longer
+runs in bfloat16 as eager's mkldnn kernel does (`lstm_autocast_as_mkldnn`).
+
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
 refused by name (`generators_traceable`).
@@ -52,11 +55,44 @@ def lstm_for_training():
     enabled = torch._C._get_mkldnn_enabled()
     torch._C._set_mkldnn_enabled(False)
     try:
-        with rnns_mended():
+        with rnns_mended(), lstm_autocast_as_mkldnn(enabled):
             yield
     finally:
         torch._C._set_mkldnn_enabled(enabled)
 
+
+
+def lstm_autocast_as_mkldnn(mkldnn_enabled: bool):
+    """Under CPU autocast to bfloat16, eager's LSTM is mkldnn's layer kernel, which autocast
+    runs in bfloat16: input, states and weights. With mkldnn off for the trace, the unrolled
+    layer would mix float32 states with bfloat16 matmuls and end in float32; it gets the
+    kernel's operands cast first. (float16: mkldnn's kernel fails in eager.)"""
+    select = getattr(decompositions, "select_one_layer_lstm_function", None)
+    if select is None or not mkldnn_enabled or not torch.is_autocast_enabled("cpu") \
+            or torch.get_autocast_dtype("cpu") != torch.bfloat16:
+        return contextlib.nullcontext()
+
+    def select_one_layer_lstm_function(input, hx, params):
+        layer_fn = select(input, hx, params)
+        if not _mkldnn_would_run(input, hx, params):
+            return layer_fn
+        return functools.partial(_layer_in_bfloat16, layer_fn)
+
+    return patched(decompositions, select_one_layer_lstm_function=select_one_layer_lstm_function)
+
+
+def _mkldnn_would_run(input, hx, params) -> bool:
+    """Eager's test for mkldnn's LSTM, less its 'inference' clause (autocast casts either way)."""
+    tensors = [input, *hx, *(t for layer in params for t in layer)]
+    return all(t.device.type == "cpu" and t.dtype in (torch.float, torch.bfloat16)
+               for t in tensors) and hx[0].size(2) == hx[1].size(2)
+
+
+def _layer_in_bfloat16(layer_fn, inp, hidden, params, has_biases, reverse=False):
+    def cast(t):
+        return t.to(torch.bfloat16)
+    hidden = tuple(cast(t) for t in hidden)
+    return layer_fn(cast(inp), hidden, [cast(t) for t in params], has_biases, reverse)
 
 @contextlib.contextmanager
 def rnns_mended():
