@@ -111,6 +111,42 @@ def test_autocast_region_inside(door):
     torch.testing.assert_close(grads(door(f), x, w), grads(f, x, w), atol=1e-2, rtol=1e-2)
 
 
+
+class _BackwardReadsAutocast(torch.autograd.Function):
+    """A backward without `custom_bwd`: eager runs it where `.backward()` is called."""
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        g = g.float()
+        return (g @ b.t()) * (1 + torch.is_autocast_enabled("cpu")), a.t() @ g
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_custom_backward_runs_outside_the_callers_autocast(backend):
+    """Called under autocast, loss.backward() outside it: the traced backward ran the
+    Function's backward under the forward's autocast, in bfloat16 and with the wrong flag
+    (silently: gradients doubled here, lower precision in general). Dynamo is left out: it
+    speculates the backward under the forward's autocast, with torch's backends too."""
+    def f(a, b):
+        return _BackwardReadsAutocast.apply(a, b)
+    compiled = aotgrad.compile(f, backend=backend)
+    results = []
+    for fn in (f, compiled):
+        torch.manual_seed(0)
+        a, b = (torch.randn(4, 8).requires_grad_(), torch.randn(8, 8).requires_grad_())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(a, b)
+        out.float().sum().backward()
+        results.append((out, a.grad, b.grad))
+    for actual, expected in zip(results[1], results[0]):
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual, expected, atol=3e-2, rtol=3e-2)
+
 def _counted_under_no_grad(x, w, counter):
     y = x * w
     with torch.no_grad():  # through Dynamo: plain calls switching grad off, then on

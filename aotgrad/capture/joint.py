@@ -319,9 +319,23 @@ def traced_grad(outputs, inputs, grad_outputs=None, **kwargs):
     """`torch.autograd.grad` with the backward's nodes run in this thread. On a GPU autograd
     runs a CUDA backward in its device thread, where a trace's context variables and
     thread-local state are not, and hands each graph task across threads; torch's
-    AOTAutograd also traces with the engine's threads off."""
-    with torch.autograd.set_multithreading_enabled(False):
+    AOTAutograd also traces with the engine's threads off.
+
+    Autocast is off meanwhile: eager's backward runs where `.backward()` is called, outside
+    the forward's autocast region as torch advises, so a custom Function's backward (one
+    without `custom_bwd`) computes in the precision its operands have."""
+    with torch.autograd.set_multithreading_enabled(False), _autocast_off_everywhere():
         return torch.autograd.grad(outputs, inputs, grad_outputs, **kwargs)
+
+
+def _autocast_off_everywhere() -> contextlib.ExitStack:
+    """Every enabled autocast turned off for a while (restored on exit)."""
+    stack = contextlib.ExitStack()
+    devices = getattr(torch._C, "_autocast_supported_devices", lambda: ("cpu", "cuda"))()
+    for device in devices:
+        if torch.is_autocast_enabled(device):
+            stack.enter_context(torch.autocast(device, enabled=False))
+    return stack
 
 
 def follow_forward_nodes(outputs: Sequence) -> None:
