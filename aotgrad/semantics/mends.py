@@ -61,7 +61,6 @@ def lstm_for_training():
         torch._C._set_mkldnn_enabled(enabled)
 
 
-
 def lstm_autocast_as_mkldnn(mkldnn_enabled: bool):
     """Under CPU autocast to bfloat16, eager's LSTM is mkldnn's layer kernel, which autocast
     runs in bfloat16: input, states and weights. With mkldnn off for the trace, the unrolled
@@ -93,6 +92,7 @@ def _layer_in_bfloat16(layer_fn, inp, hidden, params, has_biases, reverse=False)
         return t.to(torch.bfloat16)
     hidden = tuple(cast(t) for t in hidden)
     return layer_fn(cast(inp), hidden, [cast(t) for t in params], has_biases, reverse)
+
 
 @contextlib.contextmanager
 def rnns_mended():
