@@ -52,6 +52,8 @@ TRACED_OUTPUTS = "aotgrad_traced_outputs"  # gm.meta key: a Layout per output be
 # capture.joint, compat.export, partition.split).
 JOINT_ROLE = "aotgrad_joint_role"  # node.meta key on a placeholder: PRIMAL or TANGENT
 PRIMAL, TANGENT = "primal", "tangent"
+# sets capture.joint; reads torch's partitioners (its default_partition finds the forward by it).
+TORCH_PARTITIONER_TAG = "partitioner_tag"  # node.meta key: "is_forward" on the forward's ops
 # sets pipeline (after the joint passes); reads partition.split (joint_of).
 JOINT = "aotgrad_joint"  # gm.meta key: the graph's Joint, found once
 # sets and reads semantics.effects.

@@ -129,3 +129,27 @@ def test_verify_partition_rejects_unused_saved_value():
         g.output([g.call_function(torch.ops.aten.neg.default, (t,))])
     with pytest.raises(GraphInvariantError, match="never read"):
         verify_partition(_graph(forward), _graph(backward), 1)
+
+
+def _dropout_twice(x, w):  # functionalized trace: native_dropout
+    return torch.nn.functional.dropout(torch.nn.functional.dropout(x @ w, 0.3) @ w, 0.3).sum()
+
+
+def _rand_like(x, w):  # the plain trace (capture/pure.py): rand_like
+    h = torch.nn.functional.gelu(x @ w)
+    return (h + torch.rand_like(h)).sin().sum()
+
+
+@pytest.mark.parametrize("fn", [_dropout_twice, _rand_like])
+def test_torch_default_partition_keeps_random_ops_in_the_forward(fn):
+    # torch's default_partition finds the forward by the tag torch's AOTAutograd puts on the
+    # forward's ops; untagged, it moved the random ops to the backward, which drew new
+    # numbers: gradients silently differed from eager's.
+    from functorch.compile import default_partition as torch_default_partition
+    x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
+    compiled = aotgrad.compile(fn, backend="eager", partitioner=torch_default_partition)
+    torch.manual_seed(3)
+    expected = torch.autograd.grad(fn(x, w), w)[0]
+    torch.manual_seed(3)
+    got = torch.autograd.grad(compiled(x, w), w)[0]
+    torch.testing.assert_close(got, expected)

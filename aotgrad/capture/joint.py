@@ -25,7 +25,7 @@ from ..semantics import checkpoints, mends, subclasses
 from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
-                      TRACED_OUTPUTS, FunctionInfo, primals_of)
+                      TORCH_PARTITIONER_TAG, TRACED_OUTPUTS, FunctionInfo, primals_of)
 from .inputs import differentiating, from_functional, functional_mode, to_functional
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
@@ -88,6 +88,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
             fw_values = [from_functional(o) for o in outs]
             before = [current_values(v) for v in args + outs]
             counts = mutation_counts(args)
+            tag_traced_forward()
             mode.phase = BACKWARD
             grads = input_grads(outs, info.gets_tangent, f_primals, f_tangents)
             changed = backward_writes(info, args, outs, before)
@@ -104,6 +105,19 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
     gm.meta[BACKWARD_WRITES] = tuple(written)
     mark_overwritten_inputs(gm, info, fake_args)
     return gm
+
+
+def tag_traced_forward() -> None:
+    """Tag the ops traced so far (the forward's, before the gradients are taken) as torch's
+    AOTAutograd does: torch's `default_partition` puts in the forward only what precedes the
+    last node so tagged, and without the tags moved every op (a dropout too) to the backward,
+    which then drew new random numbers: silently wrong gradients."""
+    proxy_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
+    if proxy_mode is None:
+        return
+    for node in proxy_mode.tracer.graph.nodes:
+        if node.op != "placeholder":  # torch tells primals from tangents by their names
+            node.meta[TORCH_PARTITIONER_TAG] = "is_forward"
 
 
 def refuse_unseen_writes(info: FunctionInfo, f_primals: Sequence) -> None:
@@ -267,6 +281,7 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
             args, outs = _call(graph_fn, mutable_copies(info, f_primals))
             refuse_unseen_writes(info, f_primals)
             before = [current_values(v) for v in args]
+            tag_traced_forward()
             mode.phase = BACKWARD
             grads = traced_grad(outs[loss_output], [f_primals[i] for i in wrt],
                                 allow_unused=True)

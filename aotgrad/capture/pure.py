@@ -128,6 +128,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Te
         # the backward's ops are new. The graph is checked whole after.
         with plain_mode(checked=False):
             outs = graph_outputs(info, primals, graph_fn(*primals))
+        joint.tag_traced_forward()
         with plain_mode():
             return outs + joint.input_grads(outs, info.gets_tangent, primals, tangents)
 
