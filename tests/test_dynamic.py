@@ -765,3 +765,19 @@ def test_dynamo_data_dependent_graph_called_with_new_aliasing_is_refused_clearly
     with pytest.raises(NotImplementedError, match="aotgrad: this graph from Dynamo reads "
                                                   r"values that depend on tensor data.*clone"):
         compiled(base[:4], base[2:], *extra)
+
+
+@pytest.mark.xfail(strict=True, raises=(TypeError, RuntimeError), reason=(
+    "torch's default_partition on a graph from Dynamo with symbolic sizes: the backward's "
+    "inputs arrive out of place (a size where a tensor is due); not yet diagnosed"))
+def test_torch_default_partition_under_dynamo_symbolic_sizes():
+    from functorch.compile import default_partition as torch_default_partition
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    backend = aotgrad.backend(backend="eager", partitioner=torch_default_partition)
+    compiled = torch.compile(net, backend=backend, dynamic=True)
+    x = torch.randn(5, 4)
+    compiled(x).sum().backward()
+    grad = net[0].weight.grad.clone()
+    net.zero_grad()
+    net(x).sum().backward()
+    torch.testing.assert_close(grad, net[0].weight.grad)
