@@ -22,6 +22,10 @@ verify22)  # first: session 21's fixes on torch 2.11 + CUDA (the files the hunts
     tests/test_compat_surface.py tests/test_graph_conventions.py tests/test_lifecycle.py
   TAIL=6 step verify22b 290 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_dynamic.py tests/test_donation.py tests/test_double_backward.py tests/test_api.py ;;
+verify22c)  # the last hunts: autocast off in the traced backward (every bf16 backward graph), the
+  # LSTM autocast mend, torch's default_partition tags; then the model list's bf16 rows again
+  TAIL=6 step verify22c 400 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_semantics.py tests/test_partition.py tests/test_backends.py tests/test_remat.py ;;
 deberta22)  # step_split --together has our DeBERTa-v2 forward at half torch's host time (three
   # runs, a control row agreeing); models20's five-mode process had it the other way. The two
   # modes alone through models.py's interleaved phase, then with the CUDA-graph modes beside.
