@@ -245,19 +245,20 @@ def _acquire(path: Path, timeout: float) -> tuple[bool, bool]:
             waited = True
             continue
         except OSError as exc:  # a read-only or full directory: its entries still hit
-            log.warning("aotgrad cache: cannot lock %s (%s); compiling without it",
-                        path.name, exc)
-            return False, False
+            return _without_lock(path, exc)
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
         except OSError as exc:  # a full disk: no lock without its pid may stay behind
             with contextlib.suppress(OSError):
                 path.unlink()
-            log.warning("aotgrad cache: cannot lock %s (%s); compiling without it",
-                        path.name, exc)
-            return False, False
+            return _without_lock(path, exc)
         return True, waited
+
+
+def _without_lock(path: Path, exc: OSError) -> tuple[bool, bool]:
+    log.warning("aotgrad cache: cannot lock %s (%s); compiling without it", path.name, exc)
+    return False, False
 
 
 def _holder(path: Path) -> int | None:

@@ -332,6 +332,8 @@ class CompiledCall:
         if not self._detaches:
             return self._apply_with_grad(inputs)
         args, held = self._detach(inputs)
+        if held is None:
+            return self._apply_with_grad(args)
         with undetached(held):
             return self._apply_with_grad(args)
 
@@ -341,13 +343,16 @@ class CompiledCall:
         with torch.enable_grad():  # grad mode was applied when tracing
             return apply_compiled(self, args)
 
-    def _detach(self, inputs: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-        """The graph's inputs, and the ones a double backward's replay reads: the inputs
-        without a gradient keep their history there (undetached)."""
+    def _detach(self, inputs: Sequence[Any]) -> tuple[list[Any], list[Any] | None]:
+        """The graph's inputs, and the ones a double backward's replay reads where they
+        differ (None where they do not): the inputs without a gradient keep their history
+        there (undetached)."""
         plan = self.plan
         args = list(inputs)
         for i in plan.overwritten_inputs:
             args[i] = args[i].detach().requires_grad_(args[i].requires_grad)
+        if not plan.gradless_inputs:
+            return args, None
         held = list(args)
         for i in plan.gradless_inputs:
             if args[i].requires_grad:
