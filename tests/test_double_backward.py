@@ -563,10 +563,19 @@ scale_by.register_autograd(lambda ctx, g: (g * ctx.saved_tensors[0], None),
                            ctx.save_for_backward(inputs[1]))
 
 
+_TORCH_211_CUSTOM_OP_REPLAY = pytest.mark.xfail(
+    torch.__version__ < "2.13", strict=True, raises=(RuntimeError, NotImplementedError),
+    reason="torch 2.11: the replay applies the custom op's generated autograd Function with the "
+           "keyset the trace recorded; its redispatch to the Python key asserts "
+           "(tls_on_entry, PythonFallbackKernel.cpp) when an input carries history (measured "
+           "on the GPU machine, session 22); loud, 2.13 runs it")
+
+
 # Dynamo's door refuses a Function's double backward (test_custom_function_captured_by_dynamo...)
 @pytest.mark.parametrize("scale, door", [
     (lambda x, y: ScaleBy.apply(x, y), compile_eager), (lambda x, y: ScaleBy.apply(x, y), compat),
-    (scale_by, compile_eager), (scale_by, compat), (scale_by, dynamo)],
+    *[pytest.param(scale_by, door, marks=_TORCH_211_CUSTOM_OP_REPLAY)
+      for door in (compile_eager, compat, dynamo)]],
     ids=["function-compile", "function-compat", "custom_op-compile", "custom_op-compat",
          "custom_op-dynamo"])
 def test_second_order_gradient_of_an_input_without_a_first_order_one(scale, door):
