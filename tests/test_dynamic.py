@@ -618,7 +618,8 @@ def test_dynamo_writes_sized_by_data_behave_as_eager(case):
         Case("views_of_one_masked", _masked_inputs,
              lambda x: (lambda y: (y, y.t(), y[1:]))(x[x > 0].view(-1, 1) * 2)),
         marks=pytest.mark.xfail(
-            torch.__version__ < "2.13", strict=True, raises=AssertionError,  # the harness: "raised only when compiled"
+            # the harness's AssertionError: "raised only when compiled"
+            torch.__version__ < "2.13", strict=True, raises=AssertionError,
             reason="torch 2.11 sizes `y[1:]` of a data-sized `y` by a fresh unbacked symbol that "
                    "no graph value holds; the compile is refused by name (measured on the GPU "
                    "machine, session 21)")),
