@@ -139,8 +139,9 @@ def merge_caches(scratch: str) -> str:
 
 def interleaved_phase(name: str, modes: list[str], args, warm: str, deadline: float) -> dict:
     timeout = deadline - time.time()
-    if timeout < bench.MIN_ROW_SECONDS or not modes:
-        reason = "out of time (--timeout)" if modes else "no mode compiled cold"
+    if timeout < bench.MIN_ROW_SECONDS or not modes or not args.rounds:
+        reason = ("--rounds 0 (cold compiles only)" if not args.rounds else
+                  "out of time (--timeout)" if modes else "no mode compiled cold")
         return {"status": "skipped", "error": reason}
     spec = {"model": name, "modes": modes, "small": args.small, "device": args.device,
             "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup}

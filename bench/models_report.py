@@ -27,7 +27,7 @@ NOTES = [
     "again in a replay, so `_ro` peaks count little of it; reserved MB "
     "(max_memory_reserved) includes it.",
     "cold compile s: the first step's wall time less a warm step's, in a fresh process "
-    "with empty Inductor and aotgrad caches; the modes' cold processes run side by side.",
+    "with empty Inductor and aotgrad caches; the modes' cold processes run side by side, `jobs` of them at once (settings above).",
     "x inductor, x inductor_ro: this mode's value / that mode's, same model; geomeans over "
     "the models where both were measured. `_ro`: mode=\"reduce-overhead\" (CUDA graphs).",
 ]

@@ -12,6 +12,12 @@ step() {  # step NAME SECONDS COMMAND...
   timeout $limit "$@" > $OUT/$name.log 2>&1; echo "   rc=$? in $(( $(date +%s) - t0 ))s"
   tail -${TAIL:-3} $OUT/$name.log
 }
+cold() {  # cold MODEL SECONDS: the two compilers' cold compiles one at a time, in both orders
+  TAIL=6 step $1_a $2 python bench/models.py --models $1 --modes inductor,aotgrad --jobs 1 \
+    --rounds 0 --timeout $(( $2 - 5 )) --out $OUT/cold/a
+  TAIL=6 step $1_b $2 python bench/models.py --models $1 --modes aotgrad,inductor --jobs 1 \
+    --rounds 0 --timeout $(( $2 - 5 )) --out $OUT/cold/b
+}
 case $1 in
 # Session 21 ran `verify21`, `split21` (and again with --modes torch_compile,aotgrad_dynamo,
 # and with a control row), `models21`: bench/results/h200-2026-11-29-session21; a profile_gap
@@ -22,10 +28,6 @@ verify22)  # first: session 21's fixes on torch 2.11 + CUDA (the files the hunts
     tests/test_compat_surface.py tests/test_graph_conventions.py tests/test_lifecycle.py
   TAIL=6 step verify22b 290 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_dynamic.py tests/test_donation.py tests/test_double_backward.py tests/test_api.py ;;
-verify22c)  # the last hunts: autocast off in the traced backward (every bf16 backward graph), the
-  # LSTM autocast mend, torch's default_partition tags; then the model list's bf16 rows again
-  TAIL=6 step verify22c 400 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
-    tests/test_semantics.py tests/test_partition.py tests/test_backends.py tests/test_remat.py ;;
 deberta22)  # step_split --together has our DeBERTa-v2 forward at half torch's host time (three
   # runs, a control row agreeing); models20's five-mode process had it the other way. The two
   # modes alone through models.py's interleaved phase, then with the CUDA-graph modes beside.
@@ -33,9 +35,17 @@ deberta22)  # step_split --together has our DeBERTa-v2 forward at half torch's h
     --budget 200 --timeout 270 --out $OUT/two
   TAIL=14 step four 290 python bench/models.py --models deberta_v2 \
     --modes inductor,inductor_ro,aotgrad,aotgrad_ro --budget 200 --timeout 280 --out $OUT/four ;;
+verify22c)  # the last hunts: autocast off in the traced backward (every bf16 backward graph), the
+  # LSTM autocast mend, torch's default_partition tags; then GPT-2 8x1024's cold compile one
+  # process at a time, both orders (models21: 1.125x with five compiling side by side)
+  TAIL=6 step verify22c 330 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_semantics.py tests/test_partition.py tests/test_backends.py tests/test_remat.py
+  cold gpt2 120 ;;
 part22)  # issue 20: backward kernel time and peak, our partition vs torch's on the same Inductor
-  TAIL=40 step part 575 python bench/profile_gap.py --models resnet50,bert,gpt2,deberta_v2 \
+  TAIL=40 step part 575 python bench/profile_gap.py --models gpt2,bert,resnet50 \
     --steps 5 --timeout 135 --modes aotgrad_dynamo,aotgrad_torch_partition --out $OUT/part ;;
+cold22)  # issue 20: Swin-T's cold compile one process at a time (models21: 1.067x, five at once)
+  cold swin_t 280 ;;
 verify21)  # first: session 20's fixes on torch 2.11 + CUDA (the files they touched)
   TAIL=6 step verify21 400 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_dynamic.py tests/test_semantics.py tests/test_aliasing.py tests/test_cache.py \
