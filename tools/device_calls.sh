@@ -19,6 +19,9 @@ cold() {  # cold MODEL SECONDS: the two compilers' cold compiles one at a time, 
     --rounds 0 --timeout $(( $2 - 5 )) --out $OUT/cold/b
 }
 case $1 in
+stages22)  # Swin-T's stages on the GPU (cold22: trace 9.4 s, passes 4.4 s): ours vs torch's without Inductor
+  TAIL=40 step stages 190 python bench/compile_stages.py --model swin_t --modes aotgrad_eager,aot_eager \
+    --timeout 90 --json $OUT/stages.json ;;
 # Session 21 ran `verify21`, `split21` (and again with --modes torch_compile,aotgrad_dynamo,
 # and with a control row), `models21`: bench/results/h200-2026-11-29-session21; a profile_gap
 # call with 62 s rows timed out (rows need ~130 s cold). Next: `verify22`, `deberta22`, `part22`.
