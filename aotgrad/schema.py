@@ -119,13 +119,23 @@ class PlainMeta:
 
 
 @dataclass(frozen=True)
+class OpaqueMeta:
+    """A part of a subclass's flatten that is not a tensor (DTensor's DeviceMesh, torch >=
+    2.13): no graph input; the object itself is handed back to __tensor_unflatten__."""
+
+    value: Any
+
+    num_plain = 0
+
+
+@dataclass(frozen=True)
 class SubclassMeta:
     """How one subclass tensor splits into plain tensors, and how to build it back."""
 
     cls: type
-    attrs: tuple[str, ...]  # inner tensor attributes, from __tensor_flatten__
+    attrs: tuple[str, ...]  # inner attributes, from __tensor_flatten__
     ctx: Any  # __tensor_flatten__'s metadata, handed back to __tensor_unflatten__
-    inner: tuple["PlainMeta | SubclassMeta", ...]
+    inner: tuple["PlainMeta | SubclassMeta | OpaqueMeta", ...]
     size: tuple[int, ...]
     stride: tuple[int, ...]
 

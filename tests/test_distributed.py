@@ -229,6 +229,27 @@ def fsdp2_around_aotgrad() -> dict:
     return difference(eager, train(fsdp2_model(reshard=True, compile_blocks=True)))
 
 
+def tensor_parallel_model():
+    """MLP with its blocks' weights as DTensors: column-wise, then row-wise parallel in
+    turns; the row-wise layers' outputs are all-reduced in the forward, the column-wise
+    layers' input gradients in the backward (collectives inside the graphs)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = seeded(MLP)
+    plan = {f"blocks.{i}.lin": ColwiseParallel() if i % 2 == 0 else RowwiseParallel()
+            for i in range(len(model.blocks))}
+    return parallelize_module(model, mesh, plan)
+
+
+def tensor_parallel(door) -> dict:
+    """Tensor parallelism: the parameters are DTensors, which aotgrad splits into their
+    local shards (and, on torch >= 2.13, a DeviceMesh it carries as it is)."""
+    eager = train(tensor_parallel_model())
+    return difference(eager, train(door(tensor_parallel_model())))
+
+
 def refusals() -> dict:
     """The message of each front door given a data-parallel wrapper to trace through."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -258,6 +279,8 @@ SCENARIOS = {
     "ddp_around_aotgrad": ddp_around_aotgrad,
     "fsdp2_around_aotgrad": fsdp2_around_aotgrad,
     "refusals": refusals,
+    "tp_dynamo": lambda: tensor_parallel(lambda m: torch.compile(m, backend=aotgrad_eager())),
+    "tp_native": lambda: tensor_parallel(lambda m: aotgrad.compile(m, backend="eager")),
 }
 # The engine binds its C++ nodes' functions to the first compiled-autograd instance of a
 # process: aotgrad's runs in a launch of its own, after torch's.
@@ -403,6 +426,16 @@ def test_fsdp2_aotgrad_compiled_autograd(results):
     launch of its own: see OWN_LAUNCH)."""
     for r in assert_like_eager(results, "fsdp2_aotgrad_compiled_autograd", rtol=BF16):
         assert r["captures"] >= 1 and r["fallbacks"] == []
+
+
+# ---- tensor parallelism -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tp_dynamo", "tp_native"])
+def test_tensor_parallel(results, name):
+    """DTensor parameters (ColwiseParallel/RowwiseParallel), through Dynamo and the native
+    door: torch 2.13 flattens a DTensor into its local tensor and its DeviceMesh, which the
+    split into plain tensors took for a tensor (AttributeError: no `detach`)."""
+    assert_like_eager(results, name)
 
 
 # ---- what aotgrad refuses -------------------------------------------------------------------

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..schema import FunctionInfo, Layout, PlainMeta, SubclassMeta
+from ..schema import FunctionInfo, Layout, OpaqueMeta, PlainMeta, SubclassMeta
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -76,8 +76,12 @@ def describe(t: Any) -> "PlainMeta | SubclassMeta | None":
     if not is_subclass(t):
         return PlainMeta(tuple(t.shape), t.dtype, t.device)
     attrs, ctx = t.__tensor_flatten__()
-    inner = tuple(describe(getattr(t, a)) for a in attrs)
+    inner = tuple(_describe_part(getattr(t, a)) for a in attrs)
     return SubclassMeta(type(t), tuple(attrs), ctx, inner, tuple(t.shape), tuple(t.stride()))
+
+
+def _describe_part(part: Any) -> "PlainMeta | SubclassMeta | OpaqueMeta":
+    return describe(part) if isinstance(part, torch.Tensor) else OpaqueMeta(part)
 
 
 def signature(t: torch.Tensor, seen: dict[int, int]) -> tuple:
@@ -96,15 +100,19 @@ def signature(t: torch.Tensor, seen: dict[int, int]) -> tuple:
 # ---- splitting and rebuilding --------------------------------------------------------------
 
 def unwrap(t: Any) -> list:
-    """The plain tensors inside `t`, depth first; anything else is its own one-item list."""
+    """The plain tensors inside `t`, depth first; anything else is its own one-item list
+    (a subclass's non-tensor parts are none: they travel in its layout)."""
     if not is_subclass(t):
         return [t]
     attrs, _ = t.__tensor_flatten__()
-    return [p for a in attrs for p in unwrap(getattr(t, a))]
+    parts = (getattr(t, a) for a in attrs)
+    return [p for part in parts if isinstance(part, torch.Tensor) for p in unwrap(part)]
 
 
 def wrap(layout: Layout, plain: Iterator) -> Any:
     """The value of `layout`, consuming its plain tensors from `plain`."""
+    if isinstance(layout, OpaqueMeta):
+        return layout.value
     if not isinstance(layout, SubclassMeta):
         return next(plain)
     inner = {a: wrap(m, plain) for a, m in zip(layout.attrs, layout.inner)}
@@ -113,6 +121,8 @@ def wrap(layout: Layout, plain: Iterator) -> Any:
 
 def map_plain(t: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """`t` rebuilt with `fn` applied to every plain tensor inside it (`fn(t)` if plain)."""
+    if not isinstance(t, torch.Tensor):  # a subclass's non-tensor part
+        return t
     if not is_subclass(t):
         return fn(t)
     attrs, ctx = t.__tensor_flatten__()
@@ -130,7 +140,9 @@ def zeros(layout: "PlainMeta | SubclassMeta") -> torch.Tensor:
     return _build(layout, torch.zeros)
 
 
-def _build(layout: "PlainMeta | SubclassMeta", make: Callable) -> torch.Tensor:
+def _build(layout: "PlainMeta | SubclassMeta | OpaqueMeta", make: Callable) -> Any:
+    if isinstance(layout, OpaqueMeta):
+        return layout.value
     if isinstance(layout, PlainMeta):
         return make(layout.shape, dtype=layout.dtype, device=layout.device)
     inner = {a: _build(m, make) for a, m in zip(layout.attrs, layout.inner)}
@@ -138,7 +150,9 @@ def _build(layout: "PlainMeta | SubclassMeta", make: Callable) -> torch.Tensor:
     return layout.cls.__tensor_unflatten__(inner, layout.ctx, layout.size, stride)
 
 
-def _plain_shapes(layout: "PlainMeta | SubclassMeta") -> list[tuple[int, ...]]:
+def _plain_shapes(layout: "PlainMeta | SubclassMeta | OpaqueMeta") -> list[tuple[int, ...]]:
+    if isinstance(layout, OpaqueMeta):
+        return []
     if isinstance(layout, PlainMeta):
         return [layout.shape]
     return [s for m in layout.inner for s in _plain_shapes(m)]
