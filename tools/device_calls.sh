@@ -19,6 +19,18 @@ cold() {  # cold MODEL SECONDS: the two compilers' cold compiles one at a time, 
     --rounds 0 --timeout $(( $2 - 5 )) --out $OUT/cold/b
 }
 case $1 in
+# Session 22 ran `verify22`, `verify22c`, `part22`, `cold22`, `stages22`:
+# bench/results/h200-2026-11-30-session22. Next: `verify23`, `peak23`, `deberta22`.
+verify23)  # session 22's fixes on torch 2.11 + CUDA: the hunts' files, and verify22a's last 8%
+  TAIL=6 step verify23a 290 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_semantics.py tests/test_aliasing.py tests/test_compiled_autograd.py \
+    tests/test_guards.py tests/test_lifecycle.py tests/test_subclasses.py
+  TAIL=6 step verify23b 290 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_cache.py tests/test_cache_by_key.py tests/test_api.py tests/test_dynamic.py ;;
+peak23)  # ResNet-50 b64's +6 MB: with torch's partitioner in our pipeline the peak is torch's
+  # (part22: 2853 vs 2859 MB); which block is alive at our peak and not at that one
+  TAIL=40 step peak 400 python bench/peak_snapshot.py resnet50 \
+    --modes aotgrad_torch_partition,aotgrad_dynamo --out $OUT/peak --keep-code $OUT/code ;;
 stages22)  # Swin-T's stages on the GPU (cold22: trace 9.4 s, passes 4.4 s): ours vs torch's without Inductor
   TAIL=40 step stages 190 python bench/compile_stages.py --model swin_t --modes aotgrad_eager,aot_eager \
     --timeout 90 --json $OUT/stages.json ;;
