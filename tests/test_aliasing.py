@@ -265,6 +265,42 @@ def _grad_data_alias():
     return (x, x.data), {}
 
 
+# ---- conjugate and negative inputs: lazy bits over another tensor's memory ---------------
+
+def _conj_input(requires_grad=True):
+    return lambda: ((torch.randn(4, dtype=torch.complex64, requires_grad=requires_grad)
+                     .conj(),), {})
+
+
+def _neg_input():
+    return (torch._neg_view(torch.randn(4)),), {}
+
+
+@case(_conj_input())
+def resolve_conj_of_a_conjugate_input(x):
+    return x.resolve_conj()  # a new tensor, not the input with its bit
+
+
+@case(_conj_input(requires_grad=False))
+def resolved_conjugate_input_written(x):
+    return x.resolve_conj().mul_(2)  # writes the copy, never the input
+
+
+@case(_neg_input)
+def resolve_neg_of_a_negative_input(x):
+    return x.resolve_neg()
+
+
+@case(_conj_input())
+def imag_of_a_conjugate_input(x):
+    return x.imag * 2, x.real
+
+
+@case(_conj_input(requires_grad=False))
+def imag_view_of_a_conjugate_input(x):
+    return x.imag  # a negative view of the input
+
+
 # The inference path: the same functions called under no_grad.
 CASES += [Case(f"{c.name}_no_grad", c.inputs, fn=c.fn, context="no_grad") for c in CASES
           if c.name in ("view_mutated_base_read", "overlapping_views_both_mutated",
