@@ -980,3 +980,21 @@ def test_unbind_with_unused_outputs_across_sizes():
     with compiled_autograd.enable("eager"):
         actual = steps()
     same(expected, actual, "grads per step")
+
+
+# ---- complex backwards --------------------------------------------------------------------
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_a_formula_finishing_its_gradient_in_place_through_a_view_accumulates_it_whole(compiler):
+    # Was: irfft's backward doubles a slice of its rfft in place (`mul_` on a narrow), after
+    # the op making it; moving the accumulation "as soon as its gradient is ready" put it
+    # before the mul_, and `.grad` missed the doubling: silently wrong.
+    def step():
+        x = torch.randn(5, dtype=torch.complex64, requires_grad=True)
+        w = torch.randn(8)
+        (torch.fft.irfft(x, n=8) * w).sum().backward()
+        return x.grad
+    expected, actual, stats = eager_and_compiled(step, compiler)
+    torch.testing.assert_close(actual, expected)
+    assert stats.captures == 1 and stats.fallbacks == []
+

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.fx.experimental.proxy_tensor import (
     PythonKeyTracer, ProxyTorchDispatchMode, fetch_object_proxy, track_tensor_tree)
 
@@ -316,10 +317,33 @@ def order_like_eager(graph: fx.Graph) -> None:
     for acc in [n for n in graph.nodes if n.target is hooks.accumulate_into]:
         group = [*_pre_accumulate_hooks(acc), acc, *_post_accumulate_hooks(acc)]
         needs = {a for n in group for a in n.all_input_nodes} - set(group)
-        anchor = max(needs, key=_position)
+        anchor = max(needs | _writes_into(needs, before=group[0]), key=_position)
         for node in group:
             anchor.append(node)
             anchor = node
+
+
+def _writes_into(values: set[fx.Node], before: fx.Node) -> set[fx.Node]:
+    """The in-place ops ahead of `before` that write into the memory of one of `values`:
+    a formula may finish its result through a view of it (irfft's backward doubles a slice
+    with `mul_`), after the op that made it; the gradient is ready only after them."""
+    storages = {_storage(v) for v in values} - {None}
+    found, node = set(), before.prev
+    while storages and node.op != "root":
+        if mutates(node.target) and any(_storage(a) in storages for a in _written(node)):
+            found.add(node)
+        node = node.prev
+    return found
+
+
+def _written(node: fx.Node) -> list:
+    schema = node.target._schema.arguments
+    return [a for a, arg in zip(node.args, schema) if arg.alias_info and arg.alias_info.is_write]
+
+
+def _storage(node: Any) -> StorageWeakRef | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
 
 def drop_unused(graph: fx.Graph) -> None:
