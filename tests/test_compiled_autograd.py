@@ -998,3 +998,16 @@ def test_a_formula_finishing_its_gradient_in_place_through_a_view_accumulates_it
     torch.testing.assert_close(actual, expected)
     assert stats.captures == 1 and stats.fallbacks == []
 
+
+def test_a_write_through_a_conjugate_view_runs_on_the_eager_engine_with_a_reason():
+    # The engine refuses its CopySlices (a view function) while keying the graph, before
+    # anything ran: eager's backward then, not the engine's error.
+    def step():
+        x = torch.randn(4, dtype=torch.complex64, requires_grad=True)
+        y = x * 1
+        y.conj().mul_(2j)
+        torch.view_as_real(y).sum().backward()
+        return x.grad
+    expected, actual, stats = eager_and_compiled(step)
+    torch.testing.assert_close(actual, expected)
+    assert len(stats.fallbacks) == 1 and "view_fn" in stats.fallbacks[0]
