@@ -370,3 +370,25 @@ def test_a_generator_the_tracer_cannot_hold_is_refused_by_name(monkeypatch):
     with pytest.raises(NotImplementedError, match=r"aotgrad: rand\(generator=...\) draws from "
                                                   r"a torch.Generator"):
         compiled(torch.ones(4), torch.Generator())
+
+
+
+def _negative() -> torch.Tensor:
+    return torch._neg_view(torch.randn(4))
+
+
+def _imag_of_conjugate() -> torch.Tensor:  # negative, and strided
+    return torch.randn(4, dtype=torch.complex64).conj().imag
+
+
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: (x * 2, x[1:]), _negative),  # read, and returned as a view
+    (lambda x: x.add_(1), _negative),  # written in place
+    (lambda x: x.exp(), _imag_of_conjugate),
+], ids=["read", "written", "imag_of_conjugate"])
+def test_inductor_reads_a_negative_input_by_its_values(fn, make):
+    # Was: Inductor's code read a negative input's memory as its values: every result
+    # negated, silently (torch.compile's own Inductor does so too).
+    from harness import Case, check_case
+    check_case(Case("negative_input", lambda: ((make(),), {}), fn=fn),
+               lambda f: aotgrad.compile(f, backend="inductor"))

@@ -179,9 +179,51 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
         compiled, (body, checks) = _load_or_compile(gm, example_inputs, info, donated, graphed)
     gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
     cudagraphs.report_inductor(info, compiled, was_graphed, body, example_inputs)
-    if checks is None:
+    if checks is not None:
+        compiled = run_checks_after(as_boxed(compiled), checks, len(outputs))
+    return resolving_lazy_bits(compiled, example_inputs, gm)
+
+
+def resolving_lazy_bits(compiled: Callable, example_inputs: Sequence[Any],
+                        gm: fx.GraphModule) -> Callable:
+    """Inductor's code reads an input's memory as its values: a negative input (`_neg_view`,
+    a conjugate's `.imag`) reads negated. Such inputs (guards key a call by the bit) are
+    handed over resolved, in their layout, and what the graph writes into one is copied
+    back. (A conjugate input needs nothing: complex ops run as ATen's, which read the bit,
+    and a real view of one starts with the `_conj` that undoes it.)"""
+    lazy = [i for i, t in enumerate(example_inputs)
+            if isinstance(t, torch.Tensor) and t.is_neg()]
+    if not lazy:
         return compiled
-    return run_checks_after(as_boxed(compiled), checks, len(outputs))
+    compiled, written = as_boxed(compiled), _written_inputs(gm).intersection(lazy)
+
+    def run(args):
+        given = {i: args[i] for i in written}
+        for i in lazy:
+            args[i] = _resolved_neg(args[i])
+        resolved = {i: args[i] for i in written}
+        outs = compiled(args)
+        for i in written:
+            given[i].copy_(resolved[i])
+        return outs
+    run._boxed_call = True
+    return run
+
+
+def _resolved_neg(t: torch.Tensor) -> torch.Tensor:
+    # Its strides kept: Inductor's code asserts them (resolve_neg() would be contiguous).
+    resolved = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return resolved.copy_(t)
+
+
+def _written_inputs(gm: fx.GraphModule) -> set[int]:
+    """The positions of the inputs the graph writes in place (an inference graph keeping
+    its input mutations)."""
+    positions = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    return {positions[a] for n in gm.graph.nodes if n.op == "call_function"
+            and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+            for a, arg in zip(n.args, n.target._schema.arguments)
+            if a in positions and arg.alias_info is not None and arg.alias_info.is_write}
 
 
 def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: GraphInfo,
