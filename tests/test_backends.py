@@ -392,3 +392,14 @@ def test_inductor_reads_a_negative_input_by_its_values(fn, make):
     from harness import Case, check_case
     check_case(Case("negative_input", lambda: ((make(),), {}), fn=fn),
                lambda f: aotgrad.compile(f, backend="inductor"))
+
+
+def test_inductor_backward_reads_a_negative_gradient_by_its_values():
+    # Was: `y.backward(torch._neg_view(g))` handed the negative gradient to Inductor's
+    # backward as it was (a contiguous one is passed unchanged): the gradient came out negated.
+    x = torch.randn(4, requires_grad=True)
+    g = torch._neg_view(torch.randn(4))
+    aotgrad.compile(lambda t: t.sin() * 2, backend="inductor")(x).backward(g)
+    compiled, x.grad = x.grad, None
+    (x.sin() * 2).backward(g)
+    torch.testing.assert_close(compiled, x.grad)

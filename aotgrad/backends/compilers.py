@@ -26,7 +26,7 @@ from torch import fx
 from ..semantics.effects import run_checks_after, split_checks
 from . import cudagraphs, fxcache
 from ..schema import (DONATED, GRAPH_INFO, INDUCTOR_FX_KEY, OUTPUT_STRIDES, Backend,
-                      GraphInfo)
+                      GraphInfo, is_tangent)
 
 log = logging.getLogger("aotgrad.cache")
 # Per compile: (the graph being compiled, as `<compile id>_<role>`; the compile's id).
@@ -189,14 +189,21 @@ def resolving_lazy_bits(compiled: Callable, example_inputs: Sequence[Any],
     """Inductor's code reads an input's memory as its values: a negative input (`_neg_view`,
     a conjugate's `.imag`) reads negated. Such inputs (guards key a call by the bit) are
     handed over resolved, in their layout, and what the graph writes into one is copied
-    back. (A conjugate input needs nothing: complex ops run as ATen's, which read the bit,
-    and a real view of one starts with the `_conj` that undoes it.)"""
+    back; so is a negative gradient a backward is called with (checked at each call). (A
+    conjugate input needs nothing: complex ops run as ATen's, which read the bit, and a real
+    view of one starts with the `_conj` that undoes it.)"""
     lazy = [i for i, t in enumerate(example_inputs)
             if isinstance(t, torch.Tensor) and t.is_neg()]
-    if not lazy:
-        return compiled
-    compiled, written = as_boxed(compiled), _written_inputs(gm).intersection(lazy)
+    if lazy:
+        written = _written_inputs(gm).intersection(lazy)
+        compiled = _negative_inputs_resolved(as_boxed(compiled), lazy, written)
+    tangents = _tangent_positions(gm)
+    if tangents:
+        compiled = _negative_tangents_resolved(as_boxed(compiled), tangents)
+    return compiled
 
+
+def _negative_inputs_resolved(compiled: Callable, lazy: list[int], written: set[int]):
     def run(args):
         given = {i: args[i] for i in written}
         for i in lazy:
@@ -208,6 +215,20 @@ def resolving_lazy_bits(compiled: Callable, example_inputs: Sequence[Any],
         return outs
     run._boxed_call = True
     return run
+
+
+def _negative_tangents_resolved(compiled: Callable, tangents: list[int]):
+    def run(args):
+        for i in tangents:  # a gradient the caller made negative: no guard saw it
+            if args[i].is_neg():
+                args[i] = _resolved_neg(args[i])
+        return compiled(args)
+    run._boxed_call = True
+    return run
+
+
+def _tangent_positions(gm: fx.GraphModule) -> list[int]:
+    return [i for i, n in enumerate(gm.graph.find_nodes(op="placeholder")) if is_tangent(n)]
 
 
 def _resolved_neg(t: torch.Tensor) -> torch.Tensor:
