@@ -1011,3 +1011,20 @@ def test_a_write_through_a_conjugate_view_runs_on_the_eager_engine_with_a_reason
     expected, actual, stats = eager_and_compiled(step)
     torch.testing.assert_close(actual, expected)
     assert len(stats.fallbacks) == 1 and "view_fn" in stats.fallbacks[0]
+
+
+@pytest.mark.parametrize("saved", [False, True], ids=["negative_gradient", "negative_saved"])
+def test_inductor_reads_negative_lifted_tensors_by_their_values(saved):
+    # Was: a negative tensor the captured backward lifts (a gradient passed to backward, a
+    # saved conjugate's .imag) reached Inductor's code, which read its memory negated.
+    def step():
+        w = torch.randn(4, requires_grad=True)
+        b = torch.randn(4, dtype=torch.complex64)
+        if saved:
+            (b.conj().imag * w).sum().backward()
+        else:
+            (w.sin() * 2).backward(torch._neg_view(b.real.contiguous()))
+        return w.grad
+    expected, actual, stats = eager_and_compiled(step, "inductor")
+    torch.testing.assert_close(actual, expected)
+    assert stats.captures == 1 and stats.fallbacks == []

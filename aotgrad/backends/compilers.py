@@ -187,48 +187,34 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
 def resolving_lazy_bits(compiled: Callable, example_inputs: Sequence[Any],
                         gm: fx.GraphModule) -> Callable:
     """Inductor's code reads an input's memory as its values: a negative input (`_neg_view`,
-    a conjugate's `.imag`) reads negated. Such inputs (guards key a call by the bit) are
-    handed over resolved, in their layout, and what the graph writes into one is copied
-    back; so is a negative gradient a backward is called with (checked at each call). (A
-    conjugate input needs nothing: complex ops run as ATen's, which read the bit, and a real
-    view of one starts with the `_conj` that undoes it.)"""
-    lazy = [i for i, t in enumerate(example_inputs)
-            if isinstance(t, torch.Tensor) and t.is_neg()]
-    if lazy:
-        written = _written_inputs(gm).intersection(lazy)
-        compiled = _negative_inputs_resolved(as_boxed(compiled), lazy, written)
-    tangents = _tangent_positions(gm)
-    if tangents:
-        compiled = _negative_tangents_resolved(as_boxed(compiled), tangents)
-    return compiled
+    a conjugate's `.imag`) reads negated. Such inputs (guards key a call by the bit), and a
+    backward's gradients (which no guard sees), are handed over resolved where negative.
+    (A conjugate input needs nothing: complex ops run as ATen's, which read the bit, and a
+    real view of one starts with the `_conj` that undoes it.)"""
+    checked = [i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))
+               if is_tangent(n) or isinstance(example_inputs[i], torch.Tensor)
+               and example_inputs[i].is_neg()]
+    return negatives_resolved(compiled, checked, gm) if checked else compiled
 
 
-def _negative_inputs_resolved(compiled: Callable, lazy: list[int], written: set[int]):
+def negatives_resolved(compiled: Callable, checked: Sequence[int], gm: fx.GraphModule
+                       ) -> Callable:
+    """A boxed `compiled` whose tensor inputs at `checked`, where negative at a call, it
+    takes resolved, in their strides; what the graph writes into one is copied back."""
+    compiled, written = as_boxed(compiled), _written_inputs(gm)
+
     def run(args):
-        given = {i: args[i] for i in written}
-        for i in lazy:
-            args[i] = _resolved_neg(args[i])
-        resolved = {i: args[i] for i in written}
+        given = {}
+        for i in checked:
+            if args[i].is_neg():
+                given[i], args[i] = args[i], _resolved_neg(args[i])
+        resolved = {i: args[i] for i in given if i in written}
         outs = compiled(args)
-        for i in written:
-            given[i].copy_(resolved[i])
+        for i, t in resolved.items():
+            given[i].copy_(t)
         return outs
     run._boxed_call = True
     return run
-
-
-def _negative_tangents_resolved(compiled: Callable, tangents: list[int]):
-    def run(args):
-        for i in tangents:  # a gradient the caller made negative: no guard saw it
-            if args[i].is_neg():
-                args[i] = _resolved_neg(args[i])
-        return compiled(args)
-    run._boxed_call = True
-    return run
-
-
-def _tangent_positions(gm: fx.GraphModule) -> list[int]:
-    return [i for i, n in enumerate(gm.graph.find_nodes(op="placeholder")) if is_tangent(n)]
 
 
 def _resolved_neg(t: torch.Tensor) -> torch.Tensor:
