@@ -314,26 +314,29 @@ def order_like_eager(graph: fx.Graph) -> None:
     each accumulation there, with its hooks, so hooks observe the same order and `.grad`
     values as in eager."""
     _hoist_input_reads(graph)
+    order = {n: i for i, n in enumerate(graph.nodes)}  # before anything moves
+    writes = _in_place_writes(graph)
     for acc in [n for n in graph.nodes if n.target is hooks.accumulate_into]:
         group = [*_pre_accumulate_hooks(acc), acc, *_post_accumulate_hooks(acc)]
         needs = {a for n in group for a in n.all_input_nodes} - set(group)
-        anchor = max(needs | _writes_into(needs, before=group[0]), key=_position)
+        # A formula may finish its result through a view of it, after the op that made it
+        # (irfft's backward doubles a slice with `mul_`): the gradient is ready after those.
+        needs |= {w for v in needs for w in writes.get(_storage(v), ())
+                  if order[w] < order[group[0]]}
+        anchor = max(needs, key=_position)
         for node in group:
             anchor.append(node)
             anchor = node
 
 
-def _writes_into(values: set[fx.Node], before: fx.Node) -> set[fx.Node]:
-    """The in-place ops ahead of `before` that write into the memory of one of `values`:
-    a formula may finish its result through a view of it (irfft's backward doubles a slice
-    with `mul_`), after the op that made it; the gradient is ready only after them."""
-    storages = {_storage(v) for v in values} - {None}
-    found, node = set(), before.prev
-    while storages and node.op != "root":
-        if mutates(node.target) and any(_storage(a) in storages for a in _written(node)):
-            found.add(node)
-        node = node.prev
-    return found
+def _in_place_writes(graph: fx.Graph) -> dict[StorageWeakRef, list[fx.Node]]:
+    """The in-place ops, by the memory they write."""
+    writes: dict[StorageWeakRef, list[fx.Node]] = {}
+    for node in graph.nodes:
+        if mutates(node.target):
+            for storage in {_storage(a) for a in _written(node)} - {None}:
+                writes.setdefault(storage, []).append(node)
+    return writes
 
 
 def _written(node: fx.Node) -> list:
