@@ -403,3 +403,16 @@ def test_inductor_backward_reads_a_negative_gradient_by_its_values():
     compiled, x.grad = x.grad, None
     (x.sin() * 2).backward(g)
     torch.testing.assert_close(compiled, x.grad)
+
+
+def test_inductor_reads_a_negative_constant_by_its_values_and_still_the_callers_tensor():
+    # Was: a closed-over negative tensor reached Inductor's code as the graph's attribute,
+    # its memory read as its values: results negated, silently.
+    k = torch._neg_view(torch.arange(1.0, 5.0))
+    f = lambda x: (x * k, k * 2)  # noqa: E731 - read twice: one attribute, two reads
+    compiled = aotgrad.compile(f, backend="inductor")
+    x = torch.randn(4)
+    for _ in range(2):
+        for got, want in zip(compiled(x), f(x)):
+            torch.testing.assert_close(got, want)
+        k.add_(1)  # the graph holds the caller's tensor, as eager reads it

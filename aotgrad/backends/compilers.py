@@ -172,6 +172,7 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     graphed = cudagraphs.inductor_kwargs(info)
     was_graphed = bool(graphed.get("cudagraphs"))  # a box Inductor clears if it cannot record
     own_static_marks(example_inputs, info.static_inputs)
+    negate_negative_constants(gm)
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
             cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode), \
             TracingContext.report_output_strides() as strides:
@@ -182,6 +183,23 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     if checks is not None:
         compiled = run_checks_after(as_boxed(compiled), checks, len(outputs))
     return resolving_lazy_bits(compiled, example_inputs, gm)
+
+
+def negate_negative_constants(gm: fx.GraphModule) -> None:
+    """A tensor the graph holds (a closed-over `torch._neg_view(t)`) that is negative: the
+    graph holds its memory as a plain view and negates it with an op, since Inductor's code
+    reads memory as values. Still the caller's tensor (a view of it), not a copy."""
+    reads = [n for n in gm.graph.find_nodes(op="get_attr")
+             if isinstance(getattr(gm, n.target), torch.Tensor) and getattr(gm, n.target).is_neg()]
+    for target in {n.target for n in reads}:
+        setattr(gm, target, torch._neg_view(getattr(gm, target)))
+    for node in reads:
+        node.meta["val"] = torch._neg_view(node.meta["val"])
+        with gm.graph.inserting_after(node):
+            negated = gm.graph.call_function(torch.ops.aten.neg.default, (node,))
+        node.replace_all_uses_with(negated, delete_user_cb=lambda user: user is not negated)
+        negated.meta["val"] = torch.neg(node.meta["val"])
+    gm.recompile()
 
 
 def resolving_lazy_bits(compiled: Callable, example_inputs: Sequence[Any],
