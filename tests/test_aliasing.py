@@ -301,6 +301,25 @@ def imag_view_of_a_conjugate_input(x):
     return x.imag  # a negative view of the input
 
 
+def _tensor_and_conjugate(requires_grad=False):
+    def inputs():
+        x = torch.randn(4, dtype=torch.complex64, requires_grad=requires_grad) * 1
+        return (x, x.conj()), {}
+    return inputs
+
+
+@case(_tensor_and_conjugate())
+def conjugate_view_mutated_base_read(x, xc):
+    xc.add_(1j)  # writes x's memory conjugated
+    return x * 1
+
+
+@case(_tensor_and_conjugate(requires_grad=True))
+def base_mutated_conjugate_view_read(x, xc):
+    x.mul_(2j)
+    return xc * 1, xc.imag
+
+
 # The inference path: the same functions called under no_grad.
 CASES += [Case(f"{c.name}_no_grad", c.inputs, fn=c.fn, context="no_grad") for c in CASES
           if c.name in ("view_mutated_base_read", "overlapping_views_both_mutated",
