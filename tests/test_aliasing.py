@@ -517,6 +517,18 @@ def test_the_gradient_of_a_non_leaf_input_the_function_mutates(door):
     torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
 
 
+@pytest.mark.parametrize("door", DOORS)
+def test_a_complex_input_written_with_its_real_part_as_another_input_is_refused_by_name(door):
+    """x and x.real passed both, one written: a float view with stride 2 is not a view of a
+    complex base that aotgrad can regenerate (a complex base through view_as_real would be)."""
+    def f(x, r):
+        r.add_(1)
+        return x * 1
+    x = torch.randn(4, dtype=torch.complex64)
+    with pytest.raises(Exception, match="aotgrad: inputs \\[0, 1\\] share memory"):
+        DOORS[door](f)(x, x.real)
+
+
 @pytest.mark.parametrize("door", list(DOORS))
 def test_a_write_into_an_expanded_input_is_refused_by_name(door):
     """Eager's x[0] = 5 writes every row of an expanded x (one memory); a traced function
