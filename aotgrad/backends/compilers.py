@@ -221,16 +221,21 @@ def negatives_resolved(compiled: Callable, checked: Sequence[int], gm: fx.GraphM
     takes resolved, in their strides; what the graph writes into one is copied back."""
     compiled, written = as_boxed(compiled), _written_inputs(gm)
 
-    def run(args):
-        given = {}
-        for i in checked:
-            if args[i].is_neg():
-                given[i], args[i] = args[i], _resolved_neg(args[i])
+    def resolving(args):
+        given = {i: args[i] for i in checked if args[i].is_neg()}
+        for i, t in given.items():
+            args[i] = _resolved_neg(t)
         resolved = {i: args[i] for i in given if i in written}
         outs = compiled(args)
         for i, t in resolved.items():
             given[i].copy_(t)
         return outs
+
+    def run(args):  # the common call (no negative input) only looks
+        for i in checked:
+            if args[i].is_neg():
+                return resolving(args)
+        return compiled(args)
     run._boxed_call = True
     return run
 
