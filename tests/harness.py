@@ -168,16 +168,23 @@ def weighted_loss(outputs: list[Any], args: list[Any]) -> torch.Tensor | None:
     terms += [a for a in args if _differentiable(a) and a.grad_fn is not None]
     if not terms:
         return None
-    return sum((t * _weight(t, k)).sum() for k, t in enumerate(terms))
+    return sum(_real((t * _weight(t, k)).sum()) for k, t in enumerate(terms))
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    # A complex output's loss term is the real part: autograd differentiates real scalars.
+    return t.real if t.is_complex() else t
 
 
 def _differentiable(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()
+    return (isinstance(t, torch.Tensor) and t.requires_grad
+            and (t.is_floating_point() or t.is_complex()))
 
 
 def _weight(t: torch.Tensor, k: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 + k)
-    return torch.randn(t.shape, generator=g).to(t.device, t.dtype)
+    dtype = t.dtype if t.is_complex() else None  # complex weights: both parts weigh in
+    return torch.randn(t.shape, generator=g, dtype=dtype).to(t.device, t.dtype)
 
 
 def grad_leaves(flat: list[Any]) -> list[torch.Tensor]:
@@ -332,7 +339,8 @@ def compare_autograd_facts(e: torch.Tensor, c: torch.Tensor, path: str) -> None:
 def autograd_facts(t: torch.Tensor) -> dict:
     return {"requires_grad": t.requires_grad, "is_leaf": t.is_leaf,
             "has_grad_fn": t.grad_fn is not None, "is_view": t._is_view(),
-            "is_inference": t.is_inference(), "storage_offset": t.storage_offset()}
+            "is_inference": t.is_inference(), "storage_offset": t.storage_offset(),
+            "is_conj": t.is_conj(), "is_neg": t.is_neg()}
 
 
 def alias_facts(t: torch.Tensor, index: int, args: list[Any], outputs: list[Any]) -> dict:

@@ -265,6 +265,61 @@ def _grad_data_alias():
     return (x, x.data), {}
 
 
+# ---- conjugate and negative inputs: lazy bits over another tensor's memory ---------------
+
+def _conj_input(requires_grad=True):
+    return lambda: ((torch.randn(4, dtype=torch.complex64, requires_grad=requires_grad)
+                     .conj(),), {})
+
+
+def _neg_input():
+    return (torch._neg_view(torch.randn(4)),), {}
+
+
+@case(_conj_input())
+def resolve_conj_of_a_conjugate_input(x):
+    return x.resolve_conj()  # a new tensor, not the input with its bit
+
+
+@case(_conj_input(requires_grad=False))
+def resolved_conjugate_input_written(x):
+    return x.resolve_conj().mul_(2)  # writes the copy, never the input
+
+
+@case(_neg_input)
+def resolve_neg_of_a_negative_input(x):
+    return x.resolve_neg()
+
+
+@case(_conj_input())
+def imag_of_a_conjugate_input(x):
+    return x.imag * 2, x.real
+
+
+@case(_conj_input(requires_grad=False))
+def imag_view_of_a_conjugate_input(x):
+    return x.imag  # a negative view of the input
+
+
+def _tensor_and_conjugate(requires_grad=False):
+    def inputs():
+        x = torch.randn(4, dtype=torch.complex64, requires_grad=requires_grad) * 1
+        return (x, x.conj()), {}
+    return inputs
+
+
+@case(_tensor_and_conjugate())
+def conjugate_view_mutated_base_read(x, xc):
+    xc.add_(1j)  # writes x's memory conjugated
+    return x * 1
+
+
+@case(_tensor_and_conjugate(requires_grad=True))
+def base_mutated_conjugate_view_read(x, xc):
+    x.mul_(2j)
+    return xc * 1, xc.imag
+
+
 # The inference path: the same functions called under no_grad.
 CASES += [Case(f"{c.name}_no_grad", c.inputs, fn=c.fn, context="no_grad") for c in CASES
           if c.name in ("view_mutated_base_read", "overlapping_views_both_mutated",
@@ -460,6 +515,18 @@ def test_the_gradient_of_a_non_leaf_input_the_function_mutates(door):
     x.retain_grad()
     DOORS[door](f)(x, y).sum().backward()
     torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_a_complex_input_written_with_its_real_part_as_another_input_is_refused_by_name(door):
+    """x and x.real passed both, one written: a float view with stride 2 is not a view of a
+    complex base that aotgrad can regenerate (a complex base through view_as_real would be)."""
+    def f(x, r):
+        r.add_(1)
+        return x * 1
+    x = torch.randn(4, dtype=torch.complex64)
+    with pytest.raises(Exception, match="aotgrad: inputs \\[0, 1\\] share memory"):
+        DOORS[door](f)(x, x.real)
 
 
 @pytest.mark.parametrize("door", list(DOORS))

@@ -370,3 +370,49 @@ def test_a_generator_the_tracer_cannot_hold_is_refused_by_name(monkeypatch):
     with pytest.raises(NotImplementedError, match=r"aotgrad: rand\(generator=...\) draws from "
                                                   r"a torch.Generator"):
         compiled(torch.ones(4), torch.Generator())
+
+
+
+def _negative() -> torch.Tensor:
+    return torch._neg_view(torch.randn(4))
+
+
+def _imag_of_conjugate() -> torch.Tensor:  # negative, and strided
+    return torch.randn(4, dtype=torch.complex64).conj().imag
+
+
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: (x * 2, x[1:]), _negative),  # read, and returned as a view
+    (lambda x: x.add_(1), _negative),  # written in place
+    (lambda x: x.exp(), _imag_of_conjugate),
+], ids=["read", "written", "imag_of_conjugate"])
+def test_inductor_reads_a_negative_input_by_its_values(fn, make):
+    # Was: Inductor's code read a negative input's memory as its values: every result
+    # negated, silently (torch.compile's own Inductor does so too).
+    from harness import Case, check_case
+    check_case(Case("negative_input", lambda: ((make(),), {}), fn=fn),
+               lambda f: aotgrad.compile(f, backend="inductor"))
+
+
+def test_inductor_backward_reads_a_negative_gradient_by_its_values():
+    # Was: `y.backward(torch._neg_view(g))` handed the negative gradient to Inductor's
+    # backward as it was (a contiguous one is passed unchanged): the gradient came out negated.
+    x = torch.randn(4, requires_grad=True)
+    g = torch._neg_view(torch.randn(4))
+    aotgrad.compile(lambda t: t.sin() * 2, backend="inductor")(x).backward(g)
+    compiled, x.grad = x.grad, None
+    (x.sin() * 2).backward(g)
+    torch.testing.assert_close(compiled, x.grad)
+
+
+def test_inductor_reads_a_negative_constant_by_its_values_and_still_the_callers_tensor():
+    # Was: a closed-over negative tensor reached Inductor's code as the graph's attribute,
+    # its memory read as its values: results negated, silently.
+    k = torch._neg_view(torch.arange(1.0, 5.0))
+    f = lambda x: (x * k, k * 2)  # noqa: E731 - read twice: one attribute, two reads
+    compiled = aotgrad.compile(f, backend="inductor")
+    x = torch.randn(4)
+    for _ in range(2):
+        for got, want in zip(compiled(x), f(x)):
+            torch.testing.assert_close(got, want)
+        k.add_(1)  # the graph holds the caller's tensor, as eager reads it

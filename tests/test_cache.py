@@ -376,6 +376,20 @@ def test_a_closed_over_constant_is_cached_by_its_value():
         torch.testing.assert_close(out, fn(*inputs))
 
 
+def test_a_conjugate_input_is_keyed_by_its_bit_and_its_views_replay_from_a_hit():
+    """The trace reads an input's conjugate bit (`.imag` through `_conj`): a plain input of
+    the same geometry must miss, and a hit must rebuild the bit to replay the output view."""
+    def parts(x):
+        return x.imag, x.real * 2
+    z = torch.randn(4, dtype=torch.complex64)
+    for x, event in ((z.conj(), "miss"), (z.conj(), "hit"), (z, "miss")):
+        out = compile_once(parts, (x,))
+        assert last_event()[0] == event, cache.events()
+        for a, b in zip(out, parts(x)):
+            torch.testing.assert_close(a, b)
+            assert (a.is_neg(), a._base is x) == (b.is_neg(), b._base is x)
+
+
 def test_a_closed_over_view_of_more_memory_is_not_cached():
     """Its offset into a larger storage was lost in the entry: a warm process's as_strided
     read the view's own values, not the storage's (silently wrong before)."""

@@ -980,3 +980,51 @@ def test_unbind_with_unused_outputs_across_sizes():
     with compiled_autograd.enable("eager"):
         actual = steps()
     same(expected, actual, "grads per step")
+
+
+# ---- complex backwards --------------------------------------------------------------------
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_a_formula_finishing_its_gradient_in_place_through_a_view_accumulates_it_whole(compiler):
+    # Was: irfft's backward doubles a slice of its rfft in place (`mul_` on a narrow), after
+    # the op making it; moving the accumulation "as soon as its gradient is ready" put it
+    # before the mul_, and `.grad` missed the doubling: silently wrong.
+    def step():
+        x = torch.randn(5, dtype=torch.complex64, requires_grad=True)
+        w = torch.randn(8)
+        (torch.fft.irfft(x, n=8) * w).sum().backward()
+        return x.grad
+    expected, actual, stats = eager_and_compiled(step, compiler)
+    torch.testing.assert_close(actual, expected)
+    assert stats.captures == 1 and stats.fallbacks == []
+
+
+def test_a_write_through_a_conjugate_view_runs_on_the_eager_engine_with_a_reason():
+    # The engine refuses its CopySlices (a view function) while keying the graph, before
+    # anything ran: eager's backward then, not the engine's error.
+    def step():
+        x = torch.randn(4, dtype=torch.complex64, requires_grad=True)
+        y = x * 1
+        y.conj().mul_(2j)
+        torch.view_as_real(y).sum().backward()
+        return x.grad
+    expected, actual, stats = eager_and_compiled(step)
+    torch.testing.assert_close(actual, expected)
+    assert len(stats.fallbacks) == 1 and "view_fn" in stats.fallbacks[0]
+
+
+@pytest.mark.parametrize("saved", [False, True], ids=["negative_gradient", "negative_saved"])
+def test_inductor_reads_negative_lifted_tensors_by_their_values(saved):
+    # Was: a negative tensor the captured backward lifts (a gradient passed to backward, a
+    # saved conjugate's .imag) reached Inductor's code, which read its memory negated.
+    def step():
+        w = torch.randn(4, requires_grad=True)
+        b = torch.randn(4, dtype=torch.complex64)
+        if saved:
+            (b.conj().imag * w).sum().backward()
+        else:
+            (w.sin() * 2).backward(torch._neg_view(b.real.contiguous()))
+        return w.grad
+    expected, actual, stats = eager_and_compiled(step, "inductor")
+    torch.testing.assert_close(actual, expected)
+    assert stats.captures == 1 and stats.fallbacks == []

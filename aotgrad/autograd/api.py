@@ -195,7 +195,7 @@ def _eager_fallback(session: Session) -> Iterator[None]:
         try:
             return run(*args, **kwargs)
         except Exception as error:
-            if session.failed_capture() is None:
+            if session.failed_capture() is None and not _uncollectable(error):
                 raise  # the captured graph itself raised, as eager would have
             return _run_eagerly(session, run, error, args, kwargs)
         finally:
@@ -206,6 +206,13 @@ def _eager_fallback(session: Session) -> Iterator[None]:
         yield
     finally:
         module._engine_run_backward = run
+
+
+def _uncollectable(error: Exception) -> bool:
+    """The engine refused a node while collecting the graph's key, before any capture and
+    before anything ran (an in-place write through a conjugate view: its CopySlices holds a
+    view function): the graph is intact, and the eager engine runs it."""
+    return isinstance(error, RuntimeError) and "not supported by compiled autograd" in str(error)
 
 
 class _CallbackQueue:

@@ -183,7 +183,7 @@ def compile_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.virtualized import V
-    from ..backends.compilers import backward_fusion_limits
+    from ..backends.compilers import backward_fusion_limits, negatives_resolved
 
     if not any(isinstance(n.target, torch._ops.OpOverload) for n in segment.graph.nodes):
         return lambda args: segment(*args)  # sizes' arithmetic only: nothing to compile
@@ -196,7 +196,11 @@ def compile_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
     # cast them again (backends/passes.py says what that did to Llama).
     with V.set_fake_mode(fake_mode), tracing(TracingContext(fake_mode)), \
             torch._C._DisableAutocast(), config.patch(backward_fusion_limits(config)):
-        return compile_fx_inner(segment, example, is_backward=True)
+        compiled = compile_fx_inner(segment, example, is_backward=True)
+    # Any lifted tensor may be negative (a gradient, a saved `.imag` of a conjugate): no
+    # guard reads the bit, and Inductor's code would read its memory negated.
+    tensors = [i for i, v in enumerate(example) if isinstance(v, torch.Tensor)]
+    return negatives_resolved(compiled, tensors, segment)
 
 
 def differentiable_segment(segment: fx.GraphModule) -> Callable[[list], Any]:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.fx.experimental.proxy_tensor import (
     PythonKeyTracer, ProxyTorchDispatchMode, fetch_object_proxy, track_tensor_tree)
 
@@ -313,13 +314,39 @@ def order_like_eager(graph: fx.Graph) -> None:
     each accumulation there, with its hooks, so hooks observe the same order and `.grad`
     values as in eager."""
     _hoist_input_reads(graph)
+    order = {n: i for i, n in enumerate(graph.nodes)}  # before anything moves
+    writes = _in_place_writes(graph)
     for acc in [n for n in graph.nodes if n.target is hooks.accumulate_into]:
         group = [*_pre_accumulate_hooks(acc), acc, *_post_accumulate_hooks(acc)]
         needs = {a for n in group for a in n.all_input_nodes} - set(group)
+        # A formula may finish its result through a view of it, after the op that made it
+        # (irfft's backward doubles a slice with `mul_`): the gradient is ready after those.
+        needs |= {w for v in needs for w in writes.get(_storage(v), ())
+                  if order[w] < order[group[0]]}
         anchor = max(needs, key=_position)
         for node in group:
             anchor.append(node)
             anchor = node
+
+
+def _in_place_writes(graph: fx.Graph) -> dict[StorageWeakRef, list[fx.Node]]:
+    """The in-place ops, by the memory they write."""
+    writes: dict[StorageWeakRef, list[fx.Node]] = {}
+    for node in graph.nodes:
+        if mutates(node.target):
+            for storage in {_storage(a) for a in _written(node)} - {None}:
+                writes.setdefault(storage, []).append(node)
+    return writes
+
+
+def _written(node: fx.Node) -> list:
+    schema = node.target._schema.arguments
+    return [a for a, arg in zip(node.args, schema) if arg.alias_info and arg.alias_info.is_write]
+
+
+def _storage(node: Any) -> StorageWeakRef | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
 
 def drop_unused(graph: fx.Graph) -> None:

@@ -26,7 +26,7 @@ from torch import fx
 from ..semantics.effects import run_checks_after, split_checks
 from . import cudagraphs, fxcache
 from ..schema import (DONATED, GRAPH_INFO, INDUCTOR_FX_KEY, OUTPUT_STRIDES, Backend,
-                      GraphInfo)
+                      GraphInfo, is_tangent)
 
 log = logging.getLogger("aotgrad.cache")
 # Per compile: (the graph being compiled, as `<compile id>_<role>`; the compile's id).
@@ -172,6 +172,7 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     graphed = cudagraphs.inductor_kwargs(info)
     was_graphed = bool(graphed.get("cudagraphs"))  # a box Inductor clears if it cannot record
     own_static_marks(example_inputs, info.static_inputs)
+    negate_negative_constants(gm)
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
             cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode), \
             TracingContext.report_output_strides() as strides:
@@ -179,9 +180,80 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
         compiled, (body, checks) = _load_or_compile(gm, example_inputs, info, donated, graphed)
     gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
     cudagraphs.report_inductor(info, compiled, was_graphed, body, example_inputs)
-    if checks is None:
-        return compiled
-    return run_checks_after(as_boxed(compiled), checks, len(outputs))
+    if checks is not None:
+        compiled = run_checks_after(as_boxed(compiled), checks, len(outputs))
+    return resolving_lazy_bits(compiled, example_inputs, gm)
+
+
+def negate_negative_constants(gm: fx.GraphModule) -> None:
+    """A tensor the graph holds (a closed-over `torch._neg_view(t)`) that is negative: the
+    graph holds its memory as a plain view and negates it with an op, since Inductor's code
+    reads memory as values. Still the caller's tensor (a view of it), not a copy."""
+    reads = [n for n in gm.graph.find_nodes(op="get_attr")
+             if isinstance(getattr(gm, n.target), torch.Tensor) and getattr(gm, n.target).is_neg()]
+    for target in {n.target for n in reads}:
+        setattr(gm, target, torch._neg_view(getattr(gm, target)))
+    for node in reads:
+        node.meta["val"] = torch._neg_view(node.meta["val"])
+        with gm.graph.inserting_after(node):
+            negated = gm.graph.call_function(torch.ops.aten.neg.default, (node,))
+        node.replace_all_uses_with(negated, delete_user_cb=lambda user: user is not negated)
+        negated.meta["val"] = torch.neg(node.meta["val"])
+    gm.recompile()
+
+
+def resolving_lazy_bits(compiled: Callable, example_inputs: Sequence[Any],
+                        gm: fx.GraphModule) -> Callable:
+    """Inductor's code reads an input's memory as its values: a negative input (`_neg_view`,
+    a conjugate's `.imag`) reads negated. Such inputs (guards key a call by the bit), and a
+    backward's gradients (which no guard sees), are handed over resolved where negative.
+    (A conjugate input needs nothing: complex ops run as ATen's, which read the bit, and a
+    real view of one starts with the `_conj` that undoes it.)"""
+    checked = [i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))
+               if is_tangent(n) or isinstance(example_inputs[i], torch.Tensor)
+               and example_inputs[i].is_neg()]
+    return negatives_resolved(compiled, checked, gm) if checked else compiled
+
+
+def negatives_resolved(compiled: Callable, checked: Sequence[int], gm: fx.GraphModule
+                       ) -> Callable:
+    """A boxed `compiled` whose tensor inputs at `checked`, where negative at a call, it
+    takes resolved, in their strides; what the graph writes into one is copied back."""
+    compiled, written = as_boxed(compiled), _written_inputs(gm)
+
+    def resolving(args):
+        given = {i: args[i] for i in checked if args[i].is_neg()}
+        for i, t in given.items():
+            args[i] = _resolved_neg(t)
+        resolved = {i: args[i] for i in given if i in written}
+        outs = compiled(args)
+        for i, t in resolved.items():
+            given[i].copy_(t)
+        return outs
+
+    def run(args):  # the common call (no negative input) only looks
+        for i in checked:
+            if args[i].is_neg():
+                return resolving(args)
+        return compiled(args)
+    run._boxed_call = True
+    return run
+
+
+def _resolved_neg(t: torch.Tensor) -> torch.Tensor:
+    # Its strides kept: Inductor's code asserts them (resolve_neg() would be contiguous).
+    resolved = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return resolved.copy_(t)
+
+
+def _written_inputs(gm: fx.GraphModule) -> set[int]:
+    """The positions of the inputs the graph writes in place (an inference graph keeping
+    its input mutations)."""
+    positions = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    return {positions[a] for n in gm.graph.nodes if n.op == "call_function"
+            and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+            for a, arg in zip(n.args, n.target._schema.arguments)
+            if a in positions and arg.alias_info is not None and arg.alias_info.is_write}
 
 
 def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: GraphInfo,

@@ -142,9 +142,15 @@ def encode_tensor_meta(t: Any) -> dict:
         # constant of the graph, guarded in Dynamo's ShapeEnv); a hit would skip both, and
         # serve the constant for every value.
         raise Unencodable("a float Dynamo made dynamic (its value may be specialized)")
-    return {"shape": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset(),
+    meta = {"shape": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset(),
             "dtype": encode_value(t.dtype), "device": str(t.device),
             "requires_grad": t.requires_grad}
+    # The trace reads a conjugate or negative input's bit (capture/inputs.py): keyed where set.
+    meta.update({bit: True for bit in _LAZY_BITS if getattr(t, f"is_{bit}")()})
+    return meta
+
+
+_LAZY_BITS = ("conj", "neg")
 
 
 def fake_from_meta(meta: dict, fake_mode) -> torch.Tensor:
@@ -153,6 +159,10 @@ def fake_from_meta(meta: dict, fake_mode) -> torch.Tensor:
                                 device=torch.device(meta["device"]))
         if meta["offset"]:
             t = t.as_strided(meta["shape"], meta["stride"], meta["offset"])
+    if meta.get("conj"):
+        torch._C._set_conj(t, True)
+    if meta.get("neg"):
+        torch._C._set_neg(t, True)
     return t.requires_grad_(meta["requires_grad"])
 
 

@@ -137,7 +137,7 @@ def _probe_base(info: FunctionInfo, o: OutputInfo, fakes: list) -> torch.Tensor:
     (the most permissive layout: a view op that worked on the real base works on it)."""
     if o.kind is OutputKind.VIEW_OF_INPUT:
         t = fakes[o.source]
-        return _meta(t.shape, t.stride(), t.storage_offset(), t.dtype)
+        return _lazy_bits_of(t, _meta(t.shape, t.stride(), t.storage_offset(), t.dtype))
     first = info.first_user_output
     index = {OutputKind.VIEW_OF_OUTPUT: first + o.source,
              OutputKind.VIEW_OF_INTERMEDIATE: first + len(info.outputs) + o.source}[o.kind]
@@ -156,7 +156,15 @@ def _meta(shape, stride, offset, dtype) -> torch.Tensor:
     return flat.as_strided(shape, stride, offset)
 
 
+def _lazy_bits_of(t: torch.Tensor, probe: torch.Tensor) -> torch.Tensor:
+    """`probe` with `t`'s conjugate and negative bits: a view of a conjugate input (its
+    `.imag`) replays through `_conj`, which only a conjugate base allows."""
+    torch._C._set_conj(probe, t.is_conj())
+    torch._C._set_neg(probe, t.is_neg())
+    return probe
+
+
 def _geometry(t: Any) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
-    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.is_conj(), t.is_neg()

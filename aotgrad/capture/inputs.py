@@ -181,8 +181,19 @@ def _fake_input(mode: FakeTensorMode, t: Any, index: int, dynamic: bool) -> Any:
         if subclasses.is_subclass(t):
             raise DynamicShapesUnsupported(
                 "aotgrad: tensor subclass inputs are compiled for static shapes only.")
-        return symbolic_fake(mode, t, index)
-    return _fresh_fake(mode, t)
+        return _lazy_bits_like(symbolic_fake(mode, t, index), t)
+    return _lazy_bits_like(_fresh_fake(mode, t), t)
+
+
+def _lazy_bits_like(fake: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The input's conjugate and negative bits on its fake: ops that read them (resolve_conj,
+    `.imag`, view_as_real) trace as eager runs them on it, where a plain fake would make
+    resolve_conj return the input itself. Guards key a call by both bits."""
+    if t.is_conj():
+        torch._C._set_conj(fake, True)
+    if t.is_neg():
+        torch._C._set_neg(fake, True)
+    return fake
 
 
 def _fresh_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:

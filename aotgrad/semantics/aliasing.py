@@ -74,6 +74,8 @@ class Member:
     mutated: bool
     mutation_hidden_from_autograd: bool  # copy its new value back without autograd
     version_bumps: int  # how much the user's mutations advance its version counter
+    conj: bool = False  # a conjugate view of the memory (`x.conj()` of another member)
+    neg: bool = False  # a negative view of the memory (`torch._neg_view`, `.imag` of a conj)
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,9 @@ def _group(inputs: Sequence[torch.Tensor], info: FunctionInfo, members: list[int
         if info.inputs[i].storage_swap is not None:
             raise aliased_mutation_error(members, "set_() on one is not supported.")
     roots = [_root(inputs[i]) for i in members]
+    if any(r.is_conj() or r.is_neg() for r in roots):
+        raise aliased_mutation_error(members, "their base is itself a conjugate or negative "
+                                     "tensor (its bit set in place), which aotgrad cannot view.")
     if any(r is not roots[0] for r in roots):
         return _storage_group(inputs, info, members)
     return _root_group(inputs, info, members, roots[0])
@@ -269,7 +274,7 @@ def _group(inputs: Sequence[torch.Tensor], info: FunctionInfo, members: list[int
 def _member(inputs, info: FunctionInfo, i: int) -> Member:
     t, x = inputs[i], info.inputs[i]
     return Member(i, t.dtype, geometry(t), t.requires_grad, x.mutates_data,
-                  x.mutation_hidden_from_autograd, x.version_bumps)
+                  x.mutation_hidden_from_autograd, x.version_bumps, t.is_conj(), t.is_neg())
 
 
 def _root_group(inputs, info: FunctionInfo, members: list[int], root) -> AliasGroup:
@@ -411,6 +416,9 @@ def member_view(base: torch.Tensor, m: Member) -> torch.Tensor:
         view = base.as_strided(*m.geometry)
     else:
         view = base.as_strided(*_in_units_of(m, base.dtype)).view(m.dtype)
+    # The bits last: as_strided of a plain base reads the memory; they say how to read it.
+    view = view.conj() if m.conj else view
+    view = torch._neg_view(view) if m.neg else view
     # A member made under no_grad from a base that requires grad does not require it.
     return view.detach() if base.requires_grad and not m.requires_grad else view
 
