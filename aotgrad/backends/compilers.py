@@ -191,6 +191,8 @@ def negate_negative_constants(gm: fx.GraphModule) -> None:
     reads memory as values. Still the caller's tensor (a view of it), not a copy."""
     reads = [n for n in gm.graph.find_nodes(op="get_attr")
              if isinstance(getattr(gm, n.target), torch.Tensor) and getattr(gm, n.target).is_neg()]
+    if not reads:
+        return
     for target in {n.target for n in reads}:
         setattr(gm, target, torch._neg_view(getattr(gm, target)))
     for node in reads:
