@@ -39,7 +39,7 @@ import operator
 import site
 import sysconfig
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.nn.modules import module as module_hooks
@@ -364,9 +364,16 @@ def _checked(hook: Callable) -> Callable:
 
 def _reachable(hook: Callable) -> list:
     """What a hook can store into: its closure's cells, the globals its code names, the
-    object it is bound to."""
-    fn = getattr(hook, "func", hook)  # functools.partial
-    objects = [getattr(fn, "__self__", None)]
+    object it is bound to, a partial's arguments, and the hook itself where it is an object
+    with a `__call__` (a logger whose list keeps what it is given)."""
+    objects = []
+    fn = hook
+    if isinstance(fn, functools.partial):
+        objects += [*fn.args, *fn.keywords.values()]
+        fn = fn.func
+    if not isinstance(fn, (types.FunctionType, types.MethodType)):
+        objects.append(fn)  # a callable object: its attributes
+    objects.append(getattr(fn, "__self__", None))
     fn = getattr(fn, "__func__", fn)
     for cell in getattr(fn, "__closure__", None) or ():
         try:
@@ -379,16 +386,43 @@ def _reachable(hook: Callable) -> list:
     return [o for o in objects if o is not None and not isinstance(o, torch.nn.Module)]
 
 
-def _holds_traced(obj: Any, depth: int = 2) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return _is_traced(obj)
-    if depth == 0:
-        return False
-    if isinstance(obj, dict):
-        return any(_holds_traced(v, depth - 1) for v in obj.values())
-    if isinstance(obj, (list, tuple, set, collections.deque)):
-        return any(_holds_traced(v, depth - 1) for v in obj)
+_LOOKED_AT_MOST = 10_000  # objects one check walks: a hook naming a large global stays cheap
+
+
+def _holds_traced(obj: Any) -> bool:
+    """Whether a traced tensor sits in `obj`: in its containers, or the attributes of a
+    plain object of the user's, a few levels down (a log of (name, [gradients]) entries)."""
+    stack, seen = [(obj, 4)], set()
+    while stack and len(seen) < _LOOKED_AT_MOST:
+        obj, depth = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            if _is_traced(obj):
+                return True
+            continue
+        if depth == 0 or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        stack += [(item, depth - 1) for item in _contained(obj)]
     return False
+
+
+def _contained(obj: Any) -> Iterable:
+    if isinstance(obj, dict):
+        return obj.values()
+    if isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+        return obj
+    if _is_plain_object(obj):
+        return vars(obj).values()
+    return ()
+
+
+def _is_plain_object(obj: Any) -> bool:
+    """An instance of a user's class: not a Python module, a class, a function, nor a torch
+    object (an nn.Module's attributes are `refuse_traced_attributes`')."""
+    module = type(obj).__module__
+    return (hasattr(obj, "__dict__") and module != "torch" and not module.startswith("torch.")
+            and not isinstance(obj, (types.ModuleType, type, types.FunctionType,
+                                     types.MethodType, torch.nn.Module)))
 
 
 def _is_torchs(hook: Callable) -> bool:
