@@ -553,6 +553,58 @@ def test_a_hook_removed_after_the_compile_compiles_again():
     assert compiled._rebinds == 1
 
 
+HOOK_COEF = {"forward": 1.0}  # a global a forward hook reads: a schedule's value
+
+
+class _GradScale:
+    """A backward hook object whose factor a schedule sets between steps."""
+
+    def __init__(self):
+        self.factor = 1.0
+
+    def __call__(self, module, grad_in, grad_out):
+        return (grad_in[0] * self.factor,)
+
+
+def _schedule_hooks(model):
+    """Hooks reading Python values a training loop changes between steps; by what the value
+    is, a function setting it."""
+    closed = [1.0]
+    scale = _GradScale()
+    model.fc.register_forward_hook(lambda mod, args, out: out * HOOK_COEF["forward"])
+    model.fc.register_full_backward_pre_hook(lambda mod, grad_out: (grad_out[0] * closed[0],))
+    model.register_full_backward_hook(scale)
+    return {"global": lambda v: HOOK_COEF.update(forward=v),
+            "closed-over": lambda v: closed.__setitem__(0, v),
+            "hook object": lambda v: setattr(scale, "factor", v)}
+
+
+@pytest.mark.parametrize("changed", ["global", "closed-over", "hook object"])
+def test_a_value_a_module_hook_reads_changed_between_steps_compiles_again(changed):
+    """A hook scaling by a schedule's value (a gradient reversal's lambda, a warm-up factor):
+    the trace took the value the hook read at the first call, and the compiled module kept
+    using it, silently, where eager reads it at each call."""
+    torch.manual_seed(0)
+    eager, model = Scaled(), Scaled()
+    model.load_state_dict(eager.state_dict())
+    setters = [_schedule_hooks(eager)[changed], _schedule_hooks(model)[changed]]
+    compiled = aotgrad.compile(model, backend="eager")
+    try:
+        for step in (1, 2, 3):
+            for set_value in setters:
+                set_value(float(step))
+            x = torch.randn(3, 4, requires_grad=True)
+            x2 = x.detach().clone().requires_grad_()
+            eager(x).pow(2).sum().backward()
+            compiled(x2).pow(2).sum().backward()
+            torch.testing.assert_close(x2.grad, x.grad)
+            torch.testing.assert_close([p.grad for p in model.parameters()],
+                                       [p.grad for p in eager.parameters()])
+    finally:
+        HOOK_COEF["forward"] = 1.0
+    assert compiled._rebinds == 2
+
+
 def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entries():
     model = Scaled()
     compiled = aotgrad.compile(model, backend="eager", max_entries=2)

@@ -14,7 +14,8 @@ guards); the argument guards are runtime/guards.py.
   helper function), as `FunctionReads` compares a function's;
 - the module hooks, and the global ones: a hook registered anywhere bumps one counter of
   torch's (`RemovableHandle.next_id`), checked first; the hook dicts that held hooks at the
-  compile are compared whole, so that a removal is seen too.
+  compile are compared whole, so that a removal is seen too; and what the user's hooks
+  read, as `FunctionReads` compares a function's (a schedule's factor a hook scales by).
 
 `hooks_checked` refuses, during a trace, the hooks whose effects a graph cannot keep;
 `refuse_traced_attributes`, after it, a traced tensor forward stored in an attribute;
@@ -67,6 +68,11 @@ class ModuleAttributes:
             module_hooks._global_backward_pre_hooks, module_hooks._global_backward_hooks]
         self.hooked = _hooked(self.hook_dicts)
         self.next_hook = RemovableHandle.next_id
+        # What the user's hooks read: a schedule's factor in a closure, a global, the
+        # attributes of a hook object (a module's are `values`).
+        self.hook_reads = [FunctionReads(hook, watch_modules=False)
+                           for hooks in self.hook_dicts for hook in hooks.values()
+                           if not _is_torchs(hook) and FunctionReads.watchable(hook)]
         # What the forwards of the user's classes read: a module-level flag, a helper.
         self.cells, self.globals = code_reads(sorted(
             {f for f in (getattr(type(m), "forward", None) for m in modules)
@@ -85,7 +91,8 @@ class ModuleAttributes:
             now = owner.get(name, _GONE)
             if now is not value and not _same(now, value):
                 return f"attribute {name!r}"
-        return code_changed(self.cells, self.globals) or self._hooks_changed()
+        return (code_changed(self.cells, self.globals) or self._hooks_changed()
+                or self._hook_reads_changed())
 
     def _hooks_changed(self) -> str | None:
         for hooks, keys in self.hooked:
@@ -95,6 +102,13 @@ class ModuleAttributes:
             if _hooked(self.hook_dicts) != self.hooked:
                 return "a module hook"
             self.next_hook = RemovableHandle.next_id  # a tensor's, or another module's
+        return None
+
+    def _hook_reads_changed(self) -> str | None:
+        for reads in self.hook_reads:
+            changed = reads.changed()
+            if changed is not None:
+                return f"{changed}, read by a module hook"
         return None
 
 
@@ -155,14 +169,17 @@ class FunctionReads:
     it) names, a module standing for the names read of it (one of the user's; others are
     left out); the same for the functions of its own module and of the user's
     other modules that it calls by name, and theirs; for a bound method or a callable
-    object, the object's attributes. Compared by identity; a number or string by value; a
-    short plain list or dict item by item too."""
+    object, the object's attributes (with `watch_modules=False`, not where the object is a
+    module: a module hook's own module is watched as a module). Compared by identity; a
+    number or string by value; a short plain list or dict item by item too."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, watch_modules: bool = True):
         fn, owner = _function_and_owner(fn)
         self.owner = owner
+        watched = hasattr(owner, "__dict__") and (
+            watch_modules or not isinstance(owner, torch.nn.Module))
         self.attributes = [(name, value, _contents(value)) for name, value in
-                           (vars(owner).items() if hasattr(owner, "__dict__") else ())]
+                           (vars(owner).items() if watched else ())]
         self.cells, self.globals = code_reads([fn])
 
     @staticmethod
