@@ -1,6 +1,7 @@
 """Per-entry call guards (aotgrad/runtime/guards.py) and the cheaper call path around them: a call
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
+import copy
 import logging
 
 import pytest
@@ -603,6 +604,58 @@ def test_a_value_a_module_hook_reads_changed_between_steps_compiles_again(change
     finally:
         HOOK_COEF["forward"] = 1.0
     assert compiled._rebinds == 2
+
+
+GRL_ALPHA = 1.0  # a gradient reversal's factor, set by a schedule between steps
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -GRL_ALPHA * grad
+
+
+class _Reversed(nn.Module):
+    def __init__(self, by_attribute: bool):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.reverse = _GradReverse if by_attribute else None
+
+    def forward(self, x):
+        h = self.fc(x)
+        return (self.reverse or _GradReverse).apply(h)
+
+
+def _reversed_function(x):
+    return _GradReverse.apply(x * 2)
+
+
+@pytest.mark.parametrize("door", ["module", "module attribute", "function"])
+def test_a_global_a_custom_functions_backward_reads_changed_between_steps(door):
+    """DANN's gradient reversal scaled by a global schedule: the trace took the factor the
+    backward read at the first call, and later steps kept it, silently."""
+    global GRL_ALPHA
+    torch.manual_seed(0)
+    eager = _Reversed(door == "module attribute")
+    if door == "function":
+        eager = _reversed_function
+        compiled = aotgrad.compile(_reversed_function, backend="eager")
+    else:
+        compiled = aotgrad.compile(copy.deepcopy(eager), backend="eager")
+    try:
+        for step in (1, 2, 3):
+            GRL_ALPHA = 0.5 * step
+            x = torch.randn(3, 4, requires_grad=True)
+            x2 = x.detach().clone().requires_grad_()
+            eager(x).pow(2).sum().backward()
+            compiled(x2).pow(2).sum().backward()
+            torch.testing.assert_close(x2.grad, x.grad)
+    finally:
+        GRL_ALPHA = 1.0
 
 
 def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entries():

@@ -11,7 +11,8 @@ guards); the argument guards are runtime/guards.py.
 - the attributes forward may read as constants: numbers (a `scale`, a dropout's `p`),
   strings, None, and plain (unregistered) tensor attributes, by identity;
 - the globals the forwards of the user's module classes name (a module-level flag, a
-  helper function), as `FunctionReads` compares a function's;
+  helper function, a custom autograd.Function's forward and backward), as `FunctionReads`
+  compares a function's;
 - the module hooks, and the global ones: a hook registered anywhere bumps one counter of
   torch's (`RemovableHandle.next_id`), checked first; the hook dicts that held hooks at the
   compile are compared whole, so that a removal is seen too; and what the user's hooks
@@ -73,10 +74,13 @@ class ModuleAttributes:
         self.hook_reads = [FunctionReads(hook, watch_modules=False)
                            for hooks in self.hook_dicts for hook in hooks.values()
                            if not _is_torchs(hook) and FunctionReads.watchable(hook)]
-        # What the forwards of the user's classes read: a module-level flag, a helper.
+        # What the forwards of the user's classes read (a module-level flag, a helper), and
+        # the code of a custom autograd.Function an attribute holds (`self.reverse.apply`).
+        functions = [getattr(type(m), "forward", None) for m in modules] + [
+            f for m in modules for value in vars(m).values() for f in _code_of(value)
+            if isinstance(value, type)]
         self.cells, self.globals = code_reads(sorted(
-            {f for f in (getattr(type(m), "forward", None) for m in modules)
-             if isinstance(f, types.FunctionType) and not _is_torchs(f)},
+            {f for f in functions if isinstance(f, types.FunctionType) and not _is_torchs(f)},
             key=lambda f: f.__qualname__))
 
     def changed(self) -> str | None:
@@ -236,11 +240,24 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
                         scopes.append(vars(value))  # its attributes the code names
                     continue
                 reads.append((scope, name, value, _contents(value)))
-                if isinstance(value, types.FunctionType) and value not in seen and (
-                        value.__globals__ is f.__globals__ or _users_code(value)):
-                    seen.add(value)  # a helper of the same module, or of another of the user's
-                    todo.append(value)
+                for helper in _code_of(value):
+                    if helper not in seen and (helper.__globals__ is f.__globals__
+                                               or _users_code(helper)):
+                        seen.add(helper)  # the same module's, or another of the user's
+                        todo.append(helper)
     return cells, reads
+
+
+def _code_of(value: Any) -> list[types.FunctionType]:
+    """The functions a traced call of `value` runs: a function itself; a custom
+    autograd.Function's forward and backward (the trace runs both: a global its backward
+    reads, a schedule's factor, is baked in as much as forward's)."""
+    if isinstance(value, types.FunctionType):
+        return [value]
+    if isinstance(value, type) and issubclass(value, torch.autograd.Function):
+        methods = (getattr(m, "__func__", m) for m in vars(value).values())
+        return [m for m in methods if isinstance(m, types.FunctionType)]
+    return []
 
 
 # Where the installed packages and the standard library lie: their functions' globals are
