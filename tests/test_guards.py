@@ -658,6 +658,45 @@ def test_a_global_a_custom_functions_backward_reads_changed_between_steps(door):
         GRL_ALPHA = 1.0
 
 
+HEAD_TEMPERATURE = 1.0  # a global a schedule sets, read by a method forward calls
+
+
+class _WithHead(nn.Module):
+    """forward reads the global through a method of its class and a property (timm's
+    `forward_head`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @property
+    def shift(self):
+        return HEAD_TEMPERATURE - 1.0
+
+    def forward(self, x):
+        return self.forward_head(self.fc(x)) + self.shift
+
+    def forward_head(self, h):
+        return h / HEAD_TEMPERATURE
+
+
+def test_a_global_a_method_forward_calls_reads_changed_between_steps():
+    """Only the globals forward's own code named were compared: one read in a method it
+    calls (`self.forward_head(h)`) was baked in at the trace, silently."""
+    global HEAD_TEMPERATURE
+    torch.manual_seed(0)
+    model = _WithHead()
+    HEAD_TEMPERATURE = 2.0  # the first step's
+    compiled = aotgrad.compile(model, backend="eager")
+    try:
+        for step in (1, 2, 3):
+            HEAD_TEMPERATURE = 1.0 + step
+            step_matches_eager(model, compiled, torch.randn(3, 4))
+        assert compiled._rebinds == 2
+    finally:
+        HEAD_TEMPERATURE = 1.0
+
+
 def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entries():
     model = Scaled()
     compiled = aotgrad.compile(model, backend="eager", max_entries=2)

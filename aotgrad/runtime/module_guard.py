@@ -10,8 +10,9 @@ guards); the argument guards are runtime/guards.py.
   what forward reads (`self.parameters()`, a Sequential's loop, `if self.shift is None`);
 - the attributes forward may read as constants: numbers (a `scale`, a dropout's `p`),
   strings, None, and plain (unregistered) tensor attributes, by identity;
-- the globals the forwards of the user's module classes name (a module-level flag, a
-  helper function, a custom autograd.Function's forward and backward), as `FunctionReads`
+- the globals the forwards of the user's module classes name, and the methods and
+  properties of their classes they reach (`self.forward_head(h)`): a module-level flag, a
+  helper function, a custom autograd.Function's forward and backward; as `FunctionReads`
   compares a function's;
 - the module hooks, and the global ones: a hook registered anywhere bumps one counter of
   torch's (`RemovableHandle.next_id`), checked first; the hook dicts that held hooks at the
@@ -36,6 +37,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import inspect
 import itertools
 import operator
 import site
@@ -76,7 +78,7 @@ class ModuleAttributes:
                            if not _is_torchs(hook) and FunctionReads.watchable(hook)]
         # What the forwards of the user's classes read (a module-level flag, a helper), and
         # the code of a custom autograd.Function an attribute holds (`self.reverse.apply`).
-        functions = [getattr(type(m), "forward", None) for m in modules] + [
+        functions = [f for cls in {type(m) for m in modules} for f in _forward_code(cls)] + [
             f for m in modules for value in vars(m).values() for f in _code_of(value)
             if isinstance(value, type)]
         self.cells, self.globals = code_reads(sorted(
@@ -114,6 +116,32 @@ class ModuleAttributes:
             if changed is not None:
                 return f"{changed}, read by a module hook"
         return None
+
+
+def _forward_code(cls: type) -> list[types.FunctionType]:
+    """`cls.forward`, and the methods and properties of `cls` it reaches by name
+    (`self.forward_head(h)`, `self.temperature`), theirs too: what a call of forward runs of
+    the class's own code."""
+    forward = getattr(cls, "forward", None)
+    if not isinstance(forward, types.FunctionType):
+        return []
+    found, todo = {forward}, [forward]
+    while todo:
+        for name in sorted(_global_names(todo.pop().__code__)):  # attribute names too
+            for method in _class_code(inspect.getattr_static(cls, name, None)):
+                if method not in found and not _is_torchs(method):  # torch's: not followed
+                    found.add(method)
+                    todo.append(method)
+    return list(found)
+
+
+def _class_code(attribute: Any) -> list[types.FunctionType]:
+    """The function a class attribute runs when read or called: a method's, a static or
+    class method's, a property's getter."""
+    if isinstance(attribute, property):
+        attribute = attribute.fget
+    attribute = getattr(attribute, "__func__", attribute)
+    return [attribute] if isinstance(attribute, types.FunctionType) else []
 
 
 class RegisteredNames:
