@@ -819,6 +819,36 @@ def test_an_attribute_of_a_compiled_object_or_methods_owner_rebound(how):
         torch.testing.assert_close(compiled(x), reduce(x * scale))
 
 
+LOSS_WEIGHT = 1.0  # an auxiliary loss's weight, set by a schedule
+
+
+class _AuxLoss:
+    def __call__(self, x):
+        return self.aux(x) + x.sum()
+
+    def method(self, x):
+        return self.aux(x)
+
+    def aux(self, x):
+        return x.pow(2).sum() * LOSS_WEIGHT
+
+
+@pytest.mark.parametrize("how", ["object", "bound_method"])
+def test_a_global_a_method_of_the_compiled_objects_class_reads_rebound(how):
+    """Only the globals the called function's own code named were compared: one read in a
+    method it calls on its object (`self.aux(x)`) was baked in, silently."""
+    global LOSS_WEIGHT
+    loss = _AuxLoss()
+    compiled = aotgrad.compile(loss if how == "object" else loss.method, backend="eager")
+    x = torch.randn(4)
+    try:
+        for LOSS_WEIGHT in (1.0, 2.0, 3.0):
+            expected = loss(x) if how == "object" else loss.method(x)
+            torch.testing.assert_close(compiled(x), expected)
+    finally:
+        LOSS_WEIGHT = 1.0
+
+
 def test_an_object_storing_a_tensor_it_computes_is_refused():
     class Keeper:
         def __call__(self, x):

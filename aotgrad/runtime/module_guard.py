@@ -78,7 +78,8 @@ class ModuleAttributes:
                            if not _is_torchs(hook) and FunctionReads.watchable(hook)]
         # What the forwards of the user's classes read (a module-level flag, a helper), and
         # the code of a custom autograd.Function an attribute holds (`self.reverse.apply`).
-        functions = [f for cls in {type(m) for m in modules} for f in _forward_code(cls)] + [
+        forwards = [(type(m), getattr(type(m), "forward", None)) for m in modules]
+        functions = [f for cls, forward in forwards for f in _reached_in_class(cls, forward)] + [
             f for m in modules for value in vars(m).values() for f in _code_of(value)
             if isinstance(value, type)]
         self.cells, self.globals = code_reads(sorted(
@@ -118,14 +119,13 @@ class ModuleAttributes:
         return None
 
 
-def _forward_code(cls: type) -> list[types.FunctionType]:
-    """`cls.forward`, and the methods and properties of `cls` it reaches by name
-    (`self.forward_head(h)`, `self.temperature`), theirs too: what a call of forward runs of
-    the class's own code."""
-    forward = getattr(cls, "forward", None)
-    if not isinstance(forward, types.FunctionType):
+def _reached_in_class(cls: type, start: Any) -> list[types.FunctionType]:
+    """`start` (a function of `cls`: a module's forward, a compiled object's `__call__`), and
+    the methods and properties of `cls` it reaches by name (`self.forward_head(h)`,
+    `self.temperature`), theirs too: what a call of it runs of the class's own code."""
+    if not isinstance(start, types.FunctionType):
         return []
-    found, todo = {forward}, [forward]
+    found, todo = {start}, [start]
     while todo:
         for name in sorted(_global_names(todo.pop().__code__)):  # attribute names too
             for method in _class_code(inspect.getattr_static(cls, name, None)):
@@ -212,7 +212,8 @@ class FunctionReads:
             watch_modules or not isinstance(owner, torch.nn.Module))
         self.attributes = [(name, value, _contents(value)) for name, value in
                            (vars(owner).items() if watched else ())]
-        self.cells, self.globals = code_reads([fn])
+        self.cells, self.globals = code_reads(
+            [fn] if owner is None else _reached_in_class(type(owner), fn))
 
     @staticmethod
     def watchable(fn: Callable) -> bool:
