@@ -2,6 +2,7 @@
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
 import copy
+import enum
 import logging
 
 import pytest
@@ -695,6 +696,51 @@ def test_a_global_a_method_forward_calls_reads_changed_between_steps():
         assert compiled._rebinds == 2
     finally:
         HEAD_TEMPERATURE = 1.0
+
+
+class _Mode(enum.Enum):
+    PLAIN = 1
+    DOUBLED = 2
+
+
+class _Configured(nn.Module):
+    """forward reads plain attributes other than numbers and strings: a schedule writes a
+    dict's entry or a list's item in place, or binds a new tuple, enum or function."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.config, self.factors, self.shift = {"temperature": 1.0}, [1.0], (0.0, 0.0)
+        self.mode, self.activation = _Mode.PLAIN, torch.relu
+        self.history = []  # the loop's, which forward does not name
+
+    def forward(self, x):
+        h = self.activation(self.fc(x)) / self.config["temperature"] * self.factors[0]
+        h = h + self.shift[0] + self.shift[1]
+        return h * 2 if self.mode is _Mode.DOUBLED else h
+
+
+ATTRIBUTE_CHANGES = {
+    "dict entry": lambda m, step: m.config.update(temperature=float(step)),
+    "list item": lambda m, step: m.factors.__setitem__(0, float(step)),
+    "tuple": lambda m, step: setattr(m, "shift", (float(step), 1.0)),
+    "enum": lambda m, step: setattr(m, "mode", _Mode(step)),
+    "function": lambda m, step: setattr(m, "activation", [torch.relu, torch.tanh][step - 1]),
+}
+
+
+@pytest.mark.parametrize("change", ATTRIBUTE_CHANGES)
+def test_a_plain_attribute_forward_names_changed_between_steps_compiles_again(change):
+    """Only numbers, strings, None and tensors among a module's attributes were compared: a
+    config dict or list changed in place, or a new tuple, enum or function bound, ran the
+    graph traced with the old one, silently."""
+    model = _Configured()
+    compiled = aotgrad.compile(model, backend="eager")
+    for step in (1, 2):
+        ATTRIBUTE_CHANGES[change](model, step)
+        model.history.append(step)  # not named by forward: no compile
+        step_matches_eager(model, compiled, torch.randn(3, 4))
+    assert compiled._rebinds == (2 if change == "tuple" else 1)  # the first step's tuple
 
 
 def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entries():

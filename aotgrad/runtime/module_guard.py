@@ -9,7 +9,9 @@ guards); the argument guards are runtime/guards.py.
   entry given a tensor (`register_buffer("shift", None)`, then `self.shift = t`), changes
   what forward reads (`self.parameters()`, a Sequential's loop, `if self.shift is None`);
 - the attributes forward may read as constants: numbers (a `scale`, a dropout's `p`),
-  strings, None, and plain (unregistered) tensor attributes, by identity;
+  strings, None, and plain (unregistered) tensor attributes, by identity; and any other
+  attribute whose name the user's forward code or hooks name (a config dict or list, its
+  items too, a tuple by its items, an enum, a function);
 - the globals the forwards of the user's module classes name, and the methods and
   properties of their classes they reach (`self.forward_head(h)`): a module-level flag, a
   helper function, a custom autograd.Function's forward and backward; as `FunctionReads`
@@ -63,9 +65,6 @@ class ModuleAttributes:
         self.names = RegisteredNames(named)
         self.edges = [(m._modules, n, c, type(c)) for m in modules
                       for n, c in m._modules.items()]
-        self.values = [(vars(m), n, v) for m in modules for n, v in vars(m).items()
-                       if isinstance(v, _CONSTANTS) and not n.startswith("_")
-                       and n != "training"]
         self.hook_dicts = [getattr(m, h) for m in modules for h in _HOOK_DICTS] + [
             module_hooks._global_forward_pre_hooks, module_hooks._global_forward_hooks,
             module_hooks._global_backward_pre_hooks, module_hooks._global_backward_hooks]
@@ -82,9 +81,14 @@ class ModuleAttributes:
         functions = [f for cls, forward in forwards for f in _reached_in_class(cls, forward)] + [
             f for m in modules for value in vars(m).values() for f in _code_of(value)
             if isinstance(value, type)]
-        self.cells, self.globals = code_reads(sorted(
-            {f for f in functions if isinstance(f, types.FunctionType) and not _is_torchs(f)},
-            key=lambda f: f.__qualname__))
+        code = sorted({f for f in functions
+                       if isinstance(f, types.FunctionType) and not _is_torchs(f)},
+                      key=lambda f: f.__qualname__)
+        self.cells, self.globals = code_reads(code)
+        hooks = [r.function for r in self.hook_reads]  # a hook reading `module.config`
+        named = set().union(*(_global_names(f.__code__) for f in code + hooks))  # attributes
+        self.values = [(vars(m), n, v, _contents(v)) for m in modules for n, v in vars(m).items()
+                       if not n.startswith("_") and n != "training" and _watched(n, v, named)]
 
     def changed(self) -> str | None:
         """What changed, in words; None if nothing did."""
@@ -94,9 +98,10 @@ class ModuleAttributes:
         names = self.names.changed()
         if names is not None:
             return names
-        for owner, name, value in self.values:
+        for owner, name, value, contents in self.values:
             now = owner.get(name, _GONE)
-            if now is not value and not _same(now, value):
+            if (now is not value or contents is not None) and not _unchanged(now, value,
+                                                                             contents):
                 return f"attribute {name!r}"
         return (code_changed(self.cells, self.globals) or self._hooks_changed()
                 or self._hook_reads_changed())
@@ -117,6 +122,14 @@ class ModuleAttributes:
             if changed is not None:
                 return f"{changed}, read by a module hook"
         return None
+
+
+def _watched(name: str, value: Any, named: set[str]) -> bool:
+    """A module attribute forward may read as a constant: a number, a string, None, a plain
+    tensor; or any other value the user's forward code names (a config dict or list, a
+    tuple, an enum, a function), its items too where it is a short list or dict."""
+    return isinstance(value, _CONSTANTS) or (name in named
+                                             and not isinstance(value, torch.nn.Module))
 
 
 def _reached_in_class(cls: type, start: Any) -> list[types.FunctionType]:
@@ -207,7 +220,7 @@ class FunctionReads:
 
     def __init__(self, fn: Callable, watch_modules: bool = True):
         fn, owner = _function_and_owner(fn)
-        self.owner = owner
+        self.function, self.owner = fn, owner
         watched = hasattr(owner, "__dict__") and (
             watch_modules or not isinstance(owner, torch.nn.Module))
         self.attributes = [(name, value, _contents(value)) for name, value in
@@ -382,8 +395,14 @@ _BY_VALUE = (bool, int, float, complex, str)
 
 
 def _same(now: Any, value: Any) -> bool:
-    return now is value or (type(now) is type(value) and isinstance(value, _BY_VALUE)
-                            and now == value)
+    """Identity; for numbers and strings, equal values; for tuples, the same items."""
+    if now is value:
+        return True
+    if type(now) is not type(value):
+        return False
+    if type(value) is tuple:
+        return len(now) == len(value) and all(map(_same, now, value))
+    return isinstance(value, _BY_VALUE) and now == value
 
 
 def _hooked(dicts: list) -> list:
