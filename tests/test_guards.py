@@ -743,6 +743,21 @@ def test_a_plain_attribute_forward_names_changed_between_steps_compiles_again(ch
     assert compiled._rebinds == (2 if change == "tuple" else 1)  # the first step's tuple
 
 
+def test_a_submodules_forward_patched_on_the_instance_compiles_again():
+    """`layer.forward = wrapped` after the compile (an adapter patched in, as peft's
+    helpers do): the graph traced through the class's forward kept running, silently."""
+    model = Scaled()
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    step_matches_eager(model, compiled, x)
+    plain = model.fc.forward
+    model.fc.forward = lambda inp: plain(inp) * 3
+    step_matches_eager(model, compiled, x)
+    del model.fc.forward
+    step_matches_eager(model, compiled, x)
+    assert compiled._rebinds == 2
+
+
 def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entries():
     model = Scaled()
     compiled = aotgrad.compile(model, backend="eager", max_entries=2)

@@ -56,6 +56,7 @@ _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_
 _REGISTRIES = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
 _GONE = object()
 _NONES = itertools.repeat(None)  # never exhausted: map stops at its other iterables' end
+_FORWARDS, _GONES = itertools.repeat("forward"), itertools.repeat(_GONE)
 
 
 class ModuleAttributes:
@@ -88,7 +89,12 @@ class ModuleAttributes:
         hooks = [r.function for r in self.hook_reads]  # a hook reading `module.config`
         named = set().union(*(_global_names(f.__code__) for f in code + hooks))  # attributes
         self.values = [(vars(m), n, v, _contents(v)) for m in modules for n, v in vars(m).items()
-                       if not n.startswith("_") and n != "training" and _watched(n, v, named)]
+                       if not n.startswith("_") and n not in ("training", "forward")
+                       and _watched(n, v, named)]
+        # A forward patched on an instance (an adapter wrapping a layer's), or removed again:
+        # checked at every call for every module, so in C loops (`map`).
+        self.instance_dicts = [vars(m) for m in modules]
+        self.instance_forwards = [d.get("forward", _GONE) for d in self.instance_dicts]
 
     def changed(self) -> str | None:
         """What changed, in words; None if nothing did."""
@@ -103,6 +109,9 @@ class ModuleAttributes:
             if (now is not value or contents is not None) and not _unchanged(now, value,
                                                                              contents):
                 return f"attribute {name!r}"
+        if not all(map(operator.is_, map(dict.get, self.instance_dicts, _FORWARDS, _GONES),
+                       self.instance_forwards)):
+            return "a submodule's forward, set on the instance"
         return (code_changed(self.cells, self.globals) or self._hooks_changed()
                 or self._hook_reads_changed())
 
