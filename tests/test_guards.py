@@ -1,6 +1,8 @@
 """Per-entry call guards (aotgrad/runtime/guards.py) and the cheaper call path around them: a call
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
+import copy
+import enum
 import logging
 
 import pytest
@@ -553,6 +555,209 @@ def test_a_hook_removed_after_the_compile_compiles_again():
     assert compiled._rebinds == 1
 
 
+HOOK_COEF = {"forward": 1.0}  # a global a forward hook reads: a schedule's value
+
+
+class _GradScale:
+    """A backward hook object whose factor a schedule sets between steps."""
+
+    def __init__(self):
+        self.factor = 1.0
+
+    def __call__(self, module, grad_in, grad_out):
+        return (grad_in[0] * self.factor,)
+
+
+def _schedule_hooks(model):
+    """Hooks reading Python values a training loop changes between steps; by what the value
+    is, a function setting it."""
+    closed = [1.0]
+    scale = _GradScale()
+    model.fc.register_forward_hook(lambda mod, args, out: out * HOOK_COEF["forward"])
+    model.fc.register_full_backward_pre_hook(lambda mod, grad_out: (grad_out[0] * closed[0],))
+    model.register_full_backward_hook(scale)
+    return {"global": lambda v: HOOK_COEF.update(forward=v),
+            "closed-over": lambda v: closed.__setitem__(0, v),
+            "hook object": lambda v: setattr(scale, "factor", v)}
+
+
+@pytest.mark.parametrize("changed", ["global", "closed-over", "hook object"])
+def test_a_value_a_module_hook_reads_changed_between_steps_compiles_again(changed):
+    """A hook scaling by a schedule's value (a gradient reversal's lambda, a warm-up factor):
+    the trace took the value the hook read at the first call, and the compiled module kept
+    using it, silently, where eager reads it at each call."""
+    torch.manual_seed(0)
+    eager, model = Scaled(), Scaled()
+    model.load_state_dict(eager.state_dict())
+    setters = [_schedule_hooks(eager)[changed], _schedule_hooks(model)[changed]]
+    compiled = aotgrad.compile(model, backend="eager")
+    try:
+        for step in (1, 2, 3):
+            for set_value in setters:
+                set_value(float(step))
+            x = torch.randn(3, 4, requires_grad=True)
+            x2 = x.detach().clone().requires_grad_()
+            eager(x).pow(2).sum().backward()
+            compiled(x2).pow(2).sum().backward()
+            torch.testing.assert_close(x2.grad, x.grad)
+            torch.testing.assert_close([p.grad for p in model.parameters()],
+                                       [p.grad for p in eager.parameters()])
+    finally:
+        HOOK_COEF["forward"] = 1.0
+    assert compiled._rebinds == 2
+
+
+GRL_ALPHA = 1.0  # a gradient reversal's factor, set by a schedule between steps
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -GRL_ALPHA * grad
+
+
+class _Reversed(nn.Module):
+    def __init__(self, by_attribute: bool):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.reverse = _GradReverse if by_attribute else None
+
+    def forward(self, x):
+        h = self.fc(x)
+        return (self.reverse or _GradReverse).apply(h)
+
+
+def _reversed_function(x):
+    return _GradReverse.apply(x * 2)
+
+
+@pytest.mark.parametrize("door", ["module", "module attribute", "function"])
+def test_a_global_a_custom_functions_backward_reads_changed_between_steps(door):
+    """DANN's gradient reversal scaled by a global schedule: the trace took the factor the
+    backward read at the first call, and later steps kept it, silently."""
+    global GRL_ALPHA
+    torch.manual_seed(0)
+    eager = _Reversed(door == "module attribute")
+    if door == "function":
+        eager = _reversed_function
+        compiled = aotgrad.compile(_reversed_function, backend="eager")
+    else:
+        compiled = aotgrad.compile(copy.deepcopy(eager), backend="eager")
+    try:
+        for step in (1, 2, 3):
+            GRL_ALPHA = 0.5 * step
+            x = torch.randn(3, 4, requires_grad=True)
+            x2 = x.detach().clone().requires_grad_()
+            eager(x).pow(2).sum().backward()
+            compiled(x2).pow(2).sum().backward()
+            torch.testing.assert_close(x2.grad, x.grad)
+    finally:
+        GRL_ALPHA = 1.0
+
+
+HEAD_TEMPERATURE = 1.0  # a global a schedule sets, read by a method forward calls
+
+
+class _WithHead(nn.Module):
+    """forward reads the global through a method of its class and a property (timm's
+    `forward_head`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @property
+    def shift(self):
+        return HEAD_TEMPERATURE - 1.0
+
+    def forward(self, x):
+        return self.forward_head(self.fc(x)) + self.shift
+
+    def forward_head(self, h):
+        return h / HEAD_TEMPERATURE
+
+
+def test_a_global_a_method_forward_calls_reads_changed_between_steps():
+    """Only the globals forward's own code named were compared: one read in a method it
+    calls (`self.forward_head(h)`) was baked in at the trace, silently."""
+    global HEAD_TEMPERATURE
+    torch.manual_seed(0)
+    model = _WithHead()
+    HEAD_TEMPERATURE = 2.0  # the first step's
+    compiled = aotgrad.compile(model, backend="eager")
+    try:
+        for step in (1, 2, 3):
+            HEAD_TEMPERATURE = 1.0 + step
+            step_matches_eager(model, compiled, torch.randn(3, 4))
+        assert compiled._rebinds == 2
+    finally:
+        HEAD_TEMPERATURE = 1.0
+
+
+class _Mode(enum.Enum):
+    PLAIN = 1
+    DOUBLED = 2
+
+
+class _Configured(nn.Module):
+    """forward reads plain attributes other than numbers and strings: a schedule writes a
+    dict's entry or a list's item in place, or binds a new tuple, enum or function."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.config, self.factors, self.shift = {"temperature": 1.0}, [1.0], (0.0, 0.0)
+        self.mode, self.activation = _Mode.PLAIN, torch.relu
+        self.history = []  # the loop's, which forward does not name
+
+    def forward(self, x):
+        h = self.activation(self.fc(x)) / self.config["temperature"] * self.factors[0]
+        h = h + self.shift[0] + self.shift[1]
+        return h * 2 if self.mode is _Mode.DOUBLED else h
+
+
+ATTRIBUTE_CHANGES = {
+    "dict entry": lambda m, step: m.config.update(temperature=float(step)),
+    "list item": lambda m, step: m.factors.__setitem__(0, float(step)),
+    "tuple": lambda m, step: setattr(m, "shift", (float(step), 1.0)),
+    "enum": lambda m, step: setattr(m, "mode", _Mode(step)),
+    "function": lambda m, step: setattr(m, "activation", [torch.relu, torch.tanh][step - 1]),
+}
+
+
+@pytest.mark.parametrize("change", ATTRIBUTE_CHANGES)
+def test_a_plain_attribute_forward_names_changed_between_steps_compiles_again(change):
+    """Only numbers, strings, None and tensors among a module's attributes were compared: a
+    config dict or list changed in place, or a new tuple, enum or function bound, ran the
+    graph traced with the old one, silently."""
+    model = _Configured()
+    compiled = aotgrad.compile(model, backend="eager")
+    for step in (1, 2):
+        ATTRIBUTE_CHANGES[change](model, step)
+        model.history.append(step)  # not named by forward: no compile
+        step_matches_eager(model, compiled, torch.randn(3, 4))
+    assert compiled._rebinds == (2 if change == "tuple" else 1)  # the first step's tuple
+
+
+def test_a_submodules_forward_patched_on_the_instance_compiles_again():
+    """`layer.forward = wrapped` after the compile (an adapter patched in, as peft's
+    helpers do): the graph traced through the class's forward kept running, silently."""
+    model = Scaled()
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    step_matches_eager(model, compiled, x)
+    plain = model.fc.forward
+    model.fc.forward = lambda inp: plain(inp) * 3
+    step_matches_eager(model, compiled, x)
+    del model.fc.forward
+    step_matches_eager(model, compiled, x)
+    assert compiled._rebinds == 2
+
+
 def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entries():
     model = Scaled()
     compiled = aotgrad.compile(model, backend="eager", max_entries=2)
@@ -673,6 +878,36 @@ def test_an_attribute_of_a_compiled_object_or_methods_owner_rebound(how):
     for scale, reduce in [(2.0, torch.sum), (3.0, torch.sum), (3.0, torch.mean)]:
         loss.scale, loss.reduce = scale, reduce
         torch.testing.assert_close(compiled(x), reduce(x * scale))
+
+
+LOSS_WEIGHT = 1.0  # an auxiliary loss's weight, set by a schedule
+
+
+class _AuxLoss:
+    def __call__(self, x):
+        return self.aux(x) + x.sum()
+
+    def method(self, x):
+        return self.aux(x)
+
+    def aux(self, x):
+        return x.pow(2).sum() * LOSS_WEIGHT
+
+
+@pytest.mark.parametrize("how", ["object", "bound_method"])
+def test_a_global_a_method_of_the_compiled_objects_class_reads_rebound(how):
+    """Only the globals the called function's own code named were compared: one read in a
+    method it calls on its object (`self.aux(x)`) was baked in, silently."""
+    global LOSS_WEIGHT
+    loss = _AuxLoss()
+    compiled = aotgrad.compile(loss if how == "object" else loss.method, backend="eager")
+    x = torch.randn(4)
+    try:
+        for LOSS_WEIGHT in (1.0, 2.0, 3.0):
+            expected = loss(x) if how == "object" else loss.method(x)
+            torch.testing.assert_close(compiled(x), expected)
+    finally:
+        LOSS_WEIGHT = 1.0
 
 
 def test_an_object_storing_a_tensor_it_computes_is_refused():

@@ -2,6 +2,7 @@
 regions, saved-tensor hooks, and clear refusals. Each through the three front doors."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -770,6 +771,57 @@ def test_a_module_hook_that_keeps_a_traced_tensor_is_refused_by_the_native_door(
     torch._dynamo.reset()
     torch.compile(model, backend="aotgrad")(x).sum().backward()
     assert len(seen) >= 1 and not any(isinstance(t, FakeTensor) for t in seen)
+
+
+class _Recorder:
+    """A hook object of the user's (a gradient logger) that keeps what it is given."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, module, grad_in, grad_out):
+        self.seen.append(grad_out[0])
+
+    def method(self, module, grad_in, grad_out):
+        self.seen.append(grad_out[0])
+
+
+KEEPING_HOOKS = {  # the kept tensor deeper than a list, or in an object the hook is
+    "in a tuple in a list": lambda rec: (
+        lambda mod, grad_in, grad_out: rec.seen.append(("fc", [grad_out[0].clone()]))),
+    "in a list in a dict in a list": lambda rec: (
+        lambda mod, grad_in, grad_out: rec.seen.append({"fc": [grad_out[0]]})),
+    "a callable object's attribute": lambda rec: rec,
+    "a bound method's object's attribute": lambda rec: rec.method,
+    "a partial's argument": lambda rec: functools.partial(
+        lambda seen, mod, grad_in, grad_out: seen.append(grad_out[0]), rec.seen),
+}
+
+
+@pytest.mark.parametrize("where", KEEPING_HOOKS)
+def test_a_backward_hook_keeping_a_traced_tensor_out_of_a_flat_list_is_refused(where):
+    """A training loop's gradient logger kept (name, [grads]) per step, or was an object
+    whose list held them: the check looked two levels deep in what the hook's closure and
+    globals hold, and not at all into the object a hook is, so the hook ran once on the
+    trace's fake tensors and never at run time, silently (the log held FakeTensors)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    rec = _Recorder()
+    model[0].register_full_backward_hook(KEEPING_HOOKS[where](rec))
+    with pytest.raises(NotImplementedError, match="aotgrad: the module hook .* keeps a "
+                                                  "tensor of the trace"):
+        aotgrad.compile(model, backend="eager")(torch.randn(2, 4)).sum().backward()
+
+
+def test_a_function_leaving_a_traced_tensor_nested_in_a_global_is_refused():
+    log = []
+
+    def f(x):
+        y = x.sin()
+        log.append(("sin", [y]))
+        return y * 2
+
+    with pytest.raises(NotImplementedError, match="leaves a tensor it computes"):
+        aotgrad.compile(f, backend="eager")(torch.randn(3))
 
 
 def test_hooks_whose_effects_are_the_tensors_own_and_torchs_own_hooks_are_traced():

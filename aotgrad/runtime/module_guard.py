@@ -9,12 +9,17 @@ guards); the argument guards are runtime/guards.py.
   entry given a tensor (`register_buffer("shift", None)`, then `self.shift = t`), changes
   what forward reads (`self.parameters()`, a Sequential's loop, `if self.shift is None`);
 - the attributes forward may read as constants: numbers (a `scale`, a dropout's `p`),
-  strings, None, and plain (unregistered) tensor attributes, by identity;
-- the globals the forwards of the user's module classes name (a module-level flag, a
-  helper function), as `FunctionReads` compares a function's;
+  strings, None, and plain (unregistered) tensor attributes, by identity; and any other
+  attribute whose name the user's forward code or hooks name (a config dict or list, its
+  items too, a tuple by its items, an enum, a function);
+- the globals the forwards of the user's module classes name, and the methods and
+  properties of their classes they reach (`self.forward_head(h)`): a module-level flag, a
+  helper function, a custom autograd.Function's forward and backward; as `FunctionReads`
+  compares a function's;
 - the module hooks, and the global ones: a hook registered anywhere bumps one counter of
   torch's (`RemovableHandle.next_id`), checked first; the hook dicts that held hooks at the
-  compile are compared whole, so that a removal is seen too.
+  compile are compared whole, so that a removal is seen too; and what the user's hooks
+  read, as `FunctionReads` compares a function's (a schedule's factor a hook scales by).
 
 `hooks_checked` refuses, during a trace, the hooks whose effects a graph cannot keep;
 `refuse_traced_attributes`, after it, a traced tensor forward stored in an attribute;
@@ -34,12 +39,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import inspect
 import itertools
 import operator
 import site
 import sysconfig
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.nn.modules import module as module_hooks
@@ -50,6 +56,7 @@ _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_
 _REGISTRIES = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
 _GONE = object()
 _NONES = itertools.repeat(None)  # never exhausted: map stops at its other iterables' end
+_FORWARDS, _GONES = itertools.repeat("forward"), itertools.repeat(_GONE)
 
 
 class ModuleAttributes:
@@ -59,19 +66,35 @@ class ModuleAttributes:
         self.names = RegisteredNames(named)
         self.edges = [(m._modules, n, c, type(c)) for m in modules
                       for n, c in m._modules.items()]
-        self.values = [(vars(m), n, v) for m in modules for n, v in vars(m).items()
-                       if isinstance(v, _CONSTANTS) and not n.startswith("_")
-                       and n != "training"]
         self.hook_dicts = [getattr(m, h) for m in modules for h in _HOOK_DICTS] + [
             module_hooks._global_forward_pre_hooks, module_hooks._global_forward_hooks,
             module_hooks._global_backward_pre_hooks, module_hooks._global_backward_hooks]
         self.hooked = _hooked(self.hook_dicts)
         self.next_hook = RemovableHandle.next_id
-        # What the forwards of the user's classes read: a module-level flag, a helper.
-        self.cells, self.globals = code_reads(sorted(
-            {f for f in (getattr(type(m), "forward", None) for m in modules)
-             if isinstance(f, types.FunctionType) and not _is_torchs(f)},
-            key=lambda f: f.__qualname__))
+        # What the user's hooks read: a schedule's factor in a closure, a global, the
+        # attributes of a hook object (a module's are `values`).
+        self.hook_reads = [FunctionReads(hook, watch_modules=False)
+                           for hooks in self.hook_dicts for hook in hooks.values()
+                           if not _is_torchs(hook) and FunctionReads.watchable(hook)]
+        # What the forwards of the user's classes read (a module-level flag, a helper), and
+        # the code of a custom autograd.Function an attribute holds (`self.reverse.apply`).
+        forwards = [(type(m), getattr(type(m), "forward", None)) for m in modules]
+        functions = [f for cls, forward in forwards for f in _reached_in_class(cls, forward)] + [
+            f for m in modules for value in vars(m).values() for f in _code_of(value)
+            if isinstance(value, type)]
+        code = sorted({f for f in functions
+                       if isinstance(f, types.FunctionType) and not _is_torchs(f)},
+                      key=lambda f: f.__qualname__)
+        self.cells, self.globals = code_reads(code)
+        hooks = [r.function for r in self.hook_reads]  # a hook reading `module.config`
+        named = set().union(*(_global_names(f.__code__) for f in code + hooks))  # attributes
+        self.values = [(vars(m), n, v, _contents(v)) for m in modules for n, v in vars(m).items()
+                       if not n.startswith("_") and n not in ("training", "forward")
+                       and _watched(n, v, named)]
+        # A forward patched on an instance (an adapter wrapping a layer's), or removed again:
+        # checked at every call for every module, so in C loops (`map`).
+        self.instance_dicts = [vars(m) for m in modules]
+        self.instance_forwards = [d.get("forward", _GONE) for d in self.instance_dicts]
 
     def changed(self) -> str | None:
         """What changed, in words; None if nothing did."""
@@ -81,11 +104,16 @@ class ModuleAttributes:
         names = self.names.changed()
         if names is not None:
             return names
-        for owner, name, value in self.values:
+        for owner, name, value, contents in self.values:
             now = owner.get(name, _GONE)
-            if now is not value and not _same(now, value):
+            if (now is not value or contents is not None) and not _unchanged(now, value,
+                                                                             contents):
                 return f"attribute {name!r}"
-        return code_changed(self.cells, self.globals) or self._hooks_changed()
+        if not all(map(operator.is_, map(dict.get, self.instance_dicts, _FORWARDS, _GONES),
+                       self.instance_forwards)):
+            return "a submodule's forward, set on the instance"
+        return (code_changed(self.cells, self.globals) or self._hooks_changed()
+                or self._hook_reads_changed())
 
     def _hooks_changed(self) -> str | None:
         for hooks, keys in self.hooked:
@@ -96,6 +124,46 @@ class ModuleAttributes:
                 return "a module hook"
             self.next_hook = RemovableHandle.next_id  # a tensor's, or another module's
         return None
+
+    def _hook_reads_changed(self) -> str | None:
+        for reads in self.hook_reads:
+            changed = reads.changed()
+            if changed is not None:
+                return f"{changed}, read by a module hook"
+        return None
+
+
+def _watched(name: str, value: Any, named: set[str]) -> bool:
+    """A module attribute forward may read as a constant: a number, a string, None, a plain
+    tensor; or any other value the user's forward code names (a config dict or list, a
+    tuple, an enum, a function), its items too where it is a short list or dict."""
+    return isinstance(value, _CONSTANTS) or (name in named
+                                             and not isinstance(value, torch.nn.Module))
+
+
+def _reached_in_class(cls: type, start: Any) -> list[types.FunctionType]:
+    """`start` (a function of `cls`: a module's forward, a compiled object's `__call__`), and
+    the methods and properties of `cls` it reaches by name (`self.forward_head(h)`,
+    `self.temperature`), theirs too: what a call of it runs of the class's own code."""
+    if not isinstance(start, types.FunctionType):
+        return []
+    found, todo = {start}, [start]
+    while todo:
+        for name in sorted(_global_names(todo.pop().__code__)):  # attribute names too
+            for method in _class_code(inspect.getattr_static(cls, name, None)):
+                if method not in found and not _is_torchs(method):  # torch's: not followed
+                    found.add(method)
+                    todo.append(method)
+    return list(found)
+
+
+def _class_code(attribute: Any) -> list[types.FunctionType]:
+    """The function a class attribute runs when read or called: a method's, a static or
+    class method's, a property's getter."""
+    if isinstance(attribute, property):
+        attribute = attribute.fget
+    attribute = getattr(attribute, "__func__", attribute)
+    return [attribute] if isinstance(attribute, types.FunctionType) else []
 
 
 class RegisteredNames:
@@ -155,15 +223,19 @@ class FunctionReads:
     it) names, a module standing for the names read of it (one of the user's; others are
     left out); the same for the functions of its own module and of the user's
     other modules that it calls by name, and theirs; for a bound method or a callable
-    object, the object's attributes. Compared by identity; a number or string by value; a
-    short plain list or dict item by item too."""
+    object, the object's attributes (with `watch_modules=False`, not where the object is a
+    module: a module hook's own module is watched as a module). Compared by identity; a
+    number or string by value; a short plain list or dict item by item too."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, watch_modules: bool = True):
         fn, owner = _function_and_owner(fn)
-        self.owner = owner
+        self.function, self.owner = fn, owner
+        watched = hasattr(owner, "__dict__") and (
+            watch_modules or not isinstance(owner, torch.nn.Module))
         self.attributes = [(name, value, _contents(value)) for name, value in
-                           (vars(owner).items() if hasattr(owner, "__dict__") else ())]
-        self.cells, self.globals = code_reads([fn])
+                           (vars(owner).items() if watched else ())]
+        self.cells, self.globals = code_reads(
+            [fn] if owner is None else _reached_in_class(type(owner), fn))
 
     @staticmethod
     def watchable(fn: Callable) -> bool:
@@ -219,11 +291,24 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
                         scopes.append(vars(value))  # its attributes the code names
                     continue
                 reads.append((scope, name, value, _contents(value)))
-                if isinstance(value, types.FunctionType) and value not in seen and (
-                        value.__globals__ is f.__globals__ or _users_code(value)):
-                    seen.add(value)  # a helper of the same module, or of another of the user's
-                    todo.append(value)
+                for helper in _code_of(value):
+                    if helper not in seen and (helper.__globals__ is f.__globals__
+                                               or _users_code(helper)):
+                        seen.add(helper)  # the same module's, or another of the user's
+                        todo.append(helper)
     return cells, reads
+
+
+def _code_of(value: Any) -> list[types.FunctionType]:
+    """The functions a traced call of `value` runs: a function itself; a custom
+    autograd.Function's forward and backward (the trace runs both: a global its backward
+    reads, a schedule's factor, is baked in as much as forward's)."""
+    if isinstance(value, types.FunctionType):
+        return [value]
+    if isinstance(value, type) and issubclass(value, torch.autograd.Function):
+        methods = (getattr(m, "__func__", m) for m in vars(value).values())
+        return [m for m in methods if isinstance(m, types.FunctionType)]
+    return []
 
 
 # Where the installed packages and the standard library lie: their functions' globals are
@@ -319,8 +404,14 @@ _BY_VALUE = (bool, int, float, complex, str)
 
 
 def _same(now: Any, value: Any) -> bool:
-    return now is value or (type(now) is type(value) and isinstance(value, _BY_VALUE)
-                            and now == value)
+    """Identity; for numbers and strings, equal values; for tuples, the same items."""
+    if now is value:
+        return True
+    if type(now) is not type(value):
+        return False
+    if type(value) is tuple:
+        return len(now) == len(value) and all(map(_same, now, value))
+    return isinstance(value, _BY_VALUE) and now == value
 
 
 def _hooked(dicts: list) -> list:
@@ -364,9 +455,16 @@ def _checked(hook: Callable) -> Callable:
 
 def _reachable(hook: Callable) -> list:
     """What a hook can store into: its closure's cells, the globals its code names, the
-    object it is bound to."""
-    fn = getattr(hook, "func", hook)  # functools.partial
-    objects = [getattr(fn, "__self__", None)]
+    object it is bound to, a partial's arguments, and the hook itself where it is an object
+    with a `__call__` (a logger whose list keeps what it is given)."""
+    objects = []
+    fn = hook
+    if isinstance(fn, functools.partial):
+        objects += [*fn.args, *fn.keywords.values()]
+        fn = fn.func
+    if not isinstance(fn, (types.FunctionType, types.MethodType)):
+        objects.append(fn)  # a callable object: its attributes
+    objects.append(getattr(fn, "__self__", None))
     fn = getattr(fn, "__func__", fn)
     for cell in getattr(fn, "__closure__", None) or ():
         try:
@@ -379,16 +477,43 @@ def _reachable(hook: Callable) -> list:
     return [o for o in objects if o is not None and not isinstance(o, torch.nn.Module)]
 
 
-def _holds_traced(obj: Any, depth: int = 2) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return _is_traced(obj)
-    if depth == 0:
-        return False
-    if isinstance(obj, dict):
-        return any(_holds_traced(v, depth - 1) for v in obj.values())
-    if isinstance(obj, (list, tuple, set, collections.deque)):
-        return any(_holds_traced(v, depth - 1) for v in obj)
+_LOOKED_AT_MOST = 10_000  # objects one check walks: a hook naming a large global stays cheap
+
+
+def _holds_traced(obj: Any) -> bool:
+    """Whether a traced tensor sits in `obj`: in its containers, or the attributes of a
+    plain object of the user's, a few levels down (a log of (name, [gradients]) entries)."""
+    stack, seen = [(obj, 4)], set()
+    while stack and len(seen) < _LOOKED_AT_MOST:
+        obj, depth = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            if _is_traced(obj):
+                return True
+            continue
+        if depth == 0 or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        stack += [(item, depth - 1) for item in _contained(obj)]
     return False
+
+
+def _contained(obj: Any) -> Iterable:
+    if isinstance(obj, dict):
+        return obj.values()
+    if isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+        return obj
+    if _is_plain_object(obj):
+        return vars(obj).values()
+    return ()
+
+
+def _is_plain_object(obj: Any) -> bool:
+    """An instance of a user's class: not a Python module, a class, a function, nor a torch
+    object (an nn.Module's attributes are `refuse_traced_attributes`')."""
+    module = type(obj).__module__
+    return (hasattr(obj, "__dict__") and module != "torch" and not module.startswith("torch.")
+            and not isinstance(obj, (types.ModuleType, type, types.FunctionType,
+                                     types.MethodType, torch.nn.Module)))
 
 
 def _is_torchs(hook: Callable) -> bool:
