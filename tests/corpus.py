@@ -34,6 +34,12 @@ def const(*shape, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(*shape, dtype=dtype)
 
 
+def inference(*shape) -> torch.Tensor:
+    """An inference tensor (made under inference_mode): no version counter, no autograd."""
+    with torch.inference_mode():
+        return torch.randn(*shape)
+
+
 def call(*args, **kwargs) -> Inputs:
     return args, kwargs
 
@@ -1155,6 +1161,27 @@ def leaf_mutated_under_no_grad_output_too(x):
 @case(lambda: call(leaf(3, 4)), context="inference_mode")
 def inference_mode_call(x):
     return x.sin() * 2, x.argmax()
+
+
+@case(lambda: call(inference(3, 4), leaf(4, 2)))
+def inference_tensor_saved_for_backward(x, w):
+    return x @ w  # eager refuses to save x for w's gradient
+
+
+@case(lambda: call(inference(3, 4), leaf(4)))
+def inference_tensor_not_saved(x, w):
+    return x + w, x[0], x.t(), x  # views of an inference tensor are inference tensors
+
+
+@case(lambda: call(inference(3)))
+def inference_tensor_written_outside_inference_mode(x):
+    return x.add_(1)  # eager refuses
+
+
+@case(lambda: call(inference(4), const(4)), context="inference_mode")
+def inference_tensor_written_in_inference_mode(x, y):
+    x.add_(y)
+    return x + y
 
 
 # ---- modules -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
 from ..autograd import state as _compiled_autograd
-from .mutations import BackwardWrites, mutation_steps, set_versions
+from .mutations import BackwardWrites, mutation_steps, set_versions, version_or_none
 from .lean import held_inputs, lean_function, none_where_unreached, undetached, \
     tangent as _tangent
 
@@ -297,7 +297,7 @@ class CompiledCall:
     def _forward_setting_versions(self, graph: Callable, inputs: list) -> Sequence[Any]:
         """The forward graph; then the version counters of the inputs it wrote as eager's
         (the graph's own writes may have moved them, or not)."""
-        versions = [inputs[i]._version for i, _ in self._versioned]
+        versions = [version_or_none(inputs[i]) for i, _ in self._versioned]
         written = list(inputs)  # a boxed graph may clear its list
         outs = graph(inputs)
         # from the second call on, only the counters that need it
