@@ -1163,6 +1163,18 @@ def inference_mode_call(x):
     return x.sin() * 2, x.argmax()
 
 
+@case(lambda: call(leaf(3, 4)), context="inference_mode")
+def inference_mode_call_views(x):
+    return x[0], x, x.t()  # views of a normal tensor: normal, and requiring grad as x does
+
+
+@case(lambda: call(leaf(3), const(4)), context="inference_mode")
+def inference_mode_call_writes_inputs(x, y):
+    x.add_(1)  # both version counters move
+    y.mul_(2)
+    return y + x.sum()
+
+
 @case(lambda: call(inference(3, 4), leaf(4, 2)))
 def inference_tensor_saved_for_backward(x, w):
     return x @ w  # eager refuses to save x for w's gradient

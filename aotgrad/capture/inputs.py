@@ -181,7 +181,8 @@ def _fake_input(mode: FakeTensorMode, t: Any, index: int, dynamic: bool) -> Any:
         if subclasses.is_subclass(t):
             raise DynamicShapesUnsupported(
                 "aotgrad: tensor subclass inputs are compiled for static shapes only.")
-        return symbolic_fake(mode, t, index)
+        with _of_the_kind_of(t):
+            return symbolic_fake(mode, t, index)
     return _fresh_fake(mode, t)
 
 
