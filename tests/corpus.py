@@ -1168,6 +1168,18 @@ def inference_mode_call_views(x):
     return x[0], x, x.t()  # views of a normal tensor: normal, and requiring grad as x does
 
 
+@case(lambda: call(leaf(3, 4)), context="inference_mode")
+def inference_mode_call_composite_views(x):
+    # Ops that eager decomposes into views (inference mode skips autograd, where they would)
+    return x.view_as(x), x.reshape(12), x.flatten(), x.T, x.movedim(0, 1), x[0].expand_as(x)
+
+
+@case(lambda: call(const(3, 4)), context="inference_mode")
+def inference_mode_call_writes_through_view(x):
+    x[0].add_(1)
+    return x[1], x.view_as(x)
+
+
 @case(lambda: call(leaf(3), const(4)), context="inference_mode")
 def inference_mode_call_writes_inputs(x, y):
     x.add_(1)  # both version counters move
