@@ -175,6 +175,13 @@ def enable_grad_inside_no_grad(x):
     return y, x * 3
 
 
+@case(lambda: call(leaf(3, 4)), context="no_grad")
+def view_under_enable_grad_inside_no_grad(x):
+    with torch.enable_grad():
+        v = x[0]  # a differentiable view (SelectBackward), its gradient reaching x
+    return v, x[1]
+
+
 @case(lambda: call(leaf(4, 4), leaf(4, 4)))
 def autocast_inside(x, y):
     with torch.autocast("cpu", dtype=torch.bfloat16):

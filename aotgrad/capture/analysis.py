@@ -390,9 +390,10 @@ def regenerate_view(out: OutputInfo, base: torch.Tensor,
                     concrete: Callable[[Any], Any] | None = None) -> torch.Tensor:
     """Rebuild an aliased output from its base at run time, so that `_base`, `grad_fn` and
     later in-place use behave as in eager. With symbolic sizes, `concrete` gives their values
-    in this call."""
+    in this call. Grad mode as where the function made it: a view made under enable_grad()
+    inside a call under no_grad is differentiable (the guards fix the caller's mode)."""
     differentiable = out.requires_grad and not out.made_without_grad
-    with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
+    with torch.set_grad_enabled(differentiable):
         if out.replay is not None:
             # Without `concrete` the geometry is concrete, yet the view op may still hold a
             # size the guards fixed after it was traced (`x.chunk(2)` before Dynamo
