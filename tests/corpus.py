@@ -175,6 +175,13 @@ def enable_grad_inside_no_grad(x):
     return y, x * 3
 
 
+@case(lambda: call(leaf(4)), context="inference_mode")
+def enable_grad_inside_inference_mode(x):
+    with torch.enable_grad():  # inference mode records no autograd history all the same
+        y = x * 2
+    return y, x * 3
+
+
 @case(lambda: call(leaf(3, 4)), context="no_grad")
 def view_under_enable_grad_inside_no_grad(x):
     with torch.enable_grad():

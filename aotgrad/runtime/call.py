@@ -340,6 +340,10 @@ class CompiledCall:
     def _apply_with_grad(self, args: Sequence[Any]) -> Sequence[Any]:
         if torch.is_grad_enabled():
             return apply_compiled(self, args)
+        if torch.is_inference_mode_enabled():
+            # Eager records no history under inference_mode, even where the function turns
+            # grad on (Dynamo compiles outside inference_mode: this plan has a backward).
+            return apply_compiled(self, args)
         with torch.enable_grad():  # grad mode was applied when tracing
             return apply_compiled(self, args)
 
