@@ -210,7 +210,8 @@ class OutputInfo:
     returned_as_view: bool = False
     # A plain output over this input's memory that is no view (`x.detach()`, of a view of
     # x too): eager's shares x's version counter, so an in-place change through it shows
-    # on x; the runtime rebuilds it from the input.
+    # on x; the runtime rebuilds it from the input, at `geometry` (the graph's value of an
+    # input it wrote lies elsewhere).
     detached_from: int | None = None
 
 

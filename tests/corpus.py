@@ -213,6 +213,26 @@ def detach_output_no_grad_call(x):
     return x.detach()
 
 
+@case(lambda: call(const(3, 4)), tags={INDUCTOR})
+def detach_of_written_input(x):
+    x.add_(1)
+    return x.detach()  # over x's memory, as in eager, not the graph's new value
+
+
+@case(lambda: call(leaf(3, 4)))
+def detach_of_leaf_written_under_no_grad(x):
+    with torch.no_grad():  # a weight initialized in place, then handed out detached
+        x.mul_(0.5)
+    return x.detach(), x * 2
+
+
+@case(lambda: call(inference(4, 3), const(3)), context="inference_mode")
+def inference_tensor_written_then_sliced(cache, k):
+    # A cache written in place: views of an inference tensor are no views, yet alias it.
+    cache[1].copy_(k)
+    return cache[:2], cache[3]
+
+
 @case(lambda: call(leaf(3, 4)))
 def view_of_detached_input(x):
     # The views' _base is the detached tensor, an intermediate, not x.

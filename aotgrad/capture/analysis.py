@@ -319,9 +319,10 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
         elif id(o) in input_index:
             infos.append(OutputInfo(OutputKind.INPUT, input_index[id(o)], o.requires_grad))
         elif not _is_alias(o):
+            detached = _detached_from(o, held, f_args)
             infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad,
-                                    returned_as_view=o._is_view(),
-                                    detached_from=_detached_from(o, held, f_args)))
+                                    None if detached is None else geometry(o),
+                                    returned_as_view=o._is_view(), detached_from=detached))
         else:
             kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
             infos.append(_view_info(o, kind, source))

@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 
 from ..semantics.aliasing import InputAliasing
 from ..capture.analysis import regenerate_view
-from ..schema import FunctionInfo, OutputInfo, OutputKind
+from ..schema import FunctionInfo, Geometry, OutputInfo, OutputKind
 from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
@@ -496,7 +496,7 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     """How output `o` is obtained from the inputs, the graph's results and earlier outputs."""
     kind, src = o.kind, o.source
     if kind is OutputKind.PLAIN and o.detached_from is not None:
-        return lambda inputs, raw, outs: detached_alias(inputs[o.detached_from], raw[k])
+        return lambda inputs, raw, outs: detached_alias(inputs[o.detached_from], o.geometry)
     if kind is OutputKind.PLAIN:
         return lambda inputs, raw, outs: raw[k]
     if kind is OutputKind.CONSTANT:
@@ -512,12 +512,11 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     return lambda inputs, raw, outs: outs[src]  # SAME_AS_OUTPUT
 
 
-def detached_alias(source: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`out`, over `source`'s memory, as eager's `source.detach()` returns it: no view,
-    sharing `source`'s version counter (a graph's alias of its input shares neither)."""
-    if out.untyped_storage().data_ptr() != source.untyped_storage().data_ptr():
-        return out  # the backend copied it: its geometry says nothing of the input's
-    return source.detach().as_strided(out.size(), out.stride(), out.storage_offset()).detach()
+def detached_alias(source: torch.Tensor, geometry: Geometry) -> torch.Tensor:
+    """The output over `source`'s memory, as eager's `source.detach()` returns it: no view,
+    sharing `source`'s version counter (a graph's alias of its input shares neither; where
+    the graph wrote the input, or a backend copied, its value is not even over it)."""
+    return source.detach().as_strided(*geometry).detach()
 
 
 def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Callable:
@@ -525,6 +524,9 @@ def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Calla
     values are those of each call."""
     if o.kind is OutputKind.CONSTANT and is_symbolic(o.constant):
         return lambda inputs, raw, outs: sizes.concrete(inputs, raw)(o.constant)
+    if o.detached_from is not None and is_symbolic(o.geometry):
+        return lambda inputs, raw, outs: detached_alias(
+            inputs[o.detached_from], sizes.concrete(inputs, raw)(o.geometry))
     if o.kind not in _VIEWS:
         return _getter(o, k)
     src = o.source
