@@ -182,6 +182,13 @@ def enable_grad_inside_inference_mode(x):
     return y, x * 3
 
 
+@case(lambda: call(leaf(3, 4)))
+def view_under_inference_mode_inside(x):
+    with torch.inference_mode():
+        v = x[0]  # no grad_fn: a backward through it leaves x.grad None
+    return v, x[1] * 2
+
+
 @case(lambda: call(leaf(3, 4)), context="no_grad")
 def view_under_enable_grad_inside_no_grad(x):
     with torch.enable_grad():

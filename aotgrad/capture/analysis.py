@@ -359,6 +359,7 @@ _IN_CUSTOM_FUNCTION = torch._C._autograd.CreationMeta.IN_CUSTOM_FUNCTION
 _MULTI_OUTPUT_NODE = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
 _FUNCTION_NODE = torch.autograd.function.BackwardCFunction
 _IN_NO_GRAD_MODE = torch._C._autograd.CreationMeta.NO_GRAD_MODE
+_IN_INFERENCE_MODE = torch._C._autograd.CreationMeta.INFERENCE_MODE
 
 
 def _view_source(base, input_index, plain_index, base_index, bases):
@@ -373,8 +374,10 @@ def _view_source(base, input_index, plain_index, base_index, bases):
 
 
 def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
+    made = _creation_meta(o)
     return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, o._view_func_unsafe,
-                      made_without_grad=_creation_meta(o) == _IN_NO_GRAD_MODE)
+                      made_without_grad=made == _IN_NO_GRAD_MODE,
+                      made_in_inference_mode=made == _IN_INFERENCE_MODE)
 
 
 def _check_leaf_mutations(info: FunctionInfo) -> None:
@@ -394,7 +397,8 @@ def regenerate_view(out: OutputInfo, base: torch.Tensor,
     in this call. Grad mode as where the function made it: a view made under enable_grad()
     inside a call under no_grad is differentiable (the guards fix the caller's mode)."""
     differentiable = out.requires_grad and not out.made_without_grad
-    with torch.set_grad_enabled(differentiable):
+    made_in = torch.inference_mode() if out.made_in_inference_mode else contextlib.nullcontext()
+    with made_in, torch.set_grad_enabled(differentiable):
         if out.replay is not None:
             # Without `concrete` the geometry is concrete, yet the view op may still hold a
             # size the guards fixed after it was traced (`x.chunk(2)` before Dynamo
