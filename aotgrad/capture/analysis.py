@@ -67,6 +67,8 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     outputs = _with_made_leaves(outputs, outs, made_leaves)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
     values = graph_outputs(info, args, outs)
+    _refuse_history_under_inference_mode(
+        [v for v, o in zip(outs, outputs) if o.kind is OutputKind.PLAIN])
     # Not differentiable: mutations autograd did not see, and leaves (their gradient is
     # their own .grad, autograd's business once the runtime sets requires_grad).
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
@@ -81,6 +83,19 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     )
     _check_leaf_mutations(info)
     return info
+
+
+def _refuse_history_under_inference_mode(computed: Sequence[Any]) -> None:
+    """Under inference_mode, an output with autograd history was computed where the function
+    turned it off (`torch.inference_mode(False)`): the compiled call runs whole in the
+    caller's mode, where autograd records nothing (no gradient, silently)."""
+    if torch.is_inference_mode_enabled() and any(
+            isinstance(v, torch.Tensor) and v.grad_fn is not None for v in computed):
+        raise NotImplementedError(
+            "aotgrad: the function, called under torch.inference_mode(), turns it off inside "
+            "(torch.inference_mode(False)) and computes a value that requires grad there; "
+            "the compiled call runs whole in inference mode, which records no gradient. Call "
+            "it outside inference_mode, or run that part outside the compiled function.")
 
 
 def _tensor_meta(v: Any) -> TensorMeta | None:
