@@ -205,8 +205,9 @@ class OutputInfo:
     # A view made under no_grad of a base that requires grad: eager's has no grad_fn, and
     # refuses an in-place change with grad on; the runtime rebuilds it with grad off too.
     made_without_grad: bool = False
-    # A view made under inference_mode inside a call outside it: eager's has no grad_fn
-    # either (it keeps its base's requires_grad, as a leaf); rebuilt under inference_mode.
+    # Made under inference_mode inside a call outside it: a view (eager's has no grad_fn
+    # either, and keeps its base's requires_grad, as a leaf) is rebuilt under
+    # inference_mode; a computed output is returned as an inference tensor, as eager's is.
     made_in_inference_mode: bool = False
     # A plain output that is a view in eager (made in a custom Function, whose node the
     # compiled one stands for): the graph returns it as a view, not a tensor of its own.

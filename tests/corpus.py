@@ -189,6 +189,13 @@ def view_under_inference_mode_inside(x):
     return v, x[1] * 2
 
 
+@case(lambda: call(leaf(3, 4)))
+def computed_under_inference_mode_inside(x):
+    with torch.inference_mode():
+        y = x.sum(0) * 2  # an inference tensor: eager refuses it in autograd, in-place
+    return y, x * 3
+
+
 @case(lambda: call(leaf(3, 4)), context="no_grad")
 def view_under_enable_grad_inside_no_grad(x):
     with torch.enable_grad():

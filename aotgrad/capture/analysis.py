@@ -337,11 +337,19 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
             detached = _detached_from(o, held, f_args)
             infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad,
                                     None if detached is None else geometry(o),
-                                    returned_as_view=o._is_view(), detached_from=detached))
+                                    returned_as_view=o._is_view(), detached_from=detached,
+                                    made_in_inference_mode=detached is None and
+                                    _made_in_inference_mode(o)))
         else:
             kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
             infos.append(_view_info(o, kind, source))
     return tuple(infos), len(bases)
+
+
+def _made_in_inference_mode(o: torch.Tensor) -> bool:
+    """An inference tensor computed inside a `torch.inference_mode()` block of a call
+    outside it: the graph's value, computed outside, is a normal tensor."""
+    return o.is_inference() and not torch.is_inference_mode_enabled()
 
 
 def _detached_from(o: torch.Tensor, held: dict, f_args: Sequence[Any]) -> int | None:

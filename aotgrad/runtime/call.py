@@ -464,7 +464,7 @@ def _plain_output_slice(info: FunctionInfo) -> slice | None:
     """Where the user outputs lie in the graph's results when every one is computed by the
     graph (no aliases to rebuild): a call then slices instead of running the getters."""
     if any(o.kind is not OutputKind.PLAIN or o.made_leaf or o.detached_from is not None
-           for o in info.outputs):
+           or o.made_in_inference_mode for o in info.outputs):
         return None
     first = info.first_user_output
     return slice(first, first + len(info.outputs))
@@ -497,6 +497,8 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     kind, src = o.kind, o.source
     if kind is OutputKind.PLAIN and o.detached_from is not None:
         return lambda inputs, raw, outs: detached_alias(inputs[o.detached_from], o.geometry)
+    if kind is OutputKind.PLAIN and o.made_in_inference_mode:
+        return lambda inputs, raw, outs: as_inference_tensor(raw[k])
     if kind is OutputKind.PLAIN:
         return lambda inputs, raw, outs: raw[k]
     if kind is OutputKind.CONSTANT:
@@ -517,6 +519,16 @@ def detached_alias(source: torch.Tensor, geometry: Geometry) -> torch.Tensor:
     sharing `source`'s version counter (a graph's alias of its input shares neither; where
     the graph wrote the input, or a backend copied, its value is not even over it)."""
     return source.detach().as_strided(*geometry).detach()
+
+
+def as_inference_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` as an inference tensor over the same memory (eager's refuses autograd and,
+    outside inference_mode, in-place changes). Dynamo's call under inference_mode made one."""
+    if t.is_inference():
+        return t
+    with torch.inference_mode():
+        alias = torch.empty(0, dtype=t.dtype, device=t.device)
+        return alias.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
 
 
 def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Callable:
