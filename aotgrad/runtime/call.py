@@ -508,7 +508,7 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     if kind is OutputKind.VIEW_OF_INPUT:
         return lambda inputs, raw, outs: regenerate_view(o, inputs[src])
     if kind is OutputKind.VIEW_OF_INTERMEDIATE:
-        return lambda inputs, raw, outs: regenerate_view(o, raw[k])
+        return lambda inputs, raw, outs: regenerate_view(o, intermediate_base(o, raw[k]))
     if kind is OutputKind.VIEW_OF_OUTPUT:
         return lambda inputs, raw, outs: regenerate_view(o, outs[src])
     return lambda inputs, raw, outs: outs[src]  # SAME_AS_OUTPUT
@@ -519,6 +519,15 @@ def detached_alias(source: torch.Tensor, geometry: Geometry) -> torch.Tensor:
     sharing `source`'s version counter (a graph's alias of its input shares neither; where
     the graph wrote the input, or a backend copied, its value is not even over it)."""
     return source.detach().as_strided(*geometry).detach()
+
+
+def intermediate_base(o: OutputInfo, base: torch.Tensor) -> torch.Tensor:
+    """The base of view `o` as the graph returned it, detached where eager's does not
+    require grad (a view of it made with grad on would, or one made under no_grad would
+    have no grad_fn): Inductor returns `x.detach()` as the input `x` itself."""
+    if base.requires_grad and not (o.requires_grad or o.made_without_grad):
+        return base.detach()
+    return base
 
 
 def as_inference_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -543,7 +552,8 @@ def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Calla
         return _getter(o, k)
     src = o.source
     base = {OutputKind.VIEW_OF_INPUT: lambda inputs, raw, outs: inputs[src],
-            OutputKind.VIEW_OF_INTERMEDIATE: lambda inputs, raw, outs: raw[k],
+            OutputKind.VIEW_OF_INTERMEDIATE:
+                lambda inputs, raw, outs: intermediate_base(o, raw[k]),
             OutputKind.VIEW_OF_OUTPUT: lambda inputs, raw, outs: outs[src]}[o.kind]
     return lambda inputs, raw, outs: regenerate_view(o, base(inputs, raw, outs),
                                                      sizes.concrete(inputs, raw))
