@@ -215,12 +215,17 @@ class OutputInfo:
     # A view made under no_grad of a base that requires grad: eager's has no grad_fn, and
     # refuses an in-place change with grad on; the runtime rebuilds it with grad off too.
     made_without_grad: bool = False
+    # Made under inference_mode inside a call outside it: a view (eager's has no grad_fn
+    # either, and keeps its base's requires_grad, as a leaf) is rebuilt under
+    # inference_mode; a computed output is returned as an inference tensor, as eager's is.
+    made_in_inference_mode: bool = False
     # A plain output that is a view in eager (made in a custom Function, whose node the
     # compiled one stands for): the graph returns it as a view, not a tensor of its own.
     returned_as_view: bool = False
     # A plain output over this input's memory that is no view (`x.detach()`, of a view of
     # x too): eager's shares x's version counter, so an in-place change through it shows
-    # on x; the runtime rebuilds it from the input.
+    # on x; the runtime rebuilds it from the input, at `geometry` (the graph's value of an
+    # input it wrote lies elsewhere).
     detached_from: int | None = None
 
 

@@ -34,6 +34,12 @@ def const(*shape, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(*shape, dtype=dtype)
 
 
+def inference(*shape) -> torch.Tensor:
+    """An inference tensor (made under inference_mode): no version counter, no autograd."""
+    with torch.inference_mode():
+        return torch.randn(*shape)
+
+
 def call(*args, **kwargs) -> Inputs:
     return args, kwargs
 
@@ -169,6 +175,34 @@ def enable_grad_inside_no_grad(x):
     return y, x * 3
 
 
+@case(lambda: call(leaf(4)), context="inference_mode")
+def enable_grad_inside_inference_mode(x):
+    with torch.enable_grad():  # inference mode records no autograd history all the same
+        y = x * 2
+    return y, x * 3
+
+
+@case(lambda: call(leaf(3, 4)))
+def view_under_inference_mode_inside(x):
+    with torch.inference_mode():
+        v = x[0]  # no grad_fn: a backward through it leaves x.grad None
+    return v, x[1] * 2
+
+
+@case(lambda: call(leaf(3, 4)))
+def computed_under_inference_mode_inside(x):
+    with torch.inference_mode():
+        y = x.sum(0) * 2  # an inference tensor: eager refuses it in autograd, in-place
+    return y, x * 3
+
+
+@case(lambda: call(leaf(3, 4)), context="no_grad")
+def view_under_enable_grad_inside_no_grad(x):
+    with torch.enable_grad():
+        v = x[0]  # a differentiable view (SelectBackward), its gradient reaching x
+    return v, x[1]
+
+
 @case(lambda: call(leaf(4, 4), leaf(4, 4)))
 def autocast_inside(x, y):
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -193,9 +227,30 @@ def detach_output_no_grad_call(x):
     return x.detach()
 
 
+@case(lambda: call(const(3, 4)), tags={INDUCTOR})
+def detach_of_written_input(x):
+    x.add_(1)
+    return x.detach()  # over x's memory, as in eager, not the graph's new value
+
+
 @case(lambda: call(leaf(3, 4)))
+def detach_of_leaf_written_under_no_grad(x):
+    with torch.no_grad():  # a weight initialized in place, then handed out detached
+        x.mul_(0.5)
+    return x.detach(), x * 2
+
+
+@case(lambda: call(inference(4, 3), const(3)), context="inference_mode")
+def inference_tensor_written_then_sliced(cache, k):
+    # A cache written in place: views of an inference tensor are no views, yet alias it.
+    cache[1].copy_(k)
+    return cache[:2], cache[3]
+
+
+@case(lambda: call(leaf(3, 4)), tags={INDUCTOR})
 def view_of_detached_input(x):
-    # The views' _base is the detached tensor, an intermediate, not x.
+    # The views' _base is the detached tensor, an intermediate, not x (which Inductor
+    # returns for it: the views then required grad).
     return x.detach()[0], x.detach().t()
 
 
@@ -1155,6 +1210,51 @@ def leaf_mutated_under_no_grad_output_too(x):
 @case(lambda: call(leaf(3, 4)), context="inference_mode")
 def inference_mode_call(x):
     return x.sin() * 2, x.argmax()
+
+
+@case(lambda: call(leaf(3, 4)), context="inference_mode")
+def inference_mode_call_views(x):
+    return x[0], x, x.t()  # views of a normal tensor: normal, and requiring grad as x does
+
+
+@case(lambda: call(leaf(3, 4)), context="inference_mode")
+def inference_mode_call_composite_views(x):
+    # Ops that eager decomposes into views (inference mode skips autograd, where they would)
+    return x.view_as(x), x.reshape(12), x.flatten(), x.T, x.movedim(0, 1), x[0].expand_as(x)
+
+
+@case(lambda: call(const(3, 4)), context="inference_mode")
+def inference_mode_call_writes_through_view(x):
+    x[0].add_(1)
+    return x[1], x.view_as(x)
+
+
+@case(lambda: call(leaf(3), const(4)), context="inference_mode")
+def inference_mode_call_writes_inputs(x, y):
+    x.add_(1)  # both version counters move
+    y.mul_(2)
+    return y + x.sum()
+
+
+@case(lambda: call(inference(3, 4), leaf(4, 2)))
+def inference_tensor_saved_for_backward(x, w):
+    return x @ w  # eager refuses to save x for w's gradient
+
+
+@case(lambda: call(inference(3, 4), leaf(4)))
+def inference_tensor_not_saved(x, w):
+    return x + w, x[0], x.t(), x  # views of an inference tensor are inference tensors
+
+
+@case(lambda: call(inference(3)))
+def inference_tensor_written_outside_inference_mode(x):
+    return x.add_(1)  # eager refuses
+
+
+@case(lambda: call(inference(4), const(4)), context="inference_mode")
+def inference_tensor_written_in_inference_mode(x, y):
+    x.add_(y)
+    return x + y
 
 
 # ---- modules -----------------------------------------------------------------------------

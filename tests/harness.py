@@ -209,7 +209,10 @@ def grad_leaves(flat: list[Any]) -> list[torch.Tensor]:
 
 
 def _version(a: Any) -> int | None:
-    return a._version if isinstance(a, torch.Tensor) else None
+    # Inference tensors have no version counter (reading it raises).
+    if not isinstance(a, torch.Tensor) or a.is_inference():
+        return None
+    return a._version
 
 
 # ---- comparing ---------------------------------------------------------------------------
@@ -263,7 +266,8 @@ def compare_inputs(e: Outcome, c: Outcome, where: str) -> None:
         if not isinstance(ea, torch.Tensor):
             continue
         compare_autograd_facts(ea, ca, path)
-        e_bumped, c_bumped = ea._version != e.versions[i], ca._version != c.versions[i]
+        e_bumped = _version(ea) != e.versions[i]
+        c_bumped = _version(ca) != c.versions[i]
         assert e_bumped == c_bumped, (
             f"{path}: version counter changed in eager: {e_bumped}, compiled: {c_bumped} "
             "(autograd's in-place checks would differ)")

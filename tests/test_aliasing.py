@@ -683,3 +683,18 @@ def test_a_mutating_custom_op_steps_the_version_counter_as_eager():
     add_into(bufs[0], torch.ones(3))
     compiled(bufs[1], torch.ones(3))
     assert bufs[1]._version == bufs[0]._version
+
+
+def _view_of_a_detached_written_input(x):
+    with torch.no_grad():
+        x.mul_(0.5)
+    return x.detach()[1]
+
+
+@pytest.mark.xfail(strict=True, reason="the view's base, x.detach(), is an intermediate the "
+                   "graph computes from the input's new value, over memory of its own; eager's "
+                   "lies over the input's (x.detach() itself is rebuilt over the input)")
+def test_a_view_of_a_detached_written_input_lies_over_the_input():
+    x = torch.randn(3, 4, requires_grad=True)
+    out = aotgrad.compile(_view_of_a_detached_written_input, backend="eager")(x)
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()

@@ -314,6 +314,42 @@ def test_a_view_made_under_inference_mode_refuses_in_place_changes_as_in_eager(d
         view.mul_(torch.full((4,), 3.0, requires_grad=True))
 
 
+def _grad_outside_inference_mode(x):
+    with torch.inference_mode(False):
+        return x * 2  # eager: requires grad, and a backward reaches x
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_inference_mode_turned_off_inside_an_inference_call_is_refused(door):
+    """The compiled call runs whole under the caller's inference_mode: the value computed
+    outside it came back an inference tensor without a gradient, silently."""
+    x = torch.randn(3, requires_grad=True)
+    with torch.inference_mode(), pytest.raises(NotImplementedError, match="turns it off"):
+        door(_grad_outside_inference_mode)(x)
+
+
+@pytest.mark.xfail(strict=True, reason="Dynamo compiles outside inference_mode, so the "
+                   "refusal does not see it; the value comes back without a gradient")
+def test_inference_mode_turned_off_inside_an_inference_call_through_dynamo():
+    x = torch.randn(3, requires_grad=True)
+    with torch.inference_mode():
+        y = dynamo(_grad_outside_inference_mode)(x)
+    assert y.grad_fn is not None and not y.is_inference()
+
+
+@pytest.mark.xfail(strict=True, reason="a value computed under inference_mode(False) inside "
+                   "a call under inference_mode comes back an inference tensor (the graph runs "
+                   "whole in the caller's mode); eager's is normal, and takes in-place changes "
+                   "outside inference mode")
+def test_a_value_computed_outside_inference_mode_inside_an_inference_call_is_normal():
+    def double_outside(x):
+        with torch.inference_mode(False):
+            return x * 2
+    with torch.inference_mode():
+        y = compile_eager(double_outside)(torch.randn(3))
+    assert not y.is_inference()
+
+
 def test_a_failed_dynamo_compile_leaves_saved_tensor_hooks_on():
     """Dynamo's graph turns saved-tensor hooks off around torch.func.grad; the compile
     failing inside it left them off for the process: checkpointing then raised."""

@@ -67,6 +67,8 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     outputs = _with_made_leaves(outputs, outs, made_leaves)
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
     values = graph_outputs(info, args, outs)
+    _refuse_history_under_inference_mode(
+        [v for v, o in zip(outs, outputs) if o.kind is OutputKind.PLAIN])
     # Not differentiable: mutations autograd did not see, and leaves (their gradient is
     # their own .grad, autograd's business once the runtime sets requires_grad).
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
@@ -81,6 +83,19 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     )
     _check_leaf_mutations(info)
     return info
+
+
+def _refuse_history_under_inference_mode(computed: Sequence[Any]) -> None:
+    """Under inference_mode, an output with autograd history was computed where the function
+    turned it off (`torch.inference_mode(False)`): the compiled call runs whole in the
+    caller's mode, where autograd records nothing (no gradient, silently)."""
+    if torch.is_inference_mode_enabled() and any(
+            isinstance(v, torch.Tensor) and v.grad_fn is not None for v in computed):
+        raise NotImplementedError(
+            "aotgrad: the function, called under torch.inference_mode(), turns it off inside "
+            "(torch.inference_mode(False)) and computes a value that requires grad there; "
+            "the compiled call runs whole in inference mode, which records no gradient. Call "
+            "it outside inference_mode, or run that part outside the compiled function.")
 
 
 def _tensor_meta(v: Any) -> TensorMeta | None:
@@ -319,13 +334,22 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
         elif id(o) in input_index:
             infos.append(OutputInfo(OutputKind.INPUT, input_index[id(o)], o.requires_grad))
         elif not _is_alias(o):
+            detached = _detached_from(o, held, f_args)
             infos.append(OutputInfo(OutputKind.PLAIN, None, o.requires_grad,
-                                    returned_as_view=o._is_view(),
-                                    detached_from=_detached_from(o, held, f_args)))
+                                    None if detached is None else geometry(o),
+                                    returned_as_view=o._is_view(), detached_from=detached,
+                                    made_in_inference_mode=detached is None and
+                                    _made_in_inference_mode(o)))
         else:
             kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
             infos.append(_view_info(o, kind, source))
     return tuple(infos), len(bases)
+
+
+def _made_in_inference_mode(o: torch.Tensor) -> bool:
+    """An inference tensor computed inside a `torch.inference_mode()` block of a call
+    outside it: the graph's value, computed outside, is a normal tensor."""
+    return o.is_inference() and not torch.is_inference_mode_enabled()
 
 
 def _detached_from(o: torch.Tensor, held: dict, f_args: Sequence[Any]) -> int | None:
@@ -358,6 +382,7 @@ _IN_CUSTOM_FUNCTION = torch._C._autograd.CreationMeta.IN_CUSTOM_FUNCTION
 _MULTI_OUTPUT_NODE = torch._C._autograd.CreationMeta.MULTI_OUTPUT_NODE
 _FUNCTION_NODE = torch.autograd.function.BackwardCFunction
 _IN_NO_GRAD_MODE = torch._C._autograd.CreationMeta.NO_GRAD_MODE
+_IN_INFERENCE_MODE = torch._C._autograd.CreationMeta.INFERENCE_MODE
 
 
 def _view_source(base, input_index, plain_index, base_index, bases):
@@ -372,8 +397,10 @@ def _view_source(base, input_index, plain_index, base_index, bases):
 
 
 def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
+    made = _creation_meta(o)
     return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, o._view_func_unsafe,
-                      made_without_grad=_creation_meta(o) == _IN_NO_GRAD_MODE)
+                      made_without_grad=made == _IN_NO_GRAD_MODE,
+                      made_in_inference_mode=made == _IN_INFERENCE_MODE)
 
 
 def _check_leaf_mutations(info: FunctionInfo) -> None:
@@ -390,9 +417,11 @@ def regenerate_view(out: OutputInfo, base: torch.Tensor,
                     concrete: Callable[[Any], Any] | None = None) -> torch.Tensor:
     """Rebuild an aliased output from its base at run time, so that `_base`, `grad_fn` and
     later in-place use behave as in eager. With symbolic sizes, `concrete` gives their values
-    in this call."""
+    in this call. Grad mode as where the function made it: a view made under enable_grad()
+    inside a call under no_grad is differentiable (the guards fix the caller's mode)."""
     differentiable = out.requires_grad and not out.made_without_grad
-    with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
+    made_in = torch.inference_mode() if out.made_in_inference_mode else contextlib.nullcontext()
+    with made_in, torch.set_grad_enabled(differentiable):
         if out.replay is not None:
             # Without `concrete` the geometry is concrete, yet the view op may still hold a
             # size the guards fixed after it was traced (`x.chunk(2)` before Dynamo

@@ -181,7 +181,8 @@ def _fake_input(mode: FakeTensorMode, t: Any, index: int, dynamic: bool) -> Any:
         if subclasses.is_subclass(t):
             raise DynamicShapesUnsupported(
                 "aotgrad: tensor subclass inputs are compiled for static shapes only.")
-        return _lazy_bits_like(symbolic_fake(mode, t, index), t)
+        with _of_the_kind_of(t):
+            return _lazy_bits_like(symbolic_fake(mode, t, index), t)
     return _lazy_bits_like(_fresh_fake(mode, t), t)
 
 

@@ -28,6 +28,7 @@ from .analysis import graph_outputs
 from ..schema import JOINT_FW_OUTPUTS, SIZE_INPUT, FunctionInfo, Geometry, InputInfo
 from .inputs import OutputBox, global_state_restored_on_error
 from ..semantics.dynamic import geometry, is_symbolic
+from ..semantics.inference import decompose_tracking_views
 from ..tables import needs_functionalization
 
 _needs_functionalization = functools.cache(needs_functionalization)
@@ -46,6 +47,9 @@ class _StopAtImpureOps(TorchDispatchMode):
         return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = decompose_tracking_views(self, func, args, kwargs)
+        if out is not NotImplemented:  # its parts came through here
+            return out
         if _needs_functionalization(func):
             raise NeedsFunctionalization(str(func))  # before it runs: the fakes stay intact
         out = func(*args, **(kwargs or {}))

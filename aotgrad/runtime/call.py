@@ -20,12 +20,12 @@ import torch.utils._pytree as pytree
 
 from ..semantics.aliasing import InputAliasing
 from ..capture.analysis import regenerate_view
-from ..schema import FunctionInfo, OutputInfo, OutputKind
+from ..schema import FunctionInfo, Geometry, OutputInfo, OutputKind
 from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
 from ..autograd import state as _compiled_autograd
-from .mutations import BackwardWrites, mutation_steps, set_versions
+from .mutations import BackwardWrites, mutation_steps, set_versions, version_or_none
 from .lean import held_inputs, lean_function, none_where_unreached, undetached, \
     tangent as _tangent
 
@@ -297,7 +297,7 @@ class CompiledCall:
     def _forward_setting_versions(self, graph: Callable, inputs: list) -> Sequence[Any]:
         """The forward graph; then the version counters of the inputs it wrote as eager's
         (the graph's own writes may have moved them, or not)."""
-        versions = [inputs[i]._version for i, _ in self._versioned]
+        versions = [version_or_none(inputs[i]) for i, _ in self._versioned]
         written = list(inputs)  # a boxed graph may clear its list
         outs = graph(inputs)
         # from the second call on, only the counters that need it
@@ -339,6 +339,10 @@ class CompiledCall:
 
     def _apply_with_grad(self, args: Sequence[Any]) -> Sequence[Any]:
         if torch.is_grad_enabled():
+            return apply_compiled(self, args)
+        if torch.is_inference_mode_enabled():
+            # Eager records no history under inference_mode, even where the function turns
+            # grad on (Dynamo compiles outside inference_mode: this plan has a backward).
             return apply_compiled(self, args)
         with torch.enable_grad():  # grad mode was applied when tracing
             return apply_compiled(self, args)
@@ -460,7 +464,7 @@ def _plain_output_slice(info: FunctionInfo) -> slice | None:
     """Where the user outputs lie in the graph's results when every one is computed by the
     graph (no aliases to rebuild): a call then slices instead of running the getters."""
     if any(o.kind is not OutputKind.PLAIN or o.made_leaf or o.detached_from is not None
-           for o in info.outputs):
+           or o.made_in_inference_mode for o in info.outputs):
         return None
     first = info.first_user_output
     return slice(first, first + len(info.outputs))
@@ -492,7 +496,9 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     """How output `o` is obtained from the inputs, the graph's results and earlier outputs."""
     kind, src = o.kind, o.source
     if kind is OutputKind.PLAIN and o.detached_from is not None:
-        return lambda inputs, raw, outs: detached_alias(inputs[o.detached_from], raw[k])
+        return lambda inputs, raw, outs: detached_alias(inputs[o.detached_from], o.geometry)
+    if kind is OutputKind.PLAIN and o.made_in_inference_mode:
+        return lambda inputs, raw, outs: as_inference_tensor(raw[k])
     if kind is OutputKind.PLAIN:
         return lambda inputs, raw, outs: raw[k]
     if kind is OutputKind.CONSTANT:
@@ -502,18 +508,36 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     if kind is OutputKind.VIEW_OF_INPUT:
         return lambda inputs, raw, outs: regenerate_view(o, inputs[src])
     if kind is OutputKind.VIEW_OF_INTERMEDIATE:
-        return lambda inputs, raw, outs: regenerate_view(o, raw[k])
+        return lambda inputs, raw, outs: regenerate_view(o, intermediate_base(o, raw[k]))
     if kind is OutputKind.VIEW_OF_OUTPUT:
         return lambda inputs, raw, outs: regenerate_view(o, outs[src])
     return lambda inputs, raw, outs: outs[src]  # SAME_AS_OUTPUT
 
 
-def detached_alias(source: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`out`, over `source`'s memory, as eager's `source.detach()` returns it: no view,
-    sharing `source`'s version counter (a graph's alias of its input shares neither)."""
-    if out.untyped_storage().data_ptr() != source.untyped_storage().data_ptr():
-        return out  # the backend copied it: its geometry says nothing of the input's
-    return source.detach().as_strided(out.size(), out.stride(), out.storage_offset()).detach()
+def detached_alias(source: torch.Tensor, geometry: Geometry) -> torch.Tensor:
+    """The output over `source`'s memory, as eager's `source.detach()` returns it: no view,
+    sharing `source`'s version counter (a graph's alias of its input shares neither; where
+    the graph wrote the input, or a backend copied, its value is not even over it)."""
+    return source.detach().as_strided(*geometry).detach()
+
+
+def intermediate_base(o: OutputInfo, base: torch.Tensor) -> torch.Tensor:
+    """The base of view `o` as the graph returned it, detached where eager's does not
+    require grad (a view of it made with grad on would, or one made under no_grad would
+    have no grad_fn): Inductor returns `x.detach()` as the input `x` itself."""
+    if base.requires_grad and not (o.requires_grad or o.made_without_grad):
+        return base.detach()
+    return base
+
+
+def as_inference_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` as an inference tensor over the same memory (eager's refuses autograd and,
+    outside inference_mode, in-place changes). Dynamo's call under inference_mode made one."""
+    if t.is_inference():
+        return t
+    with torch.inference_mode():
+        alias = torch.empty(0, dtype=t.dtype, device=t.device)
+        return alias.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
 
 
 def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Callable:
@@ -521,11 +545,15 @@ def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Calla
     values are those of each call."""
     if o.kind is OutputKind.CONSTANT and is_symbolic(o.constant):
         return lambda inputs, raw, outs: sizes.concrete(inputs, raw)(o.constant)
+    if o.detached_from is not None and is_symbolic(o.geometry):
+        return lambda inputs, raw, outs: detached_alias(
+            inputs[o.detached_from], sizes.concrete(inputs, raw)(o.geometry))
     if o.kind not in _VIEWS:
         return _getter(o, k)
     src = o.source
     base = {OutputKind.VIEW_OF_INPUT: lambda inputs, raw, outs: inputs[src],
-            OutputKind.VIEW_OF_INTERMEDIATE: lambda inputs, raw, outs: raw[k],
+            OutputKind.VIEW_OF_INTERMEDIATE:
+                lambda inputs, raw, outs: intermediate_base(o, raw[k]),
             OutputKind.VIEW_OF_OUTPUT: lambda inputs, raw, outs: outs[src]}[o.kind]
     return lambda inputs, raw, outs: regenerate_view(o, base(inputs, raw, outs),
                                                      sizes.concrete(inputs, raw))

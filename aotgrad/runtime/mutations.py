@@ -110,16 +110,22 @@ def _swap_storage(i: int, x: InputInfo, k: int | None) -> Callable:
     return step
 
 
+def version_or_none(t: torch.Tensor) -> int | None:
+    return None if t.is_inference() else t._version  # inference tensors have no counter
+
+
 def set_versions(inputs, versioned: tuple[tuple[int, int], ...],
-                  before: list[int]) -> tuple[tuple[int, int], ...]:
+                  before: list[int | None]) -> tuple[tuple[int, int], ...]:
     """The graph wrote these inputs in place. Whether that moved their version counters
     depends on the backend (ATen's copy_ does, Inductor's kernels do not): set them to what
-    eager's would read. Returns the entries that needed it: a graph does the same each call."""
-    wanted = [v + bumps for (_, bumps), v in zip(versioned, before)]
-    wrong = [k for k, ((i, _), v) in enumerate(zip(versioned, wanted)) if inputs[i]._version != v]
+    eager's would read. Returns the entries that needed it, and those of inference tensors
+    (None in `before`: no counter, so nothing learnt): a graph does the same each call."""
+    wanted = [None if v is None else v + bumps for (_, bumps), v in zip(versioned, before)]
+    wrong = [k for k, ((i, _), v) in enumerate(zip(versioned, wanted))
+             if v is not None and inputs[i]._version != v]
     if wrong:
         _set_version_counters([inputs[versioned[k][0]] for k in wrong], [wanted[k] for k in wrong])
-    return tuple(versioned[k] for k in wrong)
+    return tuple(entry for k, entry in enumerate(versioned) if k in wrong or wanted[k] is None)
 
 
 def _version_setter() -> Callable[[list, list], None]:
@@ -160,7 +166,7 @@ def _extent(geometry) -> int:
 
 def _set_geometry(t: torch.Tensor, geometry, extent: int, hidden: bool, bumps: int) -> None:
     storage = t.untyped_storage()
-    version = None if t.is_inference() else t._version  # inference tensors have no counter
+    version = version_or_none(t)
     if storage.nbytes() < extent * t.element_size():
         storage.resize_(extent * t.element_size())  # as eager's resize_ does
     with _grad_hidden(hidden):

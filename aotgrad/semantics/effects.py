@@ -34,6 +34,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from . import regions
 from .hops import functionalize_hop
+from .inference import decompose_tracking_views, normal_views
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
 from ..tables import (ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS, has_effect,
                       writes_a_tensor_list)
@@ -102,6 +103,9 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             out = functionalize_hop(self, func, args, kwargs or {})
             _tag_traced_effects(self.phase, func if has_effect(func) else None)
             return out
+        out = decompose_tracking_views(self, func, args, kwargs)
+        if out is not NotImplemented:
+            return out
         if func is SET_FROM_TENSOR:
             self.set_calls.record(args)
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -116,7 +120,8 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             with self:  # its ops are functionalized in turn
                 return declared(*args, **(kwargs or {}))
         if func not in ERROR_CHECKS:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
+            out = normal_views(func, args, super().__torch_dispatch__(func, types, args, kwargs),
+                               self)
             if has_effect(func):
                 _tag_traced_effects(self.phase, func)
             if writes_a_tensor_list(func):
