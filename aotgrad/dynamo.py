@@ -118,8 +118,15 @@ def _reads_data(gm: torch.fx.GraphModule, fakes: list) -> bool:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     if any(item_symbol(f) is not None for f in fakes):
         return True
-    return any(free_unbacked_symbols(n.meta.get("example_value")) for n in gm.graph.nodes
-               if n.meta.get("example_value") is not None)
+    return any(free_unbacked_symbols(v) for n in gm.graph.nodes
+               for v in _symbolic_values(n.meta.get("example_value")))
+
+
+def _symbolic_values(value) -> list:
+    """The tensors and sizes in a node's example value; not the other things Dynamo keeps
+    there (a `nonstrict_trace` call's pytree spec), which hold no symbols."""
+    kinds = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, kinds)]
 
 
 # torch.compile's modes, as aotgrad takes them: whether each records CUDA graphs.
