@@ -26,8 +26,8 @@ from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
 from ..autograd import state as _compiled_autograd
 from .mutations import BackwardWrites, mutation_steps, set_versions
-from .lean import held_inputs, lean_function, none_where_unreached, undetached, \
-    tangent as _tangent
+from .lean import held_inputs, lean_function, left_to_python, none_where_unreached, \
+    undetached, tangent as _tangent
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -291,6 +291,7 @@ class CompiledCall:
         self.holds_versions = self.lean and bool(self.double_backward.unsaved_inputs
                                                  or plan.gradless_inputs)
         self.function = lean_function(self, CompiledGraph) if self.lean else CompiledGraph
+        _general_backward_left_to_python()
         self.apply_fast = fast_apply(self.function)
         self.run = _direct_runner(self) or self._run_and_unflatten
 
@@ -370,6 +371,13 @@ class CompiledCall:
         for i, get in self._outputs:
             outs[i] = get(inputs, raw, outs)
         return outs
+
+
+@functools.cache
+def _general_backward_left_to_python() -> None:
+    """Once: the general backward is run by Dynamo's frame hook as plain Python too (at
+    import, `left_to_python` would load Dynamo with aotgrad)."""
+    left_to_python(CompiledGraph.backward)
 
 
 def _is_lean(call: CompiledCall) -> bool:
