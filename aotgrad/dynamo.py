@@ -70,9 +70,45 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                 return realiased(*args)
 
         run.artifact = call.artifact
-        return run
+        return _marking_dynamic_outputs(run, _dynamic_output_dims(gm))
 
     return _Backend(aotgrad_dynamo_backend, made_with)
+
+
+def _dynamic_output_dims(gm: torch.fx.GraphModule) -> tuple[tuple[int, frozenset[int]], ...]:
+    """(output index, its dims of symbolic size) for each output tensor that has some."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+    (out,) = gm.graph.find_nodes(op="output")
+    if not isinstance(out.args[0], (tuple, list)):
+        return ()
+    dims = []
+    for i, node in enumerate(out.args[0]):
+        value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor):
+            symbolic = frozenset(d for d, n in enumerate(value.shape) if not is_concrete_int(n))
+            if symbolic:
+                dims.append((i, symbolic))
+    return tuple(dims)
+
+
+def _marking_dynamic_outputs(run: Callable, dims: tuple) -> Callable:
+    """`run`, whose outputs carry the dims Dynamo should take as dynamic where they feed
+    the graph after a break (the attribute torch's AOTAutograd sets, which Dynamo reads
+    without guarding on it): a new size there no longer compiles the next graph again."""
+    if not dims:
+        return run
+
+    def marked(*args):
+        outs = run(*args)
+        for i, symbolic in dims:
+            out = outs[i]
+            if isinstance(out, torch.Tensor):
+                out._dynamo_propagated_dynamic_indices = (
+                    getattr(out, "_dynamo_propagated_dynamic_indices", set()) | symbolic)
+        return outs
+
+    marked.artifact = run.artifact
+    return marked
 
 
 class _Backend:
