@@ -109,6 +109,7 @@ class CompiledFunction(torch.autograd.Function):
             for k in call.unread_outputs:
                 outs[k] = None
         if call.non_differentiable:
+            outs = _non_differentiable_apart(outs, call.non_differentiable, plan.num_fw_outputs)
             ctx.mark_non_differentiable(*[outs[i] for i in call.non_differentiable])
         return tuple(outs[:plan.num_fw_outputs])
 
@@ -154,6 +155,21 @@ class CompiledFunction(torch.autograd.Function):
         if call.backward_writes is not None:
             outs = call.backward_writes.apply(ctx, outs)
         return (None, *none_where_unreached(unreached, grads, outs))
+
+
+def _non_differentiable_apart(outs: Sequence[Any], non_differentiable: tuple[int, ...],
+                              num_outputs: int) -> list[Any]:
+    """`outs`, where a non-differentiable output is the very tensor another output is, with
+    a tensor of its own over the same memory instead (eager's `detach()`). A backend may
+    return one tensor for both (Inductor drops `h.detach()` as a no-op: `return h,
+    h.detach()` came back as one tensor), and marking it non-differentiable took the
+    gradient off the other output too."""
+    outs = list(outs)
+    others = {id(o) for k, o in enumerate(outs[:num_outputs]) if k not in non_differentiable}
+    for k in non_differentiable:
+        if id(outs[k]) in others:
+            outs[k] = outs[k].detach()
+    return outs
 
 
 class CompiledOnFirstCall:
