@@ -436,3 +436,18 @@ def test_an_output_and_its_detach_inductor_returns_as_one_tensor_keep_eagers_gra
     assert detached.data_ptr() == h.data_ptr() and detached._base is None
     h.sum().backward()
     torch.testing.assert_close(w.grad, x)
+
+
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "input_without_grad"])
+def test_an_output_and_its_detach_inductor_returns_as_one_tensor_are_two_tensors(door, grad):
+    """Without a gradient to mark, the caller got the one tensor twice: `requires_grad_()`
+    on the detached output turned the other into a leaf that requires grad too."""
+    torch._dynamo.reset()
+    fn = (aotgrad.compile(_output_and_its_detach, backend="inductor") if door == "compile"
+          else torch.compile(_output_and_its_detach, backend=aotgrad.backend()))
+    with torch.set_grad_enabled(grad):
+        h, detached = fn(torch.randn(4, 6), torch.randn(4, 6))
+    assert h is not detached and detached.data_ptr() == h.data_ptr()
+    detached.requires_grad_()
+    assert not h.requires_grad

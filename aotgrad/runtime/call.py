@@ -58,6 +58,9 @@ class RuntimePlan:
     # do not reach: when none of those outputs took part in the loss, autograd never
     # reaches the input in eager and its .grad stays None; the backward would give zeros.
     unreached_grads: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # User outputs computed by the graph whose value it returns for an earlier user output
+    # too: the runtime returns a tensor of their own over that memory, as eager's `detach()`.
+    repeated_outputs: tuple[int, ...] = ()
 
     @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
@@ -109,7 +112,9 @@ class CompiledFunction(torch.autograd.Function):
             for k in call.unread_outputs:
                 outs[k] = None
         if call.non_differentiable:
-            outs = _non_differentiable_apart(outs, call.non_differentiable, plan.num_fw_outputs)
+            if plan.repeated_outputs:
+                outs = _non_differentiable_apart(outs, call.non_differentiable,
+                                                 plan.num_fw_outputs)
             ctx.mark_non_differentiable(*[outs[i] for i in call.non_differentiable])
         return tuple(outs[:plan.num_fw_outputs])
 
@@ -291,7 +296,7 @@ class CompiledCall:
         self.unread_outputs = self.written_in_graph + plan.info.rebuilt_outputs
         self.non_differentiable = tuple(k for k in plan.non_differentiable
                                         if k not in self.unread_outputs)
-        self._outputs = _output_order(plan.info, plan.sizes)
+        self._outputs = _output_order(plan.info, plan.sizes, plan.repeated_outputs)
         self.unflatten = _unflattener(plan.info.out_spec)
         # Decided once, so that a call skips what this plan does not need.
         self._gather = _gatherer(plan.graph_input_positions)
@@ -300,7 +305,8 @@ class CompiledCall:
                                  if x.gains_requires_grad)
         self._detaches = bool(plan.gradless_inputs or plan.overwritten_inputs)
         self._run_graphs = self._run_training if backward is not None else self._run_inference
-        self._plain_outputs = _plain_output_slice(plan.info)
+        self._plain_outputs = (None if plan.repeated_outputs else
+                               _plain_output_slice(plan.info))
         self.num_fw_outputs = plan.num_fw_outputs
         self.tangent_outputs = plan.tangent_outputs
         self.lean = backward is not None and _is_lean(self)
@@ -490,7 +496,8 @@ def _plain_output_slice(info: FunctionInfo) -> slice | None:
     return slice(first, first + len(info.outputs))
 
 
-def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[int, Callable]]:
+def _output_order(info: FunctionInfo, sizes: SizeBindings | None, repeated: tuple[int, ...]
+                  ) -> list[tuple[int, Callable]]:
     """(output index, getter) with every base ahead of the views of it."""
     first = info.first_user_output
     first_base = first + len(info.outputs)
@@ -499,8 +506,13 @@ def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[
         k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else first + i
         get = _getter(o, k) if sizes is None else _symbolic_getter(o, k, sizes)
         get = _as_leaf(get) if o.made_leaf else get
+        get = _detached(get) if i in repeated else get
         rows.append((_RANK.get(o.kind, 0), i, get))
     return [(i, get) for _, i, get in sorted(rows, key=lambda row: row[:2])]
+
+
+def _detached(get: Callable) -> Callable:
+    return lambda inputs, raw, outs: get(inputs, raw, outs).detach()
 
 
 def _as_leaf(get: Callable) -> Callable:
