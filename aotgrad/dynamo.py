@@ -70,9 +70,45 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                 return realiased(*args)
 
         run.artifact = call.artifact
-        return run
+        return _marking_dynamic_outputs(run, _dynamic_output_dims(gm))
 
     return _Backend(aotgrad_dynamo_backend, made_with)
+
+
+def _dynamic_output_dims(gm: torch.fx.GraphModule) -> tuple[tuple[int, frozenset[int]], ...]:
+    """(output index, its dims of symbolic size) for each output tensor that has some."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+    (out,) = gm.graph.find_nodes(op="output")
+    if not isinstance(out.args[0], (tuple, list)):
+        return ()
+    dims = []
+    for i, node in enumerate(out.args[0]):
+        value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor):
+            symbolic = frozenset(d for d, n in enumerate(value.shape) if not is_concrete_int(n))
+            if symbolic:
+                dims.append((i, symbolic))
+    return tuple(dims)
+
+
+def _marking_dynamic_outputs(run: Callable, dims: tuple) -> Callable:
+    """`run`, whose outputs carry the dims Dynamo should take as dynamic where they feed
+    the graph after a break (the attribute torch's AOTAutograd sets, which Dynamo reads
+    without guarding on it): a new size there no longer compiles the next graph again."""
+    if not dims:
+        return run
+
+    def marked(*args):
+        outs = run(*args)
+        for i, symbolic in dims:
+            out = outs[i]
+            if isinstance(out, torch.Tensor):
+                out._dynamo_propagated_dynamic_indices = (
+                    getattr(out, "_dynamo_propagated_dynamic_indices", set()) | symbolic)
+        return outs
+
+    marked.artifact = run.artifact
+    return marked
 
 
 class _Backend:
@@ -118,8 +154,15 @@ def _reads_data(gm: torch.fx.GraphModule, fakes: list) -> bool:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     if any(item_symbol(f) is not None for f in fakes):
         return True
-    return any(free_unbacked_symbols(n.meta.get("example_value")) for n in gm.graph.nodes
-               if n.meta.get("example_value") is not None)
+    return any(free_unbacked_symbols(v) for n in gm.graph.nodes
+               for v in _symbolic_values(n.meta.get("example_value")))
+
+
+def _symbolic_values(value) -> list:
+    """The tensors and sizes in a node's example value; not the other things Dynamo keeps
+    there (a `nonstrict_trace` call's pytree spec), which hold no symbols."""
+    kinds = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, kinds)]
 
 
 # torch.compile's modes, as aotgrad takes them: whether each records CUDA graphs.

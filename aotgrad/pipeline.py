@@ -265,11 +265,13 @@ def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.Grap
     edge = _boundary(c, facts, copied)
     if edge.is_plain:
         aliasing.unview_plain_outputs(gm, info)
+    repeated = aliasing.repeated_plain_outputs(gm, info)
     _attach(gm, "inference", options, _plain_range(edge, info), c.layout, _cudagraphs(options))
     with timer("compile_forward") as sizes:
         compiled = _compile(options.backend.inference_compiler, gm)
         sizes["ops"] = count_ops(gm)
-    plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=copied)
+    plan = dataclasses.replace(_plan(info, c, info.num_graph_outputs, copied_in_graph=copied),
+                               repeated_outputs=repeated)
     return _Built(plan, compiled, None, (gm,), edge)
 
 
@@ -319,6 +321,7 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         sizes.update(_partition_sizes(p))
     if edge.is_plain:
         aliasing.unview_plain_outputs(fw, info)
+    repeated = aliasing.repeated_plain_outputs(fw, info)
     graphed = _cudagraphs(options)  # one state for the forward and its backward
     _attach(fw, "forward", options, _plain_range(edge, info), c.layout, graphed)
     _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])),
@@ -327,7 +330,9 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         compiled_fw = _compile(options.backend.fw_compiler, fw)
         sizes["ops"] = count_ops(fw)
     restride_saved(p)
-    plan = _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph)
+    plan = dataclasses.replace(
+        _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph),
+        repeated_outputs=repeated)
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
         plan,

@@ -416,3 +416,38 @@ def test_inductor_reads_a_negative_constant_by_its_values_and_still_the_callers_
         for got, want in zip(compiled(x), f(x)):
             torch.testing.assert_close(got, want)
         k.add_(1)  # the graph holds the caller's tensor, as eager reads it
+
+
+def _output_and_its_detach(x, w):
+    h = x * w
+    return h, h.detach()
+
+
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+def test_an_output_and_its_detach_inductor_returns_as_one_tensor_keep_eagers_gradient(door):
+    """Inductor drops `detach` as a no-op and returns one tensor for both outputs; marking it
+    non-differentiable took the gradient off the output that has one, silently."""
+    torch._dynamo.reset()
+    fn = (aotgrad.compile(_output_and_its_detach, backend="inductor") if door == "compile"
+          else torch.compile(_output_and_its_detach, backend=aotgrad.backend()))
+    x, w = torch.randn(4, 6), torch.randn(4, 6, requires_grad=True)
+    h, detached = fn(x, w)
+    assert h is not detached and h.grad_fn is not None and detached.grad_fn is None
+    assert detached.data_ptr() == h.data_ptr() and detached._base is None
+    h.sum().backward()
+    torch.testing.assert_close(w.grad, x)
+
+
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "input_without_grad"])
+def test_an_output_and_its_detach_inductor_returns_as_one_tensor_are_two_tensors(door, grad):
+    """Without a gradient to mark, the caller got the one tensor twice: `requires_grad_()`
+    on the detached output turned the other into a leaf that requires grad too."""
+    torch._dynamo.reset()
+    fn = (aotgrad.compile(_output_and_its_detach, backend="inductor") if door == "compile"
+          else torch.compile(_output_and_its_detach, backend=aotgrad.backend()))
+    with torch.set_grad_enabled(grad):
+        h, detached = fn(torch.randn(4, 6), torch.randn(4, 6))
+    assert h is not detached and detached.data_ptr() == h.data_ptr()
+    detached.requires_grad_()
+    assert not h.requires_grad

@@ -782,3 +782,35 @@ def test_torch_default_partition_under_dynamo_symbolic_sizes():
     net.zero_grad()
     net(x).sum().backward()
     torch.testing.assert_close(grad, net[0].weight.grad)
+
+
+def _positives_then_break(x):
+    positives = x[x > 0] * 2
+    torch._dynamo.graph_break()
+    return positives.exp()
+
+
+def _graphs_over_three_counts(backend) -> int:
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return backend(gm, example_inputs)
+
+    compiled = torch.compile(_positives_then_break, backend=counting)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        for count in (2, 3, 4):
+            x = -torch.ones(6)
+            x[:count] = 1.0
+            out = compiled(x.requires_grad_())
+            out.sum().backward()
+            torch.testing.assert_close(out, torch.full((count,), 2.0).exp())
+    return len(graphs)
+
+
+def test_dynamo_output_sized_by_data_stays_dynamic_after_a_graph_break():
+    """The graph after the break took that output's size as static: each new count compiled
+    it again (torch's AOTAutograd marks such outputs for Dynamo to take as dynamic)."""
+    torch_graphs = _graphs_over_three_counts(torch._dynamo.lookup_backend("aot_eager"))
+    assert _graphs_over_three_counts(aotgrad.backend(backend="eager")) == torch_graphs

@@ -113,6 +113,22 @@ def test_while_loop_forward_through_dynamo():
     check_case(Case("while_loop", grad_inputs(3, 4), while_fn), dynamo_only)
 
 
+@torch._dynamo.nonstrict_trace
+def _traced_without_dynamo(inputs, k: int):
+    return {"a": (inputs["x"] * inputs["w"]).sin() * k, "b": inputs["w"].exp()}
+
+
+def nonstrict_fn(x, w):
+    """Dynamo hands a `nonstrict_trace` call over as `flat_apply`, whose graph holds the
+    arguments' pytree spec as a value beside the tensors."""
+    out = _traced_without_dynamo({"x": x.cos(), "w": w}, 3)
+    return out["a"] + out["b"]
+
+
+def test_nonstrict_trace_through_dynamo():
+    check_case(Case("nonstrict_trace", cond_inputs, nonstrict_fn), dynamo_only)
+
+
 @pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
 def test_while_loop_outside_dynamo_is_refused(door):
     """torch's own aot_function fails here too, with an AttributeError."""

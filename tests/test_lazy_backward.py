@@ -2,6 +2,7 @@
 as in torch's AOTAutograd), or with the forward (`"ahead"`). Compared with torch's
 `aot_function` where it has an equivalent, and with eager for the gradients."""
 
+import pathlib
 import threading
 import time
 
@@ -259,3 +260,49 @@ def test_once_compiled_a_backward_is_called_without_the_lazy_wrapper():
     assert not isinstance(call.backward_keeping_saved, CompiledOnFirstCall)
     out.backward()
     assert not isinstance(call.backward, CompiledOnFirstCall)
+
+
+
+def _whole_step(backend, create_graph: bool):
+    """A training step compiled whole, `.backward()` inside it: the graphs Dynamo hands
+    `backend` over two steps, and the parameters after them (eager's where `backend` is
+    None)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    seen = []
+
+    def counting(gm, example_inputs):
+        seen.append(gm)
+        return backend(gm, example_inputs)
+
+    def step(x):
+        loss = model(x).pow(2).sum()
+        if create_graph:
+            (grad,) = torch.autograd.grad(loss, model[0].weight, create_graph=True)
+            loss = loss + grad.pow(2).sum()
+        loss.backward()
+
+    compiled = step if backend is None else torch.compile(step, backend=counting)
+    for _ in range(2):
+        compiled(torch.randn(3, 4))
+    return seen, [p.detach().clone() for p in model.parameters()]
+
+
+def _traced_from_aotgrad(gm: torch.fx.GraphModule) -> bool:
+    package = str(pathlib.Path(aotgrad.__file__).parent)
+    return any(package in trace or "<aotgrad" in trace for trace in
+               (n.meta.get("stack_trace") or "" for n in gm.graph.nodes))
+
+
+@pytest.mark.parametrize("create_graph", [False, True], ids=["plain", "create_graph"])
+def test_a_backward_run_inside_a_compiled_step_is_not_traced_by_dynamo(create_graph):
+    """The engine ran aotgrad's backward under Dynamo's frame hook, which traced it (and
+    the lazy backward's compile under it) as user code: more graphs for the backend to
+    compile, Inductor compiling the backward graph twice."""
+    graphs, params = _whole_step(aotgrad.backend(backend="eager"), create_graph)
+    assert not [gm for gm in graphs if _traced_from_aotgrad(gm)]
+    torch.testing.assert_close(params, _whole_step(None, create_graph)[1])
+    if not create_graph:  # torch's AOTAutograd refuses a double backward
+        torch_graphs, _ = _whole_step(torch._dynamo.lookup_backend("aot_eager"), create_graph)
+        assert len(graphs) == len(torch_graphs)

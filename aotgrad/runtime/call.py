@@ -26,8 +26,8 @@ from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..capture.stale import StaleBackward
 from ..autograd import state as _compiled_autograd
 from .mutations import BackwardWrites, mutation_steps, set_versions, version_or_none
-from .lean import held_inputs, lean_function, none_where_unreached, undetached, \
-    tangent as _tangent
+from .lean import held_inputs, lean_function, left_to_python, none_where_unreached, \
+    undetached, tangent as _tangent
 
 @dataclass(frozen=True)
 class RuntimePlan:
@@ -58,6 +58,9 @@ class RuntimePlan:
     # do not reach: when none of those outputs took part in the loss, autograd never
     # reaches the input in eager and its .grad stays None; the backward would give zeros.
     unreached_grads: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # User outputs computed by the graph whose value it returns for an earlier user output
+    # too: the runtime returns a tensor of their own over that memory, as eager's `detach()`.
+    repeated_outputs: tuple[int, ...] = ()
 
     @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
@@ -109,6 +112,9 @@ class CompiledFunction(torch.autograd.Function):
             for k in call.unread_outputs:
                 outs[k] = None
         if call.non_differentiable:
+            if plan.repeated_outputs:
+                outs = _non_differentiable_apart(outs, call.non_differentiable,
+                                                 plan.num_fw_outputs)
             ctx.mark_non_differentiable(*[outs[i] for i in call.non_differentiable])
         return tuple(outs[:plan.num_fw_outputs])
 
@@ -154,6 +160,21 @@ class CompiledFunction(torch.autograd.Function):
         if call.backward_writes is not None:
             outs = call.backward_writes.apply(ctx, outs)
         return (None, *none_where_unreached(unreached, grads, outs))
+
+
+def _non_differentiable_apart(outs: Sequence[Any], non_differentiable: tuple[int, ...],
+                              num_outputs: int) -> list[Any]:
+    """`outs`, where a non-differentiable output is the very tensor another output is, with
+    a tensor of its own over the same memory instead (eager's `detach()`). A backend may
+    return one tensor for both (Inductor drops `h.detach()` as a no-op: `return h,
+    h.detach()` came back as one tensor), and marking it non-differentiable took the
+    gradient off the other output too."""
+    outs = list(outs)
+    others = {id(o) for k, o in enumerate(outs[:num_outputs]) if k not in non_differentiable}
+    for k in non_differentiable:
+        if id(outs[k]) in others:
+            outs[k] = outs[k].detach()
+    return outs
 
 
 class CompiledOnFirstCall:
@@ -275,7 +296,7 @@ class CompiledCall:
         self.unread_outputs = self.written_in_graph + plan.info.rebuilt_outputs
         self.non_differentiable = tuple(k for k in plan.non_differentiable
                                         if k not in self.unread_outputs)
-        self._outputs = _output_order(plan.info, plan.sizes)
+        self._outputs = _output_order(plan.info, plan.sizes, plan.repeated_outputs)
         self.unflatten = _unflattener(plan.info.out_spec)
         # Decided once, so that a call skips what this plan does not need.
         self._gather = _gatherer(plan.graph_input_positions)
@@ -284,13 +305,15 @@ class CompiledCall:
                                  if x.gains_requires_grad)
         self._detaches = bool(plan.gradless_inputs or plan.overwritten_inputs)
         self._run_graphs = self._run_training if backward is not None else self._run_inference
-        self._plain_outputs = _plain_output_slice(plan.info)
+        self._plain_outputs = (None if plan.repeated_outputs else
+                               _plain_output_slice(plan.info))
         self.num_fw_outputs = plan.num_fw_outputs
         self.tangent_outputs = plan.tangent_outputs
         self.lean = backward is not None and _is_lean(self)
         self.holds_versions = self.lean and bool(self.double_backward.unsaved_inputs
                                                  or plan.gradless_inputs)
         self.function = lean_function(self, CompiledGraph) if self.lean else CompiledGraph
+        _general_backward_left_to_python()
         self.apply_fast = fast_apply(self.function)
         self.run = _direct_runner(self) or self._run_and_unflatten
 
@@ -374,6 +397,13 @@ class CompiledCall:
         for i, get in self._outputs:
             outs[i] = get(inputs, raw, outs)
         return outs
+
+
+@functools.cache
+def _general_backward_left_to_python() -> None:
+    """Once: the general backward is run by Dynamo's frame hook as plain Python too (at
+    import, `left_to_python` would load Dynamo with aotgrad)."""
+    left_to_python(CompiledGraph.backward)
 
 
 def _is_lean(call: CompiledCall) -> bool:
@@ -470,7 +500,8 @@ def _plain_output_slice(info: FunctionInfo) -> slice | None:
     return slice(first, first + len(info.outputs))
 
 
-def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[int, Callable]]:
+def _output_order(info: FunctionInfo, sizes: SizeBindings | None, repeated: tuple[int, ...]
+                  ) -> list[tuple[int, Callable]]:
     """(output index, getter) with every base ahead of the views of it."""
     first = info.first_user_output
     first_base = first + len(info.outputs)
@@ -479,8 +510,13 @@ def _output_order(info: FunctionInfo, sizes: SizeBindings | None) -> list[tuple[
         k = first_base + o.source if o.kind is OutputKind.VIEW_OF_INTERMEDIATE else first + i
         get = _getter(o, k) if sizes is None else _symbolic_getter(o, k, sizes)
         get = _as_leaf(get) if o.made_leaf else get
+        get = _detached(get) if i in repeated else get
         rows.append((_RANK.get(o.kind, 0), i, get))
     return [(i, get) for _, i, get in sorted(rows, key=lambda row: row[:2])]
+
+
+def _detached(get: Callable) -> Callable:
+    return lambda inputs, raw, outs: get(inputs, raw, outs).detach()
 
 
 def _as_leaf(get: Callable) -> Callable:

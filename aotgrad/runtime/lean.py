@@ -130,7 +130,24 @@ def _backward(call: Any, node: type, general: Callable) -> Callable:
               + ("    return (None, *_unreached(grads, _call.backward(args)))\n"
                  if call.plan.unreached_grads else
                  "    return (None, *_call.backward(args))\n"))
-    return _generated(source, scope, "backward")
+    return left_to_python(_generated(source, scope, "backward"))
+
+
+def left_to_python(fn: Callable) -> Callable:
+    """`fn`, which Dynamo's frame hook now runs as plain Python, and every frame it calls.
+    The engine calls a backward under that hook where `loss.backward()` runs inside a
+    compiled function (a whole training step, after Dynamo's graph break at `.backward()`):
+    Dynamo then traced aotgrad's backward as user code, and the compile of a lazy backward
+    below it, into graphs for the backend to compile again (each first step). Torch's own
+    compiled backward is skipped as torch's code. Dynamo still inlines it where it does not
+    start a frame (the graph torch's compiled autograd captures)."""
+    try:  # private to Dynamo: where it is missing, Dynamo traces these frames as before
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:
+        return fn
+    set_code_exec_strategy(fn.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    return fn
 
 
 def _generated(source: str, scope: dict, name: str) -> Callable:

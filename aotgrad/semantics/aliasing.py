@@ -352,6 +352,24 @@ def unview_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> None:
     gm.recompile()
 
 
+def repeated_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> tuple[int, ...]:
+    """The user outputs computed by the graph, needing no gradient, whose value the graph
+    returns for an earlier user output too: eager's are tensors of their own (a pass drops
+    `h.detach()` as a no-op, so `return h, h.detach()` returns `h` twice, and the caller got
+    one tensor for both). One that requires grad is left alone: the runtime detaches these."""
+    outputs = gm.graph.output_node().args[0]
+    first = info.first_user_output
+    seen, repeated = set(), []
+    for i, o in enumerate(info.outputs):
+        node = outputs[first + i]
+        if o.kind is not OutputKind.PLAIN or not isinstance(node, fx.Node):
+            continue
+        if node in seen and not o.requires_grad:
+            repeated.append(i)
+        seen.add(node)
+    return tuple(repeated)
+
+
 def _size_args(graph: fx.Graph, node: fx.Node) -> list:
     """`node`'s sizes as graph arguments: a symbolic one is read from `node` itself (a
     sym_size node), since no other node need hold that size."""
