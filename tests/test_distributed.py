@@ -250,6 +250,77 @@ def tensor_parallel(door) -> dict:
     return difference(eager, train(door(tensor_parallel_model())))
 
 
+# ---- DTensor functions: placements and values against eager --------------------------------
+
+def dtensor_doors() -> dict:
+    from aotgrad.compat import aot_function, nop
+    return {"dynamo": lambda f: torch.compile(f, backend=aotgrad.backend(backend="eager")),
+            "native": lambda f: aotgrad.compile(f, backend="eager"),
+            "compat": lambda f: aot_function(f, nop)}
+
+
+def dtensor_facts(t) -> tuple:
+    """What a DTensor result must share with eager's: type, placements, requires_grad,
+    shape, and its full value (each rank's shard gathered)."""
+    from torch.distributed.tensor import DTensor
+    if not isinstance(t, torch.Tensor):
+        return (t,)
+    placements = tuple(t.placements) if isinstance(t, DTensor) else None
+    full = t.full_tensor() if isinstance(t, DTensor) else t
+    return type(t).__name__, placements, t.requires_grad, tuple(t.shape), full.detach()
+
+
+def dtensor_run(fn, make_inputs, backward) -> list:
+    torch.manual_seed(0)
+    args = make_inputs()
+    outs = fn(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    backward(outs)
+    grads = [a.grad for a in args if a.requires_grad]
+    return [dtensor_facts(t) for t in (*outs, *args, *grads)]
+
+
+def dtensor_differences(fn, make_inputs, backward) -> dict:
+    """Per door, each result (outputs, inputs after the call, gradients) unlike eager's."""
+    eager = dtensor_run(fn, make_inputs, backward)
+    out = {}
+    for door, compile_ in dtensor_doors().items():
+        torch._dynamo.reset()
+        found = dtensor_run(compile_(fn), make_inputs, backward)
+        out[door] = [k for k, (e, c) in enumerate(zip(eager, found, strict=True))
+                     if not _same_facts(e, c)]
+    return out
+
+
+def _same_facts(e: tuple, c: tuple) -> bool:
+    if e[:-1] != c[:-1]:
+        return False
+    return not isinstance(e[-1], torch.Tensor) or torch.allclose(e[-1], c[-1])
+
+
+def dtensor_partial_gradients() -> dict:
+    """A sum of a sharded DTensor is Partial; its gradient arrives Replicate (the backward of
+    full_tensor()). The compiled backward, traced for a Partial gradient, took the Replicate
+    local values for partial sums: every input gradient came out WORLD times too large."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (WORLD,))
+
+    def sharded(*placements):
+        return lambda: tuple(distribute_tensor(torch.randn(4, 6), mesh, [p]).requires_grad_()
+                             for p in placements)
+
+    def full_loss(outs):
+        outs[0].full_tensor().backward()
+
+    def replicate_gradient(outs):
+        outs[0].backward(distribute_tensor(torch.ones(outs[0].shape), mesh, [Replicate()]))
+
+    return {"sum": dtensor_differences(lambda x: (x * 2).sum(), sharded(Shard(0)), full_loss),
+            "mm": dtensor_differences(lambda a, b: a @ b.t(), sharded(Shard(1), Shard(1)),
+                                      replicate_gradient)}
+
+
 def refusals() -> dict:
     """The message of each front door given a data-parallel wrapper to trace through."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -281,6 +352,7 @@ SCENARIOS = {
     "refusals": refusals,
     "tp_dynamo": lambda: tensor_parallel(lambda m: torch.compile(m, backend=aotgrad_eager())),
     "tp_native": lambda: tensor_parallel(lambda m: aotgrad.compile(m, backend="eager")),
+    "dtensor_partial_gradients": dtensor_partial_gradients,
 }
 # The engine binds its C++ nodes' functions to the first compiled-autograd instance of a
 # process: aotgrad's runs in a launch of its own, after torch's.
@@ -436,6 +508,17 @@ def test_tensor_parallel(results, name):
     door: torch 2.13 flattens a DTensor into its local tensor and its DeviceMesh, which the
     split into plain tensors took for a tensor (AttributeError: no `detach`)."""
     assert_like_eager(results, name)
+
+
+def assert_dtensor_like_eager(results, name: str) -> None:
+    for r in scenario(results, name):
+        for case, per_door in r.items():
+            for door, differ in per_door.items():
+                assert differ == [], f"{name}/{case} through {door}: results {differ} differ"
+
+
+def test_dtensor_gradient_of_a_partial_output(results):
+    assert_dtensor_like_eager(results, "dtensor_partial_gradients")
 
 
 # ---- what aotgrad refuses -------------------------------------------------------------------

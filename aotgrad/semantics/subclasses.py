@@ -245,8 +245,33 @@ class Boundary:
         return backward
 
 
+def tangent_like(out: torch.Tensor) -> torch.Tensor:
+    """`out` as its gradient is traced: a subclass may ask for another layout
+    (`__coerce_tangent_metadata__`: a Partial DTensor's gradient is a Replicate one, which
+    is what eager's backward of a reduction hands it)."""
+    if not is_subclass(out) or not hasattr(out, "__coerce_tangent_metadata__"):
+        return out
+    with torch.no_grad():
+        return out.__coerce_tangent_metadata__()
+
+
+def _coerced(layout: "PlainMeta | SubclassMeta", g: Any) -> Any:
+    """Gradient `g` in the layout the backward was traced for, where its class can move it
+    there (`__coerce_same_metadata_as_tangent__`: a DTensor redistributes). Splitting a
+    gradient of other placements as it is would hand the backward local shards that mean
+    something else (a Replicate gradient read as Partial is summed over the ranks)."""
+    if not isinstance(layout, SubclassMeta) or type(g) is not layout.cls or \
+            not hasattr(g, "__coerce_same_metadata_as_tangent__"):
+        return g
+    if g.__tensor_flatten__()[1] == layout.ctx:
+        return g
+    coerced = g.__coerce_same_metadata_as_tangent__(layout.ctx)
+    return g if coerced is None else coerced
+
+
 def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any) -> list:
     expected = layout.cls if isinstance(layout, SubclassMeta) else None
+    g = _coerced(layout, g)
     got = type(g) if is_subclass(g) else None
     plain = [p.contiguous() for p in unwrap(g)] if got is expected else []
     if got is not expected or [tuple(p.shape) for p in plain] != _plain_shapes(layout):
