@@ -321,6 +321,37 @@ def dtensor_partial_gradients() -> dict:
                                       replicate_gradient)}
 
 
+def dtensor_dynamic_shapes() -> dict:
+    """Sharded inputs of three sizes through Dynamo with dynamic shapes (and its automatic
+    dynamic: the second size recompiles with symbolic ones) and aotgrad.compile(dynamic=
+    True). The DTensor output was rebuilt with its trace's symbolic sizes: its spec held
+    SymInts, and the caller's full_tensor() failed (unhashable SymInt)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (WORLD,))
+    fn = lambda x: (x.sin() * 2).sum(-1)  # noqa: E731
+    doors = {"dynamo": lambda: torch.compile(fn, backend=aotgrad_eager(), dynamic=True),
+             "dynamo_automatic": lambda: torch.compile(fn, backend=aotgrad_eager()),
+             "native": lambda: aotgrad.compile(fn, backend="eager", dynamic=True)}
+    out = {}
+    for door, make in doors.items():
+        torch._dynamo.reset()
+        compiled, out[door] = make(), []
+        for n in (4, 6, 8):
+            def run(f):
+                x = distribute_tensor(torch.randn(n, 6), mesh, [Shard(0)]).requires_grad_()
+                y = f(x)
+                y.full_tensor().sum().backward()
+                return [dtensor_facts(t) for t in (y, x.grad)]
+            torch.manual_seed(n)
+            eager = run(fn)
+            torch.manual_seed(n)
+            found = run(compiled)
+            out[door] += [(n, k) for k, (e, c) in enumerate(zip(eager, found))
+                          if not _same_facts(e, c)]
+    return out
+
+
 def refusals() -> dict:
     """The message of each front door given a data-parallel wrapper to trace through."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -353,6 +384,7 @@ SCENARIOS = {
     "tp_dynamo": lambda: tensor_parallel(lambda m: torch.compile(m, backend=aotgrad_eager())),
     "tp_native": lambda: tensor_parallel(lambda m: aotgrad.compile(m, backend="eager")),
     "dtensor_partial_gradients": dtensor_partial_gradients,
+    "dtensor_dynamic_shapes": dtensor_dynamic_shapes,
 }
 # The engine binds its C++ nodes' functions to the first compiled-autograd instance of a
 # process: aotgrad's runs in a launch of its own, after torch's.
@@ -519,6 +551,13 @@ def assert_dtensor_like_eager(results, name: str) -> None:
 
 def test_dtensor_gradient_of_a_partial_output(results):
     assert_dtensor_like_eager(results, "dtensor_partial_gradients")
+
+
+def test_dtensor_dynamic_shapes_compile_per_shape(results):
+    """DTensor outputs are compiled for static shapes: with dynamic shapes, one graph a size
+    (the warning says so), each like eager."""
+    for r in scenario(results, "dtensor_dynamic_shapes"):
+        assert r == {door: [] for door in r}, r
 
 
 # ---- what aotgrad refuses -------------------------------------------------------------------

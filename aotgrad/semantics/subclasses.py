@@ -29,6 +29,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..schema import FunctionInfo, Layout, OpaqueMeta, PlainMeta, SubclassMeta
+from .dynamic import DynamicShapesUnsupported, is_symbolic
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -298,9 +299,22 @@ def make_boundary(fakes: Sequence[torch.Tensor], traced: Sequence[Layout], info:
     subs = frozenset(i for i, f in enumerate(fakes) if is_subclass(f))
     tangents = tuple(tangent_layout(m)
                      for m, d in zip(info.graph_output_metas, info.gets_tangent) if d)
+    _refuse_symbolic_layouts([*traced, *tangents])
     # After the gradients, a joint graph returns the inputs the backward writes into.
     return Boundary(subs, tuple(traced[:n]), tangents, tuple(traced[n:n + len(fakes)]),
                     bumped=tuple(i for i in copied_in_graph if i in subs))
+
+
+def _refuse_symbolic_layouts(layouts: Sequence[Layout]) -> None:
+    """A subclass is rebuilt around the graphs with the sizes of its trace: symbolic ones
+    (Dynamo's dynamic shapes) would reach the caller's tensor (a DTensor's spec holding
+    SymInts fails at its next redistribute). Refused as a dynamic-shapes limit: both doors
+    then compile per shape."""
+    sizes = [(m.size, m.stride) for m in layouts if isinstance(m, SubclassMeta)]
+    if is_symbolic(sizes):
+        raise DynamicShapesUnsupported(
+            "aotgrad: tensor subclass outputs and gradients are compiled for static shapes "
+            "only.")
 
 
 def tangent_layout(meta) -> "PlainMeta | SubclassMeta":
