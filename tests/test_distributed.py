@@ -100,7 +100,7 @@ def local(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def train(model, accumulate: int = 1, steps: int = STEPS) -> dict:
+def train(model, accumulate: int = 1, steps: int = STEPS, batches=(8,) * STEPS) -> dict:
     """SGD steps of `model`; with `accumulate` > 1, all but the last micro-batch of a step
     run under DDP's no_sync (gradients accumulate locally, synced by the last backward)."""
     rank = dist.get_rank()
@@ -109,7 +109,7 @@ def train(model, accumulate: int = 1, steps: int = STEPS) -> dict:
     for step in range(steps):
         for k in range(accumulate):
             g = torch.Generator().manual_seed(1000 * step + 10 * k + rank)
-            x = torch.randn(8, WIDTH, generator=g)
+            x = torch.randn(batches[step], WIDTH, generator=g)
             sync = k == accumulate - 1
             with (torch.enable_grad() if sync else model.no_sync()):
                 loss = model(x).float().pow(2).mean()
@@ -352,6 +352,17 @@ def dtensor_dynamic_shapes() -> dict:
     return out
 
 
+def tensor_parallel_dynamic() -> dict:
+    """Tensor parallelism with a batch size that changes every step, Dynamo's symbolic sizes:
+    the outputs are plain, the parameters DTensors. The gradient of a plain output of
+    symbolic size was checked against the size of the trace (a loud error at the second
+    size)."""
+    batches = (4, 6, 8)
+    eager = train(tensor_parallel_model(), batches=batches)
+    model = torch.compile(tensor_parallel_model(), backend=aotgrad_eager(), dynamic=True)
+    return difference(eager, train(model, batches=batches))
+
+
 def refusals() -> dict:
     """The message of each front door given a data-parallel wrapper to trace through."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -385,6 +396,7 @@ SCENARIOS = {
     "tp_native": lambda: tensor_parallel(lambda m: aotgrad.compile(m, backend="eager")),
     "dtensor_partial_gradients": dtensor_partial_gradients,
     "dtensor_dynamic_shapes": dtensor_dynamic_shapes,
+    "tp_dynamic": tensor_parallel_dynamic,
 }
 # The engine binds its C++ nodes' functions to the first compiled-autograd instance of a
 # process: aotgrad's runs in a launch of its own, after torch's.
@@ -534,7 +546,7 @@ def test_fsdp2_aotgrad_compiled_autograd(results):
 
 # ---- tensor parallelism -------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["tp_dynamo", "tp_native"])
+@pytest.mark.parametrize("name", ["tp_dynamo", "tp_native", "tp_dynamic"])
 def test_tensor_parallel(results, name):
     """DTensor parameters (ColwiseParallel/RowwiseParallel), through Dynamo and the native
     door: torch 2.13 flattens a DTensor into its local tensor and its DeviceMesh, which the

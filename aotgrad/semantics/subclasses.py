@@ -275,7 +275,7 @@ def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any) -> list:
     g = _coerced(layout, g)
     got = type(g) if is_subclass(g) else None
     plain = [p.contiguous() for p in unwrap(g)] if got is expected else []
-    if got is not expected or [tuple(p.shape) for p in plain] != _plain_shapes(layout):
+    if got is not expected or not _fits(plain, _plain_shapes(layout)):
         raise RuntimeError(
             f"aotgrad: a gradient of shape {tuple(g.shape)} reached the compiled backward as "
             f"{_name(got)}, but the backward was traced for {_name(expected)} with parts of "
@@ -284,6 +284,16 @@ def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any) -> list:
             "two.sum() + plain.sum()) or when .backward(gradient) passes another type. Keep "
             "each output's gradient of the output's own type.")
     return plain
+
+
+def _fits(plain: list, shapes: list) -> bool:
+    """Whether the gradient's parts have the traced shapes; a symbolic size (a plain output
+    of a graph with dynamic shapes) fits any."""
+    if len(plain) != len(shapes):
+        return False
+    return all(len(p.shape) == len(shape) and
+               all(isinstance(e, torch.SymInt) or n == e for n, e in zip(p.shape, shape))
+               for p, shape in zip(plain, shapes))
 
 
 def _name(cls: type | None) -> str:
