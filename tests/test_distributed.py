@@ -325,7 +325,8 @@ def dtensor_dynamic_shapes() -> dict:
     """Sharded inputs of three sizes through Dynamo with dynamic shapes (and its automatic
     dynamic: the second size recompiles with symbolic ones) and aotgrad.compile(dynamic=
     True). The DTensor output was rebuilt with its trace's symbolic sizes: its spec held
-    SymInts, and the caller's full_tensor() failed (unhashable SymInt)."""
+    SymInts, and the caller's full_tensor() failed (unhashable SymInt); it is rebuilt with
+    each call's sizes."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
     mesh = init_device_mesh("cpu", (WORLD,))
@@ -363,6 +364,51 @@ def tensor_parallel_dynamic() -> dict:
     return difference(eager, train(model, batches=batches))
 
 
+class NormBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.w1, self.w2 = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.w2(torch.tanh(self.w1(self.norm(x))))
+
+
+def sequence_parallel_dynamic() -> dict:
+    """SequenceParallel LayerNorm, sequence lengths changing each step, dynamic=True: the
+    blocks' outputs and input gradients are DTensors of symbolic size, and Dynamo passes
+    LayerNorm's eps as a tensor whose `.item()` its graph reads (a dynamic float). The
+    DTensor outputs sent the graph to a compile per shape, which cannot read that float:
+    a loud error (aten._local_scalar_dense)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    plan = {"norm": SequenceParallel(), "w1": ColwiseParallel(input_layouts=Shard(1)),
+            "w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)}
+
+    def run(model) -> dict:
+        opt, out = torch.optim.SGD(model.parameters(), lr=0.1), {"losses": [], "grads": []}
+        for step, length in enumerate((8, 10, 12)):
+            g = torch.Generator().manual_seed(step)
+            x = distribute_tensor(torch.randn(2, length, WIDTH, generator=g), mesh, [Shard(1)])
+            loss = model(x.requires_grad_()).full_tensor().pow(2).mean()
+            loss.backward()
+            out["losses"].append(loss.detach())
+            out["grads"] += [x.grad.full_tensor()] + [p.grad.full_tensor() for p in
+                                                      model.parameters()]
+            opt.step()
+            opt.zero_grad()
+        out["losses"] = torch.stack(out["losses"])
+        out["params"] = [p.full_tensor().detach() for p in model.parameters()]
+        return out
+
+    eager = run(parallelize_module(seeded(NormBlock), mesh, plan))
+    model = parallelize_module(seeded(NormBlock), mesh, plan)
+    return difference(eager, run(torch.compile(model, backend=aotgrad_eager(), dynamic=True)))
+
+
 def refusals() -> dict:
     """The message of each front door given a data-parallel wrapper to trace through."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -397,6 +443,7 @@ SCENARIOS = {
     "dtensor_partial_gradients": dtensor_partial_gradients,
     "dtensor_dynamic_shapes": dtensor_dynamic_shapes,
     "tp_dynamic": tensor_parallel_dynamic,
+    "sp_dynamic": sequence_parallel_dynamic,
 }
 # The engine binds its C++ nodes' functions to the first compiled-autograd instance of a
 # process: aotgrad's runs in a launch of its own, after torch's.
@@ -546,7 +593,7 @@ def test_fsdp2_aotgrad_compiled_autograd(results):
 
 # ---- tensor parallelism -------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["tp_dynamo", "tp_native", "tp_dynamic"])
+@pytest.mark.parametrize("name", ["tp_dynamo", "tp_native", "tp_dynamic", "sp_dynamic"])
 def test_tensor_parallel(results, name):
     """DTensor parameters (ColwiseParallel/RowwiseParallel), through Dynamo and the native
     door: torch 2.13 flattens a DTensor into its local tensor and its DeviceMesh, which the
@@ -565,9 +612,7 @@ def test_dtensor_gradient_of_a_partial_output(results):
     assert_dtensor_like_eager(results, "dtensor_partial_gradients")
 
 
-def test_dtensor_dynamic_shapes_compile_per_shape(results):
-    """DTensor outputs are compiled for static shapes: with dynamic shapes, one graph a size
-    (the warning says so), each like eager."""
+def test_dtensor_dynamic_shapes(results):
     for r in scenario(results, "dtensor_dynamic_shapes"):
         assert r == {door: [] for door in r}, r
 
