@@ -312,6 +312,7 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
             p = Partition(*call_partitioner(options.partition_fn, joint_gm, n, static), n)
         fw, bw = p.forward, p.backward
         tag_backward(bw)
+        edge = subclasses.bind_grad_sizes(edge, bw)
         held = random_values.hold_random_values(fw, bw, n, facts.random_ops)
         if not (hit and (lacks_fake_values(fw) or lacks_fake_values(bw))):
             verify_partition(fw, bw, n)  # a hit loaded by Inductor's key: verified when stored

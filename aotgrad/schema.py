@@ -164,7 +164,9 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
-    subclass: SubclassMeta | None = None  # how a subclass splits into plain tensors
+    # How a subclass output's gradient splits into plain tensors: the output's layout, or
+    # the one its class picks for gradients (a Partial DTensor's is Replicate).
+    subclass: SubclassMeta | None = None
 
 
 @dataclass(frozen=True)

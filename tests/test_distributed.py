@@ -100,7 +100,7 @@ def local(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def train(model, accumulate: int = 1, steps: int = STEPS) -> dict:
+def train(model, accumulate: int = 1, steps: int = STEPS, batches=(8,) * STEPS) -> dict:
     """SGD steps of `model`; with `accumulate` > 1, all but the last micro-batch of a step
     run under DDP's no_sync (gradients accumulate locally, synced by the last backward)."""
     rank = dist.get_rank()
@@ -109,7 +109,7 @@ def train(model, accumulate: int = 1, steps: int = STEPS) -> dict:
     for step in range(steps):
         for k in range(accumulate):
             g = torch.Generator().manual_seed(1000 * step + 10 * k + rank)
-            x = torch.randn(8, WIDTH, generator=g)
+            x = torch.randn(batches[step], WIDTH, generator=g)
             sync = k == accumulate - 1
             with (torch.enable_grad() if sync else model.no_sync()):
                 loss = model(x).float().pow(2).mean()
@@ -250,6 +250,165 @@ def tensor_parallel(door) -> dict:
     return difference(eager, train(door(tensor_parallel_model())))
 
 
+# ---- DTensor functions: placements and values against eager --------------------------------
+
+def dtensor_doors() -> dict:
+    from aotgrad.compat import aot_function, nop
+    return {"dynamo": lambda f: torch.compile(f, backend=aotgrad.backend(backend="eager")),
+            "native": lambda f: aotgrad.compile(f, backend="eager"),
+            "compat": lambda f: aot_function(f, nop)}
+
+
+def dtensor_facts(t) -> tuple:
+    """What a DTensor result must share with eager's: type, placements, requires_grad,
+    shape, and its full value (each rank's shard gathered)."""
+    from torch.distributed.tensor import DTensor
+    if not isinstance(t, torch.Tensor):
+        return (t,)
+    placements = tuple(t.placements) if isinstance(t, DTensor) else None
+    full = t.full_tensor() if isinstance(t, DTensor) else t
+    return type(t).__name__, placements, t.requires_grad, tuple(t.shape), full.detach()
+
+
+def dtensor_run(fn, make_inputs, backward) -> list:
+    torch.manual_seed(0)
+    args = make_inputs()
+    outs = fn(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    backward(outs)
+    grads = [a.grad for a in args if a.requires_grad]
+    return [dtensor_facts(t) for t in (*outs, *args, *grads)]
+
+
+def dtensor_differences(fn, make_inputs, backward) -> dict:
+    """Per door, each result (outputs, inputs after the call, gradients) unlike eager's."""
+    eager = dtensor_run(fn, make_inputs, backward)
+    out = {}
+    for door, compile_ in dtensor_doors().items():
+        torch._dynamo.reset()
+        found = dtensor_run(compile_(fn), make_inputs, backward)
+        out[door] = [k for k, (e, c) in enumerate(zip(eager, found, strict=True))
+                     if not _same_facts(e, c)]
+    return out
+
+
+def _same_facts(e: tuple, c: tuple) -> bool:
+    if e[:-1] != c[:-1]:
+        return False
+    return not isinstance(e[-1], torch.Tensor) or torch.allclose(e[-1], c[-1])
+
+
+def dtensor_partial_gradients() -> dict:
+    """A sum of a sharded DTensor is Partial; its gradient arrives Replicate (the backward of
+    full_tensor()). The compiled backward, traced for a Partial gradient, took the Replicate
+    local values for partial sums: every input gradient came out WORLD times too large."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (WORLD,))
+
+    def sharded(*placements):
+        return lambda: tuple(distribute_tensor(torch.randn(4, 6), mesh, [p]).requires_grad_()
+                             for p in placements)
+
+    def full_loss(outs):
+        outs[0].full_tensor().backward()
+
+    def replicate_gradient(outs):
+        outs[0].backward(distribute_tensor(torch.ones(outs[0].shape), mesh, [Replicate()]))
+
+    return {"sum": dtensor_differences(lambda x: (x * 2).sum(), sharded(Shard(0)), full_loss),
+            "mm": dtensor_differences(lambda a, b: a @ b.t(), sharded(Shard(1), Shard(1)),
+                                      replicate_gradient)}
+
+
+def dtensor_dynamic_shapes() -> dict:
+    """Sharded inputs of three sizes through Dynamo with dynamic shapes (and its automatic
+    dynamic: the second size recompiles with symbolic ones) and aotgrad.compile(dynamic=
+    True). The DTensor output was rebuilt with its trace's symbolic sizes: its spec held
+    SymInts, and the caller's full_tensor() failed (unhashable SymInt); it is rebuilt with
+    each call's sizes."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (WORLD,))
+    fn = lambda x: (x.sin() * 2).sum(-1)  # noqa: E731
+    doors = {"dynamo": lambda: torch.compile(fn, backend=aotgrad_eager(), dynamic=True),
+             "dynamo_automatic": lambda: torch.compile(fn, backend=aotgrad_eager()),
+             "native": lambda: aotgrad.compile(fn, backend="eager", dynamic=True)}
+    out = {}
+    for door, make in doors.items():
+        torch._dynamo.reset()
+        compiled, out[door] = make(), []
+        for n in (4, 6, 8):
+            def run(f):
+                x = distribute_tensor(torch.randn(n, 6), mesh, [Shard(0)]).requires_grad_()
+                y = f(x)
+                y.full_tensor().sum().backward()
+                return [dtensor_facts(t) for t in (y, x.grad)]
+            torch.manual_seed(n)
+            eager = run(fn)
+            torch.manual_seed(n)
+            found = run(compiled)
+            out[door] += [(n, k) for k, (e, c) in enumerate(zip(eager, found))
+                          if not _same_facts(e, c)]
+    return out
+
+
+def tensor_parallel_dynamic() -> dict:
+    """Tensor parallelism with a batch size that changes every step, Dynamo's symbolic sizes:
+    the outputs are plain, the parameters DTensors. The gradient of a plain output of
+    symbolic size was checked against the size of the trace (a loud error at the second
+    size)."""
+    batches = (4, 6, 8)
+    eager = train(tensor_parallel_model(), batches=batches)
+    model = torch.compile(tensor_parallel_model(), backend=aotgrad_eager(), dynamic=True)
+    return difference(eager, train(model, batches=batches))
+
+
+class NormBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.w1, self.w2 = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.w2(torch.tanh(self.w1(self.norm(x))))
+
+
+def sequence_parallel_dynamic() -> dict:
+    """SequenceParallel LayerNorm, sequence lengths changing each step, dynamic=True: the
+    blocks' outputs and input gradients are DTensors of symbolic size, and Dynamo passes
+    LayerNorm's eps as a tensor whose `.item()` its graph reads (a dynamic float). The
+    DTensor outputs sent the graph to a compile per shape, which cannot read that float:
+    a loud error (aten._local_scalar_dense)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    plan = {"norm": SequenceParallel(), "w1": ColwiseParallel(input_layouts=Shard(1)),
+            "w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)}
+
+    def run(model) -> dict:
+        opt, out = torch.optim.SGD(model.parameters(), lr=0.1), {"losses": [], "grads": []}
+        for step, length in enumerate((8, 10, 12)):
+            g = torch.Generator().manual_seed(step)
+            x = distribute_tensor(torch.randn(2, length, WIDTH, generator=g), mesh, [Shard(1)])
+            loss = model(x.requires_grad_()).full_tensor().pow(2).mean()
+            loss.backward()
+            out["losses"].append(loss.detach())
+            out["grads"] += [x.grad.full_tensor()] + [p.grad.full_tensor() for p in
+                                                      model.parameters()]
+            opt.step()
+            opt.zero_grad()
+        out["losses"] = torch.stack(out["losses"])
+        out["params"] = [p.full_tensor().detach() for p in model.parameters()]
+        return out
+
+    eager = run(parallelize_module(seeded(NormBlock), mesh, plan))
+    model = parallelize_module(seeded(NormBlock), mesh, plan)
+    return difference(eager, run(torch.compile(model, backend=aotgrad_eager(), dynamic=True)))
+
+
 def refusals() -> dict:
     """The message of each front door given a data-parallel wrapper to trace through."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -281,6 +440,10 @@ SCENARIOS = {
     "refusals": refusals,
     "tp_dynamo": lambda: tensor_parallel(lambda m: torch.compile(m, backend=aotgrad_eager())),
     "tp_native": lambda: tensor_parallel(lambda m: aotgrad.compile(m, backend="eager")),
+    "dtensor_partial_gradients": dtensor_partial_gradients,
+    "dtensor_dynamic_shapes": dtensor_dynamic_shapes,
+    "tp_dynamic": tensor_parallel_dynamic,
+    "sp_dynamic": sequence_parallel_dynamic,
 }
 # The engine binds its C++ nodes' functions to the first compiled-autograd instance of a
 # process: aotgrad's runs in a launch of its own, after torch's.
@@ -430,12 +593,28 @@ def test_fsdp2_aotgrad_compiled_autograd(results):
 
 # ---- tensor parallelism -------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["tp_dynamo", "tp_native"])
+@pytest.mark.parametrize("name", ["tp_dynamo", "tp_native", "tp_dynamic", "sp_dynamic"])
 def test_tensor_parallel(results, name):
     """DTensor parameters (ColwiseParallel/RowwiseParallel), through Dynamo and the native
     door: torch 2.13 flattens a DTensor into its local tensor and its DeviceMesh, which the
     split into plain tensors took for a tensor (AttributeError: no `detach`)."""
     assert_like_eager(results, name)
+
+
+def assert_dtensor_like_eager(results, name: str) -> None:
+    for r in scenario(results, name):
+        for case, per_door in r.items():
+            for door, differ in per_door.items():
+                assert differ == [], f"{name}/{case} through {door}: results {differ} differ"
+
+
+def test_dtensor_gradient_of_a_partial_output(results):
+    assert_dtensor_like_eager(results, "dtensor_partial_gradients")
+
+
+def test_dtensor_dynamic_shapes(results):
+    for r in scenario(results, "dtensor_dynamic_shapes"):
+        assert r == {door: [] for door in r}, r
 
 
 # ---- what aotgrad refuses -------------------------------------------------------------------

@@ -281,3 +281,38 @@ def test_leaf_twotensor_made_inside_is_refused():
 def test_export_refuses_subclasses():
     with pytest.raises(NotImplementedError, match="tensor subclass"):
         aot_export_joint_simple(lambda x: (x * 2,), [two(3)], trace_joint=False)
+
+
+class ShiftedTwo(torch.nn.Module):
+    """A float attribute: under dynamic=True Dynamo passes it as a tensor whose `.item()`
+    its graph reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift, self.w = 0.5, torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        y = x * self.w + self.shift
+        return y, y.sin()
+
+
+def test_subclass_outputs_and_gradients_of_dynamic_shape():
+    """TwoTensor in and out under Dynamo's symbolic sizes, one output unused by the loss.
+    Outputs and input gradients were rebuilt with the trace's symbolic sizes (`y.shape` a
+    SymInt); refusing them sent the graph to a compile per shape, which cannot read the
+    dynamic float (aten._local_scalar_dense). They are rebuilt with each call's sizes."""
+    torch._dynamo.reset()
+    eager = ShiftedTwo()
+    compiled = torch.compile(ShiftedTwo(), backend=aotgrad.backend(backend="eager"),
+                             dynamic=True)
+    for n in (3, 5, 7):
+        x = two(n, 4, requires_grad=True)
+        x_eager = x.detach().clone().requires_grad_()
+        got, want = compiled(x)[0], eager(x_eager)[0]
+        assert all(type(d) is int for d in (*got.shape, *got.stride())), got.shape
+        assert_same(want, got, f"output, {n} rows")
+        got.sum().backward()
+        want.sum().backward()
+        assert all(type(d) is int for d in x.grad.shape), x.grad.shape
+        assert_same(x_eager.grad, x.grad, f"input gradient, {n} rows")
+    assert_same(eager.w.grad, compiled.w.grad, "w's gradient")

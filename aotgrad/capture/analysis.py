@@ -102,7 +102,7 @@ def _tensor_meta(v: Any) -> TensorMeta | None:
     if not isinstance(v, torch.Tensor):  # a symbolic size
         return None
     subclasses.check_supported(v, "an output")
-    layout = subclasses.describe(v)
+    layout = subclasses.describe(subclasses.tangent_like(v))
     subclass = layout if isinstance(layout, SubclassMeta) else None
     return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass)
 

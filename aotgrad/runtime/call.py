@@ -23,6 +23,7 @@ from ..capture.analysis import regenerate_view
 from ..schema import FunctionInfo, Geometry, OutputInfo, OutputKind
 from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
+from ..semantics.subclasses import is_subclass
 from ..capture.stale import StaleBackward
 from ..autograd import state as _compiled_autograd
 from .mutations import BackwardWrites, mutation_steps, set_versions, version_or_none
@@ -103,7 +104,7 @@ class CompiledFunction(torch.autograd.Function):
         # not a zero tensor autograd would fill for each of them on every backward.
         ctx.set_materialize_grads(False)
         if call.symbolic_tangents:  # a missing gradient is made at this call's sizes
-            ctx.output_shapes = {i: outs[i].shape for i in call.symbolic_tangents}
+            ctx.output_shapes = {i: _sized_like(outs[i]) for i in call.symbolic_tangents}
         sizes_at = len(outs) - plan.num_saved_sizes
         ctx.save_for_backward(*outs[plan.num_fw_outputs:sizes_at])
         ctx.saved_sizes = outs[sizes_at:]
@@ -279,12 +280,11 @@ class CompiledCall:
         self.compiled_autograd_ids: dict[tuple, int] = {}  # _region_key's, per saved sizes
         self._call_backward_directly_once_compiled()
         self._mutations = mutation_steps(plan.info, plan.copied_in_graph, plan.sizes)
-        # Plain outputs of symbolic shape that take a gradient: one the loss does not reach is
+        # Outputs of symbolic shape that take a gradient: one the loss does not reach is
         # zeros of the shape this call's forward produced.
         metas = plan.info.graph_output_metas
         self.symbolic_tangents = frozenset(i for i in plan.tangent_outputs
-                                           if metas[i].subclass is None and
-                                           is_symbolic(metas[i].shape))
+                                           if is_symbolic(metas[i].shape))
         self._versioned = tuple((i, plan.info.inputs[i].version_bumps)
                                 for i in plan.copied_in_graph)
         if self._versioned:  # set before the forward saves an input: autograd notes its version
@@ -498,6 +498,12 @@ def _plain_output_slice(info: FunctionInfo) -> slice | None:
         return None
     first = info.first_user_output
     return slice(first, first + len(info.outputs))
+
+
+def _sized_like(out: torch.Tensor) -> Any:
+    """What a missing gradient of `out` is made from: its shape, or for a subclass (whose
+    parts have sizes of their own) the output itself, detached (no copy)."""
+    return out.detach() if is_subclass(out) else out.shape
 
 
 def _output_order(info: FunctionInfo, sizes: SizeBindings | None, repeated: tuple[int, ...]

@@ -60,8 +60,11 @@ def held_inputs(inputs: tuple) -> tuple:
     return tuple(held)
 
 
-def tangent(grad: torch.Tensor | None, meta, shape: torch.Size | None) -> torch.Tensor:
+def tangent(grad: torch.Tensor | None, meta, shape: "torch.Size | torch.Tensor | None"
+            ) -> torch.Tensor:
     """What the backward graph takes for one output's gradient `grad`."""
+    if grad is None and isinstance(shape, torch.Tensor):  # a subclass of symbolic shape
+        return torch.zeros_like(shape)
     if grad is None and shape is not None:  # the meta's shape is symbolic: this call's
         return torch.zeros(shape, dtype=meta.dtype, device=meta.device)
     if grad is None:  # the output took no part in the loss

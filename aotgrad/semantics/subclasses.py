@@ -19,6 +19,7 @@ any subclass gets an empty `Boundary` and runs exactly as before.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -29,6 +30,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..schema import FunctionInfo, Layout, OpaqueMeta, PlainMeta, SubclassMeta
+from .dynamic import DynamicShapesUnsupported, SizeBindings, is_symbolic
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -199,6 +201,11 @@ class Boundary:
     tangents: tuple["PlainMeta | SubclassMeta", ...]  # per differentiable forward output
     grads: tuple[Layout, ...]  # per graph input: the gradient the backward returns
     bumped: tuple[int, ...] = ()  # subclass inputs the graph itself copies new values into
+    # Where the symbolic sizes of subclass outputs are found in a call's inputs (dynamic
+    # shapes); None where they are all static.
+    sizes: SizeBindings | None = None
+    # The same for the gradients of subclass inputs, found in the backward's inputs.
+    grad_sizes: SizeBindings | None = None
 
     @property
     def is_plain(self) -> bool:
@@ -223,7 +230,11 @@ class Boundary:
         def forward(inputs: list) -> list:
             plain = compiled(self.unwrap_inputs(inputs))
             it = iter(plain)
-            outs = [wrap(m, it) for m in self.outputs]
+            layouts = self.outputs
+            if self.sizes is not None:  # this call's sizes, not the trace's symbols
+                concrete = self.sizes.concrete(inputs)
+                layouts = [_concrete(m, concrete) for m in layouts]
+            outs = [wrap(m, it) for m in layouts]
             for i in self.bumped:  # eager bumps the subclass's own version counter
                 torch.autograd.graph.increment_version(inputs[i])
             return outs + list(it)
@@ -240,16 +251,46 @@ class Boundary:
             for layout, g in zip(self.tangents, args[k:]):
                 plain += _split_tangent(layout, g)
             args.clear()
+            grads = self.grads
+            if self.grad_sizes is not None:  # read before the call empties `plain`
+                concrete = self.grad_sizes.concrete(plain)
+                grads = [_concrete(m, concrete) for m in grads]
             it = iter(compiled(plain))
-            return [wrap(m, it) for m in self.grads] + list(it)  # then new values of inputs
+            return [wrap(m, it) for m in grads] + list(it)  # then new values of inputs
         return backward
+
+
+def tangent_like(out: torch.Tensor) -> torch.Tensor:
+    """`out` as its gradient is traced: a subclass may ask for another layout
+    (`__coerce_tangent_metadata__`: a Partial DTensor's gradient is a Replicate one, which
+    is what eager's backward of a reduction hands it)."""
+    if not is_subclass(out) or not hasattr(out, "__coerce_tangent_metadata__"):
+        return out
+    with torch.no_grad():
+        return out.__coerce_tangent_metadata__()
+
+
+def _coerced(layout: "PlainMeta | SubclassMeta", g: Any) -> Any:
+    """Gradient `g` in the layout the backward was traced for, where its class can move it
+    there (`__coerce_same_metadata_as_tangent__`: a DTensor redistributes). Splitting a
+    gradient of other placements as it is would hand the backward local shards that mean
+    something else (a Replicate gradient read as Partial is summed over the ranks)."""
+    if not isinstance(layout, SubclassMeta) or type(g) is not layout.cls or \
+            not hasattr(g, "__coerce_same_metadata_as_tangent__"):
+        return g
+    # A symbolic layout's context holds SymInts: comparing them would specialize the sizes.
+    if not is_symbolic(_outer_sizes([layout])) and g.__tensor_flatten__()[1] == layout.ctx:
+        return g
+    coerced = g.__coerce_same_metadata_as_tangent__(layout.ctx)
+    return g if coerced is None else coerced
 
 
 def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any) -> list:
     expected = layout.cls if isinstance(layout, SubclassMeta) else None
+    g = _coerced(layout, g)
     got = type(g) if is_subclass(g) else None
     plain = [p.contiguous() for p in unwrap(g)] if got is expected else []
-    if got is not expected or [tuple(p.shape) for p in plain] != _plain_shapes(layout):
+    if got is not expected or not _fits(plain, _plain_shapes(layout)):
         raise RuntimeError(
             f"aotgrad: a gradient of shape {tuple(g.shape)} reached the compiled backward as "
             f"{_name(got)}, but the backward was traced for {_name(expected)} with parts of "
@@ -258,6 +299,16 @@ def _split_tangent(layout: "PlainMeta | SubclassMeta", g: Any) -> list:
             "two.sum() + plain.sum()) or when .backward(gradient) passes another type. Keep "
             "each output's gradient of the output's own type.")
     return plain
+
+
+def _fits(plain: list, shapes: list) -> bool:
+    """Whether the gradient's parts have the traced shapes; a symbolic size (a plain output
+    of a graph with dynamic shapes) fits any."""
+    if len(plain) != len(shapes):
+        return False
+    return all(len(p.shape) == len(shape) and
+               all(isinstance(e, torch.SymInt) or n == e for n, e in zip(p.shape, shape))
+               for p, shape in zip(plain, shapes))
 
 
 def _name(cls: type | None) -> str:
@@ -273,9 +324,52 @@ def make_boundary(fakes: Sequence[torch.Tensor], traced: Sequence[Layout], info:
     subs = frozenset(i for i, f in enumerate(fakes) if is_subclass(f))
     tangents = tuple(tangent_layout(m)
                      for m, d in zip(info.graph_output_metas, info.gets_tangent) if d)
+    grads = tuple(traced[n:n + len(fakes)])
     # After the gradients, a joint graph returns the inputs the backward writes into.
-    return Boundary(subs, tuple(traced[:n]), tangents, tuple(traced[n:n + len(fakes)]),
-                    bumped=tuple(i for i in copied_in_graph if i in subs))
+    return Boundary(subs, tuple(traced[:n]), tangents, grads,
+                    bumped=tuple(i for i in copied_in_graph if i in subs),
+                    sizes=_output_sizes(fakes, traced[:n]))
+
+
+def _outer_sizes(layouts: Sequence[Layout]) -> list:
+    return [(m.size, m.stride) for m in layouts if isinstance(m, SubclassMeta)]
+
+
+def bind_grad_sizes(edge: Boundary, backward: "torch.fx.GraphModule") -> Boundary:
+    """`edge` knowing where each call of `backward` finds the symbolic sizes of the subclass
+    gradients it rebuilds (its saved sizes and activations hold them)."""
+    sizes = _outer_sizes(edge.grads)
+    if not is_symbolic(sizes):
+        return edge
+    fakes = [n.meta.get("val") for n in backward.graph.find_nodes(op="placeholder")]
+    bindings = SizeBindings(fakes)
+    if bindings.unbound(sizes):
+        raise DynamicShapesUnsupported(
+            "aotgrad: a tensor subclass input's gradient has sizes the backward's inputs do "
+            "not hold.")
+    return dataclasses.replace(edge, grad_sizes=bindings)
+
+
+def _output_sizes(fakes: Sequence[Any], outputs: Sequence[Layout]) -> SizeBindings | None:
+    """Where a call finds the sizes of its subclass outputs, where they are symbolic."""
+    sizes = _outer_sizes(outputs)
+    if not is_symbolic(sizes):
+        return None
+    bindings = SizeBindings(fakes)
+    if bindings.unbound(sizes):
+        raise DynamicShapesUnsupported(
+            "aotgrad: a tensor subclass output has sizes no input's size determines.")
+    return bindings
+
+
+def _concrete(layout: Layout, concrete: Callable) -> Layout:
+    """`layout` with one call's sizes for its symbolic outer sizes (its flatten context may
+    keep symbols: DTensor rebuilds its spec from the outer size and stride it is given)."""
+    if not isinstance(layout, SubclassMeta):
+        return layout
+    inner = tuple(_concrete(m, concrete) for m in layout.inner)
+    return dataclasses.replace(layout, inner=inner, size=concrete(layout.size),
+                               stride=concrete(layout.stride))
 
 
 def tangent_layout(meta) -> "PlainMeta | SubclassMeta":
