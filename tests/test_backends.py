@@ -423,15 +423,24 @@ def _output_and_its_detach(x, w):
     return h, h.detach()
 
 
+def _detach_then_output(x, w):
+    h = x * w
+    return h.detach(), h
+
+
+@pytest.mark.parametrize("order", ["output_first", "detach_first"])
 @pytest.mark.parametrize("door", ["compile", "dynamo"])
-def test_an_output_and_its_detach_inductor_returns_as_one_tensor_keep_eagers_gradient(door):
+def test_an_output_and_its_detach_inductor_returns_as_one_tensor_keep_eagers_gradient(
+        door, order):
     """Inductor drops `detach` as a no-op and returns one tensor for both outputs; marking it
-    non-differentiable took the gradient off the output that has one, silently."""
+    non-differentiable took the gradient off the output that has one, silently (in either
+    order: a review mend that looked only at later outputs lost it with the detach first)."""
     torch._dynamo.reset()
-    fn = (aotgrad.compile(_output_and_its_detach, backend="inductor") if door == "compile"
-          else torch.compile(_output_and_its_detach, backend=aotgrad.backend()))
+    f = _output_and_its_detach if order == "output_first" else _detach_then_output
+    fn = (aotgrad.compile(f, backend="inductor") if door == "compile"
+          else torch.compile(f, backend=aotgrad.backend()))
     x, w = torch.randn(4, 6), torch.randn(4, 6, requires_grad=True)
-    h, detached = fn(x, w)
+    h, detached = fn(x, w) if order == "output_first" else fn(x, w)[::-1]
     assert h is not detached and h.grad_fn is not None and detached.grad_fn is None
     assert detached.data_ptr() == h.data_ptr() and detached._base is None
     h.sum().backward()

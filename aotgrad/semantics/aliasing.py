@@ -353,21 +353,23 @@ def unview_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> None:
 
 
 def repeated_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> tuple[int, ...]:
-    """The user outputs computed by the graph, needing no gradient, whose value the graph
-    returns for an earlier user output too: eager's are tensors of their own (a pass drops
-    `h.detach()` as a no-op, so `return h, h.detach()` returns `h` twice, and the caller got
-    one tensor for both). One that requires grad is left alone: the runtime detaches these."""
+    """The user outputs computed by the graph whose value the graph also returns for another
+    user output, and that the runtime must hand out as tensors of their own (eager's are:
+    a pass drops `h.detach()` as a no-op, so `return h, h.detach()` returns `h` twice):
+    those needing no gradient where one of the group does (in either order), else all but
+    the first. The runtime detaches them."""
     outputs = gm.graph.output_node().args[0]
     first = info.first_user_output
-    seen, repeated = set(), []
+    groups: dict[fx.Node, list[int]] = {}
     for i, o in enumerate(info.outputs):
         node = outputs[first + i]
-        if o.kind is not OutputKind.PLAIN or not isinstance(node, fx.Node):
-            continue
-        if node in seen and not o.requires_grad:
-            repeated.append(i)
-        seen.add(node)
-    return tuple(repeated)
+        if o.kind is OutputKind.PLAIN and isinstance(node, fx.Node):
+            groups.setdefault(node, []).append(i)
+    repeated = []
+    for group in (g for g in groups.values() if len(g) > 1):
+        gradless = [i for i in group if not info.outputs[i].requires_grad]
+        repeated += gradless if len(gradless) < len(group) else group[1:]
+    return tuple(sorted(repeated))
 
 
 def _size_args(graph: fx.Graph, node: fx.Node) -> list:
