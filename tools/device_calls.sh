@@ -24,9 +24,10 @@ case $1 in
 verify23)  # session 22's fixes on torch 2.11 + CUDA: the hunts' files, and verify22a's last 8%
   TAIL=6 step verify23a 290 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_semantics.py tests/test_aliasing.py tests/test_compiled_autograd.py \
-    tests/test_guards.py tests/test_lifecycle.py tests/test_subclasses.py
+    tests/test_backends.py tests/test_subclasses.py tests/test_guards.py
   TAIL=6 step verify23b 290 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
-    tests/test_cache.py tests/test_cache_by_key.py tests/test_api.py tests/test_dynamic.py ;;
+    tests/test_cache.py tests/test_cache_by_key.py tests/test_dynamic.py tests/test_lazy_backward.py \
+    tests/test_hops.py tests/test_lifecycle.py ;;
 peak23)  # ResNet-50 b64's +6 MB: with torch's partitioner in our pipeline the peak is torch's
   # (part22: 2853 vs 2859 MB); which block is alive at our peak and not at that one
   TAIL=40 step peak 400 python bench/peak_snapshot.py resnet50 \
