@@ -32,6 +32,9 @@ peak23)  # ResNet-50 b64's +6 MB: with torch's partitioner in our pipeline the p
   # (part22: 2853 vs 2859 MB); which block is alive at our peak and not at that one
   TAIL=40 step peak 400 python bench/peak_snapshot.py resnet50 \
     --modes aotgrad_torch_partition,aotgrad_dynamo --out $OUT/peak --keep-code $OUT/code ;;
+tp23)  # on nvidia-h200-x2 (when lent): tensor parallelism over NCCL, DTensor parameters,
+  # eager vs aotgrad (eager backend, Dynamo + Inductor, aotgrad.compile) vs torch.compile
+  TAIL=12 step tp 300 torchrun --nproc-per-node 2 tools/gpu_tensor_parallel.py ;;
 stages22)  # Swin-T's stages on the GPU (cold22: trace 9.4 s, passes 4.4 s): ours vs torch's without Inductor
   TAIL=40 step stages 190 python bench/compile_stages.py --model swin_t --modes aotgrad_eager,aot_eager \
     --timeout 90 --json $OUT/stages.json ;;
