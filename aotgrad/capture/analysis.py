@@ -15,8 +15,10 @@ from typing import Any, Callable, Sequence
 import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from ..semantics import subclasses, swaps
 from . import oplog
@@ -396,9 +398,23 @@ def _view_source(base, input_index, plain_index, base_index, bases):
     return OutputKind.VIEW_OF_INTERMEDIATE, base_index[id(base)]
 
 
+def _replay_matches(o: torch.Tensor) -> bool:
+    """Whether the view ops recorded for `o` rebuild it: functionalization leaves them
+    unchanged by a later in-place view op (`o.transpose_(0, 1)`, `o.unsqueeze_(0)` on a
+    view), whose output the replay would return with the old shape; `as_strided` then."""
+    base = o._base
+    if isinstance(base, FunctionalTensor):  # out of its mode: replay on the fake inside
+        base = torch._from_functional_tensor(base.elem)
+    with torch.no_grad():
+        rebuilt = o._view_func_unsafe(base)
+    return all(statically_known_true(sym_eq(a, b))
+               for a, b in zip(geometry(rebuilt), geometry(o)))
+
+
 def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
     made = _creation_meta(o)
-    return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, o._view_func_unsafe,
+    replay = o._view_func_unsafe if _replay_matches(o) else None
+    return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, replay,
                       made_without_grad=made == _IN_NO_GRAD_MODE,
                       made_in_inference_mode=made == _IN_INFERENCE_MODE)
 
