@@ -113,6 +113,24 @@ def test_autocast_region_inside(door):
 
 
 
+@DOORS
+@pytest.mark.xfail(strict=True, reason="eager's autocast cache keeps a leaf's cast by tensor, "
+                   "not by dtype: an outer region reuses an inner region's float16 weight; "
+                   "the trace casts again (docs/unsupported.md)")
+def test_an_outer_autocast_region_reuses_the_cast_made_by_an_inner_one_of_another_dtype(door):
+    """Eager computes `b` with the float16 casts the inner region cached for `w` and `x`
+    (leaves that require grad), where the trace casts them to bfloat16: the values differ
+    at float16's rounding, silently once `b` is cast back (torch's aot_eager alike)."""
+    def f(x, w):
+        with torch.autocast("cpu", torch.bfloat16):
+            with torch.autocast("cpu", torch.float16):
+                a = x @ w
+            b = x @ w
+        return a.float() + b.float()
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    torch.testing.assert_close(door(f)(x, w), f(x, w), atol=0, rtol=0)
+
+
 class _BackwardReadsAutocast(torch.autograd.Function):
     """A backward without `custom_bwd`: eager runs it where `.backward()` is called."""
     @staticmethod
