@@ -603,6 +603,24 @@ def test_an_output_view_changed_by_an_in_place_view_op_keeps_its_shape(door, f, 
         torch.testing.assert_close(x.grad, x_expected.grad)
 
 
+@pytest.mark.parametrize("door", ["compile-eager", "compat-nop"])  # Dynamo: its own error
+def test_an_in_place_view_op_on_a_view_of_a_leaf_raises_as_in_eager(door):
+    """No data changes and the input keeps its shape: no mutation showed it, and the
+    compiled function returned where eager raises."""
+    def f(x):
+        h = x.view(4, 8)
+        h.unsqueeze_(1)
+        return h * 2
+    x = torch.randn(4, 8, requires_grad=True)
+    message = "a view of a leaf Variable that requires grad is being used in an in-place"
+    with pytest.raises(RuntimeError, match=message):
+        f(x)
+    with pytest.raises(RuntimeError, match=message):
+        DOORS[door](f)(x)
+    with torch.no_grad():  # eager allows it there
+        assert DOORS[door](f)(x).shape == (4, 1, 8)
+
+
 def test_export_refuses_aliased_mutated_inputs():
     from aotgrad.compat import aot_export_module
 

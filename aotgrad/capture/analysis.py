@@ -53,6 +53,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     swapped = _swaps(f_args, before, originals, mode.set_calls)
     _refuse_other_resizes(mode.storage_bytes, f_args)
     _refuse_data_assignment(held, storages(f_args), swapped)
+    _refuse_view_metadata_writes_on_leaves(mode.view_metadata_writes, f_args, is_leaf)
     inputs = tuple(_input_info(f, leaf, b, v, s, mode.storage_bytes)
                    if isinstance(f, torch.Tensor) else SIZE_INPUT
                    for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
@@ -417,6 +418,16 @@ def _view_info(o: torch.Tensor, kind: OutputKind, source: int) -> OutputInfo:
     return OutputInfo(kind, source, o.requires_grad, geometry(o), o.dtype, replay,
                       made_without_grad=made == _IN_NO_GRAD_MODE,
                       made_in_inference_mode=made == _IN_INFERENCE_MODE)
+
+
+def _refuse_view_metadata_writes_on_leaves(roots: Sequence[int], f_args, is_leaf) -> None:
+    """Eager's error for an in-place view op (`v.unsqueeze_(0)`) on a view of a leaf that
+    requires grad: the input's data and shape stay as they were, so no mutation shows it."""
+    leaves = {id(a) for a, leaf in zip(f_args, is_leaf)
+              if leaf and isinstance(a, torch.Tensor) and a.requires_grad}
+    if any(r in leaves for r in roots):
+        raise RuntimeError("a view of a leaf Variable that requires grad is being used in an "
+                           "in-place operation.")
 
 
 def _check_leaf_mutations(info: FunctionInfo) -> None:

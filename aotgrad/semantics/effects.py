@@ -72,6 +72,10 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         # Per tensor (by id): its storage's size in bytes after its last
         # resize_storage_bytes_(), which the runtime replays (the graph holds none).
         self.storage_bytes: dict[int, int] = {}
+        # Per in-place view op (`t_`, `unsqueeze_`...) on a view, with grad on: its root
+        # base (by id). Autograd refuses it on a view of a leaf that requires grad, which
+        # the trace's inputs are not (the analysis checks against the caller's).
+        self.view_metadata_writes: list[int] = []
 
     # Higher-order ops (cond, scan, invoke_subgraph...) look their rule up by the mode's
     # exact class: without this they would find none for a subclass. `__torch_dispatch__`
@@ -97,6 +101,9 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         return out
 
     def _dispatch(self, func, types, args, kwargs):
+        if torch.Tag.inplace_view in getattr(func, "tags", ()) and args[0]._is_view() \
+                and torch.is_grad_enabled():
+            self.view_metadata_writes.append(id(_root(args[0])))
         if func is regions.INVOKE_SUBGRAPH and regions.is_built(args[0]):
             return regions.emit(self, *args)
         if isinstance(func, torch._ops.HigherOrderOperator):
@@ -134,6 +141,12 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         result = func(*args, **kwargs)  # below functionalization: traced (or run) as is
         _tag_traced_check(func, self.phase)
         return result
+
+
+def _root(t: torch.Tensor) -> torch.Tensor:
+    while t._base is not None:
+        t = t._base
+    return t
 
 
 class EffectTokens(dict):
