@@ -621,6 +621,23 @@ def test_an_in_place_view_op_on_a_view_of_a_leaf_raises_as_in_eager(door):
         assert DOORS[door](f)(x).shape == (4, 1, 8)
 
 
+@pytest.mark.parametrize("door", list(DOORS))
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="functionalization keeps a view's view ops as before an in-place "
+                   "view op on it; autograd rebuilds the view from them at a later write "
+                   "(docs/unsupported.md)")
+def test_a_write_into_a_view_after_an_in_place_view_op_on_it(door):
+    """The trace fails ("MulBackward0 returned an invalid gradient ... [4, 8] but expected
+    shape compatible with [8, 4]"), as torch's aot_function does; eager runs."""
+    def f(x):
+        v = (x * 1).t()
+        v.t_()
+        v.add_(1)
+        return v * 2
+    x = torch.randn(4, 8, requires_grad=True)
+    torch.testing.assert_close(DOORS[door](f)(x), f(x))
+
+
 def test_export_refuses_aliased_mutated_inputs():
     from aotgrad.compat import aot_export_module
 
