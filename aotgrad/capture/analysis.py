@@ -18,7 +18,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 import torch.utils._pytree as pytree
-from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from ..semantics import subclasses, swaps
 from . import oplog
@@ -403,6 +402,8 @@ def _replay_matches(o: torch.Tensor) -> bool:
     """Whether the view ops recorded for `o` rebuild it: functionalization leaves them
     unchanged by a later in-place view op (`o.transpose_(0, 1)`, `o.unsqueeze_(0)` on a
     view), whose output the replay would return with the old shape; `as_strided` then."""
+    # here, not at import: symbolic_shapes loads sympy, which `import aotgrad` spares
+    from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
     base = o._base
     if isinstance(base, FunctionalTensor):  # out of its mode: replay on the fake inside
         base = torch._from_functional_tensor(base.elem)
