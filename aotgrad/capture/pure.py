@@ -180,8 +180,10 @@ def outputs_as_analysed(gm: fx.GraphModule, info: FunctionInfo) -> fx.GraphModul
                 f"aotgrad: output {i} of the traced graph is {value.dtype} "
                 f"{list(value.shape)} where eager's is {meta.dtype} {list(meta.shape)}: "
                 "torch's decomposition of an op in the function, which the trace runs in "
-                "place of eager's kernel, computes another result. Run that op outside the "
-                "compiled function (torch.compiler.disable), and report it to aotgrad.")
+                "place of eager's kernel, computes another result; or nested autocast "
+                "regions of two dtypes, where eager's cast cache reuses the inner region's "
+                "cast of a leaf that the trace casts again. Run that op (or region) outside "
+                "the compiled function (torch.compiler.disable), and report it to aotgrad.")
     return gm
 
 
