@@ -221,7 +221,7 @@ def negatives_resolved(compiled: Callable, checked: Sequence[int], gm: fx.GraphM
                        ) -> Callable:
     """A boxed `compiled` whose tensor inputs at `checked`, where negative at a call, it
     takes resolved, in their strides; what the graph writes into one is copied back."""
-    compiled, written = as_boxed(compiled), _written_inputs(gm)
+    compiled, written = as_boxed(compiled), set(cudagraphs.mutated_inputs(gm))
 
     def resolving(args):
         given = {i: args[i] for i in checked if args[i].is_neg()}
@@ -246,16 +246,6 @@ def _resolved_neg(t: torch.Tensor) -> torch.Tensor:
     # Its strides kept: Inductor's code asserts them (resolve_neg() would be contiguous).
     resolved = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     return resolved.copy_(t)
-
-
-def _written_inputs(gm: fx.GraphModule) -> set[int]:
-    """The positions of the inputs the graph writes in place (an inference graph keeping
-    its input mutations)."""
-    positions = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
-    return {positions[a] for n in gm.graph.nodes if n.op == "call_function"
-            and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
-            for a, arg in zip(n.args, n.target._schema.arguments)
-            if a in positions and arg.alias_info is not None and arg.alias_info.is_write}
 
 
 def _load_or_compile(gm: fx.GraphModule, example_inputs: Sequence[Any], info: GraphInfo,

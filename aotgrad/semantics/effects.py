@@ -103,7 +103,7 @@ class CheckingFunctionalMode(FunctionalTensorMode):
     def _dispatch(self, func, types, args, kwargs):
         if torch.Tag.inplace_view in getattr(func, "tags", ()) and args[0]._is_view() \
                 and torch.is_grad_enabled():
-            self.view_metadata_writes.append(id(_root(args[0])))
+            self.view_metadata_writes.append(id(args[0]._base))  # a view's _base is its root
         if func is regions.INVOKE_SUBGRAPH and regions.is_built(args[0]):
             return regions.emit(self, *args)
         if isinstance(func, torch._ops.HigherOrderOperator):
@@ -141,12 +141,6 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         result = func(*args, **kwargs)  # below functionalization: traced (or run) as is
         _tag_traced_check(func, self.phase)
         return result
-
-
-def _root(t: torch.Tensor) -> torch.Tensor:
-    while t._base is not None:
-        t = t._base
-    return t
 
 
 class EffectTokens(dict):
