@@ -749,9 +749,10 @@ def test_a_detached_output_shares_its_inputs_version_counter(door, grad):
     assert seen[1] == seen[0]
 
 
-@pytest.mark.xfail(strict=True, reason="eager's mutating custom op steps the counter twice "
-                   "(the dispatcher's in-place bump, then the kernel's own add_); the analysis "
-                   "counts the functionalized op's one write")
+@pytest.mark.xfail(torch.__version__ >= (2, 13), strict=True,
+                   reason="eager's mutating custom op steps the counter twice on torch 2.13 (the "
+                   "dispatcher's in-place bump, then the kernel's own add_; 2.11's steps it once, "
+                   "GPU machine, session 23); the analysis counts the functionalized op's one write")
 def test_a_mutating_custom_op_steps_the_version_counter_as_eager():
     from test_donation import add_into
     compiled = aotgrad.compile(lambda buf, x: add_into(buf, x), backend="eager")

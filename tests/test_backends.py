@@ -372,6 +372,17 @@ def test_a_generator_the_tracer_cannot_hold_is_refused_by_name(monkeypatch):
         compiled(torch.ones(4), torch.Generator())
 
 
+def test_the_default_generator_by_name_draws_where_the_tracer_cannot_hold_one(monkeypatch):
+    """Passing `torch.default_generator` means no generator at all: torch 2.11 refused it
+    (GPU machine, session 23) where dropping the argument draws the same numbers."""
+    monkeypatch.setattr(mends, "generators_traceable", lambda: False)
+    f = lambda x: x * torch.rand(x.shape, generator=torch.default_generator)  # noqa: E731
+    compiled = aotgrad.compile(f, backend="eager")
+    torch.manual_seed(0)
+    want = f(torch.ones(4)), torch.rand(2)
+    torch.manual_seed(0)
+    torch.testing.assert_close((compiled(torch.ones(4)), torch.rand(2)), want)
+
 
 def _negative() -> torch.Tensor:
     return torch._neg_view(torch.randn(4))
