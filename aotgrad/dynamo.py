@@ -91,6 +91,12 @@ def _dynamic_output_dims(gm: torch.fx.GraphModule) -> tuple[tuple[int, frozenset
     return tuple(dims)
 
 
+# The attribute Dynamo reads: torch 2.13's unguarded one; 2.11 reads only the one
+# `maybe_mark_dynamic` sets, which guards (what its AOTAutograd sets).
+_DYNAMIC_DIMS = ("_dynamo_propagated_dynamic_indices" if torch.__version__ >= (2, 13)
+                 else "_dynamo_weak_dynamic_indices")
+
+
 def _marking_dynamic_outputs(run: Callable, dims: tuple) -> Callable:
     """`run`, whose outputs carry the dims Dynamo should take as dynamic where they feed
     the graph after a break (the attribute torch's AOTAutograd sets, which Dynamo reads
@@ -103,8 +109,7 @@ def _marking_dynamic_outputs(run: Callable, dims: tuple) -> Callable:
         for i, symbolic in dims:
             out = outs[i]
             if isinstance(out, torch.Tensor):
-                out._dynamo_propagated_dynamic_indices = (
-                    getattr(out, "_dynamo_propagated_dynamic_indices", set()) | symbolic)
+                setattr(out, _DYNAMIC_DIMS, getattr(out, _DYNAMIC_DIMS, set()) | symbolic)
         return outs
 
     marked.artifact = run.artifact

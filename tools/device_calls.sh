@@ -37,6 +37,15 @@ verify23c)  # verify23b was cut at 83% with one failure unnamed: the same files 
     tests/test_aliasing.py::test_a_mutating_custom_op_steps_the_version_counter_as_eager \
     tests/test_guards.py::test_the_global_generator_passed_to_an_op_draws_as_eager \
     tests/test_backends.py::test_the_default_generator_by_name_draws_where_the_tracer_cannot_hold_one ;;
+verify23d)  # verify23c2's three failures mended (the default generator dropped in the trace too,
+  # 2.11's attribute for dynamic outputs), and verify23c1's cache files, cut at 79% in 250 s
+  TAIL=6 step verify23d1 100 python -m pytest -n 4 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_dynamic.py::test_dynamo_output_sized_by_data_stays_dynamic_after_a_graph_break \
+    tests/test_guards.py::test_the_global_generator_passed_to_an_op_draws_as_eager \
+    tests/test_backends.py::test_the_default_generator_by_name_draws_where_the_tracer_cannot_hold_one \
+    tests/test_backends.py::test_a_generator_the_tracer_cannot_hold_is_refused_by_name
+  TAIL=25 step verify23d2 460 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    --durations=12 tests/test_cache.py tests/test_cache_by_key.py tests/test_lifecycle.py ;;
 peak23)  # ResNet-50 b64's +6 MB: with torch's partitioner in our pipeline the peak is torch's
   # (part22: 2853 vs 2859 MB); which block is alive at our peak and not at that one
   TAIL=40 step peak 400 python bench/peak_snapshot.py resnet50 \

@@ -141,7 +141,8 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
 
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
-        flat_out, box.spec = flatten(fn(*args, **kwargs))
+        with mends.default_generators_dropped():
+            flat_out, box.spec = flatten(fn(*args, **kwargs))
         return flat_out
 
     return graph_fn

@@ -146,22 +146,12 @@ class _RefuseClosedOverState(TorchFunctionMode):
             raise _input_hooked(func)
         if isinstance(kwargs.get("generator"), torch.Generator) and \
                 not mends.generators_traceable():
-            if not _is_default_generator(kwargs["generator"]):
-                raise _generator_untraceable(func)
-            kwargs = {k: v for k, v in kwargs.items() if k != "generator"}  # same draws
+            raise _generator_untraceable(func)
         oplog.note_function(func)  # hooks: Python code in the backward the log cannot see
         for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
             if _is_real(t):
                 _refuse(func, t, mutated=i == 0 and _is_inplace(func))
         return func(*args, **kwargs)
-
-
-def _is_default_generator(g: torch.Generator) -> bool:
-    """A device's default generator passed by name draws as no generator at all, which a
-    tracer that cannot hold a generator still traces."""
-    if g.device.type == "cuda":
-        return g is torch.cuda.default_generators[g.device.index or 0]
-    return g is torch.default_generator
 
 
 class RefuseRequiresGradOff(TorchFunctionMode):

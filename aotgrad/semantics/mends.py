@@ -19,7 +19,8 @@ runs in bfloat16 as eager's mkldnn kernel does (`lstm_autocast_as_mkldnn`).
 
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
-refused by name (`generators_traceable`).
+refused by name (`generators_traceable`); a device's default generator passed by name means
+no generator at all, and is dropped from the call (`default_generators_dropped`).
 
 `patched` is the one way this package swaps a module's attribute for a while (torch's here
 and in checkpoints.py and custom_functions.py, Python's `random` in capture/analysis.py).
@@ -172,3 +173,30 @@ def generators_traceable() -> bool:
     except NotImplementedError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def default_generators_dropped():
+    """Around the user's code in a trace: where the tracer cannot hold a generator, an op
+    given its device's default one runs without it (the same draws)."""
+    if generators_traceable():
+        yield
+        return
+    with _DefaultGeneratorsDropped():
+        yield
+
+
+class _DefaultGeneratorsDropped(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _is_default(kwargs.get("generator")):
+            kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+        return func(*args, **kwargs)
+
+
+def _is_default(g) -> bool:
+    if not isinstance(g, torch.Generator):
+        return False
+    if g.device.type == "cuda":
+        return g is torch.cuda.default_generators[g.device.index or 0]
+    return g is torch.default_generator
