@@ -1,6 +1,7 @@
 """Per-op knowledge, one line per entry. Passes look ops up here instead of testing names."""
 
 import functools
+from typing import Sequence
 
 import torch
 
@@ -243,6 +244,20 @@ def writes_a_tensor_list(op) -> bool:
     first = op._schema.arguments[0]
     return (first.alias_info is not None and first.alias_info.is_write
             and isinstance(first.type, torch.ListType))
+
+
+def written_arguments(op, args: Sequence, kwargs: dict) -> list:
+    """What a call of `op` writes in place: the values it is passed as the arguments its
+    schema marks written (a list's members one by one). Nodes or tensors, as passed."""
+    schema = getattr(op, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    written = []
+    for k, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = args[k] if k < len(args) else kwargs.get(arg.name)
+            written += value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in written if v is not None]
 
 
 def has_effect(op) -> bool:

@@ -28,6 +28,7 @@ from torch.fx.experimental.proxy_tensor import (
 
 from . import hooks, state
 from .guard import Guard, exact_guard
+from ..tables import written_arguments
 
 log = logging.getLogger("aotgrad.autograd")
 # The graph's inputs, in the order the engine passes them to the runtime wrapper.
@@ -334,14 +335,10 @@ def _in_place_writes(graph: fx.Graph) -> dict[StorageWeakRef, list[fx.Node]]:
     writes: dict[StorageWeakRef, list[fx.Node]] = {}
     for node in graph.nodes:
         if mutates(node.target):
-            for storage in {_storage(a) for a in _written(node)} - {None}:
+            written = written_arguments(node.target, node.args, node.kwargs)
+            for storage in {_storage(a) for a in written} - {None}:
                 writes.setdefault(storage, []).append(node)
     return writes
-
-
-def _written(node: fx.Node) -> list:
-    schema = node.target._schema.arguments
-    return [a for a, arg in zip(node.args, schema) if arg.alias_info and arg.alias_info.is_write]
 
 
 def _storage(node: Any) -> StorageWeakRef | None:

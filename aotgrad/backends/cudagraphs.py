@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 from ..schema import GraphInfo
+from ..tables import written_arguments
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +92,9 @@ def mutated_inputs(gm: fx.GraphModule) -> tuple[int, ...]:
     placeholders = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
     written = set()
     for node in gm.graph.nodes:
-        schema = getattr(node.target, "_schema", None)
-        if node.op != "call_function" or schema is None or not schema.is_mutable:
-            continue
-        for arg, value in zip(schema.arguments, node.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
-                written.add(placeholders[value])
+        if node.op == "call_function":
+            args = written_arguments(node.target, node.args, node.kwargs)
+            written.update(placeholders[v] for v in args if v in placeholders)
     return tuple(sorted(written))
 
 

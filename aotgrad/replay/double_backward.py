@@ -66,7 +66,7 @@ from ..semantics.dynamic import no_new_guards
 from ..capture.joint import fake_tangents, input_grads, mutable_copies
 from ..capture.oplog import autograd_nodes
 from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random
-from ..tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE
+from ..tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE, written_arguments
 
 _DEVICES = ("cpu", "cuda")
 aten = torch.ops.aten
@@ -575,15 +575,8 @@ def _aliases_first_arg(node: fx.Node) -> bool:
 
 
 def _written_args(node: fx.Node) -> list[fx.Node]:
-    if not _mutates(node):
-        return []
-    written = []
-    for k, arg in enumerate(node.target._schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
-            written += [v for v in (value if isinstance(value, (list, tuple)) else [value])
-                        if isinstance(v, fx.Node)]
-    return written
+    return [v for v in written_arguments(node.target, node.args, node.kwargs)
+            if isinstance(v, fx.Node)]
 
 
 def _mutates(node: fx.Node) -> bool:

@@ -38,7 +38,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..backends.compilers import copy_graph
-from ..tables import DRAWN_OPS
+from ..tables import DRAWN_OPS, written_arguments
 from ..schema import HELD_FOR_REPLAY, RANDOM_OP, RANDOM_VALUE
 
 aten = torch.ops.aten
@@ -307,7 +307,5 @@ class _ForwardValues(TorchDispatchMode):
 
 
 def _written(func, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    for k, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            return args[k] if k < len(args) else kwargs[arg.name]
-    return None
+    written = written_arguments(func, args, kwargs)
+    return written[0] if written else None
