@@ -776,6 +776,20 @@ def test_ctc_loss_falls_back_to_eager_with_a_reason():
     torch.testing.assert_close(actual[2].grad, 2 * expected[0])
 
 
+def test_a_failed_formula_with_a_sparse_gradient_falls_back_to_eager():
+    # Was: the stand-in for the sparse CSR gradient of a formula with no fake kernel could
+    # not be made (its layout probed 1-d), which raised inside the engine, left the capture's
+    # fakes in the node, and the eager rerun failed: an error eager does not raise.
+    def step():
+        a = torch.eye(4).to_sparse_csr().requires_grad_()
+        b = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        torch.sparse.mm(a, b, "sum").sum().backward()
+        return a.grad.to_dense(), b.grad
+    expected, actual, stats = eager_and_compiled(step)
+    same(expected, actual, "grads")
+    assert len(stats.fallbacks) == 1 and "sparse_mm_reduce" in stats.fallbacks[0]
+
+
 def test_packed_input_metadata_reads_as_a_stand_ins_metadata():
     from aotgrad.autograd.capture import _meta
     device = torch.device("cpu")
@@ -786,6 +800,8 @@ def test_packed_input_metadata_reads_as_a_stand_ins_metadata():
     assert _meta((torch.strided, device, torch.float16, (2,))) == (torch.strided, device,
                                                                    torch.float16, [2])
     assert _meta(None) is None
+    sparse = ((None, None, device, 6, 2, None), [4, 4], False, 6)  # layout 2: sparse CSR
+    assert _meta(sparse) == (torch.sparse_csr, device, torch.float32, [4, 4])
 
 
 class NoGradForW(torch.autograd.Function):

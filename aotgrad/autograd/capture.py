@@ -107,7 +107,7 @@ class BackwardCapture(Trace):
                 return call(*args)
             except Exception as error:  # noqa: BLE001 - reported whole at end_capture
                 self.failure = f"{type(error).__name__}: {error}".splitlines()[0]
-        return [hooks._empty(_meta(m)) for m in metas]
+        return [_stand_in(m) for m in metas]
 
     def validate_outputs(self, _name: str, outputs: Sequence, args: Any, output_metadata):
         _bound("validate_outputs")
@@ -256,16 +256,33 @@ def _meta(meta: Any) -> Any:
             _enum(options[3], "dtype", torch.get_default_dtype()), list(size))
 
 
+def _stand_in(meta: Any) -> torch.Tensor | None:
+    """An output of a failed call, for the engine to walk on to end_capture. It must not
+    raise (the engine would keep the capture's fakes in the node, and the eager rerun
+    compute on them): where no tensor of the output's layout can be made, a strided one."""
+    try:
+        return hooks._empty(_meta(meta))
+    except Exception:  # noqa: BLE001 - a sparse or mkldnn layout's own size rules
+        with disable_proxy_modes_tracing():
+            return torch.empty(0)
+
+
 def _enum(value: Any, kind: str, default: Any) -> Any:
     """A layout or dtype the engine packed as its C++ enum's int, as torch's object: ATen's
-    own ops read those ints back (Python has no public table of them)."""
+    own ops read those ints back (Python has no public table of them). A compressed sparse
+    layout has no 1-d tensor: it is probed 2-d."""
     if value is None:
         return default
     if not isinstance(value, int):
         return value
-    with disable_proxy_modes_tracing(), torch._C._DisableTorchDispatch():
-        probe = torch.ops.aten.empty.memory_format([0], device="meta", **{kind: value})
-    return getattr(probe, kind)
+    for size in ([0], [0, 0]):
+        try:
+            with disable_proxy_modes_tracing(), torch._C._DisableTorchDispatch():
+                probe = torch.ops.aten.empty.memory_format(size, device="meta", **{kind: value})
+            return getattr(probe, kind)
+        except RuntimeError:
+            continue
+    raise RuntimeError(f"aotgrad: no {kind} of the engine's enum value {value}")
 
 
 def _lifted(inputs: Sequence, sizes: Sequence, origins: Any) -> tuple[Lifted, ...]:
