@@ -28,7 +28,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, trac
 
 from . import hooks
 from .cache import CaptureKey, Lifted
-from .specialize import Trace
+from .specialize import ENGINE_NODE, Trace, mark_readiness
 
 log = logging.getLogger("aotgrad.autograd")
 _ids = itertools.count()
@@ -50,6 +50,7 @@ class BackwardCapture(Trace):
         self.session = session
         self.walk: list[str] = []
         self.node = "the root"
+        self.node_index = -1  # the engine node whose calls are being recorded
         self.failure: str | None = None  # raised at end_capture (see `_deferred`)
 
     # -- setup and teardown -------------------------------------------------------------
@@ -72,6 +73,7 @@ class BackwardCapture(Trace):
         self.tracer.create_node("output", "output",
                                 (self.tracer.create_arg(self.to_proxy(list(outputs))),), {})
         self.close()
+        mark_readiness(self.tracer.graph)
         program = fx.GraphModule(self.tracer.root, self.tracer.graph, "BackwardProgram")
         captured = self.session.captured(program, CaptureKey(tuple(self.walk), self.key_parts))
         return run_captured, captured
@@ -79,6 +81,7 @@ class BackwardCapture(Trace):
     # -- the engine's calls, in the order it walks -----------------------------------
     def set_node_origin(self, name: str, index: int, pyobj: Any = None) -> None:
         self.node = f"node {index} {name.replace('torch::autograd::', '')}"
+        self.node_index = index
         self.walk.append(self.node)
 
     def log_compile_reasons(self, reasons: Sequence[str]) -> None:
@@ -215,7 +218,9 @@ class BackwardCapture(Trace):
     def _call(self, fn: Callable, *args: Any) -> fx.Proxy:
         if self.failure is not None:  # the stand-ins are not in the graph: stop at once
             raise Uncapturable(self.failure)
-        return super()._call(fn, *args)
+        proxy = super()._call(fn, *args)
+        proxy.node.meta[ENGINE_NODE] = self.node_index  # for order_like_eager
+        return proxy
 
     def _record(self, fn: Callable, args: tuple, graph_args: tuple | None = None) -> Any:
         """One call of the program: run on the fakes (for the engine to walk on), recorded
