@@ -630,6 +630,23 @@ def test_inductor_takes_a_hook_gradient_of_another_layout():
     assert stats.fallbacks == []
 
 
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_a_hook_writing_a_shared_gradient_in_place_reaches_the_other_branch(compiler):
+    # The sum's backward gives both branches one tensor; eager runs b's node first, and its
+    # hook's write reaches x's gradient too. Was ("inductor"): x's branch was hoisted
+    # before the hook into the compiled code, and read the gradient unwritten.
+    def step():
+        x = torch.randn(3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        w = torch.randn(3, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        a, b = x.exp(), w.sin()
+        b.register_hook(lambda g: g.mul_(2))
+        (a + b).backward(torch.ones(3))
+        return [x.grad, w.grad]
+    expected, actual, stats = eager_and_compiled(step, compiler)
+    same(expected, actual, "grads")
+    assert stats.fallbacks == []
+
+
 def test_a_failed_compile_runs_the_program_with_eager_order(caplog):
     def failing(gm):
         raise RuntimeError("this compiler fails")

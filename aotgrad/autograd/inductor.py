@@ -20,7 +20,7 @@ import torch
 from torch import fx
 
 from . import hooks
-from .specialize import mutates
+from .specialize import mutates, storage_of
 
 log = logging.getLogger("aotgrad.autograd")
 
@@ -59,24 +59,40 @@ def _outer_only(node: fx.Node) -> bool:
 
 # -- scheduling ------------------------------------------------------------------------------
 def hoist_pure_ops(graph: fx.Graph) -> None:
-    """Each ATen op moves just after the last Python call it reads from (directly or not):
-    the order of the Python calls, and each node after what it reads, are kept. An op
-    that writes into a tensor (CopySlices' copy_) orders its readers, through any view:
-    then nothing moves."""
+    """Each ATen op moves just after the last Python call it reads from (directly or not),
+    or that was given a tensor sharing memory with one it reads (a hook may write its
+    gradient in place: eager's other readers of that memory, a sum's other branch, see
+    the write): the order of the Python calls, and each node after what it reads, are
+    kept. An op that writes into a tensor (CopySlices' copy_) orders its readers, through
+    any view: then nothing moves."""
     if any(mutates(n.target) for n in graph.nodes):
         return
     level: dict[fx.Node, int] = {}
+    handed: dict[Any, int] = {}  # a storage -> the last call given a tensor of it
     effects = 0
     for node in graph.nodes:
         if node.target in hooks.EFFECTS:
             effects += 1
             level[node] = effects
+            handed.update((s, effects) for s in map(storage_of, _handed(node)) if s)
         else:
-            level[node] = max((level[a] for a in node.all_input_nodes), default=0)
+            level[node] = max([level[a] for a in node.all_input_nodes] +
+                              [handed.get(storage_of(a), 0) for a in node.all_input_nodes],
+                              default=0)
     order = sorted(graph.nodes, key=lambda n: (_rank(n, level), _is_effect(n)))
     # Stable sort: within a level, ATen ops (and reads) first, then the level's next call.
     for node, after in zip(order[1:], order):
         after.append(node)
+
+
+def _handed(call: fx.Node) -> list[fx.Node]:
+    """The tensors a call may write: not the parameter an accumulation or its hook is given
+    (the formulas read it saved; the engine writes only its .grad)."""
+    args = list(call.all_input_nodes)
+    if call.target is hooks.accumulate_into or call.target is hooks.run_post_accumulate_hook:
+        parameter = call.args[0] if call.target is hooks.accumulate_into else call.args[1]
+        args = [a for a in args if a is not parameter]
+    return args
 
 
 def _rank(node: fx.Node, level: dict) -> int:

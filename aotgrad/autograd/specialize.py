@@ -344,7 +344,7 @@ def order_like_eager(graph: fx.Graph) -> None:
                  for n in group for a in n.all_input_nodes} - set(group)
         # A formula may finish its result through a view of it, after the op that made it
         # (irfft's backward doubles a slice with `mul_`): the gradient is ready after those.
-        needs |= {w for v in needs for w in writes.get(_storage(v), ())
+        needs |= {w for v in needs for w in writes.get(storage_of(v), ())
                   if order[w] < order[group[0]]}
         end = _block_end(ends, acc.meta.get(READY))
         if end is not None:
@@ -421,7 +421,7 @@ def _in_place_writes(graph: fx.Graph) -> dict[StorageWeakRef, list[fx.Node]]:
     writes: dict[StorageWeakRef, list[fx.Node]] = {}
     for node in graph.nodes:
         if mutates(node.target):
-            for storage in {_storage(a) for a in _written(node)} - {None}:
+            for storage in {storage_of(a) for a in _written(node)} - {None}:
                 writes.setdefault(storage, []).append(node)
     return writes
 
@@ -431,7 +431,8 @@ def _written(node: fx.Node) -> list:
     return [a for a, arg in zip(node.args, schema) if arg.alias_info and arg.alias_info.is_write]
 
 
-def _storage(node: Any) -> StorageWeakRef | None:
+def storage_of(node: Any) -> StorageWeakRef | None:
+    """The memory of a node's tensor value (fake: views share it as in eager); None else."""
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
     return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
