@@ -93,13 +93,28 @@ class BackwardCapture(Trace):
         return name
 
     def apply_functional(self, name: str, grads: Sequence, args: Any, output_metadata):
-        return self._deferred(self._formula, output_metadata, name, grads, args)
+        return self._deferred(self._formula, output_metadata, name, grads, args,
+                              output_metadata)
 
-    def _formula(self, name: str, grads: Sequence, args: Any) -> list:
+    def _formula(self, name: str, grads: Sequence, args: Any, metas: Sequence) -> list:
         _, traceable = _bound(name)
         if not traceable:
             raise Uncapturable(f"{self.node}: its C++ backward is not marked traceable")
-        return self._record(hooks.call_formula, (name, list(grads), *args))
+        call = (name, list(grads), *args)
+        try:
+            with disable_proxy_modes_tracing():
+                result = hooks.call_formula(*call)
+        except Exception as error:  # noqa: BLE001 - decided where the program is specialized
+            # Its ops cannot run on these fakes, whose sizes are all symbols (upsampling's
+            # backward takes its sizes as ints; ctc_loss's has no fake kernel): recorded,
+            # stood in for by its outputs' metadata. A specialization traces it on this
+            # run's sizes, or, where that fails too, runs it as the eager engine does.
+            log.debug("compiled autograd: %s: %s runs on stand-ins in the capture (%s)",
+                      self.node, name, f"{type(error).__name__}: {error}".splitlines()[0])
+            result = [_stand_in(m) for m in metas]
+        track_tensor_tree(result, self._call(hooks.call_formula, *call), constant=None,
+                          tracer=self.tracer)
+        return result
 
     def _deferred(self, call: Callable, metas: Sequence, *args: Any) -> Any:
         """A failure inside a node's call would leave the engine's swapped-in fakes in the

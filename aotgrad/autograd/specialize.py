@@ -259,6 +259,7 @@ class Captured:
                  resized: bool = False):
         self.session, self.program, self.index = session, program, index
         self.resized = resized  # the same walk was captured before, for other sizes
+        self.static_only = False  # its symbolic trace failed: one graph per size
         self.variants: list[Variant] = []
 
     def __call__(self, inputs: list, sizes: list, scalars: list, hook_list: list,
@@ -432,9 +433,12 @@ def _written(node: fx.Node) -> list:
 
 
 def storage_of(node: Any) -> StorageWeakRef | None:
-    """The memory of a node's tensor value (fake: views share it as in eager); None else."""
+    """The memory of a node's tensor value (fake: views share it as in eager); None else
+    (a sparse tensor has no one storage)."""
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+    if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
+        return None
+    return StorageWeakRef(val.untyped_storage())
 
 
 def drop_unused(graph: fx.Graph) -> None:
