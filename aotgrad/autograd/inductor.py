@@ -85,14 +85,26 @@ def hoist_pure_ops(graph: fx.Graph) -> None:
         after.append(node)
 
 
+# The arguments of a Python call that hold gradients it may write in place (a hook's
+# `g.mul_(2)`): not a parameter (the engine writes only its .grad), nor saved values.
+_GRADIENTS: dict[Callable, Callable[[tuple], Any]] = {
+    hooks.accumulate_into: lambda args: args[1],
+    hooks.run_tensor_hook: lambda args: args[1],
+    hooks.run_cpp_tensor_hooks: lambda args: args[1],
+    hooks.run_node_pre_hook: lambda args: args[1],
+    hooks.run_node_post_hook: lambda args: args[1:],
+    hooks.run_python_backward: lambda args: args[3:],
+    hooks.replay_region_backward: lambda args: args[2:],
+}
+
+
 def _handed(call: fx.Node) -> list[fx.Node]:
-    """The tensors a call may write: not the parameter an accumulation or its hook is given
-    (the formulas read it saved; the engine writes only its .grad)."""
-    args = list(call.all_input_nodes)
-    if call.target is hooks.accumulate_into or call.target is hooks.run_post_accumulate_hook:
-        parameter = call.args[0] if call.target is hooks.accumulate_into else call.args[1]
-        args = [a for a in args if a is not parameter]
-    return args
+    """The tensors `call` is given that it may write."""
+    pick = _GRADIENTS.get(call.target)
+    found: list[fx.Node] = []
+    if pick is not None:
+        fx.node.map_arg(pick(call.args), found.append)
+    return found
 
 
 def _rank(node: fx.Node, level: dict) -> int:
