@@ -880,6 +880,19 @@ def test_upsampling_is_captured_across_sizes(compiler):
     assert stats.fallbacks == [] and stats.compiles == 4  # one per size, and one per key
 
 
+def test_a_formula_reading_a_size_from_values_is_captured():
+    # index_fill's backward for a 0-d tensor value reads a size from its index's values (an
+    # unbacked symbol the program cannot hold): the whole backward ran on the eager engine.
+    def step():
+        x = torch.randn((), generator=torch.Generator().manual_seed(0), requires_grad=True)
+        value = torch.tensor(-1.5, requires_grad=True)
+        out = x.index_fill(0, torch.tensor([0]), value)
+        return list(torch.autograd.grad((out * 3).sum(), [x, value]))
+    expected, actual, stats = eager_and_compiled(step)
+    same(expected, actual, "grads")
+    assert stats.captures == 1 and stats.fallbacks == []
+
+
 def test_a_formula_with_a_sparse_gradient_and_no_fake_kernel_matches_eager():
     # Was: the stand-in for the sparse CSR gradient of a formula with no fake kernel could
     # not be made (its layout probed 1-d), which raised inside the engine, left the capture's

@@ -104,11 +104,13 @@ class BackwardCapture(Trace):
         try:
             with disable_proxy_modes_tracing():
                 result = hooks.call_formula(*call)
+            _no_data_dependent_sizes(self.shape_env)
         except Exception as error:  # noqa: BLE001 - decided where the program is specialized
             # Its ops cannot run on these fakes, whose sizes are all symbols (upsampling's
-            # backward takes its sizes as ints; ctc_loss's has no fake kernel): recorded,
-            # stood in for by its outputs' metadata. A specialization traces it on this
-            # run's sizes, or, where that fails too, runs it as the eager engine does.
+            # backward takes its sizes as ints; ctc_loss's has no fake kernel; a size read
+            # from a tensor's values): recorded, stood in for by its outputs' metadata. A
+            # specialization traces it on this run's sizes, or, where that fails too, runs
+            # it as the eager engine does.
             log.debug("compiled autograd: %s: %s runs on stand-ins in the capture (%s)",
                       self.node, name, f"{type(error).__name__}: {error}".splitlines()[0])
             result = [_stand_in(m) for m in metas]
@@ -274,6 +276,16 @@ def _meta(meta: Any) -> Any:
     options, size = meta[0], meta[1]
     return (_enum(options[4], "layout", torch.strided), options[2],
             _enum(options[3], "dtype", torch.get_default_dtype()), list(size))
+
+
+def _no_data_dependent_sizes(shape_env: Any) -> None:
+    """Raises where the formula made sizes of its tensors' values (unbacked symbols): the
+    program cannot hold them (its calls return only tensors)."""
+    pending = getattr(shape_env, "pending_fresh_unbacked_symbols", None)
+    if pending:
+        symbols = list(pending)
+        pending.clear()
+        raise RuntimeError(f"sizes read from tensor values: {symbols}")
 
 
 def _stand_in(meta: Any) -> torch.Tensor | None:
