@@ -65,24 +65,36 @@ class Session:
             self.stats.guard_failures.append(failed)
             log.info("compiled autograd: capture %d specializes again: %s", captured.index,
                      failed)
-        try:
-            # Through the persistent cache: another process may have traced it already.
-            # Static first; symbolic once a size has changed (a guard failed, or the walk
-            # was captured before for other sizes): at most one recompile per new size.
-            dynamic = captured.resized or failed is not None
-            trace = functools.partial(specialize, dynamic=dynamic)
-            variant = persistent.specialize(captured.program, args,
-                                            self._compiler_now(captured.index), trace)
-        except Exception as error:  # noqa: BLE001 - the program itself is eager's backward
-            reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        # Static first; symbolic once a size has changed (a guard failed, or the walk was
+        # captured before for other sizes): at most one recompile per new size. Where the
+        # symbolic trace fails (a formula whose fake kernel takes its sizes as ints:
+        # upsampling's backward), static ones, one per size.
+        dynamic = (captured.resized or failed is not None) and not captured.static_only
+        for attempt in (dynamic, False) if dynamic else (False,):
+            try:
+                variant = self._trace(captured, args, attempt)
+                break
+            except Exception as error:  # noqa: BLE001 - the program itself is eager's backward
+                reason = f"{type(error).__name__}: {error}".splitlines()[0]
+                captured.static_only = True
+        else:
             self.stats.fallbacks.append(reason)
             log.warning("aotgrad: compiled autograd could not trace capture %d for these "
                         "sizes; its formulas run as the eager engine runs them (%s)",
                         captured.index, reason, exc_info=log.isEnabledFor(logging.DEBUG))
             return unspecialized(captured.program)
+        if attempt != dynamic:
+            log.info("compiled autograd: capture %d specializes for these sizes only: its "
+                     "symbolic trace failed (%s)", captured.index, reason)
         self.stats.compiles += 1
         return dataclasses.replace(variant, differentiable=self._for_create_graph(
-            captured, variant.graph, dynamic))
+            captured, variant.graph, attempt))
+
+    def _trace(self, captured: Captured, args: tuple, dynamic: bool) -> Variant:
+        # Through the persistent cache: another process may have traced it already.
+        trace = functools.partial(specialize, dynamic=dynamic)
+        return persistent.specialize(captured.program, args,
+                                     self._compiler_now(captured.index), trace)
 
     def _for_create_graph(self, captured: Captured, graph: fx.GraphModule,
                           dynamic: bool) -> Callable:

@@ -28,7 +28,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, trac
 
 from . import hooks
 from .cache import CaptureKey, Lifted
-from .specialize import Trace
+from .specialize import ENGINE_NODE, Trace, mark_readiness
 
 log = logging.getLogger("aotgrad.autograd")
 _ids = itertools.count()
@@ -50,6 +50,7 @@ class BackwardCapture(Trace):
         self.session = session
         self.walk: list[str] = []
         self.node = "the root"
+        self.node_index = -1  # the engine node whose calls are being recorded
         self.failure: str | None = None  # raised at end_capture (see `_deferred`)
 
     # -- setup and teardown -------------------------------------------------------------
@@ -72,6 +73,7 @@ class BackwardCapture(Trace):
         self.tracer.create_node("output", "output",
                                 (self.tracer.create_arg(self.to_proxy(list(outputs))),), {})
         self.close()
+        mark_readiness(self.tracer.graph)
         program = fx.GraphModule(self.tracer.root, self.tracer.graph, "BackwardProgram")
         captured = self.session.captured(program, CaptureKey(tuple(self.walk), self.key_parts))
         return run_captured, captured
@@ -79,6 +81,7 @@ class BackwardCapture(Trace):
     # -- the engine's calls, in the order it walks -----------------------------------
     def set_node_origin(self, name: str, index: int, pyobj: Any = None) -> None:
         self.node = f"node {index} {name.replace('torch::autograd::', '')}"
+        self.node_index = index
         self.walk.append(self.node)
 
     def log_compile_reasons(self, reasons: Sequence[str]) -> None:
@@ -90,13 +93,30 @@ class BackwardCapture(Trace):
         return name
 
     def apply_functional(self, name: str, grads: Sequence, args: Any, output_metadata):
-        return self._deferred(self._formula, output_metadata, name, grads, args)
+        return self._deferred(self._formula, output_metadata, name, grads, args,
+                              output_metadata)
 
-    def _formula(self, name: str, grads: Sequence, args: Any) -> list:
+    def _formula(self, name: str, grads: Sequence, args: Any, metas: Sequence) -> list:
         _, traceable = _bound(name)
         if not traceable:
             raise Uncapturable(f"{self.node}: its C++ backward is not marked traceable")
-        return self._record(hooks.call_formula, (name, list(grads), *args))
+        call = (name, list(grads), *args)
+        try:
+            with disable_proxy_modes_tracing():
+                result = hooks.call_formula(*call)
+            _no_data_dependent_sizes(self.shape_env)
+        except Exception as error:  # noqa: BLE001 - decided where the program is specialized
+            # Its ops cannot run on these fakes, whose sizes are all symbols (upsampling's
+            # backward takes its sizes as ints; ctc_loss's has no fake kernel; a size read
+            # from a tensor's values): recorded, stood in for by its outputs' metadata. A
+            # specialization traces it on this run's sizes, or, where that fails too, runs
+            # it as the eager engine does.
+            log.debug("compiled autograd: %s: %s runs on stand-ins in the capture (%s)",
+                      self.node, name, f"{type(error).__name__}: {error}".splitlines()[0])
+            result = [_stand_in(m) for m in metas]
+        track_tensor_tree(result, self._call(hooks.call_formula, *call), constant=None,
+                          tracer=self.tracer)
+        return result
 
     def _deferred(self, call: Callable, metas: Sequence, *args: Any) -> Any:
         """A failure inside a node's call would leave the engine's swapped-in fakes in the
@@ -107,7 +127,7 @@ class BackwardCapture(Trace):
                 return call(*args)
             except Exception as error:  # noqa: BLE001 - reported whole at end_capture
                 self.failure = f"{type(error).__name__}: {error}".splitlines()[0]
-        return [hooks._empty(_meta(m)) for m in metas]
+        return [_stand_in(m) for m in metas]
 
     def validate_outputs(self, _name: str, outputs: Sequence, args: Any, output_metadata):
         _bound("validate_outputs")
@@ -215,7 +235,9 @@ class BackwardCapture(Trace):
     def _call(self, fn: Callable, *args: Any) -> fx.Proxy:
         if self.failure is not None:  # the stand-ins are not in the graph: stop at once
             raise Uncapturable(self.failure)
-        return super()._call(fn, *args)
+        proxy = super()._call(fn, *args)
+        proxy.node.meta[ENGINE_NODE] = self.node_index  # for order_like_eager
+        return proxy
 
     def _record(self, fn: Callable, args: tuple, graph_args: tuple | None = None) -> Any:
         """One call of the program: run on the fakes (for the engine to walk on), recorded
@@ -256,16 +278,43 @@ def _meta(meta: Any) -> Any:
             _enum(options[3], "dtype", torch.get_default_dtype()), list(size))
 
 
+def _no_data_dependent_sizes(shape_env: Any) -> None:
+    """Raises where the formula made sizes of its tensors' values (unbacked symbols): the
+    program cannot hold them (its calls return only tensors)."""
+    pending = getattr(shape_env, "pending_fresh_unbacked_symbols", None)
+    if pending:
+        symbols = list(pending)
+        pending.clear()
+        raise RuntimeError(f"sizes read from tensor values: {symbols}")
+
+
+def _stand_in(meta: Any) -> torch.Tensor | None:
+    """An output of a failed call, for the engine to walk on to end_capture. It must not
+    raise (the engine would keep the capture's fakes in the node, and the eager rerun
+    compute on them): where no tensor of the output's layout can be made, a strided one."""
+    try:
+        return hooks._empty(_meta(meta))
+    except Exception:  # noqa: BLE001 - a sparse or mkldnn layout's own size rules
+        with disable_proxy_modes_tracing():
+            return torch.empty(0)
+
+
 def _enum(value: Any, kind: str, default: Any) -> Any:
     """A layout or dtype the engine packed as its C++ enum's int, as torch's object: ATen's
-    own ops read those ints back (Python has no public table of them)."""
+    own ops read those ints back (Python has no public table of them). A compressed sparse
+    layout has no 1-d tensor: it is probed 2-d."""
     if value is None:
         return default
     if not isinstance(value, int):
         return value
-    with disable_proxy_modes_tracing(), torch._C._DisableTorchDispatch():
-        probe = torch.ops.aten.empty.memory_format([0], device="meta", **{kind: value})
-    return getattr(probe, kind)
+    for size in ([0], [0, 0]):
+        try:
+            with disable_proxy_modes_tracing(), torch._C._DisableTorchDispatch():
+                probe = torch.ops.aten.empty.memory_format(size, device="meta", **{kind: value})
+            return getattr(probe, kind)
+        except RuntimeError:
+            continue
+    raise RuntimeError(f"aotgrad: no {kind} of the engine's enum value {value}")
 
 
 def _lifted(inputs: Sequence, sizes: Sequence, origins: Any) -> tuple[Lifted, ...]:

@@ -20,7 +20,7 @@ import torch
 from torch import fx
 
 from . import hooks
-from .specialize import mutates
+from .specialize import mutates, storage_of
 
 log = logging.getLogger("aotgrad.autograd")
 
@@ -59,24 +59,52 @@ def _outer_only(node: fx.Node) -> bool:
 
 # -- scheduling ------------------------------------------------------------------------------
 def hoist_pure_ops(graph: fx.Graph) -> None:
-    """Each ATen op moves just after the last Python call it reads from (directly or not):
-    the order of the Python calls, and each node after what it reads, are kept. An op
-    that writes into a tensor (CopySlices' copy_) orders its readers, through any view:
-    then nothing moves."""
+    """Each ATen op moves just after the last Python call it reads from (directly or not),
+    or that was given a tensor sharing memory with one it reads (a hook may write its
+    gradient in place: eager's other readers of that memory, a sum's other branch, see
+    the write): the order of the Python calls, and each node after what it reads, are
+    kept. An op that writes into a tensor (CopySlices' copy_) orders its readers, through
+    any view: then nothing moves."""
     if any(mutates(n.target) for n in graph.nodes):
         return
     level: dict[fx.Node, int] = {}
+    handed: dict[Any, int] = {}  # a storage -> the last call given a tensor of it
     effects = 0
     for node in graph.nodes:
         if node.target in hooks.EFFECTS:
             effects += 1
             level[node] = effects
+            handed.update((s, effects) for s in map(storage_of, _handed(node)) if s)
         else:
-            level[node] = max((level[a] for a in node.all_input_nodes), default=0)
+            level[node] = max([level[a] for a in node.all_input_nodes] +
+                              [handed.get(storage_of(a), 0) for a in node.all_input_nodes],
+                              default=0)
     order = sorted(graph.nodes, key=lambda n: (_rank(n, level), _is_effect(n)))
     # Stable sort: within a level, ATen ops (and reads) first, then the level's next call.
     for node, after in zip(order[1:], order):
         after.append(node)
+
+
+# The arguments of a Python call that hold gradients it may write in place (a hook's
+# `g.mul_(2)`): not a parameter (the engine writes only its .grad), nor saved values.
+_GRADIENTS: dict[Callable, Callable[[tuple], Any]] = {
+    hooks.accumulate_into: lambda args: args[1],
+    hooks.run_tensor_hook: lambda args: args[1],
+    hooks.run_cpp_tensor_hooks: lambda args: args[1],
+    hooks.run_node_pre_hook: lambda args: args[1],
+    hooks.run_node_post_hook: lambda args: args[1:],
+    hooks.run_python_backward: lambda args: args[3:],
+    hooks.replay_region_backward: lambda args: args[2:],
+}
+
+
+def _handed(call: fx.Node) -> list[fx.Node]:
+    """The tensors `call` is given that it may write."""
+    pick = _GRADIENTS.get(call.target)
+    found: list[fx.Node] = []
+    if pick is not None:
+        fx.node.map_arg(pick(call.args), found.append)
+    return found
 
 
 def _rank(node: fx.Node, level: dict) -> int:

@@ -13,8 +13,10 @@ itself, on real tensors: each formula then runs as the eager engine runs it.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ log = logging.getLogger("aotgrad.autograd")
 # The graph's inputs, in the order the engine passes them to the runtime wrapper.
 PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
 GUARDED = PLACEHOLDERS[:3]  # what guards read; `L['sizes_3']` in torch's guard text
+# A node's meta key: the index of the engine's node whose call recorded (or traced) it.
+ENGINE_NODE = "aotgrad_engine_node"
 
 
 class Trace:
@@ -125,7 +129,9 @@ class Specialization(Trace):
             # its forward from the inputs its ctx holds, baked into the graph as constants).
             with torch.no_grad():
                 for node in program.nodes:
+                    last = self.tracer.graph._root.prev
                     self._step(node, values)
+                    _tag_since(last, node.meta.get(ENGINE_NODE))
         finally:
             self.close()
         return self.tracer.graph
@@ -165,6 +171,8 @@ class Specialization(Trace):
         graph_args = fx.node.map_arg(node.args, lambda n: self.graph_args[n] if n in
                                      self.graph_args else self.to_proxy(self.values[n]))
         proxy = self.tracer.create_proxy("call_function", target, graph_args, {})
+        if READY in node.meta:
+            proxy.node.meta[READY] = node.meta[READY]
         track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
         return result
 
@@ -181,6 +189,14 @@ class Specialization(Trace):
     def values_of(self, name: str) -> list:
         return next(v for n, v in self.values.items() if n.op == "placeholder"
                     and n.target == name)
+
+
+def _tag_since(last: fx.Node, engine_node: int | None) -> None:
+    """The graph nodes after `last` were traced from one call of the engine's node."""
+    node = last.next
+    while node.op != "root" and engine_node is not None:
+        node.meta.setdefault(ENGINE_NODE, engine_node)
+        node = node.next
 
 
 def _guardable(value: Any) -> bool:
@@ -244,6 +260,7 @@ class Captured:
                  resized: bool = False):
         self.session, self.program, self.index = session, program, index
         self.resized = resized  # the same walk was captured before, for other sizes
+        self.static_only = False  # its symbolic trace failed: one graph per size
         self.variants: list[Variant] = []
 
     def __call__(self, inputs: list, sizes: list, scalars: list, hook_list: list,
@@ -310,24 +327,95 @@ def unspecialized(program: fx.GraphModule) -> Variant:
 # -- passes over a specialized graph -------------------------------------------------------
 def order_like_eager(graph: fx.Graph) -> None:
     """The engine's walk is a topological order, not eager's: eager runs AccumulateGrad
-    (highest priority) as soon as its gradient is ready: the leaf's tensor and node
-    pre-hooks, the accumulation, then that parameter's post-accumulate-grad hooks. Move
-    each accumulation there, with its hooks, so hooks observe the same order and `.grad`
-    values as in eager."""
-    _hoist_input_reads(graph)
+    (highest priority) as soon as the engine's node giving its gradient's last contribution
+    is done: the leaf's tensor and node pre-hooks, the accumulation, then that parameter's
+    post-accumulate-grad hooks; several made ready by one node run in the order of its
+    outputs. Move each accumulation there, with its hooks, so hooks observe the same order
+    and `.grad` values as in eager."""
+    reads = _hoist_input_reads(graph)
+    read = set(reads)
     order = {n: i for i, n in enumerate(graph.nodes)}  # before anything moves
     writes = _in_place_writes(graph)
-    for acc in [n for n in graph.nodes if n.target is hooks.accumulate_into]:
+    accs = [n for n in graph.nodes if n.target is hooks.accumulate_into]
+    ends = _block_ends(graph, accs)
+    placed: dict[fx.Node, fx.Node] = {}  # an anchor -> the last group placed after it
+    for acc in sorted(accs, key=lambda a: _ready_key(a, order)):
         group = [*_pre_accumulate_hooks(acc), acc, *_post_accumulate_hooks(acc)]
-        needs = {a for n in group for a in n.all_input_nodes} - set(group)
+        # The inputs are all read up front: one point, where ties keep eager's order.
+        needs = {reads[-1] if a in read else a
+                 for n in group for a in n.all_input_nodes} - set(group)
         # A formula may finish its result through a view of it, after the op that made it
         # (irfft's backward doubles a slice with `mul_`): the gradient is ready after those.
-        needs |= {w for v in needs for w in writes.get(_storage(v), ())
+        needs |= {w for v in needs for w in writes.get(storage_of(v), ())
                   if order[w] < order[group[0]]}
+        end = _block_end(ends, acc.meta.get(READY))
+        if end is not None:
+            needs.add(end)
         anchor = max(needs, key=_position)
+        after = placed.get(anchor, anchor)
+        placed[anchor] = group[-1]
         for node in group:
-            anchor.append(node)
-            anchor = node
+            after.append(node)
+            after = node
+
+
+def _block_ends(graph: fx.Graph, accs: list[fx.Node]) -> list[tuple[int, fx.Node]]:
+    """(engine node, its last graph node), in the walk's order (the graph's, unmoved); not
+    the AccumulateGrad nodes', which move."""
+    moving = {acc.meta.get(ENGINE_NODE) for acc in accs}
+    ends: dict[int, fx.Node] = {}
+    for node in graph.nodes:
+        engine_node = node.meta.get(ENGINE_NODE)
+        if engine_node is not None and engine_node not in moving:
+            ends[engine_node] = node
+    return sorted(ends.items(), key=operator.itemgetter(0))
+
+
+def _block_end(ends: list[tuple[int, fx.Node]], engine_node: int | None) -> fx.Node | None:
+    """Where the walk is done with `engine_node` (its ops, or where an op-less node's
+    calls would be: after the last node before it that has ops)."""
+    if engine_node is None:
+        return None
+    i = bisect.bisect_right(ends, engine_node, key=operator.itemgetter(0))
+    return ends[i - 1][1] if i else None
+
+
+def _ready_key(acc: fx.Node, order: dict) -> tuple:
+    """Eager's order among accumulations: by the node that readied them, then by that
+    node's outputs. Eager pops those in the order its engine pushed them, the outputs'; the
+    engine's walk keeps the nodes to visit on a stack, so it visits them the other way."""
+    ready = acc.meta.get(READY)
+    return (ready, -order[acc]) if ready is not None else (math.inf, order[acc])
+
+
+# A program's accumulate_into meta key: the engine node whose output made its gradient
+# whole (its last contribution), where eager's engine pushes the AccumulateGrad as ready.
+READY = "aotgrad_ready"
+
+
+def mark_readiness(program: fx.Graph) -> None:
+    """Each accumulation's READY, from its gradient's path back through the leaf's own
+    hooks and gradient sums to the `validate_outputs` result that produced it."""
+    for acc in program.find_nodes(op="call_function", target=hooks.accumulate_into):
+        ready = _producer(acc.args[1])
+        if ready is not None:
+            acc.meta[READY] = ready
+
+
+def _producer(node: Any) -> int | None:
+    while isinstance(node, fx.Node):
+        if node.target is hooks.add_gradients:  # the sum of the last contribution's node
+            return node.meta.get(ENGINE_NODE)
+        if node.target is operator.getitem:
+            source = node.args[0]
+            if source.target is hooks.call_formula and source.args[0] == "validate_outputs":
+                return source.meta.get(ENGINE_NODE)
+            node = source
+        elif node.target in _GRADIENT_ARG:
+            node = _GRADIENT_ARG[node.target](node.args)
+        else:
+            return None
+    return None
 
 
 def _in_place_writes(graph: fx.Graph) -> dict[StorageWeakRef, list[fx.Node]]:
@@ -336,14 +424,18 @@ def _in_place_writes(graph: fx.Graph) -> dict[StorageWeakRef, list[fx.Node]]:
     for node in graph.nodes:
         if mutates(node.target):
             written = written_arguments(node.target, node.args, node.kwargs)
-            for storage in {_storage(a) for a in written} - {None}:
+            for storage in {storage_of(a) for a in written} - {None}:
                 writes.setdefault(storage, []).append(node)
     return writes
 
 
-def _storage(node: Any) -> StorageWeakRef | None:
+def storage_of(node: Any) -> StorageWeakRef | None:
+    """The memory of a node's tensor value (fake: views share it as in eager); None else
+    (a sparse tensor has no one storage)."""
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+    if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
+        return None
+    return StorageWeakRef(val.untyped_storage())
 
 
 def drop_unused(graph: fx.Graph) -> None:
@@ -376,18 +468,28 @@ def mutates(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
-def _hoist_input_reads(graph: fx.Graph) -> None:
+def _hoist_input_reads(graph: fx.Graph) -> list[fx.Node]:
     """`hooks[3]` is read where the hook runs: read every input up front instead, so that
-    moving a hook's call never moves it before its read."""
+    moving a hook's call never moves it before its read. Returns the placeholders and
+    reads, in order."""
     last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    reads = list(graph.find_nodes(op="placeholder"))
     for node in list(graph.nodes):
         if node.target is operator.getitem and node.args[0].op == "placeholder":
             last.append(node)
             last = node
+            reads.append(node)
+    return reads
 
 
 # The hooks an AccumulateGrad node runs on its gradient before accumulating it.
 _PRE_HOOKS = (hooks.run_tensor_hook, hooks.run_cpp_tensor_hooks, hooks.run_node_pre_hook)
+# The gradient an AccumulateGrad node's hook passes on.
+_GRADIENT_ARG: dict[Callable, Callable[[tuple], Any]] = {
+    hooks.run_tensor_hook: lambda args: args[1],
+    hooks.run_cpp_tensor_hooks: lambda args: args[1],
+    hooks.run_node_pre_hook: lambda args: args[1][0],
+}
 
 
 def _pre_accumulate_hooks(acc: fx.Node) -> list[fx.Node]:
