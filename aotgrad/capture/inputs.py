@@ -138,6 +138,9 @@ class OutputBox:
 def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
     """`fn` as a function of the graph inputs only, returning a flat list of leaves."""
     fn = node_by_node(fn)
+    # Asked now, not inside the analysis: its probe traces an op, which the analysis's op
+    # log (a cache key) would take for the user's and refuse.
+    mends.generators_traceable()
 
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
