@@ -603,6 +603,28 @@ def test_a_lock_left_without_its_pid_is_broken_once_old(tmp_path):
     assert not lock.exists() and cache.stats()["lock_timeouts"] == 1
 
 
+def test_a_dead_lock_that_cannot_be_removed_is_passed_not_spun_on(tmp_path, monkeypatch):
+    """A read-only cache (an image) holding a lock its dead holder left: it cannot be
+    broken, and no one holds it. Before, the compile retried breaking it forever."""
+    s = store.Store(tmp_path)
+    lock = tmp_path / "k.lock"
+    lock.write_text("")
+    old = time.time() - store.LOCK_WRITE_GRACE - 1
+    os.utime(lock, (old, old))
+    real_unlink = Path.unlink
+
+    def read_only(path, *args, **kwargs):
+        if path == lock:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    started = time.monotonic()
+    with s.lock("k", timeout=30) as waited:
+        assert not waited and lock.read_text() == ""
+    assert time.monotonic() - started < 5 and lock.exists()
+
+
 # ---- compiled autograd's graphs -------------------------------------------------------------
 
 def backward_grads(model, batch_sizes, compiled=True, hook=None):
