@@ -1031,6 +1031,30 @@ def test_aot_function_of_a_graph_module_hits_before_the_trace():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+def test_a_graph_module_running_other_code_than_its_graph_is_not_served_its_graph():
+    """aot_function(gm) calls gm, as eager: a hook of its own, or a graph edited without
+    recompile() (the old code runs), is not what the graph says. Before, such a gm was run
+    node by node and keyed by its graph: served the plain graph's entry."""
+    from aotgrad.compat import aot_function, nop
+
+    def traced():
+        return torch.fx.symbolic_trace(lambda t: torch.sin(t) * 2)
+    hooked = traced()
+    hooked.register_forward_pre_hook(lambda m, args: (args[0] * 10,))
+    edited = torch.fx.symbolic_trace(lambda t: torch.cos(t) * 2)
+    for node in edited.graph.nodes:  # its graph now says sin, its code still runs cos
+        node.target = torch.sin if node.target is torch.cos else node.target
+    x = torch.randn(5, requires_grad=True)
+    for gm in (traced(), hooked, edited):
+        want = gm(x)
+        (want_grad,) = torch.autograd.grad(want.sum(), x)
+        got = aot_function(gm, fw_compiler=nop)(x)
+        (got_grad,) = torch.autograd.grad(got.sum(), x)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_grad, want_grad)
+    assert cache.stats()["hits"] == 0, cache.events()
+
+
 def test_graph_calling_a_user_function_is_keyed_after_the_trace_only():
     def helper(x):
         return x.cos()

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
+from ..capture.inputs import runs_its_graph
 from ..schema import TraceFacts
 from ..semantics import aliasing
 from ..semantics.dynamic import is_symbolic
@@ -199,9 +200,10 @@ def _unstorable(c: Any) -> str | None:
 
 def _program_of(fn: Callable) -> tuple[fx.GraphModule, tuple[str, ...]] | None:
     """The graph `fn` runs, and the names of the module state it reads by get_attr (lifted
-    into inputs by compat.aot_module_simplified, which marks its function so)."""
-    if isinstance(fn, fx.GraphModule):
-        return fn, ()
+    into inputs by compat.aot_module_simplified, which marks its function so). None where
+    a call runs other code than its graph (capture/inputs.py): keyed by the ops it ran."""
+    if isinstance(fn, fx.GraphModule):  # run by its code where that is not its graph's
+        return (fn, ()) if runs_its_graph(fn) else None
     return getattr(fn, "aotgrad_program", None)
 
 

@@ -383,8 +383,8 @@ def node_by_node(fn: Callable) -> Callable:
     """A graph module (Dynamo's) run one node at a time, as the current node while its ops
     are traced: the ATen nodes then carry its `stack_trace`, `nn_module_stack` and
     `source_fn_stack`, which point backends' messages and profiles at the user's code.
-    Other callables as they are."""
-    if not isinstance(fn, torch.fx.GraphModule):
+    Other callables as they are, and a graph module whose call runs more than its graph."""
+    if not isinstance(fn, torch.fx.GraphModule) or not runs_its_graph(fn):
         return fn
 
     def run(*args):
@@ -392,6 +392,20 @@ def node_by_node(fn: Callable) -> Callable:
 
     run.__name__ = type(fn).__name__
     return run
+
+
+def runs_its_graph(gm: torch.fx.GraphModule) -> bool:
+    """Whether calling `gm` runs the code of its graph as it is now: no hook of its own and
+    no `forward` of the instance's own, and code made from the graph (a pass that edits a
+    graph without `recompile()` leaves the old code). Global module hooks are not asked:
+    Dynamo's graphs are called by no user code, and ran them inside already."""
+    if "forward" in vars(gm) or any((gm._forward_hooks, gm._forward_pre_hooks,
+                                     gm._backward_hooks, gm._backward_pre_hooks)):
+        return False
+    needs_recompile = getattr(type(gm), "_needs_recompile", None)
+    if needs_recompile is not None and needs_recompile():  # lazy: made from the graph at its call
+        return True
+    return gm.code == gm.graph.python_code(root_module="self").src
 
 
 @dataclass(frozen=True)
@@ -443,7 +457,7 @@ def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
     with state_swapped(module, state):
         if not isinstance(module, torch.fx.GraphModule):
             return module(*args)
-        return node_by_node(module)(*args)
+        return _NodeByNode(module).run(*args)  # its graph, as torch's runs it
 
 
 class _NodeByNode(torch.fx.Interpreter):
