@@ -565,6 +565,28 @@ def test_inductor_key_is_not_taken_in_another_context(monkeypatch):
     assert context(GraphInfo("backward", (0,), range(1), None), [0]) != here
 
 
+@pytest.mark.parametrize("name", ["post_grad_custom_post_pass", "_pre_fusion_custom_pass",
+                                  "_post_fusion_custom_pass"])
+def test_a_context_with_a_custom_inductor_pass_is_never_entered_by_key(name):
+    """Inductor's key holds a custom pass's uuid, ours cannot: its graphs compile as usual.
+    The private fusion passes are not in Inductor's portable config either: a context
+    holding one read as the same context whatever the pass did."""
+    from torch._inductor import config
+    from aotgrad.backends import fxcache
+    from aotgrad.schema import GraphInfo
+
+    class Pass:
+        def __call__(self, *args):
+            return None
+
+        def uuid(self):
+            return "p"
+    info = GraphInfo("forward", (0,), range(1), None)
+    assert fxcache.context_state(info, None) is not None
+    with config.patch({name: Pass()}):
+        assert fxcache.context_state(info, None) is None
+
+
 def test_lock_of_a_dead_process_is_broken_a_live_one_times_out_and_ours_is_reentered(tmp_path):
     s = store.Store(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
