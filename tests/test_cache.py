@@ -22,6 +22,7 @@ import aotgrad
 from aotgrad import cache
 from aotgrad.cache import codec, key as cache_key, store
 from harness import requires_cuda
+from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -742,6 +743,24 @@ def test_compiled_autograd_bypasses_what_a_key_cannot_see(what, reason):
     assert "compiled autograd" not in kinds  # (the region's own compile is cached)
 
 
+def test_compiled_autograd_under_a_users_mode_is_not_cached():
+    """Its trace runs the formulas' ops through the mode: a backward under one stored the
+    rewritten graph, which the next backward without it was served."""
+    from aotgrad import compiled_autograd
+
+    def grad(mode):
+        x = torch.randn(4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        y = torch.cos(x).sum()  # its backward calls sin
+        with compiled_autograd.enable("eager"), mode:
+            y.backward()
+        return x.grad
+    grad(SinAsCos())
+    assert cache.events()[-1] == ("bypass", "compiled autograd: not cacheable: SinAsCos "
+                                  "around the backward")
+    x = torch.randn(4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    torch.testing.assert_close(grad(contextlib.nullcontext()), -torch.sin(x.detach()))
+
+
 CA_SCRIPT = textwrap.dedent("""
     import json
     import torch, aotgrad
@@ -1075,6 +1094,46 @@ def test_a_graph_module_running_other_code_than_its_graph_is_not_served_its_grap
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(got_grad, want_grad)
     assert cache.stats()["hits"] == 0, cache.events()
+
+
+class SinAsCos(TorchDispatchMode):
+    """A mode that rewrites an op: a trace under it bakes the rewrite into the graph."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        func = torch.ops.aten.cos.default if func is torch.ops.aten.sin.default else func
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("door", ["function", "graph module"])
+def test_a_compile_under_a_users_mode_is_not_keyed_before_the_trace(door):
+    """Neither the op log (which sees a dispatch mode's ops before it rewrites them) nor a
+    graph's code says what a mode does: a compile under one was keyed as one without, and
+    the next compile without it was served the rewritten graph."""
+    from aotgrad.compat import aot_function, nop
+
+    def f(t):
+        return torch.sin(t) * 2
+
+    def compiled():
+        if door == "function":
+            return aotgrad.compile(f, backend="eager")
+        return aot_function(torch.fx.symbolic_trace(f), fw_compiler=nop)
+    x = torch.randn(5, requires_grad=True)
+    with SinAsCos():
+        compiled()(x)
+    assert "not keyed before the trace: SinAsCos around the compile" in last_event()[1]
+    torch.testing.assert_close(compiled()(x), f(x))
+    assert last_event()[0] == "miss", last_event()
+    torch.testing.assert_close(compiled()(x), f(x))
+    assert last_event()[0] == "hit" and last_event()[1].startswith("before the trace")
+
+
+def test_the_default_device_is_in_the_key_before_the_trace():
+    from aotgrad.cache import program
+    state = program.global_state()
+    with torch.device("meta"):
+        assert program.global_state() != state
+    assert cache_key.user_modes() is None  # its mode is that state, not a user's mode
 
 
 def test_graph_calling_a_user_function_is_keyed_after_the_trace_only():

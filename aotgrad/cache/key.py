@@ -67,6 +67,19 @@ def describe_input(t: Any) -> str:
             f"{m['device']}{grad}")
 
 
+def user_modes() -> str | None:
+    """The torch function and dispatch modes the caller compiles under, if any: a trace runs
+    the program's ops through them (a mode may rewrite an op), the analysis's op log sees
+    a dispatch mode's ops before it, and a graph's code does not say what they do. The
+    default device's mode (`torch.set_default_device`) is global state instead."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    modes = [m for m in _get_current_function_mode_stack() if not isinstance(m, DeviceContext)]
+    modes += _get_current_dispatch_mode_stack()
+    return ", ".join(type(m).__name__ for m in modes) or None
+
+
 @functools.lru_cache(maxsize=None)
 def aotgrad_version() -> str:
     """The package's source, hashed: any change to aotgrad may change what it produces."""

@@ -57,6 +57,11 @@ class ProgramLookup:
         self.why_not: str | None = None  # not keyed, or refused: the reason
         self._store = self.key = self._payload = self._lock = None
         self._fake_mode, self._options = c.fake_mode, options
+        self.keys_by_ops = False
+        modes = keys.user_modes()
+        if modes is not None:  # the trace (and the graph's run) goes through them: key that
+            self.why_not = f"not keyed before the trace: {modes} around the compile"
+            return
         program = _program_of(fn)
         # A plain function is keyed by the ops its analysis logs (`after_analysis`).
         self.keys_by_ops = program is None and store.enabled() and not is_symbolic(c.fakes)
@@ -328,6 +333,7 @@ def global_state() -> str:
     cuda = torch.backends.cuda
     state = {"grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
              "default dtype": torch.get_default_dtype(),
+             "default device": torch.get_default_device(),
              "deterministic": torch.are_deterministic_algorithms_enabled(),
              "matmul precision": torch.get_float32_matmul_precision(),
              "tf32": (torch.backends.cudnn.allow_tf32, cuda.matmul.allow_tf32),
