@@ -489,6 +489,57 @@ def test_hit_in_another_process_gives_identical_results(tmp_path):
     assert warm["values"] == cold["values"]  # outputs, gradients, running statistics
 
 
+STALE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch, aotgrad
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from aotgrad import cache
+    from aotgrad.compat import aot_function, nop
+    cold = sys.argv[1] == "cold"
+
+    class SinAsCos(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            func = torch.ops.aten.cos.default if func is torch.ops.aten.sin.default else func
+            return func(*args, **(kwargs or {}))
+
+    def f(t):
+        return torch.sin(t) * 2
+
+    def hooked():  # the warm process's graph module has a hook; the cold one's has none
+        gm = torch.fx.symbolic_trace(lambda t: torch.sin(t) * 3)
+        if not cold:
+            gm.register_forward_pre_hook(lambda m, args: (args[0] * 10,))
+        return gm
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    calls = {"function": (lambda: aotgrad.compile(f, backend="eager"), f),
+             "graph module": (lambda: aot_function(torch.fx.symbolic_trace(f), nop), f)}
+    wrong = []
+    for name, (compiled, eager) in calls.items():
+        with (SinAsCos() if cold else torch.enable_grad()):
+            got, want = compiled()(x), eager(x)
+        if not torch.allclose(got, want):
+            wrong.append(name)
+    gm = hooked()
+    if not torch.allclose(aot_function(gm, nop)(x), gm(x)):
+        wrong.append("hooked graph module")
+    print(json.dumps({"wrong": wrong, "events": cache.events()}))
+""")
+
+
+def test_a_warm_process_without_the_cold_ones_mode_or_hook_computes_as_eager(tmp_path):
+    """The cold process compiles under a dispatch mode that rewrites sin (and a graph
+    module without a hook); the warm one without the mode (and with a hook): it was served
+    the cold one's graphs, and returned cos and the unhooked result."""
+    script = tmp_path / "stale.py"
+    script.write_text(STALE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = [subprocess.run([sys.executable, str(script), phase], env=env, capture_output=True,
+                           text=True, timeout=300) for phase in ("cold", "warm")]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    cold, warm = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert cold["wrong"] == [] and warm["wrong"] == [], warm["events"]
+
+
 def test_concurrent_writers_compile_once(tmp_path):
     barrier = tmp_path / "go"
     procs = [run_script(tmp_path, "eager", barrier, start=True) for _ in range(3)]
