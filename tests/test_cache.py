@@ -177,6 +177,22 @@ def test_bypasses_say_why():
     assert cache.stats()["bypasses"] == 3 and cache.stats()["stores"] == 0
 
 
+def test_a_budget_partition_is_keyed_by_what_it_runs_with():
+    """By its partial's arguments: attributes say nothing of what runs. A partitioner of
+    the user's carrying a `memory_budget` attribute was keyed as the budget partitioner."""
+    from aotgrad.cache.entry import partitioner_components
+    from aotgrad.partition.budget import budget_partition
+    changed = budget_partition(0.5)
+    changed.memory_budget = 0.9  # runs with 0.5 still
+    assert ("memory_budget", "0.5") in partitioner_components(changed)
+
+    def mine(*args, **kwargs):
+        return aotgrad.default_partition(*args, **kwargs)
+    mine.memory_budget, mine.solver = 0.5, "auto"
+    with pytest.raises(codec.Unencodable, match="a custom partitioner"):
+        partitioner_components(mine)
+
+
 def test_off_switch(monkeypatch):
     monkeypatch.setenv("AOTGRAD_CACHE", "0")
     compile_once()

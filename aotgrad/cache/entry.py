@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from ..backends.fxcache import fill_fake_values
+from ..partition.budget import budget_of
 from ..partition.remat import min_cut_rematerialization_partition
 from ..partition.split import default_partition
 from ..schema import DONATED, HELD_FOR_REPLAY, PHASE, RANDOM_VALUE, Partition, TraceFacts
@@ -169,10 +170,10 @@ def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
 def partitioner_components(fn: Callable) -> list[tuple[str, str]]:
     # Our partitioners weigh a float32 matmul's recomputation by the precision it runs at.
     precision = ("float32 matmul precision", torch.get_float32_matmul_precision())
-    budget = getattr(fn, "memory_budget", None)
+    budget = budget_of(fn)
     if budget is not None:
-        return [("partitioner", "budget_partition"), ("memory_budget", str(budget)),
-                ("solver", str(getattr(fn, "solver", ""))), precision]
+        return [("partitioner", "budget_partition"), ("memory_budget", str(budget[0])),
+                ("solver", str(budget[1])), precision]
     name = _KNOWN_PARTITIONERS.get(fn)
     if name is None:
         raise codec.Unencodable(f"a custom partitioner ({getattr(fn, '__qualname__', fn)})")
