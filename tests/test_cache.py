@@ -618,6 +618,17 @@ def test_stored_inductor_key_without_its_artifact_falls_back(tmp_path):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
 
 
+def test_a_sealed_but_malformed_inductor_key_record_is_dropped_when_read(cache_dir):
+    """Loading by key reads a record's key and guards: a record without its guards (a
+    file edited, or written by another tool, and sealed again) raised in the compile."""
+    from aotgrad.cache import fxkeys
+    path = store.Store(store.directory())
+    good = {"key": "fabc", "guards": None, "context": {}}
+    records = {"a": good, "b": {"key": "fdef"}, "c": {"key": "f", "guards": 3}, "d": "x"}
+    store.write_atomic(path.path / f"g{fxkeys.SUFFIX}", store.seal(records))
+    assert fxkeys.read(path, "g") == {"a": good}
+
+
 def test_inductor_key_is_not_taken_in_another_context(monkeypatch):
     """The keys are stored by the context Inductor computed them in: another thread count
     (Inductor's CPU kernels specialize on it) is not that context."""
