@@ -386,11 +386,15 @@ def node_by_node(fn: Callable) -> Callable:
     Other callables as they are, and a graph module whose call runs more than its graph."""
     if not isinstance(fn, torch.fx.GraphModule) or not runs_its_graph(fn):
         return fn
+    return _interpreted(fn)
 
+
+def _interpreted(gm: torch.fx.GraphModule) -> Callable:
+    """`gm`'s graph run node by node (a higher-order op's body always is: not asked)."""
     def run(*args):
-        return _NodeByNode(fn).run(*args)
+        return _NodeByNode(gm).run(*args)
 
-    run.__name__ = type(fn).__name__
+    run.__name__ = type(gm).__name__
     return run
 
 
@@ -453,11 +457,11 @@ def state_swapped(module: torch.nn.Module, state: dict):
 
 def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
     """`module(*args)` with its parameters and buffers replaced by `state`; a graph module
-    node by node (`node_by_node`)."""
+    node by node, always (torch's aot_module_simplified runs its graph, not its call)."""
     with state_swapped(module, state):
         if not isinstance(module, torch.fx.GraphModule):
             return module(*args)
-        return _NodeByNode(module).run(*args)  # its graph, as torch's runs it
+        return _interpreted(module)(*args)
 
 
 class _NodeByNode(torch.fx.Interpreter):
@@ -475,18 +479,18 @@ class _NodeByNode(torch.fx.Interpreter):
             target = torch._C._autograd._get_data_attr
         elif target is regions.INVOKE_SUBGRAPH and regions.inline(args[1]):
             body, _, *operands = args
-            return tuple(node_by_node(body)(*operands))
+            return tuple(_interpreted(body)(*operands))
         elif target is regions.INVOKE_SUBGRAPH:
             target = regions.call_region
         elif target is regions.CHECKPOINT and regions.replaying():
             body, *operands = args
-            return node_by_node(body)(*operands)
+            return _interpreted(body)(*operands)
         elif target is regions.CHECKPOINT and checkpoints.is_plain(args[0]):
             body, *operands = args
             # Not told reentrant: Dynamo lifts the parameters the body reads into its
             # operands, so eager's rule (no gradient unless an input requires grad) cannot
             # be applied to the user's inputs alone (tests/test_remat.py, xfail).
-            return checkpoints.run_region(node_by_node(body), operands, reentrant=False)
+            return checkpoints.run_region(_interpreted(body), operands, reentrant=False)
         return super().call_function(target, args, kwargs)
 
 
