@@ -393,6 +393,25 @@ def test_a_closed_over_constant_is_cached_by_its_value():
         torch.testing.assert_close(out, fn(*inputs))
 
 
+def test_a_hit_reads_a_closed_over_tensor_where_it_lives():
+    """The entry holds a closed-over tensor's value (its key), but a hit's graph must read
+    the tensor itself, as eager and a cold compile do: it held the entry's copy, and an
+    in-place change of the tensor after the compile was lost."""
+    c = torch.full((6,), 2.0)
+
+    def fn(x, y):
+        return (x.sin() * y * c).sum(-1)
+    inputs = args(4, 6)
+    cold, warm = (aotgrad.compile(fn, backend="eager") for _ in range(2))
+    for compiled in (cold, warm):
+        compiled(*inputs)
+    assert [e for e, _ in cache.events()] == ["miss", "hit"]
+    with torch.no_grad():
+        c.fill_(5.0)
+    for compiled in (cold, warm):
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs))
+
+
 def test_a_conjugate_input_is_keyed_by_its_bit_and_its_views_replay_from_a_hit():
     """The trace reads an input's conjugate bit (`.imag` through `_conj`): a plain input of
     the same geometry must miss, and a hit must rebuild the bit to replay the output view."""
@@ -538,6 +557,13 @@ STALE_SCRIPT = textwrap.dedent("""
     gm = hooked()
     if not torch.allclose(aot_function(gm, nop)(x), gm(x)):
         wrong.append("hooked graph module")
+    c = torch.full((5,), 2.0)  # the entry holds its value; a hit must read it where it lives
+    scaled = aotgrad.compile(lambda t: t.cos() * c, backend="eager")
+    scaled(x)
+    with torch.no_grad():
+        c.fill_(5.0)
+    if not torch.allclose(scaled(x), x.cos() * c):
+        wrong.append("closed-over tensor changed after the compile")
     print(json.dumps({"wrong": wrong, "events": cache.events()}))
 """)
 
@@ -545,7 +571,8 @@ STALE_SCRIPT = textwrap.dedent("""
 def test_a_warm_process_without_the_cold_ones_mode_or_hook_computes_as_eager(tmp_path):
     """The cold process compiles under a dispatch mode that rewrites sin (and a graph
     module without a hook); the warm one without the mode (and with a hook): it was served
-    the cold one's graphs, and returned cos and the unhooked result."""
+    the cold one's graphs, and returned cos and the unhooked result. And a hit's graph read
+    a closed-over tensor's value from the entry, not the tensor changed since."""
     script = tmp_path / "stale.py"
     script.write_text(STALE_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -81,7 +81,7 @@ class Lookup:
             self._record("bypass", "the cache directory is not trusted")
             return
         self._store = store.Store(path)
-        self._fake_mode, self._options = c.fake_mode, options
+        self._fake_mode, self._options, self._traced = c.fake_mode, options, graph
         if self._load() or self._wait_for_others() and self._load():
             return
         self._record("miss", keys.explain_miss(self.key.as_dict(), list(self._store.keys())))
@@ -96,6 +96,8 @@ class Lookup:
         try:
             self.graphs = [decode_stored(rows, self._fake_mode, self._store, self._options)
                            for rows in payload["graphs"]]
+            for gm in self.graphs:
+                bind_traced_constants(gm, self._traced)
         except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
             log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
             return False
@@ -147,6 +149,23 @@ class Lookup:
         if self._lock is not None:
             self._lock.__exit__(None, None, None)
             self._lock = None
+
+
+def bind_traced_constants(gm: fx.GraphModule, traced: fx.GraphModule) -> None:
+    """A hit's graph holds copies of its tensor constants, decoded from the entry; the trace
+    of this compile holds the tensors themselves (a closed-over tensor, a module's plain
+    tensor attribute), which the user's code may change in place later, as eager and a cold
+    compile see. Each is bound back by its name (the partition keeps them), its value checked
+    as the key holds it. A constant the passes made (none of the trace's) stays as stored,
+    as a cold compile's stays as made."""
+    for node in gm.graph.find_nodes(op="get_attr"):
+        copy, live = getattr(gm, node.target), getattr(traced, node.target, None)
+        if live is None:
+            continue
+        if not (isinstance(live, torch.Tensor) and live.dtype == copy.dtype
+                and live.shape == copy.shape and torch.equal(live.detach().cpu(), copy.cpu())):
+            raise ValueError(f"its constant {node.target} is not the trace's")
+        setattr(gm, node.target, live)
 
 
 def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
