@@ -126,6 +126,7 @@ def test_each_key_component_misses_with_its_reason(variant):
 
 @pytest.mark.parametrize("component,patch", [
     ("torch", lambda mp: mp.setattr(torch, "__version__", "2.11.0")),
+    ("torch", lambda mp: mp.setattr(torch.version, "git_version", "0123456789abcdef")),
     ("aotgrad", lambda mp: mp.setattr(cache_key, "aotgrad_version", lambda: "source sha256:x")),
     ("inductor config", None),
 ])

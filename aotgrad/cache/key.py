@@ -101,7 +101,9 @@ def _triton_version() -> str:
 
 
 def versions(devices: Iterable[torch.device]) -> list[tuple[str, str]]:
-    parts = [("torch", torch.__version__), ("triton", _triton_version()),
+    # Its build's commit too: two builds of one version (nightlies, source builds) differ.
+    build = getattr(torch.version, "git_version", None) or "unknown"
+    parts = [("torch", f"{torch.__version__} ({build[:12]})"), ("triton", _triton_version()),
              ("python", platform.python_version()), ("aotgrad", aotgrad_version()),
              ("machine", platform.machine())]
     for device in sorted({str(d) for d in devices}):
