@@ -59,7 +59,7 @@ class ProgramLookup:
         self._fake_mode, self._options = c.fake_mode, options
         self.keys_by_ops = False
         modes = keys.user_modes()
-        if modes is not None:  # the trace (and the graph's run) goes through them: key that
+        if modes is not None:  # the trace runs the ops through them: the traced graph keys it
             self.why_not = f"not keyed before the trace: {modes} around the compile"
             return
         program = _program_of(fn)

@@ -16,9 +16,9 @@ from typing import Any, Callable, Collection, Sequence
 import torch
 import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
-from torch.fx.experimental import _config as fx_config
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.fx.experimental import _config as fx_config
 
 from ..semantics import checkpoints, mends, regions, subclasses
 from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
