@@ -22,6 +22,7 @@ import aotgrad
 from aotgrad import cache
 from aotgrad.cache import codec, key as cache_key, store
 from harness import requires_cuda
+from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -125,6 +126,7 @@ def test_each_key_component_misses_with_its_reason(variant):
 
 @pytest.mark.parametrize("component,patch", [
     ("torch", lambda mp: mp.setattr(torch, "__version__", "2.11.0")),
+    ("torch", lambda mp: mp.setattr(torch.version, "git_version", "0123456789abcdef")),
     ("aotgrad", lambda mp: mp.setattr(cache_key, "aotgrad_version", lambda: "source sha256:x")),
     ("inductor config", None),
 ])
@@ -174,6 +176,22 @@ def test_bypasses_say_why():
     event, why = last_event()
     assert event == "bypass" and "a custom partitioner" in why
     assert cache.stats()["bypasses"] == 3 and cache.stats()["stores"] == 0
+
+
+def test_a_budget_partition_is_keyed_by_what_it_runs_with():
+    """By its partial's arguments: attributes say nothing of what runs. A partitioner of
+    the user's carrying a `memory_budget` attribute was keyed as the budget partitioner."""
+    from aotgrad.cache.entry import partitioner_components
+    from aotgrad.partition.budget import budget_partition
+    changed = budget_partition(0.5)
+    changed.memory_budget = 0.9  # runs with 0.5 still
+    assert ("memory_budget", "0.5") in partitioner_components(changed)
+
+    def mine(*args, **kwargs):
+        return aotgrad.default_partition(*args, **kwargs)
+    mine.memory_budget, mine.solver = 0.5, "auto"
+    with pytest.raises(codec.Unencodable, match="a custom partitioner"):
+        partitioner_components(mine)
 
 
 def test_off_switch(monkeypatch):
@@ -376,6 +394,25 @@ def test_a_closed_over_constant_is_cached_by_its_value():
         torch.testing.assert_close(out, fn(*inputs))
 
 
+def test_a_hit_reads_a_closed_over_tensor_where_it_lives():
+    """The entry holds a closed-over tensor's value (its key), but a hit's graph must read
+    the tensor itself, as eager and a cold compile do: it held the entry's copy, and an
+    in-place change of the tensor after the compile was lost."""
+    c = torch.full((6,), 2.0)
+
+    def fn(x, y):
+        return (x.sin() * y * c).sum(-1)
+    inputs = args(4, 6)
+    cold, warm = (aotgrad.compile(fn, backend="eager") for _ in range(2))
+    for compiled in (cold, warm):
+        compiled(*inputs)
+    assert [e for e, _ in cache.events()] == ["miss", "hit"]
+    with torch.no_grad():
+        c.fill_(5.0)
+    for compiled in (cold, warm):
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs))
+
+
 def test_a_conjugate_input_is_keyed_by_its_bit_and_its_views_replay_from_a_hit():
     """The trace reads an input's conjugate bit (`.imag` through `_conj`): a plain input of
     the same geometry must miss, and a hit must rebuild the bit to replay the output view."""
@@ -488,6 +525,65 @@ def test_hit_in_another_process_gives_identical_results(tmp_path):
     assert warm["values"] == cold["values"]  # outputs, gradients, running statistics
 
 
+STALE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch, aotgrad
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from aotgrad import cache
+    from aotgrad.compat import aot_function, nop
+    cold = sys.argv[1] == "cold"
+
+    class SinAsCos(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            func = torch.ops.aten.cos.default if func is torch.ops.aten.sin.default else func
+            return func(*args, **(kwargs or {}))
+
+    def f(t):
+        return torch.sin(t) * 2
+
+    def hooked():  # the warm process's graph module has a hook; the cold one's has none
+        gm = torch.fx.symbolic_trace(lambda t: torch.sin(t) * 3)
+        if not cold:
+            gm.register_forward_pre_hook(lambda m, args: (args[0] * 10,))
+        return gm
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    calls = {"function": (lambda: aotgrad.compile(f, backend="eager"), f),
+             "graph module": (lambda: aot_function(torch.fx.symbolic_trace(f), nop), f)}
+    wrong = []
+    for name, (compiled, eager) in calls.items():
+        with (SinAsCos() if cold else torch.enable_grad()):
+            got, want = compiled()(x), eager(x)
+        if not torch.allclose(got, want):
+            wrong.append(name)
+    gm = hooked()
+    if not torch.allclose(aot_function(gm, nop)(x), gm(x)):
+        wrong.append("hooked graph module")
+    c = torch.full((5,), 2.0)  # the entry holds its value; a hit must read it where it lives
+    scaled = aotgrad.compile(lambda t: t.cos() * c, backend="eager")
+    scaled(x)
+    with torch.no_grad():
+        c.fill_(5.0)
+    if not torch.allclose(scaled(x), x.cos() * c):
+        wrong.append("closed-over tensor changed after the compile")
+    print(json.dumps({"wrong": wrong, "events": cache.events()}))
+""")
+
+
+def test_a_warm_process_without_the_cold_ones_mode_or_hook_computes_as_eager(tmp_path):
+    """The cold process compiles under a dispatch mode that rewrites sin (and a graph
+    module without a hook); the warm one without the mode (and with a hook): it was served
+    the cold one's graphs, and returned cos and the unhooked result. And a hit's graph read
+    a closed-over tensor's value from the entry, not the tensor changed since."""
+    script = tmp_path / "stale.py"
+    script.write_text(STALE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = [subprocess.run([sys.executable, str(script), phase], env=env, capture_output=True,
+                           text=True, timeout=300) for phase in ("cold", "warm")]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    cold, warm = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert cold["wrong"] == [] and warm["wrong"] == [], warm["events"]
+
+
 def test_concurrent_writers_compile_once(tmp_path):
     barrier = tmp_path / "go"
     procs = [run_script(tmp_path, "eager", barrier, start=True) for _ in range(3)]
@@ -550,6 +646,17 @@ def test_stored_inductor_key_without_its_artifact_falls_back(tmp_path):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
 
 
+def test_a_sealed_but_malformed_inductor_key_record_is_dropped_when_read(cache_dir):
+    """Loading by key reads a record's key and guards: a record without its guards (a
+    file edited, or written by another tool, and sealed again) raised in the compile."""
+    from aotgrad.cache import fxkeys
+    path = store.Store(store.directory())
+    good = {"key": "fabc", "guards": None, "context": {}}
+    records = {"a": good, "b": {"key": "fdef"}, "c": {"key": "f", "guards": 3}, "d": "x"}
+    store.write_atomic(path.path / f"g{fxkeys.SUFFIX}", store.seal(records))
+    assert fxkeys.read(path, "g") == {"a": good}
+
+
 def test_inductor_key_is_not_taken_in_another_context(monkeypatch):
     """The keys are stored by the context Inductor computed them in: another thread count
     (Inductor's CPU kernels specialize on it) is not that context."""
@@ -563,6 +670,28 @@ def test_inductor_key_is_not_taken_in_another_context(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1000)
     assert context(info) != here
     assert context(GraphInfo("backward", (0,), range(1), None), [0]) != here
+
+
+@pytest.mark.parametrize("name", ["post_grad_custom_post_pass", "_pre_fusion_custom_pass",
+                                  "_post_fusion_custom_pass"])
+def test_a_context_with_a_custom_inductor_pass_is_never_entered_by_key(name):
+    """Inductor's key holds a custom pass's uuid, ours cannot: its graphs compile as usual.
+    The private fusion passes are not in Inductor's portable config either: a context
+    holding one read as the same context whatever the pass did."""
+    from torch._inductor import config
+    from aotgrad.backends import fxcache
+    from aotgrad.schema import GraphInfo
+
+    class Pass:
+        def __call__(self, *args):
+            return None
+
+        def uuid(self):
+            return "p"
+    info = GraphInfo("forward", (0,), range(1), None)
+    assert fxcache.context_state(info, None) is not None
+    with config.patch({name: Pass()}):
+        assert fxcache.context_state(info, None) is None
 
 
 def test_lock_of_a_dead_process_is_broken_a_live_one_times_out_and_ours_is_reentered(tmp_path):
@@ -601,6 +730,28 @@ def test_a_lock_left_without_its_pid_is_broken_once_old(tmp_path):
     with s.lock("k", timeout=5) as waited:
         assert not waited and lock.read_text() == str(os.getpid())
     assert not lock.exists() and cache.stats()["lock_timeouts"] == 1
+
+
+def test_a_dead_lock_that_cannot_be_removed_is_passed_not_spun_on(tmp_path, monkeypatch):
+    """A read-only cache (an image) holding a lock its dead holder left: it cannot be
+    broken, and no one holds it. Before, the compile retried breaking it forever."""
+    s = store.Store(tmp_path)
+    lock = tmp_path / "k.lock"
+    lock.write_text("")
+    old = time.time() - store.LOCK_WRITE_GRACE - 1
+    os.utime(lock, (old, old))
+    real_unlink = Path.unlink
+
+    def read_only(path, *args, **kwargs):
+        if path == lock:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    started = time.monotonic()
+    with s.lock("k", timeout=30) as waited:
+        assert not waited and lock.read_text() == ""
+    assert time.monotonic() - started < 5 and lock.exists()
 
 
 # ---- compiled autograd's graphs -------------------------------------------------------------
@@ -696,6 +847,24 @@ def test_compiled_autograd_bypasses_what_a_key_cannot_see(what, reason):
     assert event == "bypass" and reason in why, cache.events()
     kinds = [k["kind"] for k in store.Store(store.directory()).keys()]
     assert "compiled autograd" not in kinds  # (the region's own compile is cached)
+
+
+def test_compiled_autograd_under_a_users_mode_is_not_cached():
+    """Its trace runs the formulas' ops through the mode: a backward under one stored the
+    rewritten graph, which the next backward without it was served."""
+    from aotgrad import compiled_autograd
+
+    def grad(mode):
+        x = torch.randn(4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        y = torch.cos(x).sum()  # its backward calls sin
+        with compiled_autograd.enable("eager"), mode:
+            y.backward()
+        return x.grad
+    grad(SinAsCos())
+    assert cache.events()[-1] == ("bypass", "compiled autograd: not cacheable: SinAsCos "
+                                  "around the backward")
+    x = torch.randn(4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    torch.testing.assert_close(grad(contextlib.nullcontext()), -torch.sin(x.detach()))
 
 
 CA_SCRIPT = textwrap.dedent("""
@@ -1007,6 +1176,70 @@ def test_aot_function_of_a_graph_module_hits_before_the_trace():
     assert [e for e, _ in cache.events()][-2:] == ["miss", "hit"]
     assert last_event()[1].startswith("before the trace: ")
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_graph_module_running_other_code_than_its_graph_is_not_served_its_graph():
+    """aot_function(gm) calls gm, as eager: a hook of its own, or a graph edited without
+    recompile() (the old code runs), is not what the graph says. Before, such a gm was run
+    node by node and keyed by its graph: served the plain graph's entry."""
+    from aotgrad.compat import aot_function, nop
+
+    def traced():
+        return torch.fx.symbolic_trace(lambda t: torch.sin(t) * 2)
+    hooked = traced()
+    hooked.register_forward_pre_hook(lambda m, args: (args[0] * 10,))
+    edited = torch.fx.symbolic_trace(lambda t: torch.cos(t) * 2)
+    for node in edited.graph.nodes:  # its graph now says sin, its code still runs cos
+        node.target = torch.sin if node.target is torch.cos else node.target
+    x = torch.randn(5, requires_grad=True)
+    for gm in (traced(), hooked, edited):
+        want = gm(x)
+        (want_grad,) = torch.autograd.grad(want.sum(), x)
+        got = aot_function(gm, fw_compiler=nop)(x)
+        (got_grad,) = torch.autograd.grad(got.sum(), x)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_grad, want_grad)
+    assert cache.stats()["hits"] == 0, cache.events()
+
+
+class SinAsCos(TorchDispatchMode):
+    """A mode that rewrites an op: a trace under it bakes the rewrite into the graph."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        func = torch.ops.aten.cos.default if func is torch.ops.aten.sin.default else func
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("door", ["function", "graph module"])
+def test_a_compile_under_a_users_mode_is_not_keyed_before_the_trace(door):
+    """Neither the op log (which sees a dispatch mode's ops before it rewrites them) nor a
+    graph's code says what a mode does: a compile under one was keyed as one without, and
+    the next compile without it was served the rewritten graph."""
+    from aotgrad.compat import aot_function, nop
+
+    def f(t):
+        return torch.sin(t) * 2
+
+    def compiled():
+        if door == "function":
+            return aotgrad.compile(f, backend="eager")
+        return aot_function(torch.fx.symbolic_trace(f), fw_compiler=nop)
+    x = torch.randn(5, requires_grad=True)
+    with SinAsCos():
+        compiled()(x)
+    assert "not keyed before the trace: SinAsCos around the compile" in last_event()[1]
+    torch.testing.assert_close(compiled()(x), f(x))
+    assert last_event()[0] == "miss", last_event()
+    torch.testing.assert_close(compiled()(x), f(x))
+    assert last_event()[0] == "hit" and last_event()[1].startswith("before the trace")
+
+
+def test_the_default_device_is_in_the_key_before_the_trace():
+    from aotgrad.cache import program
+    state = program.global_state()
+    with torch.device("meta"):
+        assert program.global_state() != state
+    assert cache_key.user_modes() is None  # its mode is that state, not a user's mode
 
 
 def test_graph_calling_a_user_function_is_keyed_after_the_trace_only():

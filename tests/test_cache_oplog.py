@@ -265,3 +265,14 @@ def test_the_entry_keyed_by_ops_names_the_graphs_entry_and_survives_its_eviction
     warm, event = run(plain, x())
     assert event[0] == "hit" and event[1].startswith("before the trace"), event
     assert_same(warm, cold)
+
+
+def test_a_probe_asked_first_in_a_process_is_not_in_the_log():
+    # The tracer's generator probe (mends.generators_traceable) traces an op; asked first
+    # inside the analysis, its op refused the log of every process's first compile.
+    from aotgrad.semantics import mends
+    mends.generators_traceable.cache_clear()
+    run(plain, x())
+    mends.generators_traceable.cache_clear()
+    _, event = run(plain, x())
+    assert event[0] == "hit" and event[1].startswith("before the trace: ops"), event

@@ -32,7 +32,8 @@ log = logging.getLogger("aotgrad.cache")
 # holding one is never entered by key (Inductor's key holds the pass's uuid, ours cannot).
 _CUSTOM_PASSES = ("pre_grad_custom_pass", "post_grad_custom_pre_pass",
                   "post_grad_custom_post_pass", "joint_custom_pre_pass",
-                  "joint_custom_post_pass", "custom_partitioner_fn", "cudagraph_policy")
+                  "joint_custom_post_pass", "custom_partitioner_fn", "cudagraph_policy",
+                  "_pre_fusion_custom_pass", "_post_fusion_custom_pass")
 
 
 def fill_fake_values(gm: fx.GraphModule, fake_mode=None) -> None:

@@ -68,6 +68,10 @@ def specialize(program: fx.GraphModule, args: Sequence,
 def _lookup(program: fx.GraphModule, args: Sequence) -> tuple[store.Store, keys.Key] | None:
     if not store.enabled():
         return None
+    modes = keys.user_modes()
+    if modes is not None:  # the trace runs the formulas' ops through them
+        record("bypass", f"compiled autograd: not cacheable: {modes} around the backward")
+        return None
     try:
         key = _key(program, args)
     except codec.Unencodable as exc:

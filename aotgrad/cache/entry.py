@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from ..backends.fxcache import fill_fake_values
+from ..partition.budget import budget_of
 from ..partition.remat import min_cut_rematerialization_partition
 from ..partition.split import default_partition
 from ..schema import DONATED, HELD_FOR_REPLAY, PHASE, RANDOM_VALUE, Partition, TraceFacts
@@ -80,7 +81,7 @@ class Lookup:
             self._record("bypass", "the cache directory is not trusted")
             return
         self._store = store.Store(path)
-        self._fake_mode, self._options = c.fake_mode, options
+        self._fake_mode, self._options, self._traced = c.fake_mode, options, graph
         if self._load() or self._wait_for_others() and self._load():
             return
         self._record("miss", keys.explain_miss(self.key.as_dict(), list(self._store.keys())))
@@ -95,6 +96,8 @@ class Lookup:
         try:
             self.graphs = [decode_stored(rows, self._fake_mode, self._store, self._options)
                            for rows in payload["graphs"]]
+            for gm in self.graphs:
+                bind_traced_constants(gm, self._traced)
         except Exception as exc:  # an op this torch lacks, a damaged but checksummed entry
             log.warning("aotgrad cache: entry %s unusable (%s); compiling", self.key.digest, exc)
             return False
@@ -148,6 +151,23 @@ class Lookup:
             self._lock = None
 
 
+def bind_traced_constants(gm: fx.GraphModule, traced: fx.GraphModule) -> None:
+    """A hit's graph holds copies of its tensor constants, decoded from the entry; the trace
+    of this compile holds the tensors themselves (a closed-over tensor, a module's plain
+    tensor attribute), which the user's code may change in place later, as eager and a cold
+    compile see. Each is bound back by its name (the partition keeps them), its value checked
+    as the key holds it. A constant the passes made (none of the trace's) stays as stored,
+    as a cold compile's stays as made."""
+    for node in gm.graph.find_nodes(op="get_attr"):
+        copy, live = getattr(gm, node.target), getattr(traced, node.target, None)
+        if live is None:
+            continue
+        if not (isinstance(live, torch.Tensor) and live.dtype == copy.dtype
+                and live.shape == copy.shape and torch.equal(live.detach().cpu(), copy.cpu())):
+            raise ValueError(f"its constant {node.target} is not the trace's")
+        setattr(gm, node.target, live)
+
+
 def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
     """Raises `Unencodable` with the reason where the compile cannot be keyed safely."""
     if any(is_subclass(f) for f in c.fakes) or \
@@ -169,10 +189,10 @@ def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
 def partitioner_components(fn: Callable) -> list[tuple[str, str]]:
     # Our partitioners weigh a float32 matmul's recomputation by the precision it runs at.
     precision = ("float32 matmul precision", torch.get_float32_matmul_precision())
-    budget = getattr(fn, "memory_budget", None)
+    budget = budget_of(fn)
     if budget is not None:
-        return [("partitioner", "budget_partition"), ("memory_budget", str(budget)),
-                ("solver", str(getattr(fn, "solver", ""))), precision]
+        return [("partitioner", "budget_partition"), ("memory_budget", str(budget[0])),
+                ("solver", str(budget[1])), precision]
     name = _KNOWN_PARTITIONERS.get(fn)
     if name is None:
         raise codec.Unencodable(f"a custom partitioner ({getattr(fn, '__qualname__', fn)})")

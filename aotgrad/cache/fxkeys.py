@@ -60,8 +60,13 @@ def read(path: store.Store, digest: str) -> dict:
         records = store.unseal((path.path / f"{digest}{SUFFIX}").read_bytes())
     except (OSError, ValueError):
         return {}
-    return {k: v for k, v in records.items()
-            if isinstance(v, dict) and isinstance(v.get("key"), str)}
+    return {k: v for k, v in records.items() if _well_formed(v)}
+
+
+def _well_formed(record) -> bool:
+    """A record that loads by key without raising (a sealed file may still be edited)."""
+    return isinstance(record, dict) and isinstance(record.get("key"), str) and \
+        "guards" in record and isinstance(record["guards"], (str, type(None)))
 
 
 def attach(gm: fx.GraphModule, path: store.Store, rows: list) -> InductorKeys:

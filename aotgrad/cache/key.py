@@ -67,6 +67,19 @@ def describe_input(t: Any) -> str:
             f"{m['device']}{grad}")
 
 
+def user_modes() -> str | None:
+    """The torch function and dispatch modes the caller compiles under, if any: a trace runs
+    the program's ops through them (a mode may rewrite an op), the analysis's op log sees
+    a dispatch mode's ops before it, and a graph's code does not say what they do. The
+    default device's mode (`torch.set_default_device`) is global state instead."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    modes = [m for m in _get_current_function_mode_stack() if not isinstance(m, DeviceContext)]
+    modes += _get_current_dispatch_mode_stack()
+    return ", ".join(type(m).__name__ for m in modes) or None
+
+
 @functools.lru_cache(maxsize=None)
 def aotgrad_version() -> str:
     """The package's source, hashed: any change to aotgrad may change what it produces."""
@@ -88,7 +101,9 @@ def _triton_version() -> str:
 
 
 def versions(devices: Iterable[torch.device]) -> list[tuple[str, str]]:
-    parts = [("torch", torch.__version__), ("triton", _triton_version()),
+    # Its build's commit too: two builds of one version (nightlies, source builds) differ.
+    build = getattr(torch.version, "git_version", None) or "unknown"
+    parts = [("torch", f"{torch.__version__} ({build[:12]})"), ("triton", _triton_version()),
              ("python", platform.python_version()), ("aotgrad", aotgrad_version()),
              ("machine", platform.machine())]
     for device in sorted({str(d) for d in devices}):

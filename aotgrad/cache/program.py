@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
+from ..capture.inputs import runs_its_graph
 from ..schema import TraceFacts
 from ..semantics import aliasing
 from ..semantics.dynamic import is_symbolic
@@ -56,6 +57,11 @@ class ProgramLookup:
         self.why_not: str | None = None  # not keyed, or refused: the reason
         self._store = self.key = self._payload = self._lock = None
         self._fake_mode, self._options = c.fake_mode, options
+        self.keys_by_ops = False
+        modes = keys.user_modes()
+        if modes is not None:  # the trace runs the ops through them: the traced graph keys it
+            self.why_not = f"not keyed before the trace: {modes} around the compile"
+            return
         program = _program_of(fn)
         # A plain function is keyed by the ops its analysis logs (`after_analysis`).
         self.keys_by_ops = program is None and store.enabled() and not is_symbolic(c.fakes)
@@ -199,9 +205,10 @@ def _unstorable(c: Any) -> str | None:
 
 def _program_of(fn: Callable) -> tuple[fx.GraphModule, tuple[str, ...]] | None:
     """The graph `fn` runs, and the names of the module state it reads by get_attr (lifted
-    into inputs by compat.aot_module_simplified, which marks its function so)."""
-    if isinstance(fn, fx.GraphModule):
-        return fn, ()
+    into inputs by compat.aot_module_simplified, which marks its function so). None where
+    a call runs other code than its graph (capture/inputs.py): keyed by the ops it ran."""
+    if isinstance(fn, fx.GraphModule):  # run by its code where that is not its graph's
+        return (fn, ()) if runs_its_graph(fn) else None
     return getattr(fn, "aotgrad_program", None)
 
 
@@ -326,6 +333,7 @@ def global_state() -> str:
     cuda = torch.backends.cuda
     state = {"grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
              "default dtype": torch.get_default_dtype(),
+             "default device": torch.get_default_device(),
              "deterministic": torch.are_deterministic_algorithms_enabled(),
              "matmul precision": torch.get_float32_matmul_precision(),
              "tf32": (torch.backends.cudnn.allow_tf32, cuda.matmul.allow_tf32),

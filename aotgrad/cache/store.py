@@ -233,8 +233,10 @@ def _acquire(path: Path, timeout: float) -> tuple[bool, bool]:
             if holder == os.getpid():  # a compile nested in this process's own: no waiting
                 return False, False
             if holder is not None and _dead(holder) or holder is None and _abandoned(path):
-                with contextlib.suppress(OSError):
-                    path.unlink()
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:  # a read-only directory: nobody holds it, go on
+                    return _without_lock(path, exc)
                 continue
             if time.monotonic() > deadline:
                 count("lock_timeouts")

@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.fx.experimental import _config as fx_config
 
 from ..semantics import checkpoints, mends, regions, subclasses
 from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
@@ -138,6 +139,9 @@ class OutputBox:
 def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
     """`fn` as a function of the graph inputs only, returning a flat list of leaves."""
     fn = node_by_node(fn)
+    # Asked now, not inside the analysis: its probe traces an op, which the analysis's op
+    # log (a cache key) would take for the user's and refuse.
+    mends.generators_traceable()
 
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
@@ -380,15 +384,35 @@ def node_by_node(fn: Callable) -> Callable:
     """A graph module (Dynamo's) run one node at a time, as the current node while its ops
     are traced: the ATen nodes then carry its `stack_trace`, `nn_module_stack` and
     `source_fn_stack`, which point backends' messages and profiles at the user's code.
-    Other callables as they are."""
-    if not isinstance(fn, torch.fx.GraphModule):
+    Other callables as they are, and a graph module whose call runs more than its graph."""
+    if not isinstance(fn, torch.fx.GraphModule) or not runs_its_graph(fn):
         return fn
+    return _interpreted(fn)
 
+
+def _interpreted(gm: torch.fx.GraphModule) -> Callable:
+    """`gm`'s graph run node by node (a higher-order op's body always is: not asked)."""
     def run(*args):
-        return _NodeByNode(fn).run(*args)
+        return _NodeByNode(gm).run(*args)
 
-    run.__name__ = type(fn).__name__
+    run.__name__ = type(gm).__name__
     return run
+
+
+def runs_its_graph(gm: torch.fx.GraphModule) -> bool:
+    """Whether calling `gm` runs the code of its graph as it is now: no hook of its own and
+    no `forward` of the instance's own, and code made from the graph (a pass that edits a
+    graph without `recompile()` leaves the old code). Global module hooks are not asked:
+    Dynamo's graphs are called by no user code, and ran them inside already."""
+    if "forward" in vars(gm) or any((gm._forward_hooks, gm._forward_pre_hooks,
+                                     gm._backward_hooks, gm._backward_pre_hooks)):
+        return False
+    needs_recompile = getattr(type(gm), "_needs_recompile", None)
+    if needs_recompile is not None and needs_recompile():  # lazy: made from the graph at its call
+        return True
+    if getattr(fx_config, "enrich_profiler_metadata", False):  # code names a per-file key:
+        return True  # not comparable (its graph, as before)
+    return gm.code == gm.graph.python_code(root_module="self").src
 
 
 @dataclass(frozen=True)
@@ -436,11 +460,11 @@ def state_swapped(module: torch.nn.Module, state: dict):
 
 def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
     """`module(*args)` with its parameters and buffers replaced by `state`; a graph module
-    node by node (`node_by_node`)."""
+    node by node, always (torch's aot_module_simplified runs its graph, not its call)."""
     with state_swapped(module, state):
         if not isinstance(module, torch.fx.GraphModule):
             return module(*args)
-        return node_by_node(module)(*args)
+        return _interpreted(module)(*args)
 
 
 class _NodeByNode(torch.fx.Interpreter):
@@ -458,18 +482,18 @@ class _NodeByNode(torch.fx.Interpreter):
             target = torch._C._autograd._get_data_attr
         elif target is regions.INVOKE_SUBGRAPH and regions.inline(args[1]):
             body, _, *operands = args
-            return tuple(node_by_node(body)(*operands))
+            return tuple(_interpreted(body)(*operands))
         elif target is regions.INVOKE_SUBGRAPH:
             target = regions.call_region
         elif target is regions.CHECKPOINT and regions.replaying():
             body, *operands = args
-            return node_by_node(body)(*operands)
+            return _interpreted(body)(*operands)
         elif target is regions.CHECKPOINT and checkpoints.is_plain(args[0]):
             body, *operands = args
             # Not told reentrant: Dynamo lifts the parameters the body reads into its
             # operands, so eager's rule (no gradient unless an input requires grad) cannot
             # be applied to the user's inputs alone (tests/test_remat.py, xfail).
-            return checkpoints.run_region(node_by_node(body), operands, reentrant=False)
+            return checkpoints.run_region(_interpreted(body), operands, reentrant=False)
         return super().call_function(target, args, kwargs)
 
 

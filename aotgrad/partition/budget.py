@@ -147,6 +147,14 @@ def budget_partition(memory_budget: float, solver: str = "auto") -> Callable:
     return partition
 
 
+def budget_of(fn: Callable) -> tuple[float, str] | None:
+    """(memory_budget, solver) of a `budget_partition`, as it runs with them (its partial's
+    arguments, not attributes another object may carry or a caller may change); else None."""
+    if isinstance(fn, functools.partial) and fn.func is _partition_for_budget:
+        return fn.keywords["memory_budget"], fn.keywords["solver"]
+    return None
+
+
 def _partition_for_budget(joint_module, _joint_inputs=None, *, num_fwd_outputs,
                           memory_budget: float, solver: str, **_):
     plan = plan_for_budget(joint_module, num_fwd_outputs, memory_budget, solver)
