@@ -34,6 +34,7 @@ from .artifact import Artifact
 from .backends.compilers import COMPILES
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
+from .runtime.forward_writes import ForwardWrites
 from .runtime.module_guard import (FunctionReads, ModuleAttributes, hook_set_attributes,
                                    hooks_checked, refuse_traced_attributes, refuse_traced_reads)
 
@@ -289,6 +290,8 @@ class CompiledModule(torch.nn.Module):
         self._attributes = ModuleAttributes(module)
         self._lazy = _uninitialized(module)  # the first call refuses them (_refuse_lazy)
         self._traced = False
+        self._writes: ForwardWrites | None = None  # while a compile runs forward's Python
+        self._written: str | None = None  # what the last trace's forward changed, in words
         options = dataclasses.replace(
             options, static_inputs=tuple(range(len(self._names))),
             input_names=(*self._names, *[""] * len(self._submodules)), named_like=module.forward)
@@ -301,7 +304,11 @@ class CompiledModule(torch.nn.Module):
         args = flat[len(self._names) + len(self._submodules):]
         with state_swapped(self.orig_module, dict(zip(self._names, state))), \
                 hooks_checked(self._attributes.hook_dicts), _parametrizations_uncached():
+            if self._writes is None:  # the compile's first run
+                self._writes = ForwardWrites(self._submodules)
+            self._writes.start()  # a later run (the joint trace) starts where the first did
             out = self.orig_module(*args, **kwargs)
+            self._writes.record()
             self._refuse_reassigned_state(state)
         refuse_traced_attributes(self.orig_module)
         refuse_traced_reads(self._attributes.cells, self._attributes.globals, "forward")
@@ -318,7 +325,7 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if _tracing() or _transforming() is not None:  # an outer torch.compile, export
             return self.orig_module(*args, **kwargs)  # or torch.func transform: the module
-        changed = self._attributes.changed()
+        changed = self._written or self._attributes.changed()
         if changed is not None:
             return self._compile_again(changed, args, kwargs)
         if self._lazy:
@@ -326,12 +333,23 @@ class CompiledModule(torch.nn.Module):
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
         state = COMPILES.stable_read(self._read_state)  # not another thread's trace's fakes
-        out = self.compiled(*state, *training_flags, *args, **kwargs)
+        try:
+            out = self.compiled(*state, *training_flags, *args, **kwargs)
+        finally:
+            if self._traced:
+                self._traced_since()
         if type(out) is _WithHookSet:
             out = out.set_on(self._submodules)
-        if self._traced:  # as the trace left them
-            self._attributes, self._traced = ModuleAttributes(self.orig_module), False
         return out
+
+    def _traced_since(self) -> None:
+        """After a call that traced: the attributes as its forward left them, once (as an
+        eager call does); a graph traced from a forward that changed one baked the old
+        value, so the next call compiles again (runtime/forward_writes.py)."""
+        writes, self._writes, self._traced = self._writes, None, False
+        self._attributes = ModuleAttributes(self.orig_module)
+        if writes is not None:
+            self._written = writes.describe()
 
     def _refuse_lazy(self) -> None:
         """A lazy module (nn.LazyLinear) infers its parameters' shapes from its first call's
@@ -373,7 +391,7 @@ class CompiledModule(torch.nn.Module):
     # entries hold locks and generated code), derived again for the copy's own module. An
     # EMA model is `copy.deepcopy(model)` after some steps; torch.save(model) pickles it.
     _BOUND = frozenset({"_names", "_slots", "_state_dicts", "_submodules", "_attributes",
-                        "_lazy", "_traced", "compiled"})
+                        "_lazy", "_traced", "_writes", "_written", "compiled"})
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in self._BOUND}
