@@ -411,6 +411,34 @@ class CompiledModule(torch.nn.Module):
                 raise
             return getattr(self.orig_module, name)
 
+    # The wrapper's own attributes; any other is the original module's, set and deleted
+    # there (as torch.compile's OptimizedModule does): `compiled.temperature = 0.5`,
+    # `compiled.head = nn.Linear(...)` or `compiled.training = False` set on the wrapper
+    # were never read by forward, silently.
+    _OWN = _BOUND | {"orig_module", "_rebinds", "_options", "_max_entries"} | set(
+        vars(torch.nn.Module()))  # nn.Module's bookkeeping (an old pickle's, restored)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN or hasattr(type(self), name) or "_modules" not in self.__dict__:
+            return super().__setattr__(name, value)
+        setattr(self.orig_module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._OWN or hasattr(type(self), name):
+            return super().__delattr__(name)
+        delattr(self.orig_module, name)
+
+    @property
+    def training(self) -> bool:  # type: ignore[override]
+        """The original module's flag: its forward reads it."""
+        return self.__dict__["_modules"]["orig_module"].training
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        modules = self.__dict__.get("_modules")
+        if modules is not None and "orig_module" in modules:  # not nn.Module.__init__'s
+            modules["orig_module"].training = mode
+
 
 @contextlib.contextmanager
 def _parametrizations_uncached():

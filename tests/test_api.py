@@ -394,6 +394,51 @@ def test_functional_call_with_the_original_names_differentiates_twice_like_eager
     assert getattr(compiled, "0") is target[0]
 
 
+class _Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.temperature = torch.nn.Linear(4, 4), 2.0
+        self.gain = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        y = self.fc(x) / self.temperature * self.gain
+        return y.relu() if self.training else y
+
+
+ASSIGNMENTS = {  # on the module a user holds: the compiled one, or the eager original
+    "number": lambda m: setattr(m, "temperature", 0.5),
+    "parameter": lambda m: setattr(m, "gain", torch.nn.Parameter(torch.full((4,), 3.0))),
+    "submodule": lambda m: setattr(m, "fc", torch.nn.Linear(4, 4, bias=False)),
+    "training flag": lambda m: setattr(m, "training", False),
+    "deleted": lambda m: delattr(m, "temperature") or setattr(m, "temperature", 4.0),
+}
+
+
+@pytest.mark.parametrize("assign", ASSIGNMENTS)
+@pytest.mark.parametrize("door", ["aotgrad", "dynamo"])
+def test_an_attribute_assigned_on_the_compiled_module_is_the_originals(assign, door):
+    """`compiled.temperature = 0.5` (a schedule holding the compiled model) set the wrapper's
+    own attribute, which forward never reads: the graph kept the old value, silently; a
+    Parameter or submodule was registered on the wrapper beside the original's (`parameters()`
+    listed both; the optimizer stepped one forward does not read). torch.compile's
+    OptimizedModule sets them on the original module, and so does aotgrad's wrapper now."""
+    torch.manual_seed(0)
+    eager = _Tempered()
+    target = copy.deepcopy(eager)
+    compiled = (aotgrad.compile(target, backend="eager") if door == "aotgrad"
+                else torch.compile(target, backend=aotgrad.backend(backend="eager")))
+    x = torch.randn(3, 4)
+    compiled(x)
+    torch.manual_seed(1)  # the same new weights for both
+    ASSIGNMENTS[assign](eager)
+    torch.manual_seed(1)
+    ASSIGNMENTS[assign](compiled)
+    expected, actual = eager(x), compiled(x)
+    torch.testing.assert_close(actual, expected)
+    assert len(list(compiled.parameters())) == len(list(eager.parameters()))
+    assert compiled.training == target.training == eager.training
+
+
 def test_a_gradient_penalty_through_spectral_norm_in_training_is_refused():
     """spectral_norm's power iteration writes its `u`/`v` buffers and reads them again: a
     replay of the backward would iterate once more. Refused at the double backward, not a
