@@ -457,6 +457,17 @@ def test_save_on_cpu_keeps_gradients_right():
     torch.testing.assert_close(x.grad, x.exp() * (x + 1))
 
 
+def test_a_data_dependent_value_torchs_module_reads_is_refused_naming_the_line():
+    """BatchNorm with momentum=None (a cumulative average) reads `float(num_batches_tracked)`:
+    the refusal spoke of `.item()`, which the user's code never calls; it names the line."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
+    with pytest.raises(NotImplementedError, match=r"batchnorm.py:\d+ \(`exponential_average"):
+        aotgrad.compile(model, backend="eager")(torch.randn(3, 4))
+    model.eval()  # no count read: compiled
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(aotgrad.compile(model, backend="eager")(x), model(x))
+
+
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_batchnorm_statistics_are_written_in_graph_with_eager_version_counters(backend):
     """BatchNorm's kernel updates its running statistics without bumping their version
