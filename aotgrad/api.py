@@ -36,7 +36,8 @@ from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
 from .runtime.forward_writes import ForwardWrites
 from .runtime.module_guard import (FunctionReads, ModuleAttributes, hook_set_attributes,
-                                   hooks_checked, refuse_traced_attributes, refuse_traced_reads)
+                                   hooks_checked, is_traced, refuse_traced_attributes,
+                                   refuse_traced_reads)
 
 log = logging.getLogger(__name__)
 
@@ -309,18 +310,29 @@ class CompiledModule(torch.nn.Module):
             self._writes.start()  # a later run (the joint trace) starts where the first did
             out = self.orig_module(*args, **kwargs)
             self._writes.record()
-            self._refuse_reassigned_state(state)
+            rebound = self._rebound_buffers(state)
         refuse_traced_attributes(self.orig_module)
         refuse_traced_reads(self._attributes.cells, self._attributes.globals, "forward")
-        hook_set = hook_set_attributes(self._submodules)
+        hook_set = {**hook_set_attributes(self._submodules), **rebound}
         return _WithHookSet(out, hook_set) if hook_set else out
 
-    def _refuse_reassigned_state(self, state) -> None:
+    def _rebound_buffers(self, state) -> dict[tuple[int, str], torch.Tensor]:
+        """The buffers forward bound to a tensor it computed (a rotary cache grown with
+        `register_buffer` again, `self.last = h.detach()`), as `_WithHookSet` keys them: the
+        graph returns them and each call binds them, as eager leaves them. Another tensor
+        (a parameter rebound, a buffer bound to a tensor the graph does not make) is refused."""
+        rebound = {}
         for name, (owner, attr), value in zip(self._names, self._slots, state):
-            if getattr(owner, attr) is not value:
+            now = getattr(owner, attr)
+            if now is value:
+                continue
+            if attr not in owner._buffers or not isinstance(now, torch.Tensor) \
+                    or not is_traced(now):
                 raise NotImplementedError(
                     f"aotgrad: forward assigns a new tensor to {name!r}; the assignment would "
                     "be lost. Update it in place instead (e.g. self.buf.copy_(...) or add_).")
+            rebound[(self._submodules.index(owner), attr)] = now
+        return rebound
 
     def forward(self, *args, **kwargs):
         if _tracing() or _transforming() is not None:  # an outer torch.compile, export
