@@ -331,6 +331,11 @@ class CompiledModule(torch.nn.Module):
                 raise NotImplementedError(
                     f"aotgrad: forward assigns a new tensor to {name!r}; the assignment would "
                     "be lost. Update it in place instead (e.g. self.buf.copy_(...) or add_).")
+            if self._options.cudagraphs and now.is_cuda:  # the next replay overwrites it
+                raise NotImplementedError(
+                    f"aotgrad: forward binds the buffer {name!r} to a new tensor, which "
+                    "cudagraphs=True cannot keep (the next replay overwrites it). Update it "
+                    "in place (self.buf.copy_(...)), or compile without cudagraphs.")
             rebound[(self._submodules.index(owner), attr)] = now
         return rebound
 

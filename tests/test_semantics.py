@@ -1109,3 +1109,4 @@ def test_a_hook_registered_on_an_input_inside_is_refused_by_the_native_doors(doo
         f(expected_x, w).sum().backward()
         dynamo(f)(x, w).sum().backward()
         torch.testing.assert_close(x.grad, expected_x.grad)
+
