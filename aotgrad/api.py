@@ -25,7 +25,7 @@ from . import check
 from .semantics import subclasses
 from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
-from .capture.inputs import flatten, lift_state, state_swapped
+from .capture.inputs import TRACES, flatten, lift_state, state_swapped
 from .partition.budget import budget_partition
 from .runtime.guards import MISS, global_state, make_guard, make_guarded_run, plan_guard
 from .partition.remat import min_cut_rematerialization_partition
@@ -128,7 +128,7 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        if _tracing() or _transforming() is not None:
+        if _tracing() or _transforming() is not None or TRACES.depth:
             return self.fn(*args, **kwargs)
         if self.reads is not None and (changed := self.reads.changed()) is not None:
             return self._compile_again(changed, args, kwargs)
@@ -308,8 +308,10 @@ class CompiledModule(torch.nn.Module):
             if self._writes is None:  # the compile's first run
                 self._writes = ForwardWrites(self._submodules)
             self._writes.start()  # a later run (the joint trace) starts where the first did
-            out = self.orig_module(*args, **kwargs)
-            self._writes.record()
+            try:
+                out = self.orig_module(*args, **kwargs)
+            finally:  # a run stopped by an error (one the pipeline retries) wrote too
+                self._writes.record()
             rebound = self._rebound_buffers(state)
         refuse_traced_attributes(self.orig_module)
         refuse_traced_reads(self._attributes.cells, self._attributes.globals, "forward")
@@ -340,8 +342,10 @@ class CompiledModule(torch.nn.Module):
         return rebound
 
     def forward(self, *args, **kwargs):
-        if _tracing() or _transforming() is not None:  # an outer torch.compile, export
-            return self.orig_module(*args, **kwargs)  # or torch.func transform: the module
+        # Inside an outer compile (torch.compile, export, aotgrad's) or a torch.func
+        # transform: the module's own code, which the outer one records or transforms.
+        if _tracing() or _transforming() is not None or TRACES.depth:
+            return self.orig_module(*args, **kwargs)
         changed = self._written or self._attributes.changed()
         if changed is not None:
             return self._compile_again(changed, args, kwargs)
