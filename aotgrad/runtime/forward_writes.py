@@ -3,7 +3,7 @@
 
 `aotgrad.compile(module)` runs forward's Python only while it traces, and more than once
 per compile (the analysis, then the joint trace). So each run after the first starts from
-the attributes as they were before the first (`ForwardWrites.undo`): the call leaves them
+the attributes as they were before the first (`ForwardWrites.start`): the call leaves them
 as one eager call does. A graph traced from a forward that changed an attribute baked the
 old value and would not change it again, so the compiled module compiles again at its next
 call (api.CompiledModule), as for any attribute changed between calls; a forward that sets
@@ -70,6 +70,8 @@ class ForwardWrites:
                 attributes.pop(name, None)
                 continue
             attributes[name] = before
+            if items is None:  # not a short plain list or dict: rebound, not changed inside
+                continue
             if type(before) is list:
                 before[:] = items
             elif type(before) is dict:
