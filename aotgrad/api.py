@@ -25,7 +25,7 @@ from . import check
 from .semantics import subclasses
 from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
-from .capture.inputs import flatten, lift_state, state_swapped
+from .capture.inputs import TRACES, flatten, lift_state, state_swapped
 from .partition.budget import budget_partition
 from .runtime.guards import MISS, global_state, make_guard, make_guarded_run, plan_guard
 from .partition.remat import min_cut_rematerialization_partition
@@ -34,8 +34,10 @@ from .artifact import Artifact
 from .backends.compilers import COMPILES
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
+from .runtime.forward_writes import ForwardWrites
 from .runtime.module_guard import (FunctionReads, ModuleAttributes, hook_set_attributes,
-                                   hooks_checked, refuse_traced_attributes, refuse_traced_reads)
+                                   hooks_checked, is_traced, refuse_traced_attributes,
+                                   refuse_traced_reads)
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        if _tracing() or _transforming() is not None:
+        if _tracing() or _transforming() is not None or TRACES.depth:
             return self.fn(*args, **kwargs)
         if self.reads is not None and (changed := self.reads.changed()) is not None:
             return self._compile_again(changed, args, kwargs)
@@ -289,6 +291,8 @@ class CompiledModule(torch.nn.Module):
         self._attributes = ModuleAttributes(module)
         self._lazy = _uninitialized(module)  # the first call refuses them (_refuse_lazy)
         self._traced = False
+        self._writes: ForwardWrites | None = None  # while a compile runs forward's Python
+        self._written: str | None = None  # what the last trace's forward changed, in words
         options = dataclasses.replace(
             options, static_inputs=tuple(range(len(self._names))),
             input_names=(*self._names, *[""] * len(self._submodules)), named_like=module.forward)
@@ -301,24 +305,48 @@ class CompiledModule(torch.nn.Module):
         args = flat[len(self._names) + len(self._submodules):]
         with state_swapped(self.orig_module, dict(zip(self._names, state))), \
                 hooks_checked(self._attributes.hook_dicts), _parametrizations_uncached():
-            out = self.orig_module(*args, **kwargs)
-            self._refuse_reassigned_state(state)
+            if self._writes is None:  # the compile's first run
+                self._writes = ForwardWrites(self._submodules)
+            self._writes.start()  # a later run (the joint trace) starts where the first did
+            try:
+                out = self.orig_module(*args, **kwargs)
+            finally:  # a run stopped by an error (one the pipeline retries) wrote too
+                self._writes.record()
+            rebound = self._rebound_buffers(state)
         refuse_traced_attributes(self.orig_module)
         refuse_traced_reads(self._attributes.cells, self._attributes.globals, "forward")
-        hook_set = hook_set_attributes(self._submodules)
+        hook_set = {**hook_set_attributes(self._submodules), **rebound}
         return _WithHookSet(out, hook_set) if hook_set else out
 
-    def _refuse_reassigned_state(self, state) -> None:
+    def _rebound_buffers(self, state) -> dict[tuple[int, str], torch.Tensor]:
+        """The buffers forward bound to a tensor it computed (a rotary cache grown with
+        `register_buffer` again, `self.last = h.detach()`), as `_WithHookSet` keys them: the
+        graph returns them and each call binds them, as eager leaves them. Another tensor
+        (a parameter rebound, a buffer bound to a tensor the graph does not make) is refused."""
+        rebound = {}
         for name, (owner, attr), value in zip(self._names, self._slots, state):
-            if getattr(owner, attr) is not value:
+            now = getattr(owner, attr)
+            if now is value:
+                continue
+            if attr not in owner._buffers or not isinstance(now, torch.Tensor) \
+                    or not is_traced(now):
                 raise NotImplementedError(
                     f"aotgrad: forward assigns a new tensor to {name!r}; the assignment would "
                     "be lost. Update it in place instead (e.g. self.buf.copy_(...) or add_).")
+            if self._options.cudagraphs and now.is_cuda:  # the next replay overwrites it
+                raise NotImplementedError(
+                    f"aotgrad: forward binds the buffer {name!r} to a new tensor, which "
+                    "cudagraphs=True cannot keep (the next replay overwrites it). Update it "
+                    "in place (self.buf.copy_(...)), or compile without cudagraphs.")
+            rebound[(self._submodules.index(owner), attr)] = now
+        return rebound
 
     def forward(self, *args, **kwargs):
-        if _tracing() or _transforming() is not None:  # an outer torch.compile, export
-            return self.orig_module(*args, **kwargs)  # or torch.func transform: the module
-        changed = self._attributes.changed()
+        # Inside an outer compile (torch.compile, export, aotgrad's) or a torch.func
+        # transform: the module's own code, which the outer one records or transforms.
+        if _tracing() or _transforming() is not None or TRACES.depth:
+            return self.orig_module(*args, **kwargs)
+        changed = self._written or self._attributes.changed()
         if changed is not None:
             return self._compile_again(changed, args, kwargs)
         if self._lazy:
@@ -326,12 +354,23 @@ class CompiledModule(torch.nn.Module):
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
         state = COMPILES.stable_read(self._read_state)  # not another thread's trace's fakes
-        out = self.compiled(*state, *training_flags, *args, **kwargs)
+        try:
+            out = self.compiled(*state, *training_flags, *args, **kwargs)
+        finally:
+            if self._traced:
+                self._traced_since()
         if type(out) is _WithHookSet:
             out = out.set_on(self._submodules)
-        if self._traced:  # as the trace left them
-            self._attributes, self._traced = ModuleAttributes(self.orig_module), False
         return out
+
+    def _traced_since(self) -> None:
+        """After a call that traced: the attributes as its forward left them, once (as an
+        eager call does); a graph traced from a forward that changed one baked the old
+        value, so the next call compiles again (runtime/forward_writes.py)."""
+        writes, self._writes, self._traced = self._writes, None, False
+        self._attributes = ModuleAttributes(self.orig_module)
+        if writes is not None:
+            self._written = writes.describe()
 
     def _refuse_lazy(self) -> None:
         """A lazy module (nn.LazyLinear) infers its parameters' shapes from its first call's
@@ -373,7 +412,7 @@ class CompiledModule(torch.nn.Module):
     # entries hold locks and generated code), derived again for the copy's own module. An
     # EMA model is `copy.deepcopy(model)` after some steps; torch.save(model) pickles it.
     _BOUND = frozenset({"_names", "_slots", "_state_dicts", "_submodules", "_attributes",
-                        "_lazy", "_traced", "compiled"})
+                        "_lazy", "_traced", "_writes", "_written", "compiled"})
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in self._BOUND}
@@ -392,6 +431,34 @@ class CompiledModule(torch.nn.Module):
             if name == "orig_module":  # not set yet (__init__): no recursion
                 raise
             return getattr(self.orig_module, name)
+
+    # The wrapper's own attributes; any other is the original module's, set and deleted
+    # there (as torch.compile's OptimizedModule does): `compiled.temperature = 0.5`,
+    # `compiled.head = nn.Linear(...)` or `compiled.training = False` set on the wrapper
+    # were never read by forward, silently.
+    _OWN = _BOUND | {"orig_module", "_rebinds", "_options", "_max_entries"} | set(
+        vars(torch.nn.Module()))  # nn.Module's bookkeeping (an old pickle's, restored)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN or hasattr(type(self), name) or "_modules" not in self.__dict__:
+            return super().__setattr__(name, value)
+        setattr(self.orig_module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._OWN or hasattr(type(self), name):
+            return super().__delattr__(name)
+        delattr(self.orig_module, name)
+
+    @property
+    def training(self) -> bool:  # type: ignore[override]
+        """The original module's flag: its forward reads it."""
+        return self.__dict__["_modules"]["orig_module"].training
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        modules = self.__dict__.get("_modules")
+        if modules is not None and "orig_module" in modules:  # not nn.Module.__init__'s
+            modules["orig_module"].training = mode
 
 
 @contextlib.contextmanager

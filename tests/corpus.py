@@ -1308,7 +1308,8 @@ class CounterBuffer(nn.Module):
 
 
 class ReassignedBuffer(nn.Module):
-    """Replaces its buffer with a new tensor instead of updating it in place."""
+    """Replaces its buffer with a new tensor instead of updating it in place (the compiled
+    module binds the tensor its graph returns after each call)."""
 
     def __init__(self):
         super().__init__()

@@ -394,6 +394,92 @@ def test_functional_call_with_the_original_names_differentiates_twice_like_eager
     assert getattr(compiled, "0") is target[0]
 
 
+class _Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.temperature = torch.nn.Linear(4, 4), 2.0
+        self.gain = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        y = self.fc(x) / self.temperature * self.gain
+        return y.relu() if self.training else y
+
+
+ASSIGNMENTS = {  # on the module a user holds: the compiled one, or the eager original
+    "number": lambda m: setattr(m, "temperature", 0.5),
+    "parameter": lambda m: setattr(m, "gain", torch.nn.Parameter(torch.full((4,), 3.0))),
+    "submodule": lambda m: setattr(m, "fc", torch.nn.Linear(4, 4, bias=False)),
+    "training flag": lambda m: setattr(m, "training", False),
+    "deleted": lambda m: delattr(m, "temperature") or setattr(m, "temperature", 4.0),
+}
+
+
+@pytest.mark.parametrize("assign", ASSIGNMENTS)
+@pytest.mark.parametrize("door", ["aotgrad", "dynamo"])
+def test_an_attribute_assigned_on_the_compiled_module_is_the_originals(assign, door):
+    """`compiled.temperature = 0.5` (a schedule holding the compiled model) set the wrapper's
+    own attribute, which forward never reads: the graph kept the old value, silently; a
+    Parameter or submodule was registered on the wrapper beside the original's (`parameters()`
+    listed both; the optimizer stepped one forward does not read). torch.compile's
+    OptimizedModule sets them on the original module, and so does aotgrad's wrapper now."""
+    torch.manual_seed(0)
+    eager = _Tempered()
+    target = copy.deepcopy(eager)
+    compiled = (aotgrad.compile(target, backend="eager") if door == "aotgrad"
+                else torch.compile(target, backend=aotgrad.backend(backend="eager")))
+    x = torch.randn(3, 4)
+    compiled(x)
+    torch.manual_seed(1)  # the same new weights for both
+    ASSIGNMENTS[assign](eager)
+    torch.manual_seed(1)
+    ASSIGNMENTS[assign](compiled)
+    expected, actual = eager(x), compiled(x)
+    torch.testing.assert_close(actual, expected)
+    assert len(list(compiled.parameters())) == len(list(eager.parameters()))
+    assert compiled.training == target.training == eager.training
+
+
+class _CountingBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn, self.calls = torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.bn(self.fc(x)) * self.calls
+
+
+@pytest.mark.parametrize("inner", ["module", "function", "none"])
+def test_a_compiled_block_inside_a_model_compiled_whole_runs_like_eager(inner):
+    """A block compiled alone, then the model holding it compiled whole: the outer trace
+    called the compiled block, which compiled itself again on the trace's tensors. With a
+    BatchNorm it failed with a misleading error (a tensor subclass tracing cannot follow);
+    its forward's counter ran at every nested trace and the outputs left eager's. The block
+    now runs its own code inside the outer trace, as inside torch.compile. ("none": the
+    block not compiled alone; its BatchNorm stops the analysis's first run, after the
+    counter, which the next run then found written: it counted twice.)"""
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(_CountingBlock(), torch.nn.Linear(4, 2))
+    model = copy.deepcopy(eager)
+    if inner == "module":
+        model[0] = aotgrad.compile(model[0], backend="eager")
+        block = model[0].orig_module
+    else:
+        block = model[0]
+    if inner == "function":
+        model[0].forward = aotgrad.compile(model[0].forward, backend="eager")
+    compiled = aotgrad.compile(model, backend="eager")
+    for step in range(3):
+        x = torch.randn(5, 4)
+        expected, actual = eager(x), compiled(x)
+        expected.sum().backward()
+        actual.sum().backward()
+        torch.testing.assert_close(actual, expected)
+        torch.testing.assert_close(block.fc.weight.grad, eager[0].fc.weight.grad)
+        torch.testing.assert_close(block.bn.running_mean, eager[0].bn.running_mean)
+        assert block.calls == eager[0].calls == step + 1
+
+
 def test_a_gradient_penalty_through_spectral_norm_in_training_is_refused():
     """spectral_norm's power iteration writes its `u`/`v` buffers and reads them again: a
     replay of the backward would iterate once more. Refused at the double backward, not a

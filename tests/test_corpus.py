@@ -77,7 +77,6 @@ REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "item_float_output": (PLAIN_DOORS, "depends on tensor data"),
     "data_dependent_shape": (PLAIN_DOORS, "depends on tensor data"),
     "resize_grows_input_then_view_written": (PLAIN_DOORS, "resize_"),
-    "buffer_reassigned": (PLAIN_DOORS, "assigns a new tensor"),
 }
 
 

@@ -225,3 +225,25 @@ def test_cuda_cpu_tensor_falls_back(caplog):
         g(x, torch.tensor(3.0)).backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
     assert any("cpu" in m for m in skips(caplog))
+
+
+class _RebindsState(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("state", torch.zeros(4), persistent=False)
+
+    def forward(self, x):
+        y = self.fc(x) + self.state
+        self.state = y.detach().mean(0)
+        return y
+
+
+@requires_cuda
+def test_a_buffer_forward_rebinds_is_refused_under_cudagraphs():
+    """A replay's outputs live in the CUDA graph pool until the next replay overwrites them:
+    a buffer bound to one (as the compiled module binds a buffer forward rebinds, on the
+    CPU) would change under the module."""
+    compiled = aotgrad.compile(_RebindsState().cuda(), backend="eager", cudagraphs=True)
+    with pytest.raises(NotImplementedError, match="buffer 'state' .* cudagraphs=True"):
+        compiled(torch.randn(2, 4, device="cuda"))

@@ -768,6 +768,75 @@ def test_a_module_attribute_changing_at_every_call_runs_eagerly_after_max_entrie
             step_matches_eager(model, compiled, x)
 
 
+class _Counting(nn.Module):
+    """A forward (and a hook of it) that changes the module's own attributes at each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.calls, self.seen, self.stats, self.warmed = 0, [], {"rows": 0}, False
+        self.register_forward_hook(_count_hook)
+
+    def forward(self, x):
+        self.calls += 1
+        self.seen.append(x.shape[0])
+        self.stats["rows"] += x.shape[0]
+        h = self.fc(x) if self.warmed else self.fc(x) * 0.5
+        self.warmed = True
+        return h * self.calls + len(self.seen) + self.stats["rows"]
+
+
+def _count_hook(module, args, out):
+    module.hooked = getattr(module, "hooked", 0) + 1
+    return out - module.hooked
+
+
+def _counting_state(model):
+    return model.calls, model.seen, model.stats, model.warmed, model.hooked
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_attributes_a_modules_forward_changes_match_eager_at_every_call(dynamic):
+    """`self.calls += 1` in forward ran at the traces only: twice at the first call (the
+    analysis and the joint trace), then never, and the graph kept the traced count, so the
+    outputs and the attributes drifted from eager's, silently (a list appended to twice, a
+    flag read once). Each traced run now starts from the attributes the first found, and a
+    forward that changed one compiles again at the next call, as a changed attribute does."""
+    torch.manual_seed(0)
+    model = _Counting()
+    torch.manual_seed(0)
+    twin = _Counting()
+    compiled = aotgrad.compile(twin, backend="eager", dynamic=dynamic, max_entries=3)
+    with pytest.warns(UserWarning, match="attribute 'calls', set by forward"):
+        for rows in (2, 3, 2, 4, 5, 2):
+            x = torch.randn(rows, 4)
+            expected, actual = model(x), compiled(x)
+            expected.sum().backward()
+            actual.sum().backward()
+            torch.testing.assert_close(actual, expected)
+            torch.testing.assert_close(twin.fc.weight.grad, model.fc.weight.grad)
+            assert _counting_state(twin) == _counting_state(model)
+    assert type(twin.seen[-1]) is int
+
+
+class _Ready(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.ready = nn.Linear(4, 4), False
+
+    def forward(self, x):
+        self.ready = True  # the same value from the second call on: the graph is kept
+        return self.fc(x)
+
+
+def test_a_forward_setting_the_value_an_attribute_holds_keeps_its_graph():
+    model = _Ready()
+    compiled = aotgrad.compile(model, backend="eager")
+    for _ in range(4):
+        compiled(torch.randn(2, 4)).sum().backward()
+    assert model.ready and compiled._rebinds == 1 and len(compiled.artifacts) == 1
+
+
 @pytest.mark.parametrize("compiles", [1, 2], ids=["first", "cache_hit"])
 def test_tensors_the_graph_holds_are_read_at_each_call_under_inductor(tmp_path, monkeypatch,
                                                                       compiles):

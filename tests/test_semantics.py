@@ -457,6 +457,72 @@ def test_save_on_cpu_keeps_gradients_right():
     torch.testing.assert_close(x.grad, x.exp() * (x + 1))
 
 
+class _RotaryCache(torch.nn.Module):
+    """A cache buffer forward registers again when a longer input comes (rotary embeddings'
+    pattern), and a state buffer it rebinds at each call, keeping its graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.cached = torch.nn.Linear(4, 4), 2
+        self.register_buffer("table", torch.ones(2, 4), persistent=False)
+        self.register_buffer("state", torch.zeros(4), persistent=False)
+
+    def forward(self, x):
+        n = x.shape[0]
+        if n > self.cached:
+            self.cached = n
+            self.register_buffer("table", torch.arange(n * 4.0).view(n, 4) / 8, persistent=False)
+        y = torch.tanh(self.fc(x) * self.table[:n] + self.state)
+        self.state = y.mean(0)  # not detached: the next call differentiates through it
+        return y
+
+
+class _RebindsParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        self.w = torch.nn.Parameter(self.w * 2)
+        return x * self.w
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_buffers_forward_binds_to_new_tensors_are_bound_after_each_call(backend):
+    """`self.register_buffer("table", longer)` or `self.state = y.mean(0)` in forward was
+    refused ("assigns a new tensor"); the compiled module now returns the new tensors from
+    its graph and binds them after each call, as eager leaves them."""
+    torch.manual_seed(0)
+    eager = _RotaryCache()
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend=backend)
+    for rows in (2, 3, 3, 5):
+        x = torch.randn(rows, 4)
+        expected, actual = eager(x), compiled(x)
+        expected.sum().backward(retain_graph=True)
+        actual.sum().backward(retain_graph=True)
+        torch.testing.assert_close(actual, expected)
+        torch.testing.assert_close(model.fc.weight.grad, eager.fc.weight.grad)
+        for name in ("table", "state"):
+            ours, theirs = getattr(model, name), getattr(eager, name)
+            torch.testing.assert_close(ours, theirs)
+            assert ours.requires_grad == theirs.requires_grad
+        assert model.cached == eager.cached and "table" in model._non_persistent_buffers_set
+    with pytest.raises(NotImplementedError, match="assigns a new tensor to 'w'"):
+        aotgrad.compile(_RebindsParameter(), backend="eager")(torch.randn(4))
+
+
+def test_a_data_dependent_value_torchs_module_reads_is_refused_naming_the_line():
+    """BatchNorm with momentum=None (a cumulative average) reads `float(num_batches_tracked)`:
+    the refusal spoke of `.item()`, which the user's code never calls; it names the line."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
+    with pytest.raises(NotImplementedError, match=r"batchnorm.py:\d+ \(`exponential_average"):
+        aotgrad.compile(model, backend="eager")(torch.randn(3, 4))
+    model.eval()  # no count read: compiled
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(aotgrad.compile(model, backend="eager")(x), model(x))
+
+
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_batchnorm_statistics_are_written_in_graph_with_eager_version_counters(backend):
     """BatchNorm's kernel updates its running statistics without bumping their version
@@ -1043,3 +1109,4 @@ def test_a_hook_registered_on_an_input_inside_is_refused_by_the_native_doors(doo
         f(expected_x, w).sum().backward()
         dynamo(f)(x, w).sum().backward()
         torch.testing.assert_close(x.grad, expected_x.grad)
+

@@ -11,8 +11,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import linecache
+import os
 import sys
 import threading
+import traceback
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -273,9 +276,26 @@ def _explain_data_dependence():
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         raise NotImplementedError(
             f"aotgrad: {e.func} produces a value that depends on tensor data (.item(), "
-            "nonzero, boolean masks...), which ahead-of-time tracing cannot see. Move it out "
-            "of the compiled function, or use torch.compile(backend='aotgrad'), which splits "
-            "the function around it.") from e
+            f"nonzero, boolean masks...){_line_of(e.__traceback__)}, which ahead-of-time "
+            "tracing cannot see. Move it out of the compiled function, or use "
+            "torch.compile(backend='aotgrad'), which splits the function around it.") from e
+
+
+# Frames of the tracing machinery, not of the code traced (torch's dispatch, fake tensors).
+_MACHINERY = (os.sep + "aotgrad" + os.sep, os.sep + "torch" + os.sep + "_",
+              os.sep + "torch" + os.sep + "utils" + os.sep, os.sep + "torch" + os.sep + "fx")
+
+
+def _line_of(tb) -> str:
+    """Where the traced code asked for the value: the innermost frame outside the machinery
+    (a user's `.item()`, or torch's own: BatchNorm with momentum=None reads its count)."""
+    frames = [(f.f_code.co_filename, line) for f, line in traceback.walk_tb(tb)]
+    code = [(name, line) for name, line in frames if not any(m in name for m in _MACHINERY)]
+    if not code:
+        return ""
+    name, line = code[-1]
+    text = linecache.getline(name, line).strip()[:100]
+    return f" at {os.path.basename(name)}:{line} (`{text}`)" if text else ""
 
 
 @contextlib.contextmanager

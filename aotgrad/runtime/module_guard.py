@@ -487,7 +487,7 @@ def _holds_traced(obj: Any) -> bool:
     while stack and len(seen) < _LOOKED_AT_MOST:
         obj, depth = stack.pop()
         if isinstance(obj, torch.Tensor):
-            if _is_traced(obj):
+            if is_traced(obj):
                 return True
             continue
         if depth == 0 or id(obj) in seen:
@@ -534,7 +534,7 @@ def refuse_traced_attributes(owner: Any) -> None:
         if isinstance(owner, torch.nn.Module) and _has_torchs_hook(owner):
             continue
         for name, value in getattr(owner, "__dict__", {}).items():
-            if isinstance(value, torch.Tensor) and _is_traced(value):
+            if isinstance(value, torch.Tensor) and is_traced(value):
                 raise NotImplementedError(
                     f"aotgrad: forward stores a tensor it computes in the attribute {name!r} "
                     f"of {type(owner).__name__}; aotgrad.compile runs forward's Python once, "
@@ -551,7 +551,7 @@ def hook_set_attributes(modules: list[torch.nn.Module]) -> dict[tuple[int, str],
     and sets them after each call, where the trace left fake tensors."""
     return {(i, name): value for i, m in enumerate(modules) if _has_torchs_hook(m)
             for name, value in vars(m).items()
-            if isinstance(value, torch.Tensor) and _is_traced(value)}
+            if isinstance(value, torch.Tensor) and is_traced(value)}
 
 
 def _has_torchs_hook(module: torch.nn.Module) -> bool:
@@ -574,6 +574,6 @@ def refuse_traced_reads(cells: list, reads: list, who: str) -> None:
                 "torch.compile(backend='aotgrad').")
 
 
-def _is_traced(t: torch.Tensor) -> bool:
+def is_traced(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
     return is_fake(t) or torch._is_functional_tensor(t)
