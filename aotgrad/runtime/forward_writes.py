@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .module_guard import _contents, _unchanged
+from .module_guard import contents_of, unchanged
 
 _GONE = object()
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -43,7 +43,7 @@ class ForwardWrites:
         self._undo()
         self.before = [(vars(m), {n: v for n, v in vars(m).items() if n not in _INTERNAL})
                        for m in self.modules]
-        self.items = {(id(d), n): _contents(v) for d, snap in self.before
+        self.items = {(id(d), n): contents_of(v) for d, snap in self.before
                       for n, v in snap.items() if not isinstance(v, torch.Tensor)}
 
     def record(self) -> None:
@@ -62,7 +62,7 @@ class ForwardWrites:
         now = attributes.get(name, _GONE)
         if isinstance(now, torch.Tensor) and isinstance(before, (torch.Tensor, type(None))):
             return True  # module_guard's: a tensor stored (or a hook's weight)
-        return _unchanged(now, before, self.items.get((id(attributes), name)))
+        return unchanged(now, before, self.items.get((id(attributes), name)))
 
     def _undo(self) -> None:
         for attributes, name, before, items in self.written:

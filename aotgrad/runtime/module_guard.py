@@ -88,7 +88,7 @@ class ModuleAttributes:
         self.cells, self.globals = code_reads(code)
         hooks = [r.function for r in self.hook_reads]  # a hook reading `module.config`
         named = set().union(*(_global_names(f.__code__) for f in code + hooks))  # attributes
-        self.values = [(vars(m), n, v, _contents(v)) for m in modules for n, v in vars(m).items()
+        self.values = [(vars(m), n, v, contents_of(v)) for m in modules for n, v in vars(m).items()
                        if not n.startswith("_") and n not in ("training", "forward")
                        and _watched(n, v, named)]
         # A forward patched on an instance (an adapter wrapping a layer's), or removed again:
@@ -106,7 +106,7 @@ class ModuleAttributes:
             return names
         for owner, name, value, contents in self.values:
             now = owner.get(name, _GONE)
-            if (now is not value or contents is not None) and not _unchanged(now, value,
+            if (now is not value or contents is not None) and not unchanged(now, value,
                                                                              contents):
                 return f"attribute {name!r}"
         if not all(map(operator.is_, map(dict.get, self.instance_dicts, _FORWARDS, _GONES),
@@ -232,7 +232,7 @@ class FunctionReads:
         self.function, self.owner = fn, owner
         watched = hasattr(owner, "__dict__") and (
             watch_modules or not isinstance(owner, torch.nn.Module))
-        self.attributes = [(name, value, _contents(value)) for name, value in
+        self.attributes = [(name, value, contents_of(value)) for name, value in
                            (vars(owner).items() if watched else ())]
         self.cells, self.globals = code_reads(
             [fn] if owner is None else _reached_in_class(type(owner), fn))
@@ -258,7 +258,7 @@ class FunctionReads:
         if self.attributes:
             now = vars(self.owner)
             for name, value, contents in self.attributes:
-                if not _unchanged(now.get(name, _GONE), value, contents):
+                if not unchanged(now.get(name, _GONE), value, contents):
                     return f"the attribute {name!r} of {type(self.owner).__name__}"
         return None
 
@@ -272,7 +272,7 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
     cells, reads, read, seen, todo = [], [], set(), set(functions), list(functions)
     while todo:
         f = todo.pop()
-        own = [(name, cell, cell.cell_contents, _contents(cell.cell_contents)) for name, cell
+        own = [(name, cell, cell.cell_contents, contents_of(cell.cell_contents)) for name, cell
                in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
         cells += own
         names = sorted(_global_names(f.__code__))
@@ -290,7 +290,7 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
                     if scope is f.__globals__ and _users_module(value):
                         scopes.append(vars(value))  # its attributes the code names
                     continue
-                reads.append((scope, name, value, _contents(value)))
+                reads.append((scope, name, value, contents_of(value)))
                 for helper in _code_of(value):
                     if helper not in seen and (helper.__globals__ is f.__globals__
                                                or _users_code(helper)):
@@ -341,11 +341,11 @@ def code_changed(cells: list, reads: list) -> str | None:
             now = cell.cell_contents
         except ValueError:  # emptied since
             return f"the closed-over {name!r}"
-        if (now is not value or contents is not None) and not _unchanged(now, value, contents):
+        if (now is not value or contents is not None) and not unchanged(now, value, contents):
             return f"the closed-over {name!r}"
     for names, name, value, contents in reads:
         now = names.get(name, _GONE)
-        if (now is not value or contents is not None) and not _unchanged(now, value, contents):
+        if (now is not value or contents is not None) and not unchanged(now, value, contents):
             return f"the global {name!r}"
     return None
 
@@ -355,7 +355,7 @@ def code_changed(cells: list, reads: list) -> str | None:
 CONTAINER_ITEMS = 32
 
 
-def _contents(value: Any) -> tuple | None:
+def contents_of(value: Any) -> tuple | None:
     """A plain list's items, or a plain dict's keys and items, as they are now; None for
     anything else, or a longer one (compared by identity only)."""
     if type(value) is list and len(value) <= CONTAINER_ITEMS:
@@ -365,12 +365,13 @@ def _contents(value: Any) -> tuple | None:
     return None
 
 
-def _unchanged(now: Any, value: Any, contents: tuple | None) -> bool:
+def unchanged(now: Any, value: Any, contents: tuple | None) -> bool:
+    """Is `now` what `value` was, `contents` its items then (`contents_of`)?"""
     if now is not value:
         return _same(now, value)
     if contents is None:
         return True
-    items = _contents(now)  # the same object: a list or a dict
+    items = contents_of(now)  # the same object: a list or a dict
     return items is not None and len(items) == len(contents) and all(map(_same, items, contents))
 
 
