@@ -23,6 +23,11 @@ case $1 in
 # bench/results/h200-2026-11-30-session23. Next: `tp23` (x2), `deberta22`.
 # Session 22 ran `verify22`, `verify22c`, `part22`, `cold22`, `stages22`:
 # bench/results/h200-2026-11-30-session22. Next: `verify23`, `peak23`, `deberta22`.
+verify23e)  # the three hunts merged (compiled autograd's leaf order leans on the engine's walk,
+  # checked on 2.13 only; a rebound buffer refused under CUDA graphs, a CUDA-only test)
+  TAIL=8 step verify23e 300 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_compiled_autograd.py tests/test_cudagraphs.py tests/test_api.py \
+    tests/test_semantics.py tests/test_guards.py tests/test_cache_oplog.py ;;
 verify23)  # session 22's fixes on torch 2.11 + CUDA: the hunts' files, and verify22a's last 8%
   TAIL=6 step verify23a 290 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_semantics.py tests/test_aliasing.py tests/test_compiled_autograd.py \
