@@ -20,7 +20,7 @@ cold() {  # cold MODEL SECONDS: the two compilers' cold compiles one at a time, 
 }
 case $1 in
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
-# bench/results/h200-2026-11-30-session23 (and `verify23e`). Next: `tp23` (x2), `deberta22`.
+# bench/results/h200-2026-11-30-session23. Next: `tp23` (x2), `deberta22`.
 # Session 22 ran `verify22`, `verify22c`, `part22`, `cold22`, `stages22`:
 # bench/results/h200-2026-11-30-session22. Next: `verify23`, `peak23`, `deberta22`.
 verify23e)  # the three hunts merged (compiled autograd's leaf order leans on the engine's walk,
