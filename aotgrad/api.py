@@ -18,6 +18,7 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import _get_dispatch_stack_at as _dispatch_stack_at
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils import parametrize
 
@@ -54,6 +55,22 @@ _tracing = torch.compiler.is_compiling
 # tensors a trace takes, and the graph would not be transformed; the original code runs,
 # as in eager (27 ns a call).
 _transforming = torch._C._functorch.peek_interpreter_stack
+
+
+def _under_a_mode() -> bool:
+    """Under a dispatch mode of the caller's (a FlopCounterMode, a selective checkpoint's
+    cache, one that rewrites ops), which sees and may change every op as it runs: a graph
+    traced without it (or under another) would not repeat that, so the original code runs,
+    as in eager and as torch.compile does (the empty stack: ~40 ns a call). Modes that
+    declare themselves infrastructure, or blind to compiled code, do not count."""
+    return bool(torch._C._len_torch_dispatch_stack()) and any(
+        not (_asks(mode, "is_infra_mode") or _asks(mode, "ignore_compile_internals"))
+        for mode in map(_dispatch_stack_at, range(torch._C._len_torch_dispatch_stack())))
+
+
+def _asks(mode, question: str) -> bool:
+    answer = getattr(mode, question, None)
+    return bool(answer()) if callable(answer) else False
 
 
 def signature(flat_args, dynamic: bool = False) -> tuple:
@@ -128,7 +145,7 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        if _tracing() or _transforming() is not None or TRACES.depth:
+        if _tracing() or _transforming() is not None or TRACES.depth or _under_a_mode():
             return self.fn(*args, **kwargs)
         if self.reads is not None and (changed := self.reads.changed()) is not None:
             return self._compile_again(changed, args, kwargs)
@@ -342,9 +359,10 @@ class CompiledModule(torch.nn.Module):
         return rebound
 
     def forward(self, *args, **kwargs):
-        # Inside an outer compile (torch.compile, export, aotgrad's) or a torch.func
-        # transform: the module's own code, which the outer one records or transforms.
-        if _tracing() or _transforming() is not None or TRACES.depth:
+        # Inside an outer compile (torch.compile, export, aotgrad's), a torch.func transform
+        # or a dispatch mode: the module's own code, which the outer one records or
+        # transforms, or the mode sees.
+        if _tracing() or _transforming() is not None or TRACES.depth or _under_a_mode():
             return self.orig_module(*args, **kwargs)
         changed = self._written or self._attributes.changed()
         if changed is not None:

@@ -530,7 +530,7 @@ STALE_SCRIPT = textwrap.dedent("""
     import torch, aotgrad
     from torch.utils._python_dispatch import TorchDispatchMode
     from aotgrad import cache
-    from aotgrad.compat import aot_function, nop
+    from aotgrad.compat import aot_function, aot_module_simplified, nop
     cold = sys.argv[1] == "cold"
 
     class SinAsCos(TorchDispatchMode):
@@ -548,7 +548,9 @@ STALE_SCRIPT = textwrap.dedent("""
         return gm
     x = torch.randn(5, generator=torch.Generator().manual_seed(0), requires_grad=True)
     calls = {"function": (lambda: aotgrad.compile(f, backend="eager"), f),
-             "graph module": (lambda: aot_function(torch.fx.symbolic_trace(f), nop), f)}
+             # compiled where it is called (under the mode when cold), as Dynamo's backends
+             "graph module": (lambda: aot_module_simplified(torch.fx.symbolic_trace(f), [x], nop),
+                              f)}
     wrong = []
     for name, (compiled, eager) in calls.items():
         with (SinAsCos() if cold else torch.enable_grad()):
@@ -1210,28 +1212,35 @@ class SinAsCos(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("door", ["function", "graph module"])
-def test_a_compile_under_a_users_mode_is_not_keyed_before_the_trace(door):
+def test_a_compile_under_a_users_mode_is_not_keyed_before_the_trace():
     """Neither the op log (which sees a dispatch mode's ops before it rewrites them) nor a
     graph's code says what a mode does: a compile under one was keyed as one without, and
-    the next compile without it was served the rewritten graph."""
-    from aotgrad.compat import aot_function, nop
+    the next compile without it was served the rewritten graph. (aot_module_simplified
+    compiles where it is called, as Dynamo's backends do: under the caller's modes.)"""
+    from aotgrad.compat import aot_module_simplified, nop
 
-    def f(t):
-        return torch.sin(t) * 2
-
-    def compiled():
-        if door == "function":
-            return aotgrad.compile(f, backend="eager")
-        return aot_function(torch.fx.symbolic_trace(f), fw_compiler=nop)
+    def compiled(x):
+        gm = torch.fx.symbolic_trace(lambda t: torch.sin(t) * 2)
+        return aot_module_simplified(gm, [x], fw_compiler=nop)
     x = torch.randn(5, requires_grad=True)
     with SinAsCos():
-        compiled()(x)
+        compiled(x)
     assert "not keyed before the trace: SinAsCos around the compile" in last_event()[1]
-    torch.testing.assert_close(compiled()(x), f(x))
+    torch.testing.assert_close(compiled(x)(x), torch.sin(x) * 2)
     assert last_event()[0] == "miss", last_event()
-    torch.testing.assert_close(compiled()(x), f(x))
+    torch.testing.assert_close(compiled(x)(x), torch.sin(x) * 2)
     assert last_event()[0] == "hit" and last_event()[1].startswith("before the trace")
+
+
+def test_a_call_under_a_users_mode_compiles_nothing():
+    """The mode sees the original code's ops, as in eager (api._under_a_mode): no entry
+    is compiled or looked up for it."""
+    compiled = aotgrad.compile(lambda t: torch.sin(t) * 2, backend="eager")
+    x = torch.randn(5, requires_grad=True)
+    before = len(cache.events())
+    with SinAsCos():
+        torch.testing.assert_close(compiled(x), torch.cos(x) * 2)
+    assert len(cache.events()) == before and not compiled.entries
 
 
 def test_the_default_device_is_in_the_key_before_the_trace():

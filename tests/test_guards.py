@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch import nn
 
 import aotgrad
@@ -1318,21 +1319,44 @@ def test_a_global_a_modules_forward_reads_rebound_after_the_compile():
         DOUBLE = True
 
 
-@pytest.mark.xfail(strict=True, reason="the guard does not check the caller's torch function "
-                   "or dispatch modes: a call without the mode an entry was traced under "
-                   "runs that entry, whose graph holds the mode's rewrites")
-def test_a_call_without_the_mode_the_entry_was_traced_under_does_not_run_it():
-    from torch.utils._python_dispatch import TorchDispatchMode
+class _Ops(TorchDispatchMode):
+    """Rewrites sin as cos where asked, and notes every op it sees."""
 
-    class SinAsCos(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            func = torch.ops.aten.cos.default if func is torch.ops.aten.sin.default else func
-            return func(*args, **(kwargs or {}))
+    def __init__(self, rewrite: bool = False):
+        super().__init__()
+        self.rewrite, self.seen = rewrite, []
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.rewrite and func is torch.ops.aten.sin.default:
+            func = torch.ops.aten.cos.default
+        self.seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_call_under_a_dispatch_mode_runs_the_original_code():
+    """An entry traced under a mode that rewrites ops ran at a call without it (and the
+    mode saw none of the graph's ops at a call under it): a compiled callable called under
+    a dispatch mode of the caller's runs the original code, as eager and torch.compile."""
     def f(t):
         return torch.sin(t) * 2
     compiled = aotgrad.compile(f, backend="eager")
     x = torch.randn(4)
-    with SinAsCos():
+    with _Ops(rewrite=True):
         torch.testing.assert_close(compiled(x), torch.cos(x) * 2)
     torch.testing.assert_close(compiled(x), f(x))
+    with _Ops() as mode:
+        compiled(x)
+    assert mode.seen == [torch.ops.aten.sin.default, torch.ops.aten.mul.Tensor]
+
+
+def test_a_module_called_under_a_dispatch_mode_runs_its_own_forward():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 3)
+    compiled(x)
+    with _Ops() as mode:
+        out = compiled(x)
+    with _Ops() as eager:
+        want = model(x)
+    assert mode.seen == eager.seen
+    torch.testing.assert_close(out, want)
