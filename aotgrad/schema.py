@@ -68,6 +68,12 @@ HELD_FOR_REPLAY = "aotgrad_held_for_replay"  # node.meta key: a saved value the 
 # by replay.double_backward.
 GRAD_ENABLED = "aotgrad_grad_enabled"  # node.meta key: the grad mode the op ran under
 AUTOGRAD_COPY = "aotgrad_autograd_copy"  # node.meta key: a detach made by autograd itself
+# node.meta key in a compiled-autograd capture: the index of the engine's node whose call
+# recorded (or traced) it, which orders leaves' accumulations as eager's engine does.
+ENGINE_NODE = "aotgrad_engine_node"
+# node.meta key on a capture's accumulate_into: the engine node whose output made its
+# gradient whole (its last contribution), where eager's engine pushes the AccumulateGrad.
+READY = "aotgrad_ready"
 
 # ---- fx meta keys: torch's, read or written by aotgrad -------------------------------------
 # "val" (node): the fake value; set by make_fx, copied by every pass that makes nodes

@@ -28,7 +28,8 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, trac
 
 from . import hooks
 from .cache import CaptureKey, Lifted
-from .specialize import ENGINE_NODE, Trace, mark_readiness
+from ..schema import ENGINE_NODE
+from .specialize import Trace, mark_readiness
 
 log = logging.getLogger("aotgrad.autograd")
 _ids = itertools.count()

@@ -30,14 +30,13 @@ from torch.fx.experimental.proxy_tensor import (
 
 from . import hooks, state
 from .guard import Guard, exact_guard
+from ..schema import ENGINE_NODE, READY
 from ..tables import written_arguments
 
 log = logging.getLogger("aotgrad.autograd")
 # The graph's inputs, in the order the engine passes them to the runtime wrapper.
 PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
 GUARDED = PLACEHOLDERS[:3]  # what guards read; `L['sizes_3']` in torch's guard text
-# A node's meta key: the index of the engine's node whose call recorded (or traced) it.
-ENGINE_NODE = "aotgrad_engine_node"
 
 
 class Trace:
@@ -386,11 +385,6 @@ def _ready_key(acc: fx.Node, order: dict) -> tuple:
     engine's walk keeps the nodes to visit on a stack, so it visits them the other way."""
     ready = acc.meta.get(READY)
     return (ready, -order[acc]) if ready is not None else (math.inf, order[acc])
-
-
-# A program's accumulate_into meta key: the engine node whose output made its gradient
-# whole (its last contribution), where eager's engine pushes the AccumulateGrad as ready.
-READY = "aotgrad_ready"
 
 
 def mark_readiness(program: fx.Graph) -> None:
