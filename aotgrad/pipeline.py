@@ -29,6 +29,7 @@ from .replay import random_values
 from .backends.compilers import (CompileScope, as_boxed, compiling, copy_graph,
                                  one_compile_at_a_time, graph_being_compiled)
 from .replay.double_backward import DoubleBackward
+from .replay.old_values import old_values_read
 from .semantics.dynamic import (DynamicShapesUnsupported, hint, is_size, is_symbolic,
                                 runtime_sizes, shape_guard)
 from .partition.split import call_partitioner, default_partition, find_joint, tag_backward
@@ -450,7 +451,8 @@ def _double_backward(c: Captured, edge: subclasses.Boundary, p: Partition,
         return DoubleBackward.refused("tensor subclass inputs or outputs")
     if any(x.gains_requires_grad for x in c.info.inputs):  # the replay's inputs have it early
         return DoubleBackward.refused("requires_grad_() on an input inside it")
-    return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode, p.saved_inputs, held)
+    return DoubleBackward(c.graph_fn, c.info, c.fakes, c.fake_mode, p.saved_inputs, held,
+                          old_values_read(p.forward, p.num_fw_outputs, c.info))
 
 
 def _boundary(c: Captured, facts: TraceFacts, copied_in_graph) -> subclasses.Boundary:

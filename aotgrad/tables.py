@@ -92,6 +92,12 @@ UNREAD_WHEN_TRAINING = {
 }
 
 
+# Functional batch norms of the compiled forward graph: in training mode their running
+# statistics reach only the updated ones. op -> (their positions, the flag's, the outputs)
+RUNNING_STATS_REACH = {
+    aten._native_batch_norm_legit_functional.default: ((3, 4), 5, (3, 4)),
+}
+
 # ---- rematerialization ---------------------------------------------------------------------
 
 class Recompute:

@@ -115,6 +115,61 @@ def test_gradient_penalty_through_batchnorm_updates_running_stats_once():
         torch.testing.assert_close(dict(target.named_buffers())[name], buffer)
 
 
+def wgan_gp_steps(discriminator: nn.Module, compiled: nn.Module, steps: int = 2) -> list:
+    """WGAN-GP critic steps: D(real), D(fake), then the penalty on D(interpolates) (three
+    forwards, each mutating the buffers, before the backward), and an optimizer step."""
+    opt = torch.optim.SGD(discriminator.parameters(), lr=0.1)
+    results = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        real = torch.randn(6, 3, dtype=torch.float64, generator=g)
+        fake = torch.randn(6, 3, dtype=torch.float64, generator=g) + 1
+        a = torch.rand(6, 1, dtype=torch.float64, generator=g)
+        opt.zero_grad()
+        critic = compiled(fake).mean() - compiled(real).mean()
+        x = (a * real + (1 - a) * fake).requires_grad_()
+        (gx,) = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+        loss = critic + 10 * (gx.norm(dim=1) - 1).pow(2).mean()
+        loss.backward()
+        results.append([loss.detach(), gx.detach(), *(p.grad for p in discriminator.parameters()),
+                        *(b.clone() for b in discriminator.buffers())])
+        opt.step()
+    return results
+
+
+def spectral_norm_critic(parametrized: bool) -> nn.Module:
+    torch.manual_seed(0)
+    norm = (nn.utils.parametrizations.spectral_norm if parametrized
+            else nn.utils.spectral_norm)
+    return nn.Sequential(norm(nn.Linear(3, 8)), nn.LeakyReLU(0.2), norm(nn.Linear(8, 1))).double()
+
+
+@pytest.mark.parametrize("door", [compile_eager, dynamo], ids=["compile", "dynamo"])
+@pytest.mark.parametrize("parametrized", [False, True], ids=["hook", "parametrization"])
+def test_gradient_penalty_through_spectral_norm_matches_eager(door, parametrized):
+    """Spectral norm's power iteration updates its vectors u, v in place under no_grad, and
+    the normalized weight reads the new u: computed from the old v. The replay runs after the
+    call, on the inputs as they are then: it takes the old v the forward held (it was
+    refused before); u is overwritten without being read, and needs nothing."""
+    eager = spectral_norm_critic(parametrized)
+    target = copy.deepcopy(eager)
+    compiled = door(target)
+    torch.testing.assert_close(wgan_gp_steps(target, compiled), wgan_gp_steps(eager, eager))
+
+
+def test_only_buffers_whose_old_value_is_read_are_held():
+    """BatchNorm's running statistics: their old value reaches only their new one, so the
+    forward holds no copy of them; a spectral norm's vector that the weight reads: one."""
+    x = torch.randn(6, 3, dtype=torch.float64)
+    batchnorm = compile_eager(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).double())
+    spectral = compile_eager(spectral_norm_critic(parametrized=True))
+    for compiled in (batchnorm, spectral):
+        compiled(x.clone().requires_grad_())
+    (bn_call,), (sn_call,) = (m.compiled.entries.values() for m in (batchnorm, spectral))
+    assert bn_call.double_backward.old_values == ()
+    assert len(sn_call.double_backward.old_values) == 2  # one vector per normalized layer
+
+
 def second_derivative_residual(model, x):
     """A physics-informed loss: u'' + u = 0 at collocation points x."""
     u = model(x)

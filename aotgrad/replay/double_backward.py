@@ -27,7 +27,8 @@ Refused with an error naming the construct: random ops whose other outputs depen
 draw in a way not tabled (rrelu's slopes, attention's dropout) or that run in a backward,
 custom Functions that Dynamo captured (it traces their backward under no_grad, losing what
 eager would record), modify an input in place or draw random numbers, gradients that read
-the old value of an input the function mutates, backward formulas that branch on values.
+the old value of an input the function mutates (but for a buffer without history, whose
+old value the forward holds: old_values.py), backward formulas that branch on values.
 
 Cost: the forward holds a reference to its inputs until a backward without `retain_graph`
 releases them with the saved values. Parameters, buffers and the caller's own tensors are
@@ -65,6 +66,7 @@ from ..semantics import checkpoints, regions
 from ..semantics.dynamic import no_new_guards
 from ..capture.joint import fake_tangents, input_grads, mutable_copies
 from ..capture.oplog import autograd_nodes
+from .old_values import with_old_values
 from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random
 from ..tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE, written_arguments
 
@@ -103,7 +105,12 @@ class DoubleBackward:
 
     def __init__(self, graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
                  fake_mode: Any, saved_inputs: Sequence[int],
-                 random: ForwardRandomValues = ForwardRandomValues()):
+                 random: ForwardRandomValues = ForwardRandomValues(),
+                 old_values: tuple[tuple, tuple] = ((), ())):
+        # Mutated inputs without history whose value before the call the replay reads (the
+        # forward holds a copy of it), and those whose old value nothing reads (old_values_read).
+        self.old_values = old_values[0]
+        self._replayed_on_old_values = old_values[0] + old_values[1]
         self._trace_args = (graph_fn, info, list(fakes), fake_mode, _autocast_state(), random)
         # The inputs the compiled forward does not save itself: their versions are recorded
         # at the call (save_for_backward checks the others').
@@ -129,6 +136,8 @@ class DoubleBackward:
         Not `save_for_backward`: that would make a first-order backward fail where eager's
         works (a second backward when nothing else is saved, an input modified in place
         after the call). The versions are checked only when a replay reads the input."""
+        if self.old_values:  # before the forward writes them
+            inputs = with_old_values(inputs, self.old_values)
         ctx.primals = inputs
         try:
             ctx.primal_versions = [inputs[i]._version for i in self.unsaved_inputs]
@@ -141,7 +150,8 @@ class DoubleBackward:
                 # With dynamic shapes the replay is traced for symbolic sizes too, and may not
                 # assume more about them than the compiled entry's guard checks.
                 with no_new_guards(self._trace_args[3], "double backward"):
-                    self._result = trace_replay(*self._trace_args)
+                    self._result = trace_replay(*self._trace_args,
+                                                self._replayed_on_old_values)
             except Exception as error:  # the same refusal each time, without tracing again
                 self._result = _said_for_symbolic_sizes(error, self._trace_args[3])
         if isinstance(self._result, BaseException):
@@ -198,7 +208,8 @@ def _said_for_symbolic_sizes(error: Exception, fake_mode: Any) -> Exception:
 
 
 def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
-                 fake_mode: Any, autocast: tuple, random: ForwardRandomValues) -> Replay:
+                 fake_mode: Any, autocast: tuple, random: ForwardRandomValues,
+                 replayed_on_old_values: tuple[int, ...] = ()) -> Replay:
     """Trace `graph_fn` and its create_graph gradients, refusing what a replay would get
     wrong; primals + tangents + the forward's random values -> one gradient (or None) per
     primal."""
@@ -234,7 +245,7 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
     drop_autograd_copies(gm.graph)
     remove_unused(gm.graph)
     random_values = take_random_values(gm.graph, random)
-    refuse_old_values_of_mutated_inputs(gm.graph, info)
+    refuse_old_values_of_mutated_inputs(gm.graph, info, replayed_on_old_values)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     # A mutated input's value is not read (refused above otherwise), only cloned: the
     # version its own mutation gave it is fine.
@@ -506,12 +517,14 @@ def _random_refusal(what: str) -> NotImplementedError:
         "gradient penalty.")
 
 
-def refuse_old_values_of_mutated_inputs(graph: fx.Graph, info: FunctionInfo) -> None:
-    """The inputs a replay gets hold their values after the call; refuse where the
-    gradients depend on the value before a mutation by the function."""
+def refuse_old_values_of_mutated_inputs(graph: fx.Graph, info: FunctionInfo,
+                                        exempt: tuple[int, ...] = ()) -> None:
+    """The inputs a replay gets hold their values after the call, but for those `exempt`
+    (old_values_read); refuse where the gradients depend on the value before a mutation by
+    the function."""
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for i, (node, x) in enumerate(zip(placeholders, info.inputs)):
-        if x.mutated and graph.output_node() in tainted_by(node):
+        if x.mutated and i not in exempt and graph.output_node() in tainted_by(node):
             raise NotImplementedError(
                 f"aotgrad: double backward (create_graph=True) through a compiled function "
                 f"that mutates input {i} (shape {list(node.meta['val'].shape)}) in place is "

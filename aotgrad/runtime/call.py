@@ -311,7 +311,8 @@ class CompiledCall:
         self.tangent_outputs = plan.tangent_outputs
         self.lean = backward is not None and _is_lean(self)
         self.holds_versions = self.lean and bool(self.double_backward.unsaved_inputs
-                                                 or plan.gradless_inputs)
+                                                 or plan.gradless_inputs
+                                                 or self.double_backward.old_values)
         self.function = lean_function(self, CompiledGraph) if self.lean else CompiledGraph
         _general_backward_left_to_python()
         self.apply_fast = fast_apply(self.function)
