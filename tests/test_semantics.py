@@ -311,6 +311,36 @@ def test_an_in_place_op_under_inference_mode_steps_a_normal_tensors_version(door
         b.backward()
 
 
+class StepCounter(torch.nn.Module):
+    """Updates a buffer in place, then multiplies by it: eager's mul saves the buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.ones(3))
+
+    def forward(self, x):
+        self.count.add_(1)
+        return x * self.count
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "eager saves the buffer itself (at the version its update gave it), so a second call, "
+    "which updates it again, makes the first call's backward raise; the compiled forward "
+    "saves the updated value as a graph value of its own and the backward runs on it. Which "
+    "saved values eager would take as the input itself is not known to the runtime (a "
+    "partitioner may save the new value where eager saved a clone of it)"))
+def test_a_buffer_the_function_updates_and_saves_then_updated_again_raises_like_eager():
+    raised = []
+    for target in (StepCounter(), aotgrad.compile(StepCounter(), backend="eager")):
+        x = torch.randn(3, requires_grad=True)
+        loss = target(x).sum()
+        target(x)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+        raised.append(True)
+    assert raised == [True, True]
+
+
 @DOORS
 def test_an_inference_tensor_updated_in_place_under_inference_mode(door):
     """A cache updated inside inference_mode: the runtime's copy back read a version
