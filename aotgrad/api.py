@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import torch
+import torch.autograd.forward_ad as _fw_ad
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _get_dispatch_stack_at as _dispatch_stack_at
 from torch.nn.modules.lazy import LazyModuleMixin
@@ -59,6 +60,8 @@ _transforming = torch._C._functorch.peek_interpreter_stack
 
 # Nonzero under a dispatch mode: asked first at each call (14 ns over an empty call).
 _modes_on = torch._C._len_torch_dispatch_stack
+# `_fw_ad._current_level >= 0` inside forward_ad.dual_level(): Inductor's kernels would drop
+# the inputs' tangents, where eager's ops carry them; the original code runs.
 
 
 def _under_a_mode() -> bool:
@@ -150,7 +153,7 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         if (_tracing() or _transforming() is not None or TRACES.depth
-                or _modes_on() and _under_a_mode()):
+                or _modes_on() and _under_a_mode() or _fw_ad._current_level >= 0):
             return self.fn(*args, **kwargs)
         if self.reads is not None and (changed := self.reads.changed()) is not None:
             return self._compile_again(changed, args, kwargs)
@@ -368,7 +371,7 @@ class CompiledModule(torch.nn.Module):
         # or a dispatch mode: the module's own code, which the outer one records or
         # transforms, or the mode sees.
         if (_tracing() or _transforming() is not None or TRACES.depth
-                or _modes_on() and _under_a_mode()):
+                or _modes_on() and _under_a_mode() or _fw_ad._current_level >= 0):
             return self.orig_module(*args, **kwargs)
         changed = self._written or self._attributes.changed()
         if changed is not None:

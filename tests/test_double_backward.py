@@ -788,3 +788,50 @@ class CheckpointedBlock(nn.Module):
             return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
         return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False,
                                                  context_fn=self.context_fn)
+
+
+# ---- forward-mode AD ---------------------------------------------------------------------
+
+def tangent_of(fn, x: torch.Tensor, requires_grad: bool):
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x.clone().requires_grad_(requires_grad), torch.ones_like(x))
+        return fwAD.unpack_dual(fn(dual)).tangent
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "requires_grad"])
+def test_forward_mode_ad_through_aotgrad_compile_runs_the_original_code(requires_grad):
+    """Inside forward_ad.dual_level() the compiled callable runs the user's code: Inductor's
+    forward dropped the dual input's tangent (None, silently), and a forward with a backward
+    raised torch's error about a custom Function's missing jvp."""
+    x = torch.randn(4, dtype=torch.float64)
+    expected = tangent_of(sin_times_x, x, requires_grad)
+    for target in (compile_inductor(sin_times_x), compile_eager(mlp())):
+        assert target(x.unsqueeze(1).expand(4, 3).contiguous()) is not None  # compiled once
+    torch.testing.assert_close(tangent_of(compile_inductor(sin_times_x), x, requires_grad),
+                               expected)
+    model = mlp()
+    xs = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(tangent_of(compile_eager(copy.deepcopy(model)), xs, requires_grad),
+                               tangent_of(model, xs, requires_grad))
+
+
+def test_forward_mode_ad_through_a_compiled_graph_is_refused_by_name():
+    """Dynamo's door runs the compiled graph: a dual input that requires grad reaches the
+    compiled node, which has no forward-mode rule (torch's error named a custom Function)."""
+    x = torch.randn(4, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="aotgrad: forward-mode AD"):
+        tangent_of(dynamo(sin_times_x), x, requires_grad=True)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Dynamo's door runs the Inductor graph on a dual input that needs no grad (no autograd "
+    "node, so no jvp to refuse): the output has no tangent where eager's has one. The check "
+    "belongs where Dynamo's compiled call starts (aotgrad.compile's door runs the user's code "
+    "inside dual_level())"))
+def test_forward_mode_ad_through_dynamos_inductor_graph_keeps_the_tangent():
+    x = torch.randn(4, dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(sin_times_x, backend=aotgrad.backend(backend="inductor"))
+    torch.testing.assert_close(tangent_of(compiled, x, requires_grad=False),
+                               tangent_of(sin_times_x, x, requires_grad=False))

@@ -120,6 +120,14 @@ class CompiledFunction(torch.autograd.Function):
         return tuple(outs[:plan.num_fw_outputs])
 
     @staticmethod
+    def jvp(ctx, *tangents):
+        # Called only when an input is a dual tensor; torch's default names a custom Function.
+        raise NotImplementedError(
+            "aotgrad: forward-mode AD (dual tensors of torch.autograd.forward_ad) through a "
+            "compiled function is not supported: it has no forward-mode rule. Call the "
+            "function uncompiled for forward-mode AD.")
+
+    @staticmethod
     def _compiled_autograd_key(ctx):
         # Compiled autograd caches a captured backward under this key: the graph it traced
         # is this specialization's, with these saved sizes baked in.
