@@ -54,7 +54,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                                 input_names=_user_names(gm),
                                 cudagraphs=wants_cudagraphs(mode, options, base.cudagraphs))
         fakes = dynamo_fakes(gm, example_inputs)
-        call = compile_dynamo_graph(gm, fakes, graph_options)
+        call = compile_dynamo_graph(_rebinding_unbacked(gm), fakes, graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
             lazy = CompiledFunction(gm, graph_options)
             return lambda *args: lazy(*args)
@@ -73,6 +73,49 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         return _marking_dynamic_outputs(run, _dynamic_output_dims(gm))
 
     return _Backend(aotgrad_dynamo_backend, made_with)
+
+
+def _rebinding_unbacked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`gm`, whose trace on fake values names each size it computes from data (`nonzero`'s
+    count, `.item()`) by Dynamo's symbol for it, not a fresh one. Otherwise the tangent of an
+    output of size `u0 + 2` (Dynamo's symbol) held a symbol the forward never computed, and the
+    backward's sizes were refused as unknown. Runs on real tensors are left as they are."""
+    from torch._guards import detect_fake_mode
+    if not any("unbacked_bindings" in n.meta for n in gm.graph.nodes):
+        return gm
+    plain = gm.forward
+
+    @functools.wraps(plain)
+    def forward(*args):
+        if detect_fake_mode(args) is None:
+            return plain(*args)
+        return _Rebinding(gm).run(*args)
+    gm.forward = forward
+    return gm
+
+
+class _Rebinding(torch.fx.Interpreter):
+    """Runs a graph renaming the fresh unbacked symbols of each node to those Dynamo's trace
+    gave it. aotgrad traces a graph several times (analyses, then the joint) on the same fake
+    inputs; an op memoized on its input (`nonzero`) returns the symbol already renamed."""
+
+    def run_node(self, n: torch.fx.Node):
+        from torch._guards import detect_fake_mode
+        from torch.fx.experimental.symbolic_shapes import rebind_unbacked
+        result = super().run_node(n)
+        bindings = n.meta.get("unbacked_bindings")
+        if bindings and not _already_bound(bindings, result):
+            rebind_unbacked(detect_fake_mode().shape_env, n, result)
+        return result
+
+
+def _already_bound(bindings: dict, result) -> bool:
+    """Whether each of `result`'s sizes that Dynamo bound to a symbol already stands for it."""
+    for symbol, path in bindings.items():
+        value = pytree.key_get(result, path)
+        if isinstance(value, torch.SymInt) and value.node.expr != symbol:
+            return False
+    return True
 
 
 def _dynamic_output_dims(gm: torch.fx.GraphModule) -> tuple[tuple[int, frozenset[int]], ...]:

@@ -235,6 +235,9 @@ class OutputInfo:
     # on x; the runtime rebuilds it from the input, at `geometry` (the graph's value of an
     # input it wrote lies elsewhere).
     detached_from: int | None = None
+    # A view of an input's `.detach()` (`x.detach()[1:]`, kind VIEW_OF_INPUT): rebuilt from
+    # a detach of the input, whose version counter it shares as eager's does.
+    detached_base: bool = False
 
 
 @dataclass(frozen=True)

@@ -587,6 +587,32 @@ def test_dynamo_forward_reads_its_own_data_dependent_size(case):
     check_case(case, dynamo_captures_data, calls=3)
 
 
+def _padded_positives(x):
+    y = x[x > 0]
+    n = y.shape[0]
+    z = torch.zeros(n + 2)
+    z[1:n + 1] = y
+    return z, z[n:] * 2
+
+
+def _nonzero_stats(x):
+    nz = x.nonzero()
+    return nz.float().mean() * x, nz.shape[0] * 2, nz[:, 0].max()
+
+
+@pytest.mark.parametrize("case", [
+    Case("padded_by_a_count", _masked_inputs, _padded_positives),
+    Case("nonzero_traced_again", _masked_inputs, _nonzero_stats),
+], ids=lambda c: c.name)
+def test_dynamo_backward_of_outputs_sized_by_a_data_expression(case):
+    """The output's size is `u0 + 2` (Dynamo's symbol u0, `nonzero`'s count), so its tangent
+    holds no size the backward could read u0 from, and aotgrad's own trace named the count
+    afresh (u3): the compile was refused ('the backward needs sizes ['u3', 'u2']'), where
+    eager and torch's aot_eager run. The trace now keeps Dynamo's symbols and the forward
+    saves the count it computes (a `nonzero` memoized on an input is traced again too)."""
+    check_case(case, dynamo_captures_data, calls=3)
+
+
 def _write_positives(x, y):
     x[x > 0] = y[:int((x > 0).sum().item())]
     return x

@@ -342,10 +342,24 @@ def _classify_outputs(outs: Sequence[Any], f_args: Sequence[Any], aliases: Seque
                                     returned_as_view=o._is_view(), detached_from=detached,
                                     made_in_inference_mode=detached is None and
                                     _made_in_inference_mode(o)))
+        elif id(o._base) not in input_index and id(o._base) not in plain_index and \
+                (j := _detached_input(o._base, held, f_args)) is not None:
+            infos.append(dataclasses.replace(_view_info(o, OutputKind.VIEW_OF_INPUT, j),
+                                             detached_base=True))
         else:
             kind, source = _view_source(o._base, input_index, plain_index, base_index, bases)
             infos.append(_view_info(o, kind, source))
     return tuple(infos), len(bases)
+
+
+def _detached_input(base: torch.Tensor, held: dict, f_args: Sequence[Any]) -> int | None:
+    """The input whose `.detach()` `base` is, as the function returned no view of it
+    (`x.detach()[1:]`): the output's base shares x's version counter in eager. An input's
+    own `_base` (that of a conjugate view, say) lies over its memory too, and is no detach."""
+    if any(base is getattr(a, "_base", None) for a in f_args if isinstance(a, torch.Tensor)):
+        return None
+    i = _detached_from(base, held, f_args)
+    return i if i is not None and geometry(base) == geometry(f_args[i]) else None
 
 
 def _made_in_inference_mode(o: torch.Tensor) -> bool:

@@ -9,7 +9,7 @@ partitioner produces graphs of the same shape.
 from __future__ import annotations
 
 import operator
-from typing import Callable, Iterable, Sequence
+from typing import AbstractSet, Callable, Iterable, Sequence
 
 import torch
 from torch import fx
@@ -164,7 +164,8 @@ def split_joint(joint: fx.GraphModule, num_fwd_outputs: int, saved: Sequence[fx.
     """Forward and backward graphs for a given choice of saved values. `backward_order`
     may reorder the backward's ops (given in joint order) before its code is generated."""
     j = joint_of(joint, num_fwd_outputs)
-    saved = list(saved) + symbol_bindings(joint, j.primals, [*saved, *j.tangents])
+    saved = list(saved) + symbol_bindings(joint, j.primals, [*saved, *j.tangents],
+                                          j.computed_forward)
     saved = sorted(saved, key=_is_symbolic)  # tensors first, then sizes (functorch's order)
     fw = _extract(joint, j.primals, [*j.fw_outputs, *saved], j.fw_checks)
     bw = _extract(joint, [*saved, *j.tangents], j.grads, j.bw_checks, backward_order)
@@ -187,16 +188,19 @@ def _is_symbolic(node: fx.Node) -> bool:
 # ---- symbolic sizes ------------------------------------------------------------------------
 
 def symbol_bindings(joint: fx.GraphModule, primals: Sequence[fx.Node],
-                    bw_inputs: Sequence[fx.Node]) -> list[fx.Node]:
+                    bw_inputs: Sequence[fx.Node], forward: AbstractSet[fx.Node] = frozenset()
+                    ) -> list[fx.Node]:
     """Sizes to save so that every symbol in the shapes of the backward's inputs is one of
     its inputs, or a size or stride of one: a compiler (Inductor) binds symbols from its
-    inputs, and cannot solve `s0` from a shape such as `(2*s0,)`."""
+    inputs, and cannot solve `s0` from a shape such as `(2*s0,)`. A size computed from data
+    (`nonzero`'s count, unbacked) is found in no input: it is read off the `forward` value
+    that has it."""
     vals = [n.meta.get("val") for n in bw_inputs]
     held = {expr for v in vals for expr in _plain_symbols(v)}
     missing = [s for s in free_symbols(vals) if s not in held]
     if not missing:
         return []
-    binders = _binders(joint, primals)
+    binders = _binders(joint, primals, forward)
     unbound = [str(s) for s in missing if s not in binders]
     if unbound:
         raise DynamicShapesUnsupported(
@@ -216,9 +220,11 @@ def _plain_symbols(val) -> list:
     return [v.node.expr for v in values if is_size(v) and v.node.expr.is_Symbol]
 
 
-def _binders(joint: fx.GraphModule, primals: Sequence[fx.Node]) -> dict:
+def _binders(joint: fx.GraphModule, primals: Sequence[fx.Node],
+             forward: AbstractSet[fx.Node] = frozenset()) -> dict:
     """symbol -> a function returning a joint node that the forward can compute the symbol
-    with: a size input, an existing `sym_size` of an input, or a new one."""
+    with: a size input, an existing `sym_size` of an input, or a new one; failing those, a
+    forward size of that symbol or a new `sym_size` of a forward tensor."""
     binders: dict = {}
     for node in joint.graph.nodes:
         read = _size_read(node, primals)
@@ -231,7 +237,21 @@ def _binders(joint: fx.GraphModule, primals: Sequence[fx.Node]) -> dict:
                 for d, v in enumerate(values):
                     if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol:
                         binders.setdefault(v.node.expr, _new_read(joint, primal, op, d, v))
+    for node in joint.graph.nodes:  # after the inputs: sizes computed from data
+        if node in forward and node.op == "call_function":
+            _add_forward_binders(binders, joint, node)
     return binders
+
+
+def _add_forward_binders(binders: dict, joint: fx.GraphModule, node: fx.Node) -> None:
+    val = node.meta.get("val")
+    if is_size(val) and val.node.expr.is_Symbol:
+        binders.setdefault(val.node.expr, lambda: node)
+    elif isinstance(val, torch.Tensor):
+        for d, v in enumerate(val.shape):
+            if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol:
+                binders.setdefault(v.node.expr, _new_read(joint, node, aten.sym_size.int, d, v,
+                                                          after=node))
 
 
 def _size_read(node: fx.Node, primals: Sequence[fx.Node]):
@@ -245,10 +265,11 @@ def _size_read(node: fx.Node, primals: Sequence[fx.Node]):
     return val.node.expr if is_input or reads_inputs else None
 
 
-def _new_read(joint: fx.GraphModule, primal: fx.Node, op, dim: int, val) -> Callable:
+def _new_read(joint: fx.GraphModule, primal: fx.Node, op, dim: int, val,
+              after: fx.Node | None = None) -> Callable:
     def make() -> fx.Node:
         last_input = [n for n in joint.graph.nodes if n.op == "placeholder"][-1]
-        with joint.graph.inserting_after(last_input):
+        with joint.graph.inserting_after(after or last_input):
             node = joint.graph.call_function(op, (primal, dim))
         node.meta["val"] = val
         return node

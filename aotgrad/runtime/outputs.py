@@ -58,7 +58,7 @@ def _getter(o: OutputInfo, k: int | None) -> Callable[[list, list, list], Any]:
     if kind is OutputKind.INPUT:
         return lambda inputs, raw, outs: inputs[src]
     if kind is OutputKind.VIEW_OF_INPUT:
-        return lambda inputs, raw, outs: regenerate_view(o, inputs[src])
+        return lambda inputs, raw, outs: regenerate_view(o, _input_base(o, inputs[src]))
     if kind is OutputKind.VIEW_OF_INTERMEDIATE:
         return lambda inputs, raw, outs: regenerate_view(o, intermediate_base(o, raw[k]))
     if kind is OutputKind.VIEW_OF_OUTPUT:
@@ -71,6 +71,10 @@ def detached_alias(source: torch.Tensor, geometry: Geometry) -> torch.Tensor:
     sharing `source`'s version counter (a graph's alias of its input shares neither; where
     the graph wrote the input, or a backend copied, its value is not even over it)."""
     return source.detach().as_strided(*geometry).detach()
+
+
+def _input_base(o: OutputInfo, x: torch.Tensor) -> torch.Tensor:
+    return x.detach() if o.detached_base else x
 
 
 def intermediate_base(o: OutputInfo, base: torch.Tensor) -> torch.Tensor:
@@ -103,7 +107,7 @@ def _symbolic_getter(o: OutputInfo, k: int | None, sizes: SizeBindings) -> Calla
     if o.kind not in _VIEWS:
         return _getter(o, k)
     src = o.source
-    base = {OutputKind.VIEW_OF_INPUT: lambda inputs, raw, outs: inputs[src],
+    base = {OutputKind.VIEW_OF_INPUT: lambda inputs, raw, outs: _input_base(o, inputs[src]),
             OutputKind.VIEW_OF_INTERMEDIATE:
                 lambda inputs, raw, outs: intermediate_base(o, raw[k]),
             OutputKind.VIEW_OF_OUTPUT: lambda inputs, raw, outs: outs[src]}[o.kind]

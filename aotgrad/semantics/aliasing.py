@@ -334,11 +334,16 @@ def unview_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> None:
     attention's) may come out of the trace as a `view` of an intermediate (the python
     dispatcher's decompositions): the compiled function would return a view, which autograd
     then refuses to change in place, where eager's output takes it. That output reads an
-    `_unsafe_view` of it instead (the same memory, no view relation)."""
+    `_unsafe_view` of it instead (the same memory, no view relation). So too the base of a
+    user output's view, never itself a view in eager: the trace makes it one where the
+    function wrote into it through a view (`y = x * 1; y.view(-1).add_(1)`)."""
     outputs = list(gm.graph.output_node().args[0])
     first = info.first_user_output
+    bases = range(first + len(info.outputs), first + len(info.outputs)
+                  + info.num_intermediate_bases)
     views = [first + i for i, o in enumerate(info.outputs) if o.kind is OutputKind.PLAIN
              and not (o.made_leaf or o.returned_as_view) and _is_view_op(outputs[first + i])]
+    views += [k for k in bases if _is_view_op(outputs[k])]
     if not views:  # most graphs: nothing to regenerate
         return
     for k in views:
