@@ -328,6 +328,55 @@ def test_graphs_return_a_tuple_as_functorchs_do(module):
     torch.testing.assert_close(x.grad, 2 * x.cos())
 
 
+
+def _mutates_after_reading(x, y):
+    z = x * y.sin().sin().sin()  # torch's min-cut recomputes the chain from y in the backward
+    y.add_(1)
+    return z
+
+
+def _check_matches_eager(fn, partition_fn):
+    x, y = leaf(4), buffer(4)
+    x2, y2 = x.detach().clone().requires_grad_(), y.clone()
+    out = compat.aot_function(fn, compat.nop, partition_fn=partition_fn)(x, y)
+    expected = fn(x2, y2)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(y, y2)
+
+
+def test_torchs_min_cut_partitioner_saves_what_a_mutated_input_was():
+    """torch's min-cut, handed compat's joint, saved the input itself to recompute the
+    snapshot of it in the backward; the forward then overwrote it, and x.grad was computed
+    from the new value, silently (torch's own door raises a version error here)."""
+    _check_matches_eager(_mutates_after_reading,
+                         torch_compile_api.min_cut_rematerialization_partition)
+
+
+def _saving_an_unread_value(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+    """torch's default partition, the forward saving one more value the backward ignores."""
+    fw, bw = torch_compile_api.default_partition(joint, joint_inputs,
+                                                 num_fwd_outputs=num_fwd_outputs)
+    first_input = fw.graph.find_nodes(op="placeholder")[0]
+    output = fw.graph.output_node()
+    output.args = (tuple(output.args[0]) + (first_input,),)
+    fw.recompile()
+    first_tangent = next(n for n in bw.graph.find_nodes(op="placeholder")
+                         if n.name.startswith("tangents"))
+    with bw.graph.inserting_before(first_tangent):
+        bw.graph.placeholder("unread").meta["val"] = first_input.meta["val"]
+    bw.recompile()
+    return fw, bw
+
+
+def test_a_user_partitioner_may_save_a_value_the_backward_does_not_read():
+    """torch runs such graphs; compat refused them with a GraphInvariantError."""
+    _check_matches_eager(lambda x, y: (x * y).sin(), _saving_an_unread_value)
+    _check_matches_eager(_mutates_after_reading, _saving_an_unread_value)
+
+
 def _placeholder_names(aot_function, fn, args, grad: bool, **kwargs) -> dict[str, list[str]]:
     rec = Recorder()
     compiled = aot_function(fn, fw_compiler=rec.compiler("forward"),
