@@ -151,6 +151,23 @@ def test_torchscript_compilers_match_eager(tool):
         _check_training(getattr(compat, tool))
 
 
+
+@pytest.mark.parametrize("tool", ["ts_compile", "memory_efficient_fusion"])
+def test_torchscript_compilers_script_inference_graphs(tool):
+    """The inference graph reached compilers as a lazy GraphModule (torch hands a plain
+    one), which torch.jit.script refuses: ts_compile failed under no_grad and in eval."""
+    mod = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).eval()
+    x = torch.randn(2, 3)
+    if tool == "ts_compile":
+        compiled = compat.aot_module(mod, compat.ts_compile)
+    else:
+        compiled = compat.memory_efficient_fusion(mod)
+    with torch.no_grad():
+        out = compiled(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, mod(x))
+
+
 def test_memory_efficient_fusion_compiles_modules():
     mod = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.GELU())
     x = torch.randn(2, 3)
