@@ -50,7 +50,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
             return lift_held_tensors(gm, held, example_inputs, functools.partial(
                 aotgrad_dynamo_backend, mode=mode, options=options))
         hops.refuse_in_graph(gm.graph)
-        graph_options = replace(base, static_inputs=_static_inputs(gm, example_inputs),
+        graph_options = replace(base, static_inputs=dynamo_static_inputs(gm, example_inputs),
                                 input_names=_user_names(gm),
                                 cudagraphs=wants_cudagraphs(mode, options, base.cudagraphs))
         fakes = dynamo_fakes(gm, example_inputs)
@@ -341,7 +341,7 @@ def dynamo_fakes(gm: torch.fx.GraphModule, example_inputs) -> list:
     return fakes if is_symbolic(fakes) or unspecialized else list(example_inputs)
 
 
-def _static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:
+def dynamo_static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:
     """The inputs Dynamo marks as living across calls: parameters and buffers, interleaved
     among the others in the order the modules use them."""
     placeholders = gm.graph.find_nodes(op="placeholder")

@@ -306,6 +306,32 @@ def test_a_partition_fn_gets_the_joint_inputs_as_functorch_gives_them(module):
     torch.testing.assert_close(w.grad, x.t() @ ((x @ w) > 0).float())
 
 
+
+def _static_indices_through_dynamo(api) -> list:
+    seen = []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices):
+        seen.append(static_lifetime_input_indices)
+        return api.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+    def backend(gm, example_inputs):
+        return api.aot_module_simplified(gm, example_inputs, api.nop, partition_fn=partition)
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    torch._dynamo.reset()
+    torch.compile(mod, backend=backend)(torch.randn(2, 3)).sum().backward()
+    torch._dynamo.reset()
+    return seen
+
+
+def test_a_partition_fn_through_dynamo_gets_the_parameters_as_static_inputs():
+    """Dynamo passes a module's parameters and buffers as graph inputs; torch tells a
+    partition_fn (and Inductor) which, compat told them none."""
+    ours = _static_indices_through_dynamo(compat)
+    assert ours == _static_indices_through_dynamo(torch_compile_api)
+    assert ours == [[0, 1, 3, 4, 5, 6, 7]]  # all but the input x, at 2
+
+
 @pytest.mark.parametrize("module", ["functorch", "compat"])
 def test_graphs_return_a_tuple_as_functorchs_do(module):
     """A pass written for functorch's graphs concatenates tuples to the output's args."""

@@ -23,7 +23,7 @@ from ..backends.compilers import (compilation_context, eager_compiler, make_boxe
                                   make_boxed_func, nop)
 from ..partition.split import default_partition
 from ..partition.remat import min_cut_rematerialization_partition
-from ..dynamo import compile_dynamo_graph, dynamo_fakes
+from ..dynamo import compile_dynamo_graph, dynamo_fakes, dynamo_static_inputs
 from ..runtime.guards import fixed_inputs_check
 from ..pipeline import Options
 from .config import config
@@ -182,6 +182,9 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
                                decompositions, len(state), keep_inference_input_mutations,
                                where="aot_module_simplified"),
                       input_names=tuple(names))
+    if isinstance(mod, fx.GraphModule):  # Dynamo's parameters and buffers are its inputs
+        options = replace(options, static_inputs=options.static_inputs + tuple(
+            len(state) + i for i in dynamo_static_inputs(mod, args)))
     # From Dynamo with dynamic shapes: its fakes, with symbolic sizes, for one graph.
     symbolic = isinstance(mod, fx.GraphModule) and not ignore_shape_env
     example = dynamo_fakes(mod, args) if symbolic else list(args)
