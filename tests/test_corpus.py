@@ -1,7 +1,8 @@
 """Every corpus case through every front door, compared against eager by the harness.
 
 Front doors: `aotgrad.compat` with `nop`, `aotgrad.compile` (eager and Inductor backends),
-and `torch.compile` with aotgrad as the Dynamo backend (eager and Inductor compilers); and
+and `torch.compile` with aotgrad as the Dynamo backend (eager and Inductor compilers) or with
+a backend calling `compat.aot_module_simplified`; and
 with dynamic shapes, `aotgrad.compile(dynamic=True)` and `torch.compile(dynamic=True)`.
 Inductor compiles take seconds, so the Inductor doors (and Dynamo with dynamic shapes, whose
 symbolic trace is slower) run only the cases tagged "inductor".
@@ -30,6 +31,12 @@ def aotgrad_compile(backend: str, dynamic: bool = False, **options) -> Callable:
     return lambda target: aotgrad.compile(target, backend=backend, dynamic=dynamic, **options)
 
 
+def compat_simplified_backend():
+    """A Dynamo backend written for functorch's compile module, on compat's door."""
+    from aotgrad.compat import aot_module_simplified
+    return lambda gm, example_inputs: aot_module_simplified(gm, example_inputs, nop)
+
+
 def dynamo(backend_factory: Callable, dynamic: bool | None = None) -> Callable:
     def compile_with_dynamo(target: Callable) -> Callable:
         torch._dynamo.reset()  # no graph or guard left over from an earlier case
@@ -49,6 +56,7 @@ FRONT_DOORS: dict[str, tuple[Callable, bool]] = {
     "compile-inductor": (aotgrad_compile("inductor"), True),
     "dynamo-aotgrad-eager": (dynamo(lambda: aotgrad.backend(backend="eager")), False),
     "dynamo-aotgrad-inductor": (dynamo(lambda: "aotgrad"), True),
+    "dynamo-compat-nop": (dynamo(compat_simplified_backend), False),
     # Dynamic shapes: every case through aotgrad's own door, Dynamo's on the smaller subset.
     "compile-eager-dynamic": (aotgrad_compile("eager", dynamic=True), False),
     "dynamo-aotgrad-eager-dynamic": (dynamo(lambda: aotgrad.backend(backend="eager"), True), True),
@@ -65,7 +73,7 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 PLAIN_DOORS = ("compat-nop", "compat-nop-keep", "compile-eager", "compile-inductor",
                "compile-inductor-keep", "compile-eager-dynamic")
 WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor",
-                             "dynamo-aotgrad-eager-dynamic")
+                             "dynamo-aotgrad-eager-dynamic", "dynamo-compat-nop")
 DYNAMO_DOORS = tuple(door for door in WITH_DYNAMO if door not in PLAIN_DOORS)
 REFUSED: dict[str, tuple[tuple[str, ...], str]] = {
     # Dynamo traces a Function's backward under no_grad: whether eager records it is lost.
