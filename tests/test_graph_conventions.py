@@ -381,6 +381,33 @@ def test_torchs_min_cut_partitioner_saves_what_a_mutated_input_was():
                          torch_compile_api.min_cut_rematerialization_partition)
 
 
+
+def _checkpointed_dropout(x, w):
+    from torch.utils.checkpoint import checkpoint
+
+    def block(x, w):
+        return torch.nn.functional.dropout((x @ w).sin(), 0.3).cos()
+    return checkpoint(block, x, w, use_reentrant=False) * 2
+
+
+def test_torchs_min_cut_partitioner_replays_a_checkpointed_random_op():
+    """torch's min-cut makes RNG state ops for a random op it recomputes, with a fake RNG
+    state from the tracing context's fake mode: compat called it with none (AssertionError
+    'fake_mode must not be None'), and its new ops had no fake values."""
+    x, w = torch.randn(8, 8), leaf(8, 8)
+    w2 = w.detach().clone().requires_grad_()
+    partition = torch_compile_api.min_cut_rematerialization_partition
+    compiled = compat.aot_function(_checkpointed_dropout, compat.nop, partition_fn=partition)
+    torch.manual_seed(0)
+    out = compiled(x, w)
+    out.sum().backward()
+    torch.manual_seed(0)
+    expected = _checkpointed_dropout(x, w2)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
 def _saving_an_unread_value(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
     """torch's default partition, the forward saving one more value the backward ignores."""
     fw, bw = torch_compile_api.default_partition(joint, joint_inputs,

@@ -8,6 +8,7 @@ partitioner produces graphs of the same shape.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Callable, Iterable, Sequence
 
@@ -136,10 +137,42 @@ def call_partitioner(partition_fn: Callable, joint_gm: fx.GraphModule, num_fwd_o
     placeholders = joint_gm.graph.find_nodes(op="placeholder")
     primals = [n.meta.get("val") for n in placeholders if not is_tangent(n)]
     tangents = [n.meta.get("val") for n in placeholders if is_tangent(n)]
-    fw, bw = partition_fn(joint_gm, (primals, tangents), num_fwd_outputs=num_fwd_outputs,
-                          static_lifetime_input_indices=list(static_inputs))
+    with _fake_mode_found(partition_fn, primals):
+        fw, bw = partition_fn(joint_gm, (primals, tangents), num_fwd_outputs=num_fwd_outputs,
+                              static_lifetime_input_indices=list(static_inputs))
     snapshot_saved_overwritten(fw, primals_of(joint_gm.graph), num_fwd_outputs)
-    return fw, bw
+    return fill_fake_values(fw), fill_fake_values(bw)
+
+
+def fill_fake_values(gm: fx.GraphModule) -> fx.GraphModule:
+    """Give each op a partitioner made without a fake value one (torch's min-cut adds RNG
+    state ops bare): the pipeline reads every value's from `meta["val"]`."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    if all("val" in n.meta for n in gm.graph.nodes if n.op == "call_function"):
+        return gm
+    inputs = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+
+    class KeepValues(FakeTensorProp):
+        def run_node(self, n):
+            had = n.meta.get("val")
+            result = super().run_node(n)
+            if had is not None:
+                n.meta["val"] = had
+            return result
+    KeepValues(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
+    return gm
+
+
+def _fake_mode_found(partition_fn: Callable, values: Sequence):
+    """torch's partitioners find the trace's fake mode through the tracing context, as
+    torch's door sets it (its min-cut makes fake RNG states for a random op in a
+    checkpointed region: without one it failed)."""
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    if is_own_partitioner(partition_fn) or TracingContext.try_get() is not None:
+        return contextlib.nullcontext()
+    mode = detect_fake_mode(values)
+    return contextlib.nullcontext() if mode is None else tracing(TracingContext(mode))
 
 
 def is_own_partitioner(partition_fn: Callable) -> bool:
