@@ -14,6 +14,7 @@ from typing import Callable
 
 import pytest
 import torch
+from functorch import compile as functorch_compile
 
 import aotgrad
 from aotgrad.compat import aot_function, aot_module, nop
@@ -50,6 +51,9 @@ FRONT_DOORS: dict[str, tuple[Callable, bool]] = {
     # Inference graphs that write their inputs' new values themselves (functorch's option).
     "compat-nop-keep": (lambda target: compat_nop(target, keep_inference_input_mutations=True),
                         False),
+    # A partition_fn written for torch's joint graphs: torch's own min-cut.
+    "compat-nop-torch-min-cut": (lambda target: compat_nop(
+        target, partition_fn=functorch_compile.min_cut_rematerialization_partition), False),
     "compile-inductor-keep": (aotgrad_compile("inductor", keep_inference_input_mutations=True),
                               True),
     "compile-eager": (aotgrad_compile("eager"), False),
@@ -70,7 +74,8 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 # Cases aotgrad does not support yet, where it must refuse with a clear error instead of
 # diverging: case -> (doors where the refusal shows, pattern the error must match).
 # Dynamo splits the function around some of these and then matches eager by itself.
-PLAIN_DOORS = ("compat-nop", "compat-nop-keep", "compile-eager", "compile-inductor",
+PLAIN_DOORS = ("compat-nop", "compat-nop-keep", "compat-nop-torch-min-cut", "compile-eager",
+               "compile-inductor",
                "compile-inductor-keep", "compile-eager-dynamic")
 WITH_DYNAMO = PLAIN_DOORS + ("dynamo-aotgrad-eager", "dynamo-aotgrad-inductor",
                              "dynamo-aotgrad-eager-dynamic", "dynamo-compat-nop")
