@@ -123,6 +123,18 @@ def test_config_memory_budget_takes_effect():
     assert saved[0.0] <= saved[1.0]
 
 
+
+def test_config_memory_budget_reaches_a_partial_of_the_min_cut_partitioner():
+    """A backend passing `partial(min_cut_rematerialization_partition, compiler=...)`, as
+    torch's Inductor does, got the plain min-cut: the budget was ignored, silently."""
+    import functools
+    from aotgrad.partition.budget import budget_of
+    partial = functools.partial(compat.min_cut_rematerialization_partition, compiler="inductor")
+    with compat.config.patch(activation_memory_budget=0.5):
+        assert budget_of(compat.config.partitioner(partial)) == (0.5, "auto")
+        assert budget_of(compat.config.partitioner(compat.default_partition)) is None
+    assert compat.config.partitioner(partial) is partial
+
 # ---- compilers and tools --------------------------------------------------------------------
 
 def _check_training(compile_fn):
