@@ -9,6 +9,7 @@ partitioner produces graphs of the same shape.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from typing import Callable, Iterable, Sequence
 
@@ -176,8 +177,11 @@ def _fake_mode_found(partition_fn: Callable, values: Sequence):
 
 
 def is_own_partitioner(partition_fn: Callable) -> bool:
-    """One of aotgrad's partitioners, whose graphs hold every invariant verify checks."""
-    return getattr(partition_fn, "__module__", "").startswith("aotgrad.")
+    """One of aotgrad's partitioners (or a partial of one: a memory budget's), whose graphs
+    hold every invariant verify checks."""
+    while isinstance(partition_fn, functools.partial):
+        partition_fn = partition_fn.func
+    return (getattr(partition_fn, "__module__", None) or "").startswith("aotgrad.")
 
 
 def snapshot_saved_overwritten(fw: fx.GraphModule, joint_primals: Sequence[fx.Node],
