@@ -408,6 +408,25 @@ def test_torchs_min_cut_partitioner_replays_a_checkpointed_random_op():
     torch.testing.assert_close(w.grad, w2.grad)
 
 
+
+@pytest.mark.parametrize("partition", ["min_cut", "default"])
+def test_torchs_partitioners_with_saved_sizes(partition):
+    """torch's partitioners give a backward taking saved sizes before saved tensors; compat
+    passed them in the forward's order (tensors first): the backward read a size as a
+    tensor and failed."""
+    fn = CASES["dynamic_saved_sizes"][0]
+    compiled = compat.aot_function(fn, compat.nop, partition_fn=PARTITIONS[partition][0],
+                                   dynamic=True)
+    for rows in (3, 5):
+        x = leaf(rows, 4)
+        x2 = x.detach().clone().requires_grad_()
+        out, expected = compiled(x), fn(x2)
+        out.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(x.grad, x2.grad)
+
+
 def _saving_an_unread_value(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
     """torch's default partition, the forward saving one more value the backward ignores."""
     fw, bw = torch_compile_api.default_partition(joint, joint_inputs,

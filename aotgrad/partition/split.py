@@ -142,7 +142,29 @@ def call_partitioner(partition_fn: Callable, joint_gm: fx.GraphModule, num_fwd_o
         fw, bw = partition_fn(joint_gm, (primals, tangents), num_fwd_outputs=num_fwd_outputs,
                               static_lifetime_input_indices=list(static_inputs))
     snapshot_saved_overwritten(fw, primals_of(joint_gm.graph), num_fwd_outputs)
-    return fill_fake_values(fw), fill_fake_values(bw)
+    fw, bw = fill_fake_values(fw), fill_fake_values(bw)
+    take_saved_in_forward_order(fw, bw, num_fwd_outputs)
+    return fw, bw
+
+
+def take_saved_in_forward_order(fw: fx.GraphModule, bw: fx.GraphModule,
+                                num_fwd_outputs: int) -> None:
+    """torch's partitioners give a backward taking the saved sizes before the saved tensors
+    (torch's runtime keeps them apart); ours takes them in the forward's order, which
+    returns tensors first. The backward's saved inputs are reordered to match (each kind in
+    its own order): the runtime passed a size where a tensor was read."""
+    kinds = [is_size_node(v) for v in fw.graph.output_node().args[0][num_fwd_outputs:]]
+    placeholders = bw.graph.find_nodes(op="placeholder")
+    saved = placeholders[:len(kinds)]
+    taken = [is_size_node(p) for p in saved]
+    if taken == kinds or sorted(taken) != sorted(kinds):
+        return
+    groups = {kind: [p for p in saved if is_size_node(p) is kind] for kind in (False, True)}
+    ordered = [groups[kind].pop(0) for kind in kinds]
+    anchor = next((n for n in bw.graph.nodes if n.op != "placeholder"), None)
+    for node in ordered + placeholders[len(kinds):]:
+        anchor.prepend(node)
+    bw.recompile()
 
 
 def fill_fake_values(gm: fx.GraphModule) -> fx.GraphModule:
