@@ -50,7 +50,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
             return lift_held_tensors(gm, held, example_inputs, functools.partial(
                 aotgrad_dynamo_backend, mode=mode, options=options))
         hops.refuse_in_graph(gm.graph)
-        graph_options = replace(base, static_inputs=_static_inputs(gm, example_inputs),
+        graph_options = replace(base, static_inputs=dynamo_static_inputs(gm, example_inputs),
                                 input_names=_user_names(gm),
                                 cudagraphs=wants_cudagraphs(mode, options, base.cudagraphs))
         fakes = dynamo_fakes(gm, example_inputs)
@@ -61,7 +61,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         run_call = call.run
         # Dynamo does not guard on how inputs alias; a call aliased differently from the
         # example inputs compiles again, as aotgrad.compile does.
-        realiased = _compile_for_new_aliasing(gm, fakes, graph_options)
+        realiased = compile_for_new_aliasing(gm, gm, fakes, graph_options)
 
         def run(*args):
             try:
@@ -179,13 +179,14 @@ def _remake_backend(made_with: dict) -> Callable:
     return make_backend(**made_with)
 
 
-def _compile_for_new_aliasing(gm: torch.fx.GraphModule, fakes: list, options: Options
-                              ) -> Callable:
-    """What compiles a call whose inputs alias differently from Dynamo's example inputs:
-    aotgrad.compile's per-signature compile, on the call's tensors. It has no ShapeEnv, so a
-    graph reading values that depend on data (`.item()`, `nonzero`) is refused by name."""
+def compile_for_new_aliasing(fn: Callable, gm: torch.fx.GraphModule | None, fakes: list,
+                             options: Options) -> Callable:
+    """What compiles a call of `fn` (running Dynamo's `gm`) whose inputs alias differently
+    from Dynamo's example inputs: aotgrad.compile's per-signature compile, on the call's
+    tensors. It has no ShapeEnv, so a graph reading values that depend on data (`.item()`,
+    `nonzero`) is refused by name."""
     if not _reads_data(gm, fakes):
-        return CompiledFunction(gm, options)
+        return CompiledFunction(fn, options)
 
     def refuse(*args):
         raise NotImplementedError(
@@ -197,12 +198,12 @@ def _compile_for_new_aliasing(gm: torch.fx.GraphModule, fakes: list, options: Op
     return refuse
 
 
-def _reads_data(gm: torch.fx.GraphModule, fakes: list) -> bool:
+def _reads_data(gm: torch.fx.GraphModule | None, fakes: list) -> bool:
     """Whether the graph takes `.item()` of an input, or computes an unbacked size."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     if any(item_symbol(f) is not None for f in fakes):
         return True
-    return any(free_unbacked_symbols(v) for n in gm.graph.nodes
+    return gm is not None and any(free_unbacked_symbols(v) for n in gm.graph.nodes
                for v in _symbolic_values(n.meta.get("example_value")))
 
 
@@ -384,7 +385,7 @@ def dynamo_fakes(gm: torch.fx.GraphModule, example_inputs) -> list:
     return fakes if is_symbolic(fakes) or unspecialized else list(example_inputs)
 
 
-def _static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:
+def dynamo_static_inputs(gm: torch.fx.GraphModule, inputs) -> tuple[int, ...]:
     """The inputs Dynamo marks as living across calls: parameters and buffers, interleaved
     among the others in the order the modules use them."""
     placeholders = gm.graph.find_nodes(op="placeholder")

@@ -32,7 +32,8 @@ from .replay.double_backward import DoubleBackward
 from .replay.old_values import old_values_read
 from .semantics.dynamic import (DynamicShapesUnsupported, hint, is_size, is_symbolic,
                                 runtime_sizes, shape_guard)
-from .partition.split import call_partitioner, default_partition, find_joint, tag_backward
+from .partition.split import (call_partitioner, default_partition, find_joint,
+                              is_own_partitioner, tag_backward)
 from .backends.fxcache import lacks_fake_values
 from .backends.passes import inference_passes, joint_passes
 from .partition.donate import mark_donated, without_donations
@@ -316,7 +317,8 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         edge = subclasses.bind_grad_sizes(edge, bw)
         held = random_values.hold_random_values(fw, bw, n, facts.random_ops)
         if not (hit and (lacks_fake_values(fw) or lacks_fake_values(bw))):
-            verify_partition(fw, bw, n)  # a hit loaded by Inductor's key: verified when stored
+            # a hit loaded by Inductor's key: verified when stored
+            verify_partition(fw, bw, n, allow_unread=not is_own_partitioner(options.partition_fn))
         if not hit:  # a hit's graphs hold the marks already
             mark_donated(p)
             lookup.keep([fw, bw])

@@ -28,8 +28,10 @@ def verify(gm: fx.GraphModule, *, allow_input_mutation: bool = True) -> fx.Graph
     return gm
 
 
-def verify_partition(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int) -> None:
-    """Every saved value is produced by the forward and read by the backward."""
+def verify_partition(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int, *,
+                     allow_unread: bool = False) -> None:
+    """Every saved value is produced by the forward and read by the backward (`allow_unread`:
+    or not read, as a user's partitioner may leave it; torch runs such graphs too)."""
     verify(fw)
     verify(bw)
     saved = list(fw.graph.output_node().args[0])[num_fw_outputs:]
@@ -41,7 +43,7 @@ def verify_partition(fw: fx.GraphModule, bw: fx.GraphModule, num_fw_outputs: int
             _fail(fw, None, f"saves a non-node value {value!r}")
         # A saved size may only bind a symbol of the other inputs' shapes for the compiler;
         # a random value may be saved for a double backward's replay alone.
-        if not inp.users and not is_size(inp.meta.get("val")) \
+        if not inp.users and not allow_unread and not is_size(inp.meta.get("val")) \
                 and not inp.meta.get(HELD_FOR_REPLAY):
             _fail(bw, inp, "is saved by the forward but never read by the backward")
 

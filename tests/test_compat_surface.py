@@ -123,6 +123,18 @@ def test_config_memory_budget_takes_effect():
     assert saved[0.0] <= saved[1.0]
 
 
+
+def test_config_memory_budget_reaches_a_partial_of_the_min_cut_partitioner():
+    """A backend passing `partial(min_cut_rematerialization_partition, compiler=...)`, as
+    torch's Inductor does, got the plain min-cut: the budget was ignored, silently."""
+    import functools
+    from aotgrad.partition.budget import budget_of
+    partial = functools.partial(compat.min_cut_rematerialization_partition, compiler="inductor")
+    with compat.config.patch(activation_memory_budget=0.5):
+        assert budget_of(compat.config.partitioner(partial)) == (0.5, "auto")
+        assert budget_of(compat.config.partitioner(compat.default_partition)) is None
+    assert compat.config.partitioner(partial) is partial
+
 # ---- compilers and tools --------------------------------------------------------------------
 
 def _check_training(compile_fn):
@@ -149,6 +161,23 @@ def test_torchscript_compilers_match_eager(tool):
         _check_training(lambda f: compat.aot_function(f, compat.ts_compile))
     else:
         _check_training(getattr(compat, tool))
+
+
+
+@pytest.mark.parametrize("tool", ["ts_compile", "memory_efficient_fusion"])
+def test_torchscript_compilers_script_inference_graphs(tool):
+    """The inference graph reached compilers as a lazy GraphModule (torch hands a plain
+    one), which torch.jit.script refuses: ts_compile failed under no_grad and in eval."""
+    mod = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).eval()
+    x = torch.randn(2, 3)
+    if tool == "ts_compile":
+        compiled = compat.aot_module(mod, compat.ts_compile)
+    else:
+        compiled = compat.memory_efficient_fusion(mod)
+    with torch.no_grad():
+        out = compiled(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, mod(x))
 
 
 def test_memory_efficient_fusion_compiles_modules():

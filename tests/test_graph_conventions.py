@@ -306,6 +306,32 @@ def test_a_partition_fn_gets_the_joint_inputs_as_functorch_gives_them(module):
     torch.testing.assert_close(w.grad, x.t() @ ((x @ w) > 0).float())
 
 
+
+def _static_indices_through_dynamo(api) -> list:
+    seen = []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices):
+        seen.append(static_lifetime_input_indices)
+        return api.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+    def backend(gm, example_inputs):
+        return api.aot_module_simplified(gm, example_inputs, api.nop, partition_fn=partition)
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    torch._dynamo.reset()
+    torch.compile(mod, backend=backend)(torch.randn(2, 3)).sum().backward()
+    torch._dynamo.reset()
+    return seen
+
+
+def test_a_partition_fn_through_dynamo_gets_the_parameters_as_static_inputs():
+    """Dynamo passes a module's parameters and buffers as graph inputs; torch tells a
+    partition_fn (and Inductor) which, compat told them none."""
+    ours = _static_indices_through_dynamo(compat)
+    assert ours == _static_indices_through_dynamo(torch_compile_api)
+    assert ours == [[0, 1, 3, 4, 5, 6, 7]]  # all but the input x, at 2
+
+
 @pytest.mark.parametrize("module", ["functorch", "compat"])
 def test_graphs_return_a_tuple_as_functorchs_do(module):
     """A pass written for functorch's graphs concatenates tuples to the output's args."""
@@ -326,6 +352,101 @@ def test_graphs_return_a_tuple_as_functorchs_do(module):
         api.aot_function(lambda x: x.sin() * 2, compiler)(x)  # the inference graph
     assert kinds == [tuple, tuple, tuple]
     torch.testing.assert_close(x.grad, 2 * x.cos())
+
+
+
+def _mutates_after_reading(x, y):
+    z = x * y.sin().sin().sin()  # torch's min-cut recomputes the chain from y in the backward
+    y.add_(1)
+    return z
+
+
+def _check_matches_eager(fn, partition_fn):
+    x, y = leaf(4), buffer(4)
+    x2, y2 = x.detach().clone().requires_grad_(), y.clone()
+    out = compat.aot_function(fn, compat.nop, partition_fn=partition_fn)(x, y)
+    expected = fn(x2, y2)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(y, y2)
+
+
+def test_torchs_min_cut_partitioner_saves_what_a_mutated_input_was():
+    """torch's min-cut, handed compat's joint, saved the input itself to recompute the
+    snapshot of it in the backward; the forward then overwrote it, and x.grad was computed
+    from the new value, silently (torch's own door raises a version error here)."""
+    _check_matches_eager(_mutates_after_reading,
+                         torch_compile_api.min_cut_rematerialization_partition)
+
+
+
+def _checkpointed_dropout(x, w):
+    from torch.utils.checkpoint import checkpoint
+
+    def block(x, w):
+        return torch.nn.functional.dropout((x @ w).sin(), 0.3).cos()
+    return checkpoint(block, x, w, use_reentrant=False) * 2
+
+
+def test_torchs_min_cut_partitioner_replays_a_checkpointed_random_op():
+    """torch's min-cut makes RNG state ops for a random op it recomputes, with a fake RNG
+    state from the tracing context's fake mode: compat called it with none (AssertionError
+    'fake_mode must not be None'), and its new ops had no fake values."""
+    x, w = torch.randn(8, 8), leaf(8, 8)
+    w2 = w.detach().clone().requires_grad_()
+    partition = torch_compile_api.min_cut_rematerialization_partition
+    compiled = compat.aot_function(_checkpointed_dropout, compat.nop, partition_fn=partition)
+    torch.manual_seed(0)
+    out = compiled(x, w)
+    out.sum().backward()
+    torch.manual_seed(0)
+    expected = _checkpointed_dropout(x, w2)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+
+@pytest.mark.parametrize("partition", ["min_cut", "default"])
+def test_torchs_partitioners_with_saved_sizes(partition):
+    """torch's partitioners give a backward taking saved sizes before saved tensors; compat
+    passed them in the forward's order (tensors first): the backward read a size as a
+    tensor and failed."""
+    fn = CASES["dynamic_saved_sizes"][0]
+    compiled = compat.aot_function(fn, compat.nop, partition_fn=PARTITIONS[partition][0],
+                                   dynamic=True)
+    for rows in (3, 5):
+        x = leaf(rows, 4)
+        x2 = x.detach().clone().requires_grad_()
+        out, expected = compiled(x), fn(x2)
+        out.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(x.grad, x2.grad)
+
+
+def _saving_an_unread_value(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+    """torch's default partition, the forward saving one more value the backward ignores."""
+    fw, bw = torch_compile_api.default_partition(joint, joint_inputs,
+                                                 num_fwd_outputs=num_fwd_outputs)
+    first_input = fw.graph.find_nodes(op="placeholder")[0]
+    output = fw.graph.output_node()
+    output.args = (tuple(output.args[0]) + (first_input,),)
+    fw.recompile()
+    first_tangent = next(n for n in bw.graph.find_nodes(op="placeholder")
+                         if n.name.startswith("tangents"))
+    with bw.graph.inserting_before(first_tangent):
+        bw.graph.placeholder("unread").meta["val"] = first_input.meta["val"]
+    bw.recompile()
+    return fw, bw
+
+
+def test_a_user_partitioner_may_save_a_value_the_backward_does_not_read():
+    """torch runs such graphs; compat refused them with a GraphInvariantError."""
+    _check_matches_eager(lambda x, y: (x * y).sin(), _saving_an_unread_value)
+    _check_matches_eager(_mutates_after_reading, _saving_an_unread_value)
 
 
 def _placeholder_names(aot_function, fn, args, grad: bool, **kwargs) -> dict[str, list[str]]:

@@ -26,7 +26,19 @@ def inference_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
     """The backend's passes, then one node per repeated pure computation (cse.py)."""
     gm = backend_passes(backend, scalars_as_tensors(gm))
     eliminate_common_subexpressions(gm)
-    return gm
+    return with_code(gm)
+
+
+def with_code(gm: fx.GraphModule) -> fx.GraphModule:
+    """`gm` as a plain GraphModule, as torch hands graphs to compilers. A trace makes a lazy
+    one (its code generated at first use; the joint is only partitioned), which TorchScript
+    cannot script: ts_compile failed on every inference graph."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+    if not isinstance(gm, _LazyGraphModule):
+        return gm
+    plain = fx.GraphModule(gm, gm.graph)
+    plain.meta.update(gm.meta)
+    return plain
 
 
 def joint_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:

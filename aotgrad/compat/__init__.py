@@ -23,8 +23,10 @@ from ..backends.compilers import (compilation_context, eager_compiler, make_boxe
                                   make_boxed_func, nop)
 from ..partition.split import default_partition
 from ..partition.remat import min_cut_rematerialization_partition
-from ..dynamo import compile_dynamo_graph, dynamo_fakes
+from ..dynamo import (compile_dynamo_graph, compile_for_new_aliasing, dynamo_fakes,
+                      dynamo_static_inputs)
 from ..runtime.guards import fixed_inputs_check
+from ..semantics.aliasing import AliasingChanged
 from ..pipeline import Options
 from .config import config
 from .export import ExportGraphSignature, aot_export_joint_simple
@@ -156,7 +158,8 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     """Compile now, for these flat `args`; returns `forward(*args)` (Dynamo's convention).
     The caller guards the inputs, as Dynamo does: a call that changes what the graph
     assumes of them (an input's requires_grad, a tensor passed twice) raises
-    `InputsChanged` instead of compiling again.
+    `InputsChanged` instead of compiling again. Inputs that share memory otherwise than the
+    example inputs (views of one tensor, which Dynamo does not guard) compile again.
 
     `pre_grad_passes(mod, args)` rewrites a GraphModule first. `ignore_shape_env=True`
     leaves Dynamo's symbolic sizes alone: one graph per shape, as calls arrive.
@@ -182,6 +185,9 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
                                decompositions, len(state), keep_inference_input_mutations,
                                where="aot_module_simplified"),
                       input_names=tuple(names))
+    if isinstance(mod, fx.GraphModule):  # Dynamo's parameters and buffers are its inputs
+        options = replace(options, static_inputs=options.static_inputs + tuple(
+            len(state) + i for i in dynamo_static_inputs(mod, args)))
     # From Dynamo with dynamic shapes: its fakes, with symbolic sizes, for one graph.
     symbolic = isinstance(mod, fx.GraphModule) and not ignore_shape_env
     example = dynamo_fakes(mod, args) if symbolic else list(args)
@@ -193,16 +199,30 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
             return lazy(*state, *runtime_args)
     else:
         refuse_fake_constants(call.artifact.forward_graph)
-        check_inputs = fixed_inputs_check([*state, *example])
-
-        def forward(*runtime_args):
-            flat = [*state, *runtime_args]
-            check_inputs(flat)
-            return call.run(flat)
+        gm = mod if isinstance(mod, fx.GraphModule) else None
+        forward = _fixed_inputs_forward(call, state, example, compile_for_new_aliasing(
+            flat_forward, gm, [*state, *example], options))
 
     forward.zero_grad = mod.zero_grad
     forward.named_parameters = mod.named_parameters
     forward.named_buffers = mod.named_buffers
+    return forward
+
+
+def _fixed_inputs_forward(call, state: Sequence[torch.Tensor], example: Sequence[Any],
+                          realiased: Callable) -> Callable:
+    """`forward(*args)` running `call` on the module's state and `args`. Dynamo guards what
+    the graph assumes of its inputs but how they share memory: a call whose inputs alias
+    otherwise compiles again (`realiased`), as aotgrad's Dynamo backend does."""
+    check_inputs = fixed_inputs_check([*state, *example])
+
+    def forward(*runtime_args):
+        flat = [*state, *runtime_args]
+        check_inputs(flat)
+        try:
+            return call.run(flat)
+        except AliasingChanged:
+            return realiased(*flat)
     return forward
 
 

@@ -8,6 +8,7 @@ only: a value aotgrad would silently ignore is refused, with the flag's name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import pickle
 from typing import Any, Callable
@@ -123,9 +124,17 @@ class Config:
         """The partitioner a compile uses: the min-cut one under the memory budget set here
         (read when the compiled function is made)."""
         budget = self.activation_memory_budget
-        if partition_fn is min_cut_rematerialization_partition and budget < 1:
+        if _is_min_cut(partition_fn) and budget < 1:
             return budget_partition(budget)
         return partition_fn
+
+
+def _is_min_cut(partition_fn: Callable) -> bool:
+    """The min-cut partitioner, or a partial of it (torch's Inductor passes
+    `partial(min_cut_rematerialization_partition, compiler="inductor")`)."""
+    while isinstance(partition_fn, functools.partial):
+        partition_fn = partition_fn.func
+    return partition_fn is min_cut_rematerialization_partition
 
 
 class _Patch(contextlib.ContextDecorator):

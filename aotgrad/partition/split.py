@@ -8,13 +8,15 @@ partitioner produces graphs of the same shape.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import operator
 from typing import AbstractSet, Callable, Iterable, Sequence
 
 import torch
 from torch import fx
 
-from ..schema import JOINT, Joint, is_tangent
+from ..schema import JOINT, OVERWRITTEN, Joint, is_tangent, primals_of
 from ..semantics.dynamic import DynamicShapesUnsupported, free_symbols, is_size
 
 aten = torch.ops.aten
@@ -136,8 +138,97 @@ def call_partitioner(partition_fn: Callable, joint_gm: fx.GraphModule, num_fwd_o
     placeholders = joint_gm.graph.find_nodes(op="placeholder")
     primals = [n.meta.get("val") for n in placeholders if not is_tangent(n)]
     tangents = [n.meta.get("val") for n in placeholders if is_tangent(n)]
-    return partition_fn(joint_gm, (primals, tangents), num_fwd_outputs=num_fwd_outputs,
-                        static_lifetime_input_indices=list(static_inputs))
+    with _fake_mode_found(partition_fn, primals):
+        fw, bw = partition_fn(joint_gm, (primals, tangents), num_fwd_outputs=num_fwd_outputs,
+                              static_lifetime_input_indices=list(static_inputs))
+    snapshot_saved_overwritten(fw, primals_of(joint_gm.graph), num_fwd_outputs)
+    fw, bw = fill_fake_values(fw), fill_fake_values(bw)
+    take_saved_in_forward_order(fw, bw, num_fwd_outputs)
+    return fw, bw
+
+
+def take_saved_in_forward_order(fw: fx.GraphModule, bw: fx.GraphModule,
+                                num_fwd_outputs: int) -> None:
+    """torch's partitioners give a backward taking the saved sizes before the saved tensors
+    (torch's runtime keeps them apart); ours takes them in the forward's order, which
+    returns tensors first. The backward's saved inputs are reordered to match (each kind in
+    its own order): the runtime passed a size where a tensor was read."""
+    kinds = [is_size_node(v) for v in fw.graph.output_node().args[0][num_fwd_outputs:]]
+    placeholders = bw.graph.find_nodes(op="placeholder")
+    saved = placeholders[:len(kinds)]
+    taken = [is_size_node(p) for p in saved]
+    if taken == kinds or sorted(taken) != sorted(kinds):
+        return
+    groups = {kind: [p for p in saved if is_size_node(p) is kind] for kind in (False, True)}
+    ordered = [groups[kind].pop(0) for kind in kinds]
+    anchor = next((n for n in bw.graph.nodes if n.op != "placeholder"), None)
+    for node in ordered + placeholders[len(kinds):]:
+        anchor.prepend(node)
+    bw.recompile()
+
+
+def fill_fake_values(gm: fx.GraphModule) -> fx.GraphModule:
+    """Give each op a partitioner made without a fake value one (torch's min-cut adds RNG
+    state ops bare): the pipeline reads every value's from `meta["val"]`."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    if all("val" in n.meta for n in gm.graph.nodes if n.op == "call_function"):
+        return gm
+    inputs = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+
+    class KeepValues(FakeTensorProp):
+        def run_node(self, n):
+            had = n.meta.get("val")
+            result = super().run_node(n)
+            if had is not None:
+                n.meta["val"] = had
+            return result
+    KeepValues(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
+    return gm
+
+
+def _fake_mode_found(partition_fn: Callable, values: Sequence):
+    """torch's partitioners find the trace's fake mode through the tracing context, as
+    torch's door sets it (its min-cut makes fake RNG states for a random op in a
+    checkpointed region: without one it failed)."""
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    if is_own_partitioner(partition_fn) or TracingContext.try_get() is not None:
+        return contextlib.nullcontext()
+    mode = detect_fake_mode(values)
+    return contextlib.nullcontext() if mode is None else tracing(TracingContext(mode))
+
+
+def is_own_partitioner(partition_fn: Callable) -> bool:
+    """One of aotgrad's partitioners (or a partial of one: a memory budget's), whose graphs
+    hold every invariant verify checks."""
+    while isinstance(partition_fn, functools.partial):
+        partition_fn = partition_fn.func
+    return (getattr(partition_fn, "__module__", None) or "").startswith("aotgrad.")
+
+
+def snapshot_saved_overwritten(fw: fx.GraphModule, joint_primals: Sequence[fx.Node],
+                               num_fwd_outputs: int) -> None:
+    """A partitioner written for torch's functional joint may save a primal that our
+    forward overwrites (torch's min-cut recomputes the snapshot clone from the primal in the
+    backward): the backward would read the new value, silently. It gets a clone taken
+    before the forward's first op instead, the value the joint's primal stands for."""
+    placeholders = fw.graph.find_nodes(op="placeholder")
+    overwritten = {ph for ph, primal in zip(placeholders, joint_primals)
+                   if primal.meta.get(OVERWRITTEN)}
+    output = fw.graph.output_node()
+    outs = list(output.args[0])
+    if not overwritten.intersection(outs[num_fwd_outputs:]):
+        return
+    first_op = next(n for n in fw.graph.nodes if n.op != "placeholder")
+    snapshots: dict[fx.Node, fx.Node] = {}
+    for k in range(num_fwd_outputs, len(outs)):
+        if outs[k] in overwritten and outs[k] not in snapshots:
+            with fw.graph.inserting_before(first_op):
+                snapshots[outs[k]] = fw.graph.call_function(aten.clone.default, (outs[k],))
+            snapshots[outs[k]].meta["val"] = outs[k].meta.get("val")
+        outs[k] = snapshots.get(outs[k], outs[k])
+    output.args = (type(output.args[0])(outs),)
+    fw.recompile()
 
 
 def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_fwd_outputs: int,
