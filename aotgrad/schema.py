@@ -89,6 +89,8 @@ READY = "aotgrad_ready"
 # "user_visible_output_idxs" (output node): set by backends.compilers for Inductor.
 # "example_value", "steal_arg", "tensor_dict", "grapharg" (node): Dynamo's; read (and
 #   "example_value" set on unpacked elements) by dynamo ("grapharg": the user's input names).
+# "unbacked_bindings" (node): Dynamo's symbols for the sizes a node computes from data; read by
+#   dynamo (_rebinding_unbacked), which renames the trace's fresh ones to them.
 # The persistent cache keys a traced graph by its code and the node meta the later stages
 # read (cache.key: JOINT_ROLE, PHASE, AUTOGRAD_COPY, RANDOM_VALUE, "recompute", "ac_graph_id");
 # it stores a partition's graphs with "val" of placeholders, DONATED, HELD_FOR_REPLAY, PHASE,
