@@ -20,9 +20,15 @@ cold() {  # cold MODEL SECONDS: the two compilers' cold compiles one at a time, 
 }
 case $1 in
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
-# bench/results/h200-2026-11-30-session23. Next: `tp23` (x2), `deberta22`.
+# bench/results/h200-2026-11-30-session23. Next: `verify24`, `tp23` (x2), `deberta22`.
 # Session 22 ran `verify22`, `verify22c`, `part22`, `cold22`, `stages22`:
 # bench/results/h200-2026-11-30-session22. Next: `verify23`, `peak23`, `deberta22`.
+verify24)  # next session, first: session 23's second round of hunts (double backward's old
+  # buffer values, forward-mode AD, data-dependent output sizes, detached views, compat's
+  # foreign partitioners) on torch 2.11 + CUDA, never run there
+  TAIL=8 step verify24 300 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_double_backward.py tests/test_dynamic.py tests/test_aliasing.py \
+    tests/test_graph_conventions.py tests/test_compat_surface.py ;;
 verify23e)  # the three hunts merged (compiled autograd's leaf order leans on the engine's walk,
   # checked on 2.13 only; a rebound buffer refused under CUDA graphs, a CUDA-only test)
   TAIL=8 step verify23e 300 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
