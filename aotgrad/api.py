@@ -19,7 +19,7 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 import torch
 import torch.autograd.forward_ad as _fw_ad
 import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import _get_dispatch_stack_at as _dispatch_stack_at
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils import parametrize
 
@@ -70,9 +70,8 @@ def _under_a_mode() -> bool:
     traced without it (or under another) would not repeat that, so the original code runs,
     as in eager and as torch.compile does. Modes that declare themselves infrastructure, or
     blind to compiled code, do not count."""
-    return any(
-        not (_asks(mode, "is_infra_mode") or _asks(mode, "ignore_compile_internals"))
-        for mode in map(_dispatch_stack_at, range(torch._C._len_torch_dispatch_stack())))
+    return any(not (_asks(mode, "is_infra_mode") or _asks(mode, "ignore_compile_internals"))
+               for mode in _get_current_dispatch_mode_stack())
 
 
 def _asks(mode, question: str) -> bool:
