@@ -153,3 +153,27 @@ def test_a_chain_of_graphs_holds_what_the_earlier_ones_keep():
     assert aotgrad.partition.memory.chain_peak([first]) == 1604
     assert aotgrad.partition.memory.chain_peak([first, small]) == 1604  # the first's backward
     assert aotgrad.partition.memory.chain_peak([first, large]) == 400 + 400 + 1500
+
+
+def test_inductor_writes_out_a_value_read_twice_that_reads_too_many_buffers():
+    """`realized_on_reuse`: a value inlined into two readers that, with what it inlines,
+    reads five buffers is written out; one reading four, or read once, is not; a value made
+    from no tensor (`full`) and a view read no buffer of their own."""
+    from aotgrad.partition.memory import fused_in_kernels, realized_on_reuse
+
+    def build(reads, readers):
+        def body(g, v):
+            inputs = [placeholder(g, f"primals_{i}", v(8)) for i in range(reads)]
+            value = node(g, aten.mul.Tensor, (inputs[0], node(g, aten.full.default, ([8], 1.0),
+                                                                v(8))), v(8))
+            for i in inputs[1:]:
+                value = node(g, aten.add.Tensor, (node(g, aten.view.default, (i, [8]), v(8)),
+                                                  value), v(8))
+            g.output([node(g, aten.sum.default, (node(g, aten.sin.default, (value,), v(8)),), v(1))
+                      for _ in range(readers)])
+        nodes = list(graph_module(body).graph.nodes)
+        return {n.target for n in realized_on_reuse(nodes, fused_in_kernels(nodes))}
+
+    assert build(reads=5, readers=2) == {aten.add.Tensor}
+    assert build(reads=4, readers=2) == set()
+    assert build(reads=5, readers=1) == set()

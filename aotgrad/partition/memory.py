@@ -19,7 +19,10 @@ alive then. What the model assumes, so that a measurement can be compared with i
   returned nor saved, owns no buffer: a fusing backend (Inductor) computes it inside the
   kernels that read it, so its readers read what it reads (`fused_in_kernels`). A GELU
   recomputed from its input, a loss's float32 upcast of the logits cost no memory of their
-  own. (The eager backend fuses nothing: for it the estimate is a lower bound.);
+  own. (The eager backend fuses nothing: for it the estimate is a lower bound.) Inductor
+  writes some of them out all the same (`realized_on_reuse`); only the partitioner's check
+  of one choice models that (`realize`): the budget's peak rows (`ilp`) rely on a fused
+  value extending the lives of what it reads;
 - allocator rounding and caching, kernel workspaces and autograd's own bookkeeping are not
   modelled.
 """
@@ -147,6 +150,41 @@ def fused_in_kernels(nodes: Sequence[fx.Node], kept: Iterable[fx.Node] = ()) -> 
     members, kept = set(nodes), set(kept)
     return frozenset(n for n in nodes if n.op == "call_function" and n not in kept
                      and fuses_into_readers(n.target) and read_only_in_kernels(n, members, kept))
+
+
+# Inductor writes out a value that it would inline into more than one reader when its
+# computation, with all it inlines, reads more than this many buffers: each reader would read
+# them all again (`torch._inductor.config.realize_reads_threshold`).
+REALIZE_READS_THRESHOLD = 4
+
+
+def realized_on_reuse(nodes: Sequence[fx.Node], inlined: frozenset) -> frozenset:
+    """The values of `inlined` that Inductor writes out all the same: read by more than one
+    op of `nodes` (topologically ordered), with more than `REALIZE_READS_THRESHOLD` buffers
+    read by their computation. Every other value of `nodes` is a buffer; a view reads what
+    its base reads; a value made from no tensor (`full`, `iota`) reads nothing."""
+    members = set(nodes)
+    reads: dict[fx.Node, frozenset] = {}
+    realized = set()
+    for node in nodes:
+        tensors = [i for i in node.all_input_nodes if holds_tensors(i)]
+        if node.op == "call_function" and not tensors:
+            reads[node] = frozenset()  # `full`, `iota`: index arithmetic inside the kernel
+        elif node in inlined or node.op == "call_function" and (
+                is_alias(node) or node.target is operator.getitem):
+            reads[node] = frozenset().union(*(reads.get(i, {base_of(i)}) for i in tensors))
+        else:
+            reads[node] = frozenset((node,))
+        if (node in inlined and len(reads[node]) > REALIZE_READS_THRESHOLD
+                and sum(1 for u in node.users if u in members) > 1):
+            realized.add(node)
+            reads[node] = frozenset((node,))
+    return frozenset(realized)
+
+
+def holds_tensors(node: fx.Node) -> bool:
+    """A tensor, or a tuple of them; not a size."""
+    return isinstance(node.meta.get("val"), (torch.Tensor, tuple, list, dict))
 
 
 def read_only_in_kernels(node: fx.Node, members: set, kept: set = frozenset()) -> bool:

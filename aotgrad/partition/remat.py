@@ -32,6 +32,7 @@ from ..semantics.dynamic import hint
 from .flow import FlowNetwork
 from ..schema import OVERWRITTEN, Joint
 from .memory import base_of, fused_in_kernels, is_tuple, tensor_bytes
+from .realize import saved_to_keep_inlined
 from .split import ancestors, is_narrowing_cast, joint_of, split_joint
 from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE,
                      TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
@@ -253,11 +254,15 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
         spanning = [n for n in recomputed_across_kernels(joint, forward, saved, tangents, bw_roots)
                     if rules[n] == Rule.CHOOSE]  # not what a checkpoint policy decided
         spanning = saved_below_peak(spanning, joint, forward, saved, tangents, bw_roots, grads)
-        if not spanning:
+        inlined = [n for n in saved_to_keep_inlined(
+            saved, lambda s: _schedule(joint, forward, s, tangents, bw_roots), forward, grads)
+            if rules[n] == Rule.CHOOSE]
+        if not spanning and not inlined:
             break
         stop = set(saved) | set(tangents)
         rules.update(dict.fromkeys(to_materialize(spanning, kernel_inputs(
             joint, forward, rules, stop, bw_roots), stop), Rule.MATERIALIZED))
+        rules.update(dict.fromkeys(inlined, Rule.MATERIALIZED))
     return saved_as_read(saved, forward, rules, set(tangents), bw_roots)
 
 
