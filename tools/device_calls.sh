@@ -19,6 +19,13 @@ cold() {  # cold MODEL SECONDS: the two compilers' cold compiles one at a time, 
     --rounds 0 --timeout $(( $2 - 5 )) --out $OUT/cold/b
 }
 case $1 in
+peak24)  # the reuse-rule partition (realize.py): ResNet-50 b64 saves its last ReLU mask as torch
+  # does (+6 MB before), EfficientNet-B0 saves a 7.66 MiB batch-norm output; peak and backward
+  # kernels against torch.compile's; and verify24's one failure, with torch's own backend
+  TAIL=2 step padded 60 python tools/gpu_padded_check.py
+  TAIL=40 step part 520 python bench/profile_gap.py --models resnet50,efficientnet_b0 \
+    --steps 5 --timeout 128 --modes aotgrad_dynamo,torch_compile --out $OUT/part ;;
+# Session 24 ran `verify24` (448 passed, 1 failed: padded_by_a_count on torch 2.11).
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
 # bench/results/h200-2026-11-30-session23. Next: `verify24`, `tp23` (x2), `deberta22`.
 # Session 22 ran `verify22`, `verify22c`, `part22`, `cold22`, `stages22`:
