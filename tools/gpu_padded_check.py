@@ -2,6 +2,8 @@
 (torch 2.11's functional `copy_` guards on the data-dependent size; aotgrad fails there.)"""
 import torch
 
+import aotgrad  # noqa: F401  (registers backend="aotgrad")
+
 def padded_positives(x):
     y = x[x > 0]
     n = y.shape[0]
