@@ -601,7 +601,14 @@ def _nonzero_stats(x):
 
 
 @pytest.mark.parametrize("case", [
-    Case("padded_by_a_count", _masked_inputs, _padded_positives),
+    pytest.param(
+        Case("padded_by_a_count", _masked_inputs, _padded_positives),
+        marks=pytest.mark.xfail(
+            # the harness's AssertionError: "raised only when compiled"
+            torch.__version__ < "2.13", strict=True, raises=AssertionError,
+            reason="torch 2.11's functionalization guards on `Eq(u0, 1)` in aotgrad's trace of "
+                   "the slice assignment `z[1:n + 1] = y` (GuardOnDataDependentSymNode); "
+                   "torch's aot_eager compiles it (tools/gpu_padded_check.py, session 24)")),
     Case("nonzero_traced_again", _masked_inputs, _nonzero_stats),
 ], ids=lambda c: c.name)
 def test_dynamo_backward_of_outputs_sized_by_a_data_expression(case):
