@@ -51,8 +51,9 @@ class Rule:
     # whole input); a value a backward matmul or convolution reads with too little
     # arithmetic to hide its recomputation (the backward would write it out again); a
     # small value a fusible op broadcasts (recomputed once per element of the larger one);
-    # a value the backward would keep alive across a matmul (min_cut_saved_values). The
-    # min cut saves it (speed first); a memory budget may recompute it.
+    # a value the backward would keep alive across a matmul (min_cut_saved_values); a value
+    # whose recomputation would make Inductor write a larger backward value out (`realize`).
+    # The min cut saves it (speed first); a memory budget may recompute it.
     MATERIALIZED = "materialized"
     # Expensive (a matmul or convolution, `tables.BUDGETED_KERNELS`): the min cut saves it; a
     # memory budget below 1 may recompute it, at its arithmetic's cost (`node_cost`).
