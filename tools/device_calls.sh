@@ -25,6 +25,10 @@ peak24)  # the reuse-rule partition (realize.py): ResNet-50 b64 saves its last R
   TAIL=2 step padded 60 python tools/gpu_padded_check.py
   TAIL=40 step part 520 python bench/profile_gap.py --models resnet50,efficientnet_b0 \
     --steps 5 --timeout 128 --modes aotgrad_dynamo,torch_compile --out $OUT/part ;;
+models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partition (peak24: 2853.19
+  # MB, torch.compile's too), all five modes as bench/models.py runs them
+  TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
+    --timeout 260 --out $OUT/models ;;
 # Session 24 ran `verify24` (448 passed, 1 failed: padded_by_a_count on torch 2.11).
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
 # bench/results/h200-2026-11-30-session23. Next: `verify24`, `tp23` (x2), `deberta22`.
