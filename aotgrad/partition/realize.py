@@ -41,25 +41,35 @@ def saved_to_keep_inlined(saved: list[fx.Node], schedule: Schedule, forward: set
     order = schedule(saved)
     inlined = fused_in_kernels(order, kept=grads)
     written = realized_on_reuse(order, inlined)
-    options = [(value, frontier) for value in order if value in written and value not in forward
-               for frontier in [_recomputed_read_by(value, inlined, forward)]
-               if frontier and sum(map(_bytes, frontier)) < _bytes(value) and len(_reads(
-                   value, inlined - written - set(frontier))) <= REALIZE_READS_THRESHOLD]
+    options = {value: frontier for value in order if value in written and value not in forward
+               for frontier in [_frontier(value, inlined - written, forward)] if frontier}
     if not options:
         return []
     live = backward_live_bytes(order, inlined - written, grads)
-    peak, position, chosen = max(live), {n: i for i, n in enumerate(order)}, []
-    for value, frontier in options:
+    peak, position, chosen = max(live), {n: i for i, n in enumerate(order)}, {}
+    for value, frontier in options.items():
         # Saved, the frontier is alive from the backward's start to the value's computation;
         # the value, no longer written, frees its bytes from there to its last reader.
         start, end = position[value], _last_reader(value, position)
-        added, freed = sum(map(_bytes, frontier)), _bytes(value)
+        added = sum(_bytes(n) for n in frontier if n not in chosen)
+        freed = _bytes(value)
         if max(max(live[:start], default=0) + added, max(live[start:end + 1]) - freed,
                max(live[end + 1:], default=0)) <= peak:
             live[:start] = [b + added for b in live[:start]]
             live[start:end + 1] = [b - freed for b in live[start:end + 1]]
-            chosen.extend(frontier)
-    return chosen
+            chosen.update(dict.fromkeys(frontier))
+    return list(chosen)
+
+
+def _frontier(value: fx.Node, inlined: frozenset, forward: set) -> list[fx.Node]:
+    """The recomputed values whose saving keeps `value` inlined, if they have fewer bytes
+    than it; else none."""
+    frontier = _recomputed_read_by(value, inlined, forward)
+    if sum(map(_bytes, frontier)) >= _bytes(value):
+        return []
+    if len(_reads(value, inlined - set(frontier))) > REALIZE_READS_THRESHOLD:
+        return []
+    return frontier
 
 
 def _recomputed_read_by(value: fx.Node, inlined: frozenset, forward: set) -> list[fx.Node]:
