@@ -29,6 +29,10 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+phases24)  # issue 20: Swin-T's cold compile (1.084x, session 22): Inductor's phases on our graphs
+  # against torch's, one fresh process each, and a cProfile of each first step
+  TAIL=60 step phases 420 python bench/compile_stages.py --model swin_t --modes aotgrad,inductor \
+    --timeout 200 --json $OUT/phases.json --profile $OUT/prof ;;
 # Session 24 ran `verify24` (448 passed, 1 failed: padded_by_a_count on torch 2.11).
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
 # bench/results/h200-2026-11-30-session23. Next: `verify24`, `tp23` (x2), `deberta22`.
