@@ -240,6 +240,28 @@ UNMARKED_MUTATIONS = {
 }
 
 
+def _fused_observer_resizes(self, observer_on, fake_quant_on, running_min, running_max, scale,
+                            zero_point, averaging_const, quant_min, quant_max, ch_axis,
+                            per_row_fake_quant=False, symmetric_quant=False):
+    """Per channel, the kernel first sizes empty running statistics (+inf, -inf) and the
+    scale and zero point to the channel count: a QAT weight observer's first step."""
+    if per_row_fake_quant and running_min.numel() == 0:
+        size = self.size(ch_axis)
+        running_min.resize_(size).fill_(float("inf"))
+        running_max.resize_(size).fill_(float("-inf"))
+        scale.resize_(size)
+        zero_point.resize_(size)
+
+
+# Ops whose kernels resize arguments in place where their fake kernels do not: the trace
+# would keep the old sizes, and the compiled step would fail to write the new values back.
+# The functional mode runs each entry's resizes (traced as the input resizes they are)
+# before the op itself.
+KERNEL_RESIZES = {
+    aten._fused_moving_avg_obs_fq_helper.default: _fused_observer_resizes,  # QAT observers
+}
+
+
 @functools.lru_cache(maxsize=None)
 def writes_a_tensor_list(op) -> bool:
     """Does `op` write into a list of tensors in place (`_foreach_add_`'s `self`)? Eager's

@@ -36,8 +36,8 @@ from . import regions
 from .hops import functionalize_hop
 from .inference import decompose_tracking_views, normal_views
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from ..tables import (ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS, has_effect,
-                      writes_a_tensor_list)
+from ..tables import (ERROR_CHECKS, KERNEL_RESIZES, STORAGE_RESIZES, UNMARKED_MUTATIONS,
+                      has_effect, writes_a_tensor_list)
 from ..schema import PHASE, is_tangent
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -122,6 +122,10 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             self.storage_bytes[id(args[0])] = args[1]
             with disable_proxy_modes_tracing():
                 return super().__torch_dispatch__(func, types, args, kwargs)
+        resizes = KERNEL_RESIZES.get(func)
+        if resizes is not None:
+            with self:  # traced as resizes of the inputs, which the runtime replays
+                resizes(*args, **(kwargs or {}))
         declared = UNMARKED_MUTATIONS.get(func)
         if declared is not None:
             with self:  # its ops are functionalized in turn
