@@ -28,6 +28,13 @@ ERROR_CHECKS = frozenset({
     aten._assert_scalar.default,  # Dynamo's runtime check of a size (torch._check, nonzero)
 })
 
+# Reductions to one boolean that torch's Python code reads only to raise when it is False:
+# torch.distributions' argument and sample validation (`validate_args`, on by default:
+# `if not torch._is_all_true(valid): raise ValueError(...)`), `torch._check_tensor_all`.
+# Reading the value would end the trace (it depends on data); the trace takes it as True
+# and keeps a check that raises at run time where it is False (effects.py).
+CHECKED_CONDITIONS = frozenset({aten._is_all_true.default})
+
 # Higher-order ops (by name) whose fake-tensor rule makes symbols: they need a shape
 # environment, which only Dynamo's fake tensors carry (semantics/hops.py).
 HOPS_NEEDING_SHAPE_ENV = frozenset({"while_loop"})
