@@ -28,6 +28,13 @@ ERROR_CHECKS = frozenset({
     aten._assert_scalar.default,  # Dynamo's runtime check of a size (torch._check, nonzero)
 })
 
+# Reductions to one boolean that torch's Python code reads only to raise when it is False:
+# torch.distributions' argument and sample validation (`validate_args`, on by default:
+# `if not torch._is_all_true(valid): raise ValueError(...)`), `torch._check_tensor_all`.
+# Reading the value would end the trace (it depends on data); the trace takes it as True
+# and keeps a check that raises at run time where it is False (effects.py).
+CHECKED_CONDITIONS = frozenset({aten._is_all_true.default})
+
 # Higher-order ops (by name) whose fake-tensor rule makes symbols: they need a shape
 # environment, which only Dynamo's fake tensors carry (semantics/hops.py).
 HOPS_NEEDING_SHAPE_ENV = frozenset({"while_loop"})
@@ -237,6 +244,28 @@ UNMARKED_MUTATIONS = {
     # ROCm's kernel returns what native_batch_norm does (output, mean, inverse std). Not run
     # here: no ROCm machine.
     aten.miopen_batch_norm.default: _batch_norm_declared,
+}
+
+
+def _fused_observer_resizes(self, observer_on, fake_quant_on, running_min, running_max, scale,
+                            zero_point, averaging_const, quant_min, quant_max, ch_axis,
+                            per_row_fake_quant=False, symmetric_quant=False):
+    """Per channel, the kernel first sizes empty running statistics (+inf, -inf) and the
+    scale and zero point to the channel count: a QAT weight observer's first step."""
+    if per_row_fake_quant and running_min.numel() == 0:
+        size = self.size(ch_axis)
+        running_min.resize_(size).fill_(float("inf"))
+        running_max.resize_(size).fill_(float("-inf"))
+        scale.resize_(size)
+        zero_point.resize_(size)
+
+
+# Ops whose kernels resize arguments in place where their fake kernels do not: the trace
+# would keep the old sizes, and the compiled step would fail to write the new values back.
+# The functional mode runs each entry's resizes (traced as the input resizes they are)
+# before the op itself.
+KERNEL_RESIZES = {
+    aten._fused_moving_avg_obs_fq_helper.default: _fused_observer_resizes,  # QAT observers
 }
 
 

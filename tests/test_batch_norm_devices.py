@@ -75,3 +75,26 @@ def test_running_statistics_match_eager(door, device, cudnn, autocast):
     compare_state(eager, model, tol)
     assert model[1].num_batches_tracked.item() == 2
     assert model[1].running_mean.abs().sum() > 0  # the statistics moved off their start
+
+
+@pytest.mark.parametrize("door", ["compile-eager", "backend()", "aot_module"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_cumulative_average_statistics_match_eager(door, device):
+    """momentum=None: a cumulative average whose factor BatchNorm computes as
+    `1.0 / float(num_batches_tracked)`, which the trace refused as data-dependent. SWA's
+    `update_bn` sets it, then runs the (copied, compiled) model under no_grad."""
+    eager, model = net(device), net(device)
+    for bn in (eager[1], model[1], eager[5], model[5]):
+        bn.momentum = None
+    compiled = DOORS[door](model)
+    for k in range(3):
+        x = torch.randn(4, 3, 8, 8, device=device) + k
+        torch.testing.assert_close(step(compiled, x, False), step(eager, x, False))
+        compare_state(eager, model, 1e-6)
+    assert model[5].num_batches_tracked.item() == 3
+    swa_eager, swa = (torch.optim.swa_utils.AveragedModel(m) for m in (eager, compiled))
+    loader = [torch.randn(4, 3, 8, 8, device=device) for _ in range(3)]
+    torch.optim.swa_utils.update_bn(loader, swa_eager)
+    torch.optim.swa_utils.update_bn(loader, swa)
+    for e, c in zip(swa_eager.buffers(), swa.buffers()):
+        torch.testing.assert_close(c, e, atol=1e-6, rtol=1e-6)

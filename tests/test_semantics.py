@@ -113,6 +113,51 @@ def test_autocast_region_inside(door):
 
 
 
+def _matmul_sqrt(x, w):
+    return (x @ w).sqrt()
+
+
+@DOORS
+def test_a_step_under_detect_anomaly_matches_eager_and_raises_on_nan(door):
+    """`detect_anomaly()` around a training step: the trace's backward ran the engine's NaN
+    checks on fake values (DataDependentOutputException at the first call). The compiled
+    backward's NaN gradients raise as eager's do, naming the compiled node."""
+    x, w = torch.rand(4, 8) + 1, torch.rand(8, 8, requires_grad=True)
+    compiled = door(_matmul_sqrt)
+    with torch.autograd.detect_anomaly():
+        torch.testing.assert_close(grads(compiled, x, w), grads(_matmul_sqrt, x, w))
+        x[0, 0] = -1e3
+        for fn in (_matmul_sqrt, compiled):
+            with pytest.raises(RuntimeError, match="returned nan values"):
+                fn(x, w).sum().backward()
+
+
+def test_double_backward_through_a_custom_function_under_detect_anomaly():
+    """The replay of a custom Function's backward took its gradient with the NaN checks on."""
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * x * g
+
+    def g(x, w):
+        return Square.apply(x @ w).sum()
+
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    results = []
+    for fn in (g, compile_eager(g)):
+        with torch.autograd.detect_anomaly():
+            (gx,) = torch.autograd.grad(fn(x, w), x, create_graph=True)
+            results.append(torch.autograd.grad(gx.sum(), w)[0])
+    torch.testing.assert_close(results[1], results[0])
+
+
+
 @DOORS
 @pytest.mark.xfail(strict=True, reason="eager's autocast cache keeps a leaf's cast by tensor, "
                    "not by dtype: an outer region reuses an inner region's float16 weight; "

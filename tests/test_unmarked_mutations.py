@@ -111,3 +111,62 @@ def test_batch_norm_declared_forms_match_eager(op, training):
     assert len(outs) == len(getattr(torch.ops.aten, op).default._schema.returns)
     writer = torch.ops.aten._native_batch_norm_legit.default
     assert writer._schema.arguments[3].alias_info.is_write  # running_mean: marked
+
+
+# ---- kernels that resize their arguments where their fake kernels do not -------------------
+
+def observe(x, observer_on, running_min, running_max, scale, zero_point):
+    """A per-channel QAT weight observer (`FusedMovingAvgObsFakeQuantize.forward`)."""
+    on = torch.ones(1, dtype=torch.long)
+    return torch.fused_moving_avg_obs_fake_quant(
+        x, observer_on, on, running_min, running_max, scale, zero_point, 0.01, -128, 127, 0,
+        True, True).square().sum()
+
+
+def observer_inputs(observer_on=1):
+    torch.manual_seed(0)
+    return (torch.randn(16, 8, requires_grad=True), torch.tensor([observer_on]), torch.empty(0),
+            torch.empty(0), torch.ones(1), torch.zeros(1, dtype=torch.int))
+
+
+@pytest.mark.parametrize("door", ["compile-eager", "torch.compile", "aot_function"])
+@pytest.mark.parametrize("observer_on", [1, 0])
+def test_observer_resizing_empty_statistics_matches_eager(door, observer_on):
+    """The kernel sizes empty running statistics and the scale and zero point to the channel
+    count; the fake kernel does not. The trace kept shape (0,) and the compiled step failed
+    to write its (16,)-shaped values back ("output with shape [1] doesn't match the broadcast
+    shape [16]"): prepare_qat's models failed at their first compiled step."""
+    expected = observer_inputs(observer_on)
+    eager_loss = observe(*expected)
+    eager_loss.backward()
+    got = observer_inputs(observer_on)
+    loss = DOORS[door](observe)(*got)
+    loss.backward()
+    torch.testing.assert_close(loss, eager_loss)
+    torch.testing.assert_close(got[0].grad, expected[0].grad)
+    for i in (2, 3) if observer_on else (2, 3, 5):  # the scale's new elements are unset memory
+        torch.testing.assert_close(got[i], expected[i])
+    assert [t.shape for t in got[2:]] == [(16,)] * 4
+
+
+@pytest.mark.parametrize("door", ["compile-eager", "aot_module"])
+def test_qat_training_matches_eager(door):
+    """prepare_qat's per-channel weight observers start with empty statistics."""
+    import torch.ao.quantization as quant
+
+    def trained(compile_):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(quant.QuantStub(), torch.nn.Linear(8, 16),
+                                    torch.nn.ReLU(), torch.nn.Linear(16, 4), quant.DeQuantStub())
+        model.qconfig = quant.get_default_qat_qconfig("x86")
+        quant.prepare_qat(model, inplace=True)
+        step, opt = compile_(model), torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            F.mse_loss(step(torch.randn(6, 8)), torch.randn(6, 4)).backward()
+            opt.step()
+            opt.zero_grad()
+        return model.state_dict()
+
+    compile_ = {"compile-eager": lambda m: aotgrad.compile(m, backend="eager"),
+                "aot_module": lambda m: compat.aot_module(m, compat.nop)}[door]
+    torch.testing.assert_close(trained(compile_), trained(lambda m: m))

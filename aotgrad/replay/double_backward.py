@@ -62,7 +62,7 @@ from ..schema import AUTOGRAD_COPY, GRAD_ENABLED, RANDOM_OP, FunctionInfo
 from ..capture.inputs import differentiating, fake_inputs
 from ..backends.codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
-from ..semantics import checkpoints, regions
+from ..semantics import checkpoints, effects, regions
 from ..semantics.dynamic import no_new_guards
 from ..capture.joint import fake_tangents, input_grads, mutable_copies
 from ..capture.oplog import autograd_nodes
@@ -275,6 +275,7 @@ class _GradModeTags(TorchDispatchMode):
         self.graph = graph
         self.reading_data = False  # inside a `.data` read: a user's detach
         self.random_ops = random_ops
+        self.conditions = effects.CheckedConditions()  # the forward graph checks them
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if isinstance(func, torch._ops.HigherOrderOperator):
@@ -284,7 +285,7 @@ class _GradModeTags(TorchDispatchMode):
                 "take the gradient without create_graph.")
         enabled = torch.is_grad_enabled()
         copy = func is aten.detach.default and self._autograd_copy()
-        out = func(*args, **(kwargs or {}))
+        out = self.conditions.run(func, args, kwargs or {})
         numbered = self.random_ops is not None and is_random(func)
         for node in reversed(self.graph.nodes):  # the nodes this op added, newest first
             if GRAD_ENABLED in node.meta:

@@ -24,6 +24,7 @@ and rooted like an error check, so that it runs once, in order, in the half eage
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -36,11 +37,12 @@ from . import regions
 from .hops import functionalize_hop
 from .inference import decompose_tracking_views, normal_views
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from ..tables import (ERROR_CHECKS, STORAGE_RESIZES, UNMARKED_MUTATIONS, has_effect,
-                      writes_a_tensor_list)
+from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, STORAGE_RESIZES,
+                      UNMARKED_MUTATIONS, has_effect, writes_a_tensor_list)
 from ..schema import PHASE, is_tangent
 
 FORWARD, BACKWARD = "forward", "backward"
+aten = torch.ops.aten
 
 
 def keep_when_unused() -> None:
@@ -76,6 +78,7 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         # base (by id). Autograd refuses it on a view of a leaf that requires grad, which
         # the trace's inputs are not (the analysis checks against the caller's).
         self.view_metadata_writes: list[int] = []
+        self.conditions = CheckedConditions()  # reading one traces a run-time check
 
     # Higher-order ops (cond, scan, invoke_subgraph...) look their rule up by the mode's
     # exact class: without this they would find none for a subclass. `__torch_dispatch__`
@@ -113,6 +116,8 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         out = decompose_tracking_views(self, func, args, kwargs)
         if out is not NotImplemented:
             return out
+        if self.conditions.read_as_bool(func, args):
+            return self._checked_true(args[0])
         if func is SET_FROM_TENSOR:
             self.set_calls.record(args)
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -122,6 +127,10 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             self.storage_bytes[id(args[0])] = args[1]
             with disable_proxy_modes_tracing():
                 return super().__torch_dispatch__(func, types, args, kwargs)
+        resizes = KERNEL_RESIZES.get(func)
+        if resizes is not None:
+            with self:  # traced as resizes of the inputs, which the runtime replays
+                resizes(*args, **(kwargs or {}))
         declared = UNMARKED_MUTATIONS.get(func)
         if declared is not None:
             with self:  # its ops are functionalized in turn
@@ -131,6 +140,7 @@ class CheckingFunctionalMode(FunctionalTensorMode):
                                self)
             if has_effect(func):
                 _tag_traced_effects(self.phase, func)
+            self.conditions.note(func, out)
             if writes_a_tensor_list(func):
                 # As eager's foreach kernels do: the runtime copies the count back to the
                 # inputs, and a value saved before the write fails autograd's check.
@@ -141,6 +151,50 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         result = func(*args, **kwargs)  # below functionalization: traced (or run) as is
         _tag_traced_check(func, self.phase)
         return result
+
+    def _checked_true(self, condition) -> bool:
+        """A checked condition read as a bool: True, with a check traced where the code read
+        it. Where it is False at run time, eager would have raised (a distribution's invalid
+        argument) or taken another branch: the check raises instead, never a silently
+        different result."""
+        with self:
+            aten._assert_async.msg(condition, CONDITION_FAILED)
+        return True
+
+
+class CheckedConditions:
+    """The results of `tables.CHECKED_CONDITIONS` a trace made, by id (with a weak reference
+    to tell an id reused by another tensor), and whether an op reads one as a Python bool."""
+
+    def __init__(self):
+        self._refs: dict[int, weakref.ref] = {}
+
+    def note(self, func, out) -> None:
+        if func in CHECKED_CONDITIONS:
+            self._refs[id(out)] = weakref.ref(out)
+
+    def read_as_bool(self, func, args) -> bool:
+        if func is not aten._local_scalar_dense.default:
+            return False
+        ref = self._refs.get(id(args[0]))
+        return ref is not None and ref() is args[0]
+
+    def run(self, func, args, kwargs):
+        """`func(*args, **kwargs)`, where reading a condition gives True: for a trace whose
+        inputs another graph checks (a double-backward replay of the forward's values)."""
+        if self.read_as_bool(func, args):
+            return True
+        out = func(*args, **kwargs)
+        self.note(func, out)
+        return out
+
+
+CONDITION_FAILED = (
+    "aotgrad: a condition the compiled function was traced as holding (torch._is_all_true: "
+    "torch.distributions' argument or sample validation, torch._check_tensor_all) is False "
+    "for these inputs, where eager raises its own error (a ValueError naming the invalid "
+    "parameter or value) or takes another branch. Call the function eagerly to see which, "
+    "or construct the distribution with validate_args=False")
 
 
 class EffectTokens(dict):

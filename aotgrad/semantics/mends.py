@@ -17,6 +17,10 @@ eager in ways a trace meets:
 And one difference our own mend makes: with mkldnn off, an LSTM under CPU autocast no longer
 runs in bfloat16 as eager's mkldnn kernel does (`lstm_autocast_as_mkldnn`).
 
+And one in torch's Python modules: BatchNorm with `momentum=None` reads its batch count as a
+Python float, which a trace cannot; traced, its cumulative average is computed with tensor
+ops (`cumulative_batch_norm`).
+
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
 refused by name (`generators_traceable`); a device's default generator passed by name means
@@ -32,7 +36,9 @@ import contextlib
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch._decomp import decompositions
+from torch.nn.modules.batchnorm import _BatchNorm
 
 
 @contextlib.contextmanager
@@ -47,6 +53,38 @@ def patched(owner, **values):
     finally:
         for name, value in originals.items():
             setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def cumulative_batch_norm():
+    """BatchNorm with `momentum=None` (a cumulative average, which
+    `torch.optim.swa_utils.update_bn` sets) reads its batch count as a Python float, its
+    factor: a trace cannot. Traced, such a module updates its statistics with tensor ops."""
+    original = _BatchNorm.forward
+
+    def forward(self, input):
+        if self.momentum is not None or not self.training or not self.track_running_stats \
+                or self.num_batches_tracked is None:
+            return original(self, input)
+        return _cumulative_batch_norm(self, input)
+
+    with patched(_BatchNorm, forward=forward):
+        yield
+
+
+def _cumulative_batch_norm(bn, input):
+    """Eager's update with its factor 1/count (a double, which the CPU kernel rounds to the
+    statistics' dtype): `factor * batch + (1 - factor) * running`. The kernel itself gives
+    the batch's statistics (mean, unbiased variance), written by momentum 1 into zeros."""
+    bn._check_input_dim(input)
+    bn.num_batches_tracked.add_(1)
+    batch = [torch.zeros_like(bn.running_mean), torch.zeros_like(bn.running_var)]
+    out = F.batch_norm(input, *batch, bn.weight, bn.bias, True, 1.0, bn.eps)
+    with torch.no_grad():
+        factor = bn.num_batches_tracked.double().reciprocal().to(bn.running_mean.dtype)
+        for running, value in zip((bn.running_mean, bn.running_var), batch):
+            running.copy_(factor * value + (1 - factor) * running)
+    return out
 
 
 @contextlib.contextmanager
