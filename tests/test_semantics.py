@@ -487,6 +487,39 @@ def test_save_on_cpu_keeps_gradients_right():
     torch.testing.assert_close(x.grad, x.exp() * (x + 1))
 
 
+def _sqrt_times_zero(x):
+    return (x.sqrt() * 0).sum()
+
+
+def _gradient_penalty(x):
+    (g,) = torch.autograd.grad(x.sin().sum(), x, create_graph=True)
+    return g.pow(2).sum()
+
+
+@DOORS
+def test_anomaly_mode_compiles_and_raises_on_nan_in_the_backward(door):
+    # The trace ran anomaly mode's NaN check on fake values and stopped at its `.item()`.
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    compiled = door(_sqrt_times_zero)
+    with torch.autograd.set_detect_anomaly(True):
+        out = compiled(x)
+        with pytest.raises(RuntimeError, match="returned nan values"):
+            out.backward()
+    assert torch.is_anomaly_check_nan_enabled()  # the caller's setting, restored
+
+
+def test_anomaly_mode_around_a_compile_that_differentiates_inside():
+    x = torch.randn(3, requires_grad=True)
+    with torch.autograd.set_detect_anomaly(True):
+        compile_eager(_gradient_penalty)(x).backward()
+        (gx,) = torch.autograd.grad(compile_eager(lambda x: x.sin().sum())(x), x,
+                                    create_graph=True)  # a double backward's replay
+    expected = x.detach().requires_grad_()
+    _gradient_penalty(expected).backward()
+    torch.testing.assert_close(x.grad, expected.grad)
+    torch.testing.assert_close(gx, x.cos())
+
+
 class _RotaryCache(torch.nn.Module):
     """A cache buffer forward registers again when a longer input comes (rotary embeddings'
     pattern), and a state buffer it rebinds at each call, keeping its graph."""

@@ -341,6 +341,20 @@ def differentiating():
 
 
 @contextlib.contextmanager
+def nan_checks_off():
+    """Anomaly mode (`set_detect_anomaly(True)`) without its NaN checks while tracing: on
+    fake values a backward node's check reads data (`.item()`) and would stop the trace. At
+    run time the compiled backward is one node of the engine's graph, whose outputs the
+    engine checks as it checks any node's (eager names the op, aotgrad the compiled node)."""
+    enabled, check_nan = torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
+    torch.set_anomaly_enabled(enabled, False)
+    try:
+        yield
+    finally:
+        torch.set_anomaly_enabled(enabled, check_nan)
+
+
+@contextlib.contextmanager
 def compiled_autograd_off():
     """Differentiate with autograd's own engine while tracing. Under torch's compiled
     autograd, every backward, the `torch.autograd.grad` a trace runs on fake tensors
