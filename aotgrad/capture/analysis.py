@@ -98,10 +98,11 @@ def saved_by_own_node(o: Any) -> tuple[str, int, int] | None:
     node = o.grad_fn if isinstance(o, torch.Tensor) and not is_size(o) else None
     if node is None:
         return None
-    custom = isinstance(node, torch.autograd.function.BackwardCFunction)  # ctx.saved_tensors
-    for name in ["saved_tensors"] if custom else dir(node):
-        if not name.startswith("_saved_") and not custom:
-            continue
+    if isinstance(node, torch.autograd.function.BackwardCFunction):  # a custom Function's
+        names = ["saved_tensors"]
+    else:  # a C++ node shows each saved value as an attribute
+        names = [name for name in dir(node) if name.startswith("_saved_")]
+    for name in names:
         try:
             value = getattr(node, name)
         except RuntimeError:  # modified in place since (stale.py's case) or freed

@@ -114,7 +114,9 @@ class SavedOutputs:
         ctx.saved_outputs = [(outs[k].detach(), outs[k]._version) for k, *_ in self.outputs]
 
     def check(self, ctx, grads: Sequence[Any]) -> None:
-        held = getattr(ctx, "saved_outputs", None)  # None: a tracer's stand-in ctx
+        # Not where Dynamo inlines this backward (torch's compiled autograd): the graph it
+        # captures runs again without this Python.
+        held = None if torch.compiler.is_compiling() else getattr(ctx, "saved_outputs", None)
         if held is None:
             return
         if not torch._C._autograd._get_current_graph_task_keep_graph():
