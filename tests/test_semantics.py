@@ -749,6 +749,14 @@ def saved_intermediate_then_mutated(x):
     return b, a  # a's backward does not read the old a: only b's raises
 
 
+def saved_result_then_mutated(x):
+    """Eager's error names tanh, whose saved result `add_` changed: the trace named `add_`,
+    the tensor's node when the backward read it."""
+    y = (x * 2).tanh()  # saves its result
+    y.add_(1)
+    return y
+
+
 def saved_input_for_one_output(x, w):
     a = x * w  # saves x for w's gradient
     x.add_(1)
@@ -777,6 +785,7 @@ STALE = [
     (saved_view_then_base_mutated, lambda: (torch.randn(3, 4), torch.randn(4, requires_grad=True)), [0]),
     (saved_intermediate_then_mutated, lambda: (nonleaf(4),), [0]),
     (saved_intermediate_then_mutated, lambda: (nonleaf(4),), [1]),
+    (saved_result_then_mutated, lambda: (nonleaf(4),), [0]),
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [0]),
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [1]),
     (saved_input_then_written_by_foreach, lambda: (nonleaf(3), torch.randn(3, requires_grad=True)),

@@ -162,7 +162,11 @@ def _describe(e: StaleSavedValue, args: Sequence[Any]) -> StaleSaved:
     i = next((j for j, a in enumerate(args) if a is base), None)
     node = None if t.grad_fn is None else t.grad_fn.name()
     as_passed = i is not None and t is base and node == "CloneBackward0"  # mutable_copies
-    return StaleSaved(tuple(t.shape), t.dtype, t.device, i, as_passed, node, t.output_nr,
+    output_nr = t.output_nr
+    if i is None:  # made inside: eager names its node when saved, not the op that changed it
+        node = None if e.node is None else e.node.name()
+        output_nr = e.output_nr
+    return StaleSaved(tuple(t.shape), t.dtype, t.device, i, as_passed, node, output_nr,
                       e.saved_version, t._version)
 
 
