@@ -346,12 +346,15 @@ def nan_checks_off():
     fake values a backward node's check reads data (`.item()`) and would stop the trace. At
     run time the compiled backward is one node of the engine's graph, whose outputs the
     engine checks as it checks any node's (eager names the op, aotgrad the compiled node)."""
-    enabled, check_nan = torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
-    torch.set_anomaly_enabled(enabled, False)
+    check_nan = torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
+    if not check_nan:  # the common case: the (process-wide) setting stays untouched
+        yield
+        return
+    torch.set_anomaly_enabled(True, False)
     try:
         yield
     finally:
-        torch.set_anomaly_enabled(enabled, check_nan)
+        torch.set_anomaly_enabled(True, True)
 
 
 @contextlib.contextmanager
