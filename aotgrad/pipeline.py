@@ -179,6 +179,7 @@ def _collector_paused():
 @one_compile_at_a_time
 @_collector_paused()
 @capture.global_state_restored_on_error()  # an error raised to the user's code
+@capture.nan_checks_off()
 @regions.reused_in_compile(lambda options: functools.partial(
     build_region, options, capture_and_analyze, lambda *args: _trace_joint(*args)))
 def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpec,

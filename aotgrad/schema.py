@@ -240,6 +240,11 @@ class OutputInfo:
     # A view of an input's `.detach()` (`x.detach()[1:]`, kind VIEW_OF_INPUT): rebuilt from
     # a detach of the input, whose version counter it shares as eager's does.
     detached_base: bool = False
+    # A plain output its own autograd node saved for its backward (exp, tanh, relu save
+    # their result): (node name, output number, version at the save). Eager's backward
+    # through it raises if the caller then changed it in place; the compiled backward may
+    # not read it at all, so the runtime checks its version (stale.SavedOutputs).
+    saved_by_node: tuple[str, int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The front doors: recompilation on a new signature, modules, compat names, export."""
 
+import contextlib
 import copy
 
 import pytest
@@ -187,6 +188,29 @@ def test_export_joint_simple_matches_functorch():
     assert len(ours_out) == len(theirs_out) == 2
     for x, y in zip(pytree.tree_leaves(ours_out), pytree.tree_leaves(theirs_out)):
         torch.testing.assert_close(x, y)
+
+
+class _SqrtTimesZeroLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return (self.fc(x).sqrt() * 0).sum()
+
+
+def test_the_export_doors_trace_under_anomaly_mode():
+    # Its NaN checks ran on the trace's fake values and stopped it at their `.item()`.
+    module, x = _SqrtTimesZeroLoss(), torch.randn(3, 2)
+    with torch.autograd.set_detect_anomaly(True):
+        joint = compat.aot_export_joint_simple(lambda a: ((a.sqrt() * 0).sum(),),
+                                               [torch.ones(2, requires_grad=True)],
+                                               trace_joint=True)
+        gm, _ = compat.aot_export_module(module, [x], trace_joint=True, output_loss_index=0)
+        with contextlib.ExitStack() as stack:
+            compat.aot_export_joint_with_descriptors(stack, module, (x,))
+        assert torch.is_anomaly_check_nan_enabled()
+    assert isinstance(joint, torch.fx.GraphModule) and isinstance(gm, torch.fx.GraphModule)
 
 
 def test_export_joint_simple_refuses_mutation():

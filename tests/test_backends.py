@@ -66,6 +66,23 @@ def test_inductor_backend_matches_eager_on_a_training_step():
     torch.testing.assert_close(got, w.grad)
 
 
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+def test_inductor_backward_takes_batched_gradients(door):
+    # is_grads_batched vmaps the backward: its gradients have no memory Inductor's kernels
+    # could read ("Cannot access data pointer of Tensor that doesn't have storage").
+    def fn(x, w):
+        return (x * w).sin(), x.cos().sum()
+    x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    compiled = (aotgrad.compile(fn, backend="inductor") if door == "compile"
+                else torch.compile(fn, backend="aotgrad"))
+    grads = torch.randn(5, 4, 3), torch.randn(5)
+    got = torch.autograd.grad(compiled(x, w), (x, w), grads, is_grads_batched=True)
+    torch.testing.assert_close(got, torch.autograd.grad(fn(x, w), (x, w), grads,
+                                                        is_grads_batched=True))
+    compiled(x, w)[1].backward()  # unbatched: Inductor's kernels
+    torch.testing.assert_close(x.grad, -x.sin())
+
+
 def test_a_boxed_backward_can_free_each_saved_value_early():
     """Nothing but the argument list may hold the saved values: a boxed backward clears it
     to free each one after its last use (peak memory depends on it)."""

@@ -65,6 +65,18 @@ def twice(step, module, compiler="eager"):
     return expected, actual, stats
 
 
+def test_batched_gradients_fall_back_to_eager_with_a_reason():
+    # The capture failed making fake tensors of the batched gradients ("meta converter nyi").
+    x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    fn = aotgrad.compile(lambda x, w: (x * w).sin(), backend="eager")
+    grads = torch.randn(5, 4, 3)
+    with aotgrad.compiled_autograd.enable("eager") as stats:
+        got = torch.autograd.grad(fn(x, w), (x, w), grads, is_grads_batched=True)
+    expected = torch.autograd.grad((x * w).sin(), (x, w), grads, is_grads_batched=True)
+    torch.testing.assert_close(got, expected)
+    assert len(stats.fallbacks) == 1 and "is_grads_batched" in stats.fallbacks[0]
+
+
 @pytest.mark.parametrize("front_door", ["eager", "aotgrad"])
 def test_mlp_backward_into_grad_across_steps(front_door):
     def step(m):

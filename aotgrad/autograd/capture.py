@@ -39,6 +39,11 @@ class Uncapturable(RuntimeError):
     """This backward cannot be captured: the engine runs it eagerly (api.py)."""
 
 
+def _batched(t: Any) -> bool:
+    is_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return isinstance(t, torch.Tensor) and is_batched is not None and is_batched(t)
+
+
 class MissingMethod(Uncapturable, AttributeError):
     """The engine called a method aotgrad's capture lacks (another torch release's)."""
 
@@ -61,6 +66,8 @@ class BackwardCapture(Trace):
         self.session.begin(self)
         if check_nans:
             raise Uncapturable("anomaly detection's NaN checks (detect_anomaly)")
+        if any(_batched(t) for t in inputs):  # no fake tensor stands for one
+            raise Uncapturable("batched gradients (autograd.grad(..., is_grads_batched=True))")
         self.key_parts = _lifted(inputs, sizes, origins)
         fakes, sym_sizes, sym_scalars = self.open(inputs, sizes, scalars, duck=True)
         # The program decides nothing about sizes (its formulas are calls): what the fake

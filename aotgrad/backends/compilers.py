@@ -182,7 +182,27 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     cudagraphs.report_inductor(info, compiled, was_graphed, body, example_inputs)
     if checks is not None:
         compiled = run_checks_after(as_boxed(compiled), checks, len(outputs))
-    return resolving_lazy_bits(compiled, example_inputs, gm)
+    compiled = resolving_lazy_bits(compiled, example_inputs, gm)
+    return batched_gradients_as_ops(compiled, gm) if info.role == "backward" else compiled
+
+
+def batched_gradients_as_ops(compiled: Callable, gm: fx.GraphModule) -> Callable:
+    """A boxed backward that runs `gm`'s ops one by one when its gradients are batched
+    (`torch.autograd.grad(..., is_grads_batched=True)` vmaps the backward): those hold no
+    memory for Inductor's kernels to read, where each ATen op has a batching rule."""
+    is_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    tangents = [i for i, n in enumerate(gm.graph.find_nodes(op="placeholder")) if is_tangent(n)]
+    if is_batched is None or not tangents:
+        return compiled
+    compiled = as_boxed(compiled)
+
+    def run(args):  # the common call only looks
+        for i in tangents:
+            if is_batched(args[i]):
+                return gm(*args)
+        return compiled(args)
+    run._boxed_call = True
+    return run
 
 
 def negate_negative_constants(gm: fx.GraphModule) -> None:

@@ -45,6 +45,7 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
             ops.returned(outs, f_args)
         versions = [version_of(a) for a in f_args]
         made_leaves = leaves_made_inside(outs, f_args)  # reads grad_fn: views replay here
+        saved = [saved_by_own_node(o) for o in outs]  # its saved values check versions here
     tensors = [a for a in f_args if isinstance(a, torch.Tensor)]  # not sizes
     for a in tensors:
         for inner in subclasses.unwrap(a):
@@ -56,17 +57,20 @@ def analyze(graph_fn: Callable, fake_args: Sequence[torch.Tensor], is_leaf: Sequ
     inputs = tuple(_input_info(f, leaf, b, v, s, mode.storage_bytes)
                    if isinstance(f, torch.Tensor) else SIZE_INPUT
                    for f, leaf, b, v, s in zip(f_args, is_leaf, before, versions, swapped))
-    return describe(inputs, f_args, outs, box, made_leaves)
+    return describe(inputs, f_args, outs, box, made_leaves, saved)
 
 
 def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[Any],
-             box: OutputBox, made_leaves: Sequence[bool] | None = None) -> FunctionInfo:
+             box: OutputBox, made_leaves: Sequence[bool] | None = None,
+             saved: Sequence[tuple | None] = ()) -> FunctionInfo:
     """The call's facts, from what it did to its inputs and the outputs it returned (`args`:
-    the inputs as the function saw them; `made_leaves`: `leaves_made_inside`, if known)."""
+    the inputs as the function saw them; `made_leaves`: `leaves_made_inside`, if known;
+    `saved`: `saved_by_own_node` per output, if known)."""
     outputs, num_bases = _classify_outputs(outs, args, box.input_aliases)
     if made_leaves is None:
         made_leaves = leaves_made_inside(outs, args)
     outputs = _with_made_leaves(outputs, outs, made_leaves)
+    outputs = tuple(_with_saver(o, s) for o, s in zip(outputs, saved)) + outputs[len(saved):]
     info = FunctionInfo(inputs, outputs, box.spec, num_bases, (), (), torch.is_grad_enabled())
     values = graph_outputs(info, args, outs)
     _refuse_history_under_inference_mode(
@@ -85,6 +89,35 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     )
     _check_leaf_mutations(info)
     return info
+
+
+def saved_by_own_node(o: Any) -> tuple[str, int, int] | None:
+    """Whether `o`'s autograd node saved `o` itself for its backward (`exp`, `tanh`, `relu`
+    save their result): its name, `o`'s output number and version; else None. A saved
+    output unpacks as a tensor whose grad_fn is the node that saved it."""
+    node = o.grad_fn if isinstance(o, torch.Tensor) and not is_size(o) else None
+    if node is None:
+        return None
+    if isinstance(node, torch.autograd.function.BackwardCFunction):  # a custom Function's
+        names = ["saved_tensors"]
+    else:  # a C++ node shows each saved value as an attribute
+        names = [name for name in dir(node) if name.startswith("_saved_")]
+    for name in names:
+        try:
+            value = getattr(node, name)
+        except RuntimeError:  # modified in place since (stale.py's case) or freed
+            continue
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if any(isinstance(v, torch.Tensor) and v.grad_fn is node and v.output_nr == o.output_nr
+               for v in values):
+            return node.name(), o.output_nr, o._version
+    return None
+
+
+def _with_saver(info: OutputInfo, saved: tuple[str, int, int] | None) -> OutputInfo:
+    plain = (info.kind is OutputKind.PLAIN and info.requires_grad and not info.made_leaf
+             and not info.returned_as_view and info.detached_from is None)
+    return dataclasses.replace(info, saved_by_node=saved) if plain and saved else info
 
 
 def _refuse_history_under_inference_mode(computed: Sequence[Any]) -> None:

@@ -342,6 +342,23 @@ def differentiating():
 
 
 @contextlib.contextmanager
+def nan_checks_off():
+    """Anomaly mode (`set_detect_anomaly(True)`) without its NaN checks while tracing: on
+    fake values a backward node's check reads data (`.item()`) and would stop the trace. At
+    run time the compiled backward is one node of the engine's graph, whose outputs the
+    engine checks as it checks any node's (eager names the op, aotgrad the compiled node)."""
+    check_nan = torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
+    if not check_nan:  # the common case: the (process-wide) setting stays untouched
+        yield
+        return
+    torch.set_anomaly_enabled(True, False)
+    try:
+        yield
+    finally:
+        torch.set_anomaly_enabled(True, True)
+
+
+@contextlib.contextmanager
 def compiled_autograd_off():
     """Differentiate with autograd's own engine while tracing. Under torch's compiled
     autograd, every backward, the `torch.autograd.grad` a trace runs on fake tensors
@@ -358,17 +375,19 @@ def compiled_autograd_off():
         bindings.set_autograd_compiler(compiler, dynamic)
 
 
-def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
-    return t, None if t.is_inference() else t._version
+def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None, tuple]:
+    # Its node now: eager's error names the node the value came from when it was saved,
+    # not the in-place op that later changed it.
+    return t, None if t.is_inference() else t._version, (t.grad_fn, t.output_nr)
 
 
 saved_values_hook = _pack  # the pack hook of functional_mode, by which oplog knows it
 
 
-def _unpack(saved: tuple[torch.Tensor, int | None]) -> torch.Tensor:
-    t, version = saved
+def _unpack(saved: tuple[torch.Tensor, int | None, tuple]) -> torch.Tensor:
+    t, version, origin = saved
     if version is not None and t._version != version:
-        raise StaleSavedValue(t, version)
+        raise StaleSavedValue(t, version, origin)
     return t
 
 
@@ -376,12 +395,13 @@ class StaleSavedValue(RuntimeError):
     """A value saved for the backward was modified in place before the backward read it
     (eager raises at that backward: stale.py)."""
 
-    def __init__(self, t: torch.Tensor, saved_version: int):
+    def __init__(self, t: torch.Tensor, saved_version: int, origin: tuple = (None, 0)):
         super().__init__(
             "one of the variables needed for gradient computation has been modified by an "
             f"inplace operation: a tensor of shape {list(t.shape)} is at version {t._version}; "
             f"expected version {saved_version} instead.")
         self.tensor, self.saved_version = t, saved_version
+        self.node, self.output_nr = origin  # its node and output number when saved
 
 
 def to_functional(args: Sequence[Any]) -> list[Any]:

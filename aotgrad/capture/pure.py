@@ -101,7 +101,8 @@ def analyze(graph_fn: Callable, fakes: Sequence[Any], is_leaf: Sequence[bool],
         _restore_requires_grad(fakes, requires_grad)  # requires_grad_() on an input:
         return None  # the functionalized analysis records it on a wrapper, not on the fake
     inputs = tuple(_input_info(f, leaf, rg) for f, leaf, rg in zip(fakes, is_leaf, requires_grad))
-    return analysis.describe(inputs, fakes, outs, box)
+    saved = [analysis.saved_by_own_node(o) for o in outs]
+    return analysis.describe(inputs, fakes, outs, box, saved=saved)
 
 
 def _input_info(fake: Any, is_leaf: bool, requires_grad: bool) -> InputInfo:

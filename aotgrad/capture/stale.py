@@ -91,6 +91,44 @@ class StaleBackward:
             raise RuntimeError(self.saved.error(ctx))
 
 
+@dataclass(frozen=True)
+class SavedOutputs:
+    """Outputs whose own eager node saved them (`exp`'s result), each (graph output index,
+    node name, output number, version at the save). The caller may change one in place
+    after the call; eager's backward through it then raises, where the compiled backward
+    reads its own saved values (x, to recompute the exp) and would run on."""
+
+    outputs: tuple[tuple[int, str, int, int], ...]
+
+    @staticmethod
+    def of(info: FunctionInfo) -> "SavedOutputs | None":
+        first = info.first_user_output
+        found = tuple((first + i, *o.saved_by_node) for i, o in enumerate(info.outputs)
+                      if o.saved_by_node is not None
+                      and first + i not in info.stale_outputs)
+        return SavedOutputs(found) if found else None
+
+    def hold(self, ctx, outs: Sequence[Any]) -> None:
+        """A detached alias of each (it shares the version counter, not the history: no
+        reference cycle through ctx), and its version now."""
+        ctx.saved_outputs = [(outs[k].detach(), outs[k]._version) for k, *_ in self.outputs]
+
+    def check(self, ctx, grads: Sequence[Any]) -> None:
+        # Not where Dynamo inlines this backward (torch's compiled autograd): the graph it
+        # captures runs again without this Python.
+        held = None if torch.compiler.is_compiling() else getattr(ctx, "saved_outputs", None)
+        if held is None:
+            return
+        if not torch._C._autograd._get_current_graph_task_keep_graph():
+            ctx.saved_outputs = None  # freed after this backward, as eager's saved output
+        for (k, node, output_nr, version), (alias, held_at) in zip(self.outputs, held):
+            if grads[k] is not None and alias._version != held_at:
+                saved = StaleSaved(tuple(alias.shape), alias.dtype, alias.device, None, False,
+                                   node, output_nr, version,
+                                   version + alias._version - held_at)
+                raise RuntimeError(saved.error(ctx))
+
+
 def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[Any],
                        fake_mode: Any) -> StaleBackward:
     """Run the function functionalized and differentiate each differentiable graph output
@@ -124,7 +162,11 @@ def _describe(e: StaleSavedValue, args: Sequence[Any]) -> StaleSaved:
     i = next((j for j, a in enumerate(args) if a is base), None)
     node = None if t.grad_fn is None else t.grad_fn.name()
     as_passed = i is not None and t is base and node == "CloneBackward0"  # mutable_copies
-    return StaleSaved(tuple(t.shape), t.dtype, t.device, i, as_passed, node, t.output_nr,
+    output_nr = t.output_nr
+    if i is None:  # made inside: eager names its node when saved, not the op that changed it
+        node = None if e.node is None else e.node.name()
+        output_nr = e.output_nr
+    return StaleSaved(tuple(t.shape), t.dtype, t.device, i, as_passed, node, output_nr,
                       e.saved_version, t._version)
 
 

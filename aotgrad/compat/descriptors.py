@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from ..capture import joint
-from ..capture.inputs import call_with_state, lift_state, state_swapped
+from ..capture.inputs import call_with_state, lift_state, nan_checks_off, state_swapped
 from ..api import CompiledFunction
 from ..schema import Backend, FunctionInfo
 from .config import config
@@ -137,6 +137,7 @@ class JointWithDescriptors:
     _keep_inference_input_mutations: bool
 
 
+@nan_checks_off()  # as compile_call: anomaly mode's NaN checks read fake data
 def export_joint(stack: contextlib.ExitStack, mod: torch.nn.Module, args, kwargs,
                  decompositions, keep_inference_input_mutations: bool) -> JointWithDescriptors:
     lifted = lift_state(mod)

@@ -19,7 +19,7 @@ from ..semantics import subclasses
 from .config import config
 from ..pipeline import capture_and_analyze
 from ..verify import verify
-from ..capture.inputs import call_with_state, lift_state
+from ..capture.inputs import call_with_state, lift_state, nan_checks_off
 from ..schema import TRACED_OUTPUTS, FunctionInfo, OutputKind, SubclassMeta, is_tangent
 
 
@@ -63,6 +63,7 @@ class ExportRequest:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+@nan_checks_off()  # as compile_call: anomaly mode's NaN checks read fake data
 def export_module(mod: torch.nn.Module, args: Sequence[Any], request: ExportRequest):
     if config.functionalize_rng_ops:  # torch's refusal, word for word
         raise RuntimeError(
@@ -195,6 +196,7 @@ def _signature(gm, info, params, buffers, wrt, loss_index, out_spec) -> ExportGr
     )
 
 
+@nan_checks_off()
 def aot_export_joint_simple(func: Callable, args: Sequence[Any], *, trace_joint: bool,
                             num_params_buffers: int = 0, decompositions=None) -> fx.GraphModule:
     """One functional graph of `func` (flat tensors in, flat tensors out), with no input

@@ -59,7 +59,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture.analysis import graph_outputs, version_of
 from ..schema import AUTOGRAD_COPY, GRAD_ENABLED, RANDOM_OP, FunctionInfo
-from ..capture.inputs import differentiating, fake_inputs
+from ..capture.inputs import differentiating, fake_inputs, nan_checks_off
 from ..backends.codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
 from ..semantics import checkpoints, effects, regions
@@ -207,6 +207,7 @@ def _said_for_symbolic_sizes(error: Exception, fake_mode: Any) -> Exception:
     return said
 
 
+@nan_checks_off()
 def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Tensor],
                  fake_mode: Any, autocast: tuple, random: ForwardRandomValues,
                  replayed_on_old_values: tuple[int, ...] = ()) -> Replay:

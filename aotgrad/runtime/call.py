@@ -23,7 +23,7 @@ from ..schema import FunctionInfo, OutputKind
 from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..semantics.subclasses import is_subclass
-from ..capture.stale import StaleBackward
+from ..capture.stale import SavedOutputs, StaleBackward
 from ..autograd import state as _compiled_autograd
 from .outputs import output_order
 from .mutations import BackwardWrites, mutation_steps, set_versions, version_or_none
@@ -107,6 +107,8 @@ class CompiledFunction(torch.autograd.Function):
             ctx.output_shapes = {i: _sized_like(outs[i]) for i in call.symbolic_tangents}
         sizes_at = len(outs) - plan.num_saved_sizes
         ctx.save_for_backward(*outs[plan.num_fw_outputs:sizes_at])
+        if call.saved_outputs is not None:
+            call.saved_outputs.hold(ctx, outs)
         ctx.saved_sizes = outs[sizes_at:]
         if call.unread_outputs:  # inputs or their aliases, which autograd would wrap in views
             outs = list(outs)
@@ -138,6 +140,8 @@ class CompiledFunction(torch.autograd.Function):
         call = ctx.call
         if call.stale is not None:  # eager's error, where eager's backward would raise it
             call.stale.check(ctx, grads)
+        if call.saved_outputs is not None:  # and where the caller changed such an output
+            call.saved_outputs.check(ctx, grads)
         metas = call.plan.info.graph_output_metas
         shapes = ctx.output_shapes if call.symbolic_tangents else {}
         tangents = [_tangent(grads[i], metas[i], shapes.get(i))
@@ -285,6 +289,7 @@ class CompiledCall:
         self.backward_keeping_saved = parts.keeping_saved
         self.backward_writes = parts.writes
         self.stale = parts.stale
+        self.saved_outputs = SavedOutputs.of(plan.info) if backward is not None else None
         self.compiled_autograd_ids: dict[tuple, int] = {}  # _region_key's, per saved sizes
         self._call_backward_directly_once_compiled()
         self._mutations = mutation_steps(plan.info, plan.copied_in_graph, plan.sizes)

@@ -102,8 +102,10 @@ def _forward(call: Any) -> Callable:
               "    ctx.materialize_grads = False\n"
               "    outs = _graph(list(inputs))\n"
               f"    ctx.to_save = tuple(outs[{n}:])\n"
-              f"    return ({outputs})\n")
-    scope = {"_hold": call.double_backward.hold, "_held": held_inputs, "_graph": call.forward}
+              + ("    _hold_outputs(ctx, outs)\n" if call.saved_outputs else "")
+              + f"    return ({outputs})\n")
+    scope = {"_hold": call.double_backward.hold, "_held": held_inputs, "_graph": call.forward,
+             "_hold_outputs": call.saved_outputs and call.saved_outputs.hold}
     return _generated(source, scope, "forward")
 
 
@@ -114,7 +116,8 @@ def _backward(call: Any, node: type, general: Callable) -> Callable:
     scope = {"_node": node, "_grad": torch.is_grad_enabled, "_ca": _compiled_autograd,
              "_general": general, "_call": call,
              "_keep_graph": torch._C._autograd._get_current_graph_task_keep_graph,
-             "_unreached": functools.partial(none_where_unreached, call.plan.unreached_grads)}
+             "_unreached": functools.partial(none_where_unreached, call.plan.unreached_grads),
+             "_check_outputs": call.saved_outputs and call.saved_outputs.check}
     tangents = []
     for i in call.tangent_outputs:
         scope[f"_zeros{i}"] = functools.partial(tangent, None, metas[i], None)
@@ -124,6 +127,8 @@ def _backward(call: Any, node: type, general: Callable) -> Callable:
     source = ("def backward(ctx, *grads):\n"
               "    if type(ctx) is not _node or _grad() or _ca.capturing:\n"
               "        return _general(ctx, *grads)\n"
+              # an output eager's node saved, changed by the caller since: eager's error
+              + ("    _check_outputs(ctx, grads)\n" if call.saved_outputs else "") +
               f"    args = [*ctx.saved_tensors, {', '.join(tangents)}]\n"
               # the backward may free each saved value after its last use: no other
               # reference may remain, neither autograd's (unless retain_graph) nor ours
