@@ -130,6 +130,7 @@ def test_a_step_under_detect_anomaly_matches_eager_and_raises_on_nan(door):
         for fn in (_matmul_sqrt, compiled):
             with pytest.raises(RuntimeError, match="returned nan values"):
                 fn(x, w).sum().backward()
+        assert torch.is_anomaly_check_nan_enabled()  # the caller's setting, restored
 
 
 def test_double_backward_through_a_custom_function_under_detect_anomaly():
@@ -532,25 +533,9 @@ def test_save_on_cpu_keeps_gradients_right():
     torch.testing.assert_close(x.grad, x.exp() * (x + 1))
 
 
-def _sqrt_times_zero(x):
-    return (x.sqrt() * 0).sum()
-
-
 def _gradient_penalty(x):
     (g,) = torch.autograd.grad(x.sin().sum(), x, create_graph=True)
     return g.pow(2).sum()
-
-
-@DOORS
-def test_anomaly_mode_compiles_and_raises_on_nan_in_the_backward(door):
-    # The trace ran anomaly mode's NaN check on fake values and stopped at its `.item()`.
-    x = torch.tensor([0.0, 1.0], requires_grad=True)
-    compiled = door(_sqrt_times_zero)
-    with torch.autograd.set_detect_anomaly(True):
-        out = compiled(x)
-        with pytest.raises(RuntimeError, match="returned nan values"):
-            out.backward()
-    assert torch.is_anomaly_check_nan_enabled()  # the caller's setting, restored
 
 
 def test_anomaly_mode_around_a_compile_that_differentiates_inside():

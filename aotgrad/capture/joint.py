@@ -338,13 +338,8 @@ def traced_grad(outputs, inputs, grad_outputs=None, **kwargs):
 
     Autocast is off meanwhile: eager's backward runs where `.backward()` is called, outside
     the forward's autocast region as torch advises, so a custom Function's backward (one
-    without `custom_bwd`) computes in the precision its operands have.
-
-    Anomaly detection's NaN checks are off too (`detect_anomaly()` around a training step):
-    the engine would read each fake gradient's values. At run time the engine checks the
-    compiled backward's gradients, where a NaN raises as in eager (naming that node)."""
-    with torch.autograd.set_multithreading_enabled(False), _autocast_off_everywhere(), \
-            torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False):
+    without `custom_bwd`) computes in the precision its operands have."""
+    with torch.autograd.set_multithreading_enabled(False), _autocast_off_everywhere():
         return torch.autograd.grad(outputs, inputs, grad_outputs, **kwargs)
 
 

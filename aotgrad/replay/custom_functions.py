@@ -314,11 +314,9 @@ def _differentiator(call: FunctionCall) -> Callable:
         outs, aliases = application[:num_outputs], application[num_outputs:]
         pairs = [(o, g) for o, g in zip(outs, grad_outputs) if g is not None]
         wrt = [a for a in aliases if a.requires_grad]
-        # Traced on fake values, which detect_anomaly's NaN checks cannot read.
-        with torch.autograd.set_detect_anomaly(torch.is_anomaly_enabled(), check_nan=False):
-            grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
-                                             create_graph=True, allow_unused=True)
-                         if wrt and pairs else ())
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
+                                         create_graph=True, allow_unused=True)
+                     if wrt and pairs else ())
         return tuple(next(grads) if a.requires_grad else None for a in aliases)
 
     backward_of_function.__name__ = f"backward_of_{_identifier(call.name)}"
