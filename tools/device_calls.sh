@@ -33,6 +33,13 @@ phases24)  # issue 20: Swin-T's cold compile (1.084x, session 22): Inductor's ph
   # against torch's, one fresh process each, and a cProfile of each first step
   TAIL=60 step phases 420 python bench/compile_stages.py --model swin_t --modes aotgrad,inductor \
     --timeout 200 --json $OUT/phases.json --profile $OUT/prof ;;
+verify25)  # session 24's two hunts merged (QAT observers, anomaly mode, distributions' checks,
+  # BatchNorm momentum=None, outputs eager's node saved, batched gradients) and the reuse-rule
+  # partition, on torch 2.11 + CUDA
+  TAIL=8 step verify25 440 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_semantics.py tests/test_unmarked_mutations.py tests/test_effects.py \
+    tests/test_batch_norm_devices.py tests/test_backends.py tests/test_api.py \
+    tests/test_aliasing.py tests/test_remat.py tests/test_memory.py ;;
 # Session 24 ran `verify24` (448 passed, 1 failed: padded_by_a_count on torch 2.11).
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
 # bench/results/h200-2026-11-30-session23. Next: `verify24`, `tp23` (x2), `deberta22`.
