@@ -720,14 +720,13 @@ def test_buffers_forward_binds_to_new_tensors_are_bound_after_each_call(backend)
 
 
 def test_a_data_dependent_value_torchs_module_reads_is_refused_naming_the_line():
-    """BatchNorm with momentum=None (a cumulative average) reads `float(num_batches_tracked)`:
-    the refusal spoke of `.item()`, which the user's code never calls; it names the line."""
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
-    with pytest.raises(NotImplementedError, match=r"batchnorm.py:\d+ \(`exponential_average"):
-        aotgrad.compile(model, backend="eager")(torch.randn(3, 4))
-    model.eval()  # no count read: compiled
-    x = torch.randn(3, 4)
-    torch.testing.assert_close(aotgrad.compile(model, backend="eager")(x), model(x))
+    """AdaptiveLogSoftmaxWithLoss takes `nonzero` of a mask of its target: the refusal names
+    the line in torch's module, not only the op. (BatchNorm with momentum=None, which read
+    its count, was the example before it was supported: test_batch_norm_devices.)"""
+    model = torch.nn.AdaptiveLogSoftmaxWithLoss(8, 10, [4])
+    x, target = torch.randn(5, 8), torch.tensor([0, 1, 5, 7, 9])
+    with pytest.raises(NotImplementedError, match=r"adaptive.py:\d+ \(`row_indices = "):
+        aotgrad.compile(model, backend="eager")(x, target)
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
