@@ -71,6 +71,7 @@ class CallLayout:
 
 
 def layout_call(flat_args: Sequence[Any], in_spec: pytree.TreeSpec) -> CallLayout:
+    refuse_opaque_tensors(flat_args, "an argument")
     first: dict[int, int] = {}
     graph_input: list[int | None] = []
     for a in flat_args:
@@ -80,6 +81,40 @@ def layout_call(flat_args: Sequence[Any], in_spec: pytree.TreeSpec) -> CallLayou
             graph_input.append(None)
     constants = tuple(None if g is not None else a for a, g in zip(flat_args, graph_input))
     return CallLayout(in_spec, tuple(graph_input), constants, tuple(_first_positions(graph_input)))
+
+
+def refuse_opaque_tensors(leaves: Sequence[Any], what: str) -> None:
+    """Refuse a pytree leaf that is an object holding tensors (a class or a dataclass that
+    pytree does not flatten). As an argument, a call is keyed by the object itself and its
+    tensors are baked into the graph: the same object holding another tensor later would
+    reuse the first call's values. As an output, the graph cannot return it."""
+    for leaf in leaves:
+        name = _tensor_attribute(leaf)
+        if name is not None:
+            raise NotImplementedError(
+                f"aotgrad: {what} of type {type(leaf).__name__} holds a tensor ({name!r}) that "
+                "pytree does not flatten: a compiled graph can neither follow nor return "
+                "it. Register "
+                "the type (torch.utils._pytree.register_dataclass or register_pytree_node), "
+                "pass its tensors themselves, or use torch.compile(backend='aotgrad').")
+
+
+def _tensor_attribute(value: Any) -> str | None:
+    """The name of an attribute of `value` holding a tensor (directly, or in a list, tuple
+    or dict); None if none does. Modules are left to their own door (their parameters are
+    inputs; a closed-over one is refused by the trace)."""
+    if isinstance(value, (torch.Tensor, torch.nn.Module, type)) or is_size(value):
+        return None
+    attributes = dict(getattr(value, "__dict__", None) or {})
+    for slot in getattr(type(value), "__slots__", ()):
+        if isinstance(slot, str) and hasattr(value, slot):
+            attributes[slot] = getattr(value, slot)
+    for name, item in attributes.items():
+        items = item.values() if isinstance(item, dict) else (
+            item if isinstance(item, (list, tuple)) else (item,))
+        if any(isinstance(x, torch.Tensor) for x in items):
+            return name
+    return None
 
 
 def _first_positions(graph_input: Sequence[int | None]) -> list[int]:
@@ -149,6 +184,7 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
         with mends.default_generators_dropped(), mends.cumulative_batch_norm(), \
                 _user_code_traced():
             flat_out, box.spec = flatten(fn(*args, **kwargs))
+        refuse_opaque_tensors(flat_out, "an output")
         return flat_out
 
     return graph_fn
