@@ -545,3 +545,12 @@ def test_a_registered_dataclass_in_and_out_matches_eager():
             torch.testing.assert_close((got.a, got.b), (want.a, want.b))
     finally:
         pytree._deregister_pytree_node(Pair)
+
+
+def test_a_module_passed_as_an_argument_to_a_compiled_function_is_refused():
+    """Its buffer was baked in: after `m.b = new`, the graph still read the old tensor."""
+    module = torch.nn.Module()
+    module.register_buffer("b", torch.ones(3))
+    compiled = aotgrad.compile(lambda m, x: x * m.b, backend="eager")
+    with pytest.raises(NotImplementedError, match="aotgrad: an argument of type Module .*'b'"):
+        compiled(module, torch.randn(3))

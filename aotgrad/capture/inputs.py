@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Sequence
@@ -96,15 +97,18 @@ def refuse_opaque_tensors(leaves: Sequence[Any], what: str) -> None:
                 "pytree does not flatten: a compiled graph can neither follow nor return "
                 "it. Register "
                 "the type (torch.utils._pytree.register_dataclass or register_pytree_node), "
-                "pass its tensors themselves, or use torch.compile(backend='aotgrad').")
+                "pass its tensors themselves, compile a module itself (aotgrad.compile("
+                "module)), or use torch.compile(backend='aotgrad').")
 
 
 def _tensor_attribute(value: Any) -> str | None:
     """The name of an attribute of `value` holding a tensor (directly, or in a list, tuple
-    or dict); None if none does. Modules are left to their own door (their parameters are
-    inputs; a closed-over one is refused by the trace)."""
-    if isinstance(value, (torch.Tensor, torch.nn.Module, type)) or is_size(value):
+    or dict; a module's parameter or buffer); None if none does."""
+    if isinstance(value, (torch.Tensor, type)) or is_size(value):
         return None
+    if isinstance(value, torch.nn.Module):  # the door for modules is aotgrad.compile(module)
+        state = itertools.chain(value.named_parameters(), value.named_buffers())
+        return next((name for name, _ in state), None)
     attributes = dict(getattr(value, "__dict__", None) or {})
     for slot in getattr(type(value), "__slots__", ()):
         if isinstance(slot, str) and hasattr(value, slot):
