@@ -87,7 +87,9 @@ def signature(flat_args, dynamic: bool = False) -> tuple:
     seen: dict[int, int] = {}
     parts: list[Hashable] = []
     for a in flat_args:
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, torch.Tensor) and subclasses.unsized_nested(a):
+            parts.append((type(a), id(a)))  # the compile refuses it, saying why
+        elif isinstance(a, torch.Tensor):
             strided = a.layout is torch.strided
             parts.append((type(a), a.shape, a.stride() if strided else None,
                           a.storage_offset() if strided else None, a.dtype, a.device, a.layout,
@@ -129,8 +131,7 @@ def _constant_key(value: Any) -> Hashable:
 
 
 class CompiledFunction:
-    """A function compiled ahead of time, one specialization per call signature (with
-    dynamic shapes, several per signature, told apart by their shape guards)."""
+    """A function compiled ahead of time: an entry per call signature (or shape guard)."""
 
     def __init__(self, fn: Callable, options: Options, max_entries: int = DEFAULT_MAX_ENTRIES,
                  watch_reads: bool = False):
