@@ -76,6 +76,20 @@ def test_a_change_compiles_again_and_matches_eager(change, tensor_check):
     assert len(f.entries) == 2
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_negative_zero_is_not_zero_and_nan_is_nan(dynamic):
+    """0.0 == -0.0 (and hash alike), yet `1 / (x * k)` is inf for one and -inf for the
+    other: the entry compiled for 0.0 served -0.0. nan != nan compiled at every call."""
+    fn = lambda x, k: 1 / (x * k)
+    f = aotgrad.compile(fn, backend="eager", dynamic=dynamic)
+    x = torch.ones(2)
+    for k in (0.0, -0.0, 0.0, -0.0):  # the second pair through the guards' fast path
+        assert torch.equal(f(x, k), fn(x, k)), k
+    f(x, float("nan"))
+    f(x, float("nan"))
+    assert f.num_compiles == 3
+
+
 def test_grad_mode_and_inference_mode_each_have_their_entry():
     f = compiled(lambda x: x * 2)
     x = torch.randn(3, requires_grad=True)
