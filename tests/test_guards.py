@@ -90,6 +90,35 @@ def test_negative_zero_is_not_zero_and_nan_is_nan(dynamic):
     assert f.num_compiles == 3
 
 
+_SIGNED_ZERO = 0.0
+
+
+def _reciprocal_of_signed_zero(x):
+    return 1 / (x * _SIGNED_ZERO)
+
+
+class _SignedZero(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 0.0
+
+    def forward(self, x):
+        return 1 / (x * self.k)
+
+
+def test_a_global_or_module_attribute_turning_to_negative_zero_compiles_again(monkeypatch):
+    x = torch.ones(2)
+    f = aotgrad.compile(_reciprocal_of_signed_zero, backend="eager")
+    f(x)
+    monkeypatch.setitem(globals(), "_SIGNED_ZERO", -0.0)
+    assert torch.equal(f(x), torch.full((2,), -float("inf")))
+    module = _SignedZero()
+    compiled = aotgrad.compile(module, backend="eager")
+    compiled(x)
+    module.k = -0.0
+    assert torch.equal(compiled(x), torch.full((2,), -float("inf")))
+
+
 def test_grad_mode_and_inference_mode_each_have_their_entry():
     f = compiled(lambda x: x * 2)
     x = torch.randn(3, requires_grad=True)
