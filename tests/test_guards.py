@@ -59,6 +59,7 @@ CHANGES = {  # (first call's arguments, second call's): the second must not reus
     "bool for int": ((torch.randn(3), 1), (torch.randn(3), True)),
     "tensor for constant": ((torch.randn(3), 2), (torch.randn(3), torch.tensor(2.0))),
     "argument count": ((torch.randn(3), 2), (torch.randn(3),)),
+    "negative zero": ((torch.randn(3), 0.0), (torch.randn(3), -0.0)),
 }
 
 
@@ -117,6 +118,15 @@ def test_a_global_or_module_attribute_turning_to_negative_zero_compiles_again(mo
     compiled(x)
     module.k = -0.0
     assert torch.equal(compiled(x), torch.full((2,), -float("inf")))
+
+
+def test_an_equal_slice_reuses_the_entry():
+    """Unhashable before Python 3.12: keyed by identity, every call compiled again."""
+    f = compiled(lambda x, s: x[s] * 2)
+    for _ in range(3):
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x, slice(1, 4)), x[1:4] * 2)
+    assert len(f.entries) == 1
 
 
 def test_grad_mode_and_inference_mode_each_have_their_entry():

@@ -235,6 +235,8 @@ def constant_key(value: Any) -> Hashable:
     """A constant argument's part of a call signature (`api.signature`)."""
     if isinstance(value, float):  # by its bits: 0.0 == -0.0 (1 / x differs), nan != nan
         return type(value), value.hex()
+    if type(value) is slice:  # unhashable before Python 3.12: by identity, each call compiled
+        return slice, tuple(map(constant_key, (value.start, value.stop, value.step)))
     try:
         hash(value)
     except TypeError:
