@@ -476,6 +476,21 @@ def test_a_strided_nested_input_is_refused_by_name(dynamic):
         compiled(nested)
 
 
+def test_a_view_error_is_the_runtime_error_eager_code_catches():
+    """Fake tensors' view check raised ValueError where eager's raises RuntimeError: the
+    user's fallback to reshape never ran and the compile failed."""
+    def f(x):
+        try:
+            return x.view(-1)
+        except RuntimeError:
+            return x.reshape(-1) * 2
+    x = torch.randn(2, 3).t().requires_grad_()
+    compiled = aotgrad.compile(f, backend="eager")
+    torch.testing.assert_close(compiled(x), f(x))
+    with pytest.raises(RuntimeError, match="view"):
+        aotgrad.compile(lambda t: t.view(-1), backend="eager")(x)
+
+
 def test_a_parameter_subclass_that_overrides_nothing_compiles_as_a_parameter():
     class Tagged(torch.nn.Parameter):
         pass
