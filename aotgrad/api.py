@@ -29,7 +29,8 @@ from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
 from .capture.inputs import TRACES, flatten, lift_state, state_swapped
 from .partition.budget import budget_partition
-from .runtime.guards import MISS, global_state, make_guard, make_guarded_run, plan_guard
+from .runtime.guards import (MISS, constant_key, global_state, make_guard, make_guarded_run,
+                             plan_guard)
 from .partition.remat import min_cut_rematerialization_partition
 from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
@@ -87,7 +88,9 @@ def signature(flat_args, dynamic: bool = False) -> tuple:
     seen: dict[int, int] = {}
     parts: list[Hashable] = []
     for a in flat_args:
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, torch.Tensor) and subclasses.unsized_nested(a):
+            parts.append((type(a), id(a)))  # the compile refuses it, saying why
+        elif isinstance(a, torch.Tensor):
             strided = a.layout is torch.strided
             parts.append((type(a), a.shape, a.stride() if strided else None,
                           a.storage_offset() if strided else None, a.dtype, a.device, a.layout,
@@ -95,7 +98,7 @@ def signature(flat_args, dynamic: bool = False) -> tuple:
             if type(a) not in _PLAIN_TENSORS and subclasses.is_subclass(a):
                 parts.append(subclasses.signature(a, seen))
         else:
-            parts.append(_constant_key(a))
+            parts.append(constant_key(a))
     return tuple(parts), global_state()
 
 
@@ -108,7 +111,7 @@ def _dynamic_signature(flat_args) -> tuple:
             parts.append((type(a), a.dim(), offset, a.dtype, a.device, a.layout,
                           a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
         else:
-            parts.append(_constant_key(a))
+            parts.append(constant_key(a))
     return tuple(parts), global_state()
 
 
@@ -120,17 +123,8 @@ def _shape_check(call: CompiledCall) -> Callable[[Sequence[Any]], bool] | None:
     return lambda flat: guard([flat[p] for p in positions])
 
 
-def _constant_key(value: Any) -> Hashable:
-    try:
-        hash(value)
-    except TypeError:
-        return type(value), id(value)
-    return type(value), value
-
-
 class CompiledFunction:
-    """A function compiled ahead of time, one specialization per call signature (with
-    dynamic shapes, several per signature, told apart by their shape guards)."""
+    """A function compiled ahead of time: an entry per call signature (or shape guard)."""
 
     def __init__(self, fn: Callable, options: Options, max_entries: int = DEFAULT_MAX_ENTRIES,
                  watch_reads: bool = False):

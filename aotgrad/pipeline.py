@@ -205,7 +205,9 @@ def compile_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
                 build = _build_training if c.info.needs_autograd else _build_inference
                 built = build(c, options, timer, program)
     # Last: backends add guards while compiling.
-    guard = shape_guard(c.fake_mode, c.fakes) if options.dynamic else None
+    # Over the graph inputs the call passes: aliased inputs' merged bases come after them.
+    graph_fakes = c.fakes[:len(c.layout.first_position)]
+    guard = shape_guard(c.fake_mode, graph_fakes) if options.dynamic else None
     labels = c.layout.placeholder_labels(built.graphs[0], capture.input_labels(
         named, in_spec, options.input_names))
     # The timer is the same dict: a backward compiled later adds its time.

@@ -2,6 +2,7 @@
 
 import contextlib
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -527,3 +528,53 @@ def test_a_gradient_penalty_through_spectral_norm_matches_eager_in_training_and_
     want = torch.autograd.grad(penalty(D), [D[2].weight])
     got = torch.autograd.grad(penalty(aotgrad.compile(D, backend="eager")), [D[2].weight])
     torch.testing.assert_close(got, want)
+
+
+class _Holder:
+    """A plain class pytree does not flatten, holding a tensor."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_an_argument_holding_a_tensor_pytree_cannot_see_is_refused(dynamic):
+    """Keyed by the object, its tensor baked in: eager reads `o.t` at each call, a graph
+    reused for the same object would keep the first call's tensor (silently stale)."""
+    compiled = aotgrad.compile(lambda o, x: x * o.t, backend="eager", dynamic=dynamic)
+    holder = _Holder(torch.ones(3))
+    with pytest.raises(NotImplementedError, match="aotgrad: an argument of type _Holder .*'t'"):
+        compiled(holder, torch.randn(3, requires_grad=True))
+
+
+def test_an_output_holding_a_tensor_pytree_cannot_see_is_refused():
+    compiled = aotgrad.compile(lambda x: _Holder(x * 2), backend="eager")
+    with pytest.raises(NotImplementedError, match="aotgrad: an output of type _Holder"):
+        compiled(torch.randn(3, requires_grad=True))
+
+
+def test_a_registered_dataclass_in_and_out_matches_eager():
+    @dataclasses.dataclass
+    class Pair:
+        a: torch.Tensor
+        b: torch.Tensor
+    pytree.register_dataclass(Pair)
+    try:
+        f = lambda p: Pair(p.a * p.b, p.b.sin())
+        compiled = aotgrad.compile(f, backend="eager")
+        for _ in range(2):  # the second call: the same graph, new tensors
+            p = Pair(torch.randn(3, requires_grad=True), torch.randn(3))
+            got, want = compiled(p), f(p)
+            assert type(got) is Pair and got.a.grad_fn is not None
+            torch.testing.assert_close((got.a, got.b), (want.a, want.b))
+    finally:
+        pytree._deregister_pytree_node(Pair)
+
+
+def test_a_module_passed_as_an_argument_to_a_compiled_function_is_refused():
+    """Its buffer was baked in: after `m.b = new`, the graph still read the old tensor."""
+    module = torch.nn.Module()
+    module.register_buffer("b", torch.ones(3))
+    compiled = aotgrad.compile(lambda m, x: x * m.b, backend="eager")
+    with pytest.raises(NotImplementedError, match="aotgrad: an argument of type Module .*'b'"):
+        compiled(module, torch.randn(3))

@@ -83,6 +83,21 @@ def test_inductor_backward_takes_batched_gradients(door):
     torch.testing.assert_close(x.grad, -x.sin())
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_constants_returned_beside_tensors_as_eager(backend):
+    """A float, a string, a dtype or a slice among the outputs: Inductor's lowering
+    asserted on them (the graph returns constants, functorch's convention), and the
+    partitioner hashed the graph's outputs (a slice is unhashable before Python 3.12)."""
+    def f(x):
+        return x * 2, 0.5, "s", torch.float16, slice(1, 2), Ellipsis
+    compiled = aotgrad.compile(f, backend=backend)
+    x = torch.randn(3, requires_grad=True)
+    out = compiled(x)
+    assert out[1:] == f(x)[1:]
+    out[0].sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+
+
 def test_a_boxed_backward_can_free_each_saved_value_early():
     """Nothing but the argument list may hold the saved values: a boxed backward clears it
     to free each one after its last use (peak memory depends on it)."""

@@ -345,6 +345,34 @@ def test_dynamo_size_inputs_and_outputs():
     assert counted.count() <= 2  # Dynamo may specialize the int at first, then generalize
 
 
+def test_dynamo_the_same_size_returned_for_several_outputs():
+    """Dynamo returns one SymInt for `x.shape[0]`, `x.size()[0]` and the first entry of a
+    `torch.Size` built from it: the runtime hands each out as an int, as eager does."""
+    def f(x):
+        return x.shape, x * 2, x.size(), torch.Size([x.shape[0], 7])
+    inputs = lambda: ((torch.randn(2 + call_index(), 3, requires_grad=True),), {})
+    check_case(Case("same_size_thrice", inputs, fn=f),
+               lambda fn: dynamo("eager")(fn).compile_fn, calls=3)
+
+
+def test_module_with_a_buffer_that_views_a_written_buffer_is_called_again():
+    """A buffer viewing another that the forward writes is merged with it (an aliasing
+    group); the shape guard reads the call's own inputs, not the group's base after them."""
+    class BufferView(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.zeros(4))
+            self.register_buffer("middle", self.b[1:3])
+            self.w = torch.nn.Parameter(torch.randn(2))
+
+        def forward(self, x):
+            self.b.add_(1)
+            return self.middle * self.w * x
+    inputs = lambda: ((torch.randn(2, requires_grad=True),), {})
+    check_case(Case("buffer_view_of_written_buffer", inputs, factory=BufferView),
+               lambda m: aotgrad.compile(m, backend="eager", dynamic=True), calls=3)
+
+
 def test_dynamo_automatic_dynamic_shapes_compile_once_more_then_reuse():
     torch._dynamo.reset()
     graphs = []

@@ -59,6 +59,7 @@ CHANGES = {  # (first call's arguments, second call's): the second must not reus
     "bool for int": ((torch.randn(3), 1), (torch.randn(3), True)),
     "tensor for constant": ((torch.randn(3), 2), (torch.randn(3), torch.tensor(2.0))),
     "argument count": ((torch.randn(3), 2), (torch.randn(3),)),
+    "negative zero": ((torch.randn(3), 0.0), (torch.randn(3), -0.0)),
 }
 
 
@@ -74,6 +75,58 @@ def test_a_change_compiles_again_and_matches_eager(change, tensor_check):
     assert out.requires_grad == fn(*second).requires_grad
     assert out.dtype == fn(*second).dtype
     assert len(f.entries) == 2
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_negative_zero_is_not_zero_and_nan_is_nan(dynamic):
+    """0.0 == -0.0 (and hash alike), yet `1 / (x * k)` is inf for one and -inf for the
+    other: the entry compiled for 0.0 served -0.0. nan != nan compiled at every call."""
+    fn = lambda x, k: 1 / (x * k)
+    f = aotgrad.compile(fn, backend="eager", dynamic=dynamic)
+    x = torch.ones(2)
+    for k in (0.0, -0.0, 0.0, -0.0):  # the second pair through the guards' fast path
+        assert torch.equal(f(x, k), fn(x, k)), k
+    f(x, float("nan"))
+    f(x, float("nan"))
+    assert f.num_compiles == 3
+
+
+_SIGNED_ZERO = 0.0
+
+
+def _reciprocal_of_signed_zero(x):
+    return 1 / (x * _SIGNED_ZERO)
+
+
+class _SignedZero(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = 0.0
+
+    def forward(self, x):
+        return 1 / (x * self.k)
+
+
+def test_a_global_or_module_attribute_turning_to_negative_zero_compiles_again(monkeypatch):
+    x = torch.ones(2)
+    f = aotgrad.compile(_reciprocal_of_signed_zero, backend="eager")
+    f(x)
+    monkeypatch.setitem(globals(), "_SIGNED_ZERO", -0.0)
+    assert torch.equal(f(x), torch.full((2,), -float("inf")))
+    module = _SignedZero()
+    compiled = aotgrad.compile(module, backend="eager")
+    compiled(x)
+    module.k = -0.0
+    assert torch.equal(compiled(x), torch.full((2,), -float("inf")))
+
+
+def test_an_equal_slice_reuses_the_entry():
+    """Unhashable before Python 3.12: keyed by identity, every call compiled again."""
+    f = compiled(lambda x, s: x[s] * 2)
+    for _ in range(3):
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x, slice(1, 4)), x[1:4] * 2)
+    assert len(f.entries) == 1
 
 
 def test_grad_mode_and_inference_mode_each_have_their_entry():

@@ -468,6 +468,30 @@ def test_a_sparse_input_is_refused_by_name_not_traced_as_dense(door):
         door(lambda s: s.to_dense() * 2)(sparse)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_strided_nested_input_is_refused_by_name(dynamic):
+    """The call signature asked its sizes, which it has not: torch's internal error."""
+    nested = torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])
+    compiled = aotgrad.compile(lambda t: t * 2, backend="eager", dynamic=dynamic)
+    with pytest.raises(NotImplementedError, match="aotgrad: graph input 0 is a nested tensor"):
+        compiled(nested)
+
+
+def test_a_view_error_is_the_runtime_error_eager_code_catches():
+    """Fake tensors' view check raised ValueError where eager's raises RuntimeError: the
+    user's fallback to reshape never ran and the compile failed."""
+    def f(x):
+        try:
+            return x.view(-1)
+        except RuntimeError:
+            return x.reshape(-1) * 2
+    x = torch.randn(2, 3).t().requires_grad_()
+    compiled = aotgrad.compile(f, backend="eager")
+    torch.testing.assert_close(compiled(x), f(x))
+    with pytest.raises(RuntimeError, match="view"):
+        aotgrad.compile(lambda t: t.view(-1), backend="eager")(x)
+
+
 def test_a_parameter_subclass_that_overrides_nothing_compiles_as_a_parameter():
     class Tagged(torch.nn.Parameter):
         pass

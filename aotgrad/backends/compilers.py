@@ -173,6 +173,7 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     was_graphed = bool(graphed.get("cudagraphs"))  # a box Inductor clears if it cannot record
     own_static_marks(example_inputs, info.static_inputs)
     negate_negative_constants(gm)
+    _constant_outputs_dropped(gm)
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
             cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode), \
             TracingContext.report_output_strides() as strides:
@@ -203,6 +204,18 @@ def batched_gradients_as_ops(compiled: Callable, gm: fx.GraphModule) -> Callable
         return compiled(args)
     run._boxed_call = True
     return run
+
+
+def _constant_outputs_dropped(gm: fx.GraphModule) -> None:
+    """None for the constants the graph returns (functorch's convention: `return x, 0.5`),
+    which the runtime takes from the analysis: Inductor's lowering accepts ints and None
+    only (a float, a string, a dtype or a slice failed its assertion)."""
+    output = gm.graph.output_node()
+    outs = output.args[0]
+    if any(not isinstance(o, (fx.Node, int, type(None))) for o in outs):
+        output.args = (tuple(o if isinstance(o, (fx.Node, int, type(None))) else None
+                             for o in outs),)
+        gm.recompile()
 
 
 def negate_negative_constants(gm: fx.GraphModule) -> None:

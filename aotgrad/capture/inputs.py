@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Sequence
@@ -71,6 +72,7 @@ class CallLayout:
 
 
 def layout_call(flat_args: Sequence[Any], in_spec: pytree.TreeSpec) -> CallLayout:
+    refuse_opaque_tensors(flat_args, "an argument")
     first: dict[int, int] = {}
     graph_input: list[int | None] = []
     for a in flat_args:
@@ -80,6 +82,43 @@ def layout_call(flat_args: Sequence[Any], in_spec: pytree.TreeSpec) -> CallLayou
             graph_input.append(None)
     constants = tuple(None if g is not None else a for a, g in zip(flat_args, graph_input))
     return CallLayout(in_spec, tuple(graph_input), constants, tuple(_first_positions(graph_input)))
+
+
+def refuse_opaque_tensors(leaves: Sequence[Any], what: str) -> None:
+    """Refuse a pytree leaf that is an object holding tensors (a class or a dataclass that
+    pytree does not flatten). As an argument, a call is keyed by the object itself and its
+    tensors are baked into the graph: the same object holding another tensor later would
+    reuse the first call's values. As an output, the graph cannot return it."""
+    for leaf in leaves:
+        name = _tensor_attribute(leaf)
+        if name is not None:
+            raise NotImplementedError(
+                f"aotgrad: {what} of type {type(leaf).__name__} holds a tensor ({name!r}) that "
+                "pytree does not flatten: a compiled graph can neither follow nor return "
+                "it. Register "
+                "the type (torch.utils._pytree.register_dataclass or register_pytree_node), "
+                "pass its tensors themselves, compile a module itself (aotgrad.compile("
+                "module)), or use torch.compile(backend='aotgrad').")
+
+
+def _tensor_attribute(value: Any) -> str | None:
+    """The name of an attribute of `value` holding a tensor (directly, or in a list, tuple
+    or dict; a module's parameter or buffer); None if none does."""
+    if isinstance(value, (torch.Tensor, type)) or is_size(value):
+        return None
+    if isinstance(value, torch.nn.Module):  # the door for modules is aotgrad.compile(module)
+        state = itertools.chain(value.named_parameters(), value.named_buffers())
+        return next((name for name, _ in state), None)
+    attributes = dict(getattr(value, "__dict__", None) or {})
+    for slot in getattr(type(value), "__slots__", ()):
+        if isinstance(slot, str) and hasattr(value, slot):
+            attributes[slot] = getattr(value, slot)
+    for name, item in attributes.items():
+        items = item.values() if isinstance(item, dict) else (
+            item if isinstance(item, (list, tuple)) else (item,))
+        if any(isinstance(x, torch.Tensor) for x in items):
+            return name
+    return None
 
 
 def _first_positions(graph_input: Sequence[int | None]) -> list[int]:
@@ -147,8 +186,9 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
         with mends.default_generators_dropped(), mends.cumulative_batch_norm(), \
-                _user_code_traced():
+                mends.EagerErrorTypes(), _user_code_traced():
             flat_out, box.spec = flatten(fn(*args, **kwargs))
+        refuse_opaque_tensors(flat_out, "an output")
         return flat_out
 
     return graph_fn

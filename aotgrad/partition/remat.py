@@ -471,7 +471,7 @@ def unwritten_unless_saved(j: Joint) -> frozenset[fx.Node]:
     does not return them; and the narrowing casts of the backward's that no backward kernel
     reads, which the forward makes only to save them."""
     computed = [n for n in j.module.graph.nodes if n in j.computed_forward]
-    returned = {n for n in j.fw_outputs if n is not None}
+    returned = {n for n in j.fw_outputs if isinstance(n, fx.Node)}  # not a constant (slice)
     candidates = fused_in_kernels(computed, kept=returned) | (j.forward - j.computed_forward)
     return frozenset(n for n in candidates if not backward_kernels_reading(n, j.forward))
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
@@ -231,9 +231,25 @@ def _tensor_terms(plan: GuardPlan, flat_args, scope: dict, dynamic: bool = False
     return [f"_tensors({args})"]
 
 
+def constant_key(value: Any) -> Hashable:
+    """A constant argument's part of a call signature (`api.signature`)."""
+    if isinstance(value, float):  # by its bits: 0.0 == -0.0 (1 / x differs), nan != nan
+        return type(value), value.hex()
+    if type(value) is slice:  # unhashable before Python 3.12: by identity, each call compiled
+        return slice, tuple(map(constant_key, (value.start, value.stop, value.step)))
+    try:
+        hash(value)
+    except TypeError:
+        return type(value), id(value)
+    return type(value), value
+
+
 def _constant_term(p: int, value: Any, scope: dict) -> str:
     if value is None or isinstance(value, bool):
         return f"a[{p}] is {value}"
+    if isinstance(value, float) and (value == 0 or value != value):  # as constant_key
+        scope[f"_t{p}"], scope[f"_c{p}"] = type(value), value.hex()
+        return f"type(a[{p}]) is _t{p} and a[{p}].hex() == _c{p}"
     scope[f"_t{p}"], scope[f"_c{p}"] = type(value), value  # nan and inf have no literal
     return f"type(a[{p}]) is _t{p} and a[{p}] == _c{p}"
 

@@ -412,6 +412,8 @@ def _same(now: Any, value: Any) -> bool:
         return False
     if type(value) is tuple:
         return len(now) == len(value) and all(map(_same, now, value))
+    if type(value) is float:  # by its bits: 0.0 == -0.0 (1 / x differs), nan != nan
+        return now.hex() == value.hex()
     return isinstance(value, _BY_VALUE) and now == value
 
 

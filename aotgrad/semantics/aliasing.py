@@ -357,6 +357,9 @@ def unview_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> None:
     gm.recompile()
 
 
+_SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def repeated_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> tuple[int, ...]:
     """The user outputs computed by the graph whose value the graph also returns for another
     user output, and that the runtime must hand out as tensors of their own (eager's are:
@@ -368,7 +371,10 @@ def repeated_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> tuple[int,
     groups: dict[fx.Node, list[int]] = {}
     for i, o in enumerate(info.outputs):
         node = outputs[first + i]
-        if o.kind is OutputKind.PLAIN and isinstance(node, fx.Node):
+        # A SymInt returned for several outputs (Dynamo's `x.shape, x.size()` under
+        # dynamic shapes) is a plain int for each: nothing to detach.
+        if (o.kind is OutputKind.PLAIN and isinstance(node, fx.Node)
+                and not isinstance(node.meta.get("val"), _SCALARS)):
             groups.setdefault(node, []).append(i)
     repeated = []
     for group in (g for g in groups.values() if len(g) > 1):

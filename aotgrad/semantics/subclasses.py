@@ -43,6 +43,12 @@ def is_subclass(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t)
 
 
+def unsized_nested(t: torch.Tensor) -> bool:
+    """A nested tensor of strided layout: asking its sizes raises (a jagged one is a
+    subclass, with sizes); `check_supported` refuses it."""
+    return t.is_nested and not is_subclass(t)
+
+
 def check_supported(t: torch.Tensor, what: str) -> None:
     """Refuse tensors a trace cannot stand in for: other layouts than strided (a sparse
     input's fake would be dense: its ops, and `is_sparse` branches, traced as dense ones),
