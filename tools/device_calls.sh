@@ -40,7 +40,13 @@ verify25)  # session 24's two hunts merged (QAT observers, anomaly mode, distrib
     tests/test_semantics.py tests/test_unmarked_mutations.py tests/test_effects.py \
     tests/test_batch_norm_devices.py tests/test_backends.py tests/test_api.py \
     tests/test_aliasing.py tests/test_remat.py tests/test_memory.py ;;
-# Session 24 ran `verify24` (448 passed, 1 failed: padded_by_a_count on torch 2.11).
+verify26)  # the edge-case hunt merged (float constants by their bits, unflattenable arguments
+  # refused, constant outputs, dynamic SymInt outputs) on torch 2.11 + CUDA
+  TAIL=8 step verify26 400 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_api.py tests/test_guards.py tests/test_backends.py tests/test_dynamic.py \
+    tests/test_semantics.py ;;
+# Session 24 ran `verify24`, `peak24`, `models24`, `phases24`, `verify25`, `verify26`:
+# bench/results/h200-2026-11-30-session24. Next: `tp23` (x2), `deberta22`.
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
 # bench/results/h200-2026-11-30-session23. Next: `verify24`, `tp23` (x2), `deberta22`.
 # Session 22 ran `verify22`, `verify22c`, `part22`, `cold22`, `stages22`:
