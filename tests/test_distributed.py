@@ -553,7 +553,9 @@ def test_ddp_python_reducer_torch_compiled_autograd(results):
 def test_ddp_python_reducer_aotgrad_compiled_autograd(results):
     """The same, captured by aotgrad.compiled_autograd: the all-reducing hooks are called
     from the captured graph (in a launch of its own: see OWN_LAUNCH)."""
-    for r in assert_like_eager(results, "ddp_python_reducer_aotgrad"):
+    # rtol 1e-4: the captured backward may add a bucket's gradients in another order than
+    # the engine; float32 rounding, seen once at 1.6e-5 of the loss in CI (two threads).
+    for r in assert_like_eager(results, "ddp_python_reducer_aotgrad", rtol=1e-4):
         assert r["backward_graphs"] >= 1 and r["all_reduce_in_backward"]
 
 

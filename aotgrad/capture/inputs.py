@@ -104,7 +104,7 @@ def refuse_opaque_tensors(leaves: Sequence[Any], what: str) -> None:
 def _tensor_attribute(value: Any) -> str | None:
     """The name of an attribute of `value` holding a tensor (directly, or in a list, tuple
     or dict; a module's parameter or buffer); None if none does."""
-    if isinstance(value, (torch.Tensor, type)) or is_size(value):
+    if isinstance(value, (torch.Tensor, type)) or is_size(value) or _is_device_mesh(value):
         return None
     if isinstance(value, torch.nn.Module):  # the door for modules is aotgrad.compile(module)
         state = itertools.chain(value.named_parameters(), value.named_buffers())
@@ -119,6 +119,13 @@ def _tensor_attribute(value: Any) -> str | None:
         if any(isinstance(x, torch.Tensor) for x in items):
             return name
     return None
+
+
+def _is_device_mesh(value: Any) -> bool:
+    """A DTensor's mesh: its tensor (the ranks' layout) is fixed when it is made, so the
+    mesh is a constant like any other (DTensor's flatten gives it as one)."""
+    mesh = getattr(getattr(torch.distributed, "device_mesh", None), "DeviceMesh", None)
+    return mesh is not None and isinstance(value, mesh)
 
 
 def _first_positions(graph_input: Sequence[int | None]) -> list[int]:
