@@ -29,6 +29,10 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+phases25)  # next session: phases24 in the other order (torch's process first), so that the two
+  # orders' geomean is a ratio (the first process is slower whichever mode it is)
+  TAIL=60 step phases 420 python bench/compile_stages.py --model swin_t --modes inductor,aotgrad \
+    --timeout 200 --json $OUT/phases.json ;;
 phases24)  # issue 20: Swin-T's cold compile (1.084x, session 22): Inductor's phases on our graphs
   # against torch's, one fresh process each, and a cProfile of each first step
   TAIL=60 step phases 420 python bench/compile_stages.py --model swin_t --modes aotgrad,inductor \
@@ -46,7 +50,7 @@ verify26)  # the edge-case hunt merged (float constants by their bits, unflatten
     tests/test_api.py tests/test_guards.py tests/test_backends.py tests/test_dynamic.py \
     tests/test_semantics.py ;;
 # Session 24 ran `verify24`, `peak24`, `models24`, `phases24`, `verify25`, `verify26`:
-# bench/results/h200-2026-11-30-session24. Next: `tp23` (x2), `deberta22`.
+# bench/results/h200-2026-11-30-session24. Next: `phases25`, `tp23` (x2), `deberta22`.
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
 # bench/results/h200-2026-11-30-session23. Next: `verify24`, `tp23` (x2), `deberta22`.
 # Session 22 ran `verify22`, `verify22c`, `part22`, `cold22`, `stages22`:
