@@ -21,7 +21,7 @@ the peak is.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 from torch import fx
 
@@ -29,16 +29,12 @@ from .memory import (REALIZE_READS_THRESHOLD, Buffers, base_of, fused_in_kernels
                      holds_tensors, is_alias, owners, program, realized_on_reuse, simulate,
                      tensor_bytes)
 
-Schedule = Callable[[Sequence[fx.Node]], list[fx.Node]]  # saved values -> backward order
-
-
-def saved_to_keep_inlined(saved: list[fx.Node], schedule: Schedule, forward: set[fx.Node],
+def saved_to_keep_inlined(order: list[fx.Node], forward: set[fx.Node],
                           grads: Sequence) -> list[fx.Node]:
-    """Recomputed forward values to save besides `saved`: for each backward value that the
-    reuse rule writes out, the recomputed values that it and the backward ops inlined into
-    it read, where they have fewer bytes than it, and saving them keeps it inlined without
-    raising the backward's simulated peak."""
-    order = schedule(saved)
+    """Recomputed forward values to save besides those the backward running `order` reads:
+    for each backward value that the reuse rule writes out, the recomputed values that it
+    and the backward ops inlined into it read, where they have fewer bytes than it, and
+    saving them keeps it inlined without raising the backward's simulated peak."""
     inlined = fused_in_kernels(order, kept=grads)
     written = realized_on_reuse(order, inlined)
     options = {value: frontier for value in order if value in written and value not in forward

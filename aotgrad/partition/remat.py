@@ -255,9 +255,9 @@ def min_cut_saved_values(joint: fx.GraphModule, num_fwd_outputs: int) -> list[fx
         spanning = [n for n in recomputed_across_kernels(joint, forward, saved, tangents, bw_roots)
                     if rules[n] == Rule.CHOOSE]  # not what a checkpoint policy decided
         spanning = saved_below_peak(spanning, joint, forward, saved, tangents, bw_roots, grads)
-        inlined = [n for n in saved_to_keep_inlined(
-            saved, lambda s: _schedule(joint, forward, s, tangents, bw_roots), forward, grads)
-            if rules[n] == Rule.CHOOSE]
+        order = _schedule(joint, forward, saved, tangents, bw_roots)
+        inlined = [n for n in saved_to_keep_inlined(order, forward, grads)
+                   if rules[n] == Rule.CHOOSE]
         if not spanning and not inlined:
             break
         stop = set(saved) | set(tangents)
