@@ -492,6 +492,72 @@ def test_a_view_error_is_the_runtime_error_eager_code_catches():
         aotgrad.compile(lambda t: t.view(-1), backend="eager")(x)
 
 
+_REFUSED_FOR_COMPLEX = {
+    "max": lambda x: x.max(), "min": lambda x: x.min(), "amax": lambda x: torch.amax(x, 0),
+    "max_dim": lambda x: x.max(0).values, "sort": lambda x: torch.sort(x).values,
+    "topk": lambda x: x.topk(2).values, "clamp": lambda x: x.clamp(min=0),
+    "cummax": lambda x: torch.cummax(x, 0).values, "floor": torch.floor,
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("op", list(_REFUSED_FOR_COMPLEX))
+def test_an_op_eager_refuses_for_complex_raises_eagers_error(op, dynamic):
+    """The meta kernel passed a complex input and autograd's complex-output check raised
+    RuntimeError, where eager's kernel raised first (NotImplementedError for `max`)."""
+    fn = _REFUSED_FOR_COMPLEX[op]
+    x = torch.randn(4, dtype=torch.cfloat, requires_grad=True)
+    with pytest.raises(Exception) as eager:
+        fn(x)
+    compiled = aotgrad.compile(fn, backend="eager", dynamic=dynamic)
+    with pytest.raises(Exception) as ours:
+        compiled(x)
+    assert (type(ours.value), str(ours.value)) == (type(eager.value), str(eager.value))
+
+
+def test_the_except_branch_eager_takes_for_a_refused_op_is_taken():
+    def f(x):
+        try:
+            return x.max() * 2
+        except NotImplementedError:
+            return x.abs().max()
+    x = torch.randn(4, dtype=torch.cfloat, requires_grad=True)
+    out = aotgrad.compile(f, backend="eager")(x)
+    torch.testing.assert_close(out, f(x))
+    torch.testing.assert_close(torch.autograd.grad(out, x), torch.autograd.grad(f(x), x))
+
+
+_COUNTED_CALLS = []
+
+
+@torch.library.custom_op("aotgrad_semantics::counted", mutates_args=())
+def _counted(x: torch.Tensor) -> torch.Tensor:
+    _COUNTED_CALLS.append(1)
+    return x.clone()
+
+
+@_counted.register_fake
+def _(x):
+    raise RuntimeError("counted: no fake kernel for this input")
+
+
+def test_an_op_of_another_library_that_fails_in_a_trace_is_not_run_eagerly_to_compare():
+    """Running it again on stand-ins, to find eager's error, would show: it counts calls."""
+    compiled = aotgrad.compile(lambda x: _counted(x) * 2, backend="eager")
+    with pytest.raises(RuntimeError, match="counted: no fake kernel"):
+        compiled(torch.randn(3))
+    assert _COUNTED_CALLS == []
+
+
+def test_an_aotgrad_refusal_is_not_replaced_by_eagers_error():
+    """Eager's `linear` refuses the complex input too; the trace's refusal of a closed-over
+    parameter names what to do, and stays."""
+    linear = torch.nn.Linear(4, 4)
+    compiled = aotgrad.compile(lambda x: linear(x).max(), backend="eager")
+    with pytest.raises(RuntimeError, match="aotgrad: linear reads a tensor"):
+        compiled(torch.randn(4, dtype=torch.cfloat))
+
+
 def test_a_parameter_subclass_that_overrides_nothing_compiles_as_a_parameter():
     class Tagged(torch.nn.Parameter):
         pass

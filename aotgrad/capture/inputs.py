@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.fx.experimental import _config as fx_config
 
-from ..semantics import checkpoints, mends, regions, subclasses
+from ..semantics import checkpoints, eager_errors, mends, regions, subclasses
 from ..semantics.dynamic import DynamicShapesUnsupported, is_size, symbolic_fake, symbolic_fake_mode
 from ..semantics.effects import CheckingFunctionalMode, refuse_effectful_op
 
@@ -193,7 +193,7 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
         with mends.default_generators_dropped(), mends.cumulative_batch_norm(), \
-                mends.EagerErrorTypes(), _user_code_traced():
+                eager_errors.EagerErrorTypes(), _user_code_traced():
             flat_out, box.spec = flatten(fn(*args, **kwargs))
         refuse_opaque_tensors(flat_out, "an output")
         return flat_out

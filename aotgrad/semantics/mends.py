@@ -239,16 +239,3 @@ def _is_default(g) -> bool:
         return g is torch.cuda.default_generators[g.device.index or 0]
     return g is torch.default_generator
 
-
-class EagerErrorTypes(torch.overrides.TorchFunctionMode):
-    """Around the user's code in a trace: an error a fake tensor's check raises as another
-    type than eager's kernel does, raised as eager's, so that the user's `except` takes
-    it as in eager (`try: x.view(-1) except RuntimeError: x.reshape(-1)`)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        try:
-            return func(*args, **(kwargs or {}))
-        except ValueError as error:  # torch's Python view check; eager's C++ one differs
-            if str(error).startswith("Cannot view a tensor"):
-                raise RuntimeError(str(error)) from error
-            raise

@@ -1,0 +1,144 @@
+"""Errors the user's code meets in a trace, raised as eager raises them.
+
+A fake tensor runs torch's meta kernels and Python checks, not eager's C++ kernels, so an op
+eager refuses can fail in a trace with another type or message, or not at the same check:
+`x.max()` on a complex tensor that requires grad passes the meta kernel and then fails
+autograd's complex-output check (RuntimeError), where eager's kernel raised
+NotImplementedError first. The user's `except` then takes another branch than in eager, and
+the message names a check eager never reached.
+
+So when an op fails in a trace, the same op runs once more, eagerly, on zero-filled
+stand-ins with its tensors' metadata (sizes, strides, dtype, device, requires_grad, whether
+a leaf); what eager raises there is raised instead. Only the failure path pays for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._dispatch.python import no_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..tables import has_effect
+
+# Errors whose exact type a kernel's check raises. Subclasses (fake tensors' data-dependent
+# errors, our own control-flow exceptions, linalg's errors on singular zeros) are left alone.
+_CHECK_ERRORS = (RuntimeError, NotImplementedError, ValueError, IndexError, TypeError)
+# The tensor types a stand-in can stand for: plain, and the trace's wrappers of plain ones.
+_PLAIN = (torch.Tensor, torch.nn.Parameter, FakeTensor, FunctionalTensor)
+# Calls whose outcome depends on the autograd graph behind their tensors, which stand-ins
+# lack.
+_GRAPH_READERS = frozenset({torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward})
+_TORCHS_NAMESPACES = frozenset({"aten", "prims"})
+# Stand-ins of more bytes than this are not made: the fake error is kept.
+_MAX_STAND_IN_BYTES = 1 << 28
+
+
+class EagerErrorTypes(torch.overrides.TorchFunctionMode):
+    """Around the user's code in a trace: an op that fails raises eager's error for it, so
+    that the user's `except` takes it as in eager (`try: x.view(-1) except RuntimeError:
+    x.reshape(-1)`, where the fake view check raises ValueError)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except _CHECK_ERRORS as error:
+            eager = _eager_error(error, func, args, kwargs) or _view_error(error)
+            if eager is None:
+                raise
+            raise eager from error
+
+
+def _eager_error(error: Exception, func, args, kwargs) -> Exception | None:
+    """Eager's error for `func(*args, **kwargs)`, where it differs from the trace's `error`;
+    None where the trace's stands (ours, not a check's, or nothing to compare with)."""
+    if type(error) not in _CHECK_ERRORS or str(error).startswith("aotgrad:"):
+        return None
+    if not _runs_again_unseen(func, args, kwargs):
+        return None
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            stand_in_args, stand_in_kwargs = pytree.tree_map_only(
+                torch.Tensor, _stand_in, (args, kwargs))
+    except _NoStandIn:
+        return None
+    eager = _raised(func, stand_in_args, stand_in_kwargs)
+    if type(eager) not in _CHECK_ERRORS:
+        return None
+    if type(eager) is type(error) and str(eager) == str(error):
+        return None
+    return type(eager)(str(eager))
+
+
+def _runs_again_unseen(func, args, kwargs) -> bool:
+    """Whether running `func` once more shows the user nothing: not a higher-order op (a
+    print, a region of the user's code), no op with effects or of another library than
+    torch's (a custom op may count its calls), no callable argument (it would run again)."""
+    if func in _GRAPH_READERS or isinstance(func, torch._ops.HigherOrderOperator):
+        return False
+    if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        if func.namespace not in _TORCHS_NAMESPACES or has_effect(func):
+            return False
+    leaves = pytree.tree_leaves((args, kwargs))
+    return not any(callable(leaf) and not isinstance(leaf, torch.Tensor) for leaf in leaves)
+
+
+def _view_error(error: Exception) -> Exception | None:
+    # Where no stand-in could be made: torch's Python view check raises ValueError, eager's
+    # C++ one RuntimeError.
+    if type(error) is ValueError and str(error).startswith("Cannot view a tensor"):
+        return RuntimeError(str(error))
+    return None
+
+
+def _raised(func, args, kwargs) -> Exception | None:
+    # Outside the trace's modes and the Python dispatcher: eager's kernels on real tensors.
+    # The CPU random state is put back, since an op that passes here may have drawn from it.
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), no_python_dispatcher(), \
+            torch.random.fork_rng(devices=[]):
+        try:
+            func(*args, **kwargs)
+        except Exception as eager:  # whatever it is, the caller compares its type
+            return eager
+    return None
+
+
+class _NoStandIn(Exception):
+    pass
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    """Zeros with `t`'s metadata, a leaf or not as `t` is."""
+    if type(t) not in _PLAIN or t.layout != torch.strided or t.is_nested:
+        raise _NoStandIn
+    sizes = [_concrete(n) for n in t.shape]
+    strides = [_concrete(n) for n in t.stride()]
+    extent = 0 if 0 in sizes else 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
+    if extent * t.element_size() > _MAX_STAND_IN_BYTES:
+        raise _NoStandIn
+    try:
+        stand_in = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+    except (RuntimeError, TypeError) as error:  # a device this process has not got
+        raise _NoStandIn from error
+    stand_in.untyped_storage().fill_(0)
+    stand_in.requires_grad_(t.requires_grad)
+    if t.requires_grad and not t.is_leaf:
+        with torch.enable_grad():
+            return stand_in.clone()
+    return stand_in
+
+
+def _concrete(n: Any) -> int:
+    """A size as an int: a symbolic one by its hint (no guard is added)."""
+    if isinstance(n, int):
+        return n
+    hint = getattr(getattr(n, "node", None), "hint", None)
+    if hint is None:
+        raise _NoStandIn
+    return int(hint)
