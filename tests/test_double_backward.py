@@ -798,6 +798,45 @@ def test_gradient_penalty_through_a_checkpoint_that_draws_or_selects_matches_eag
     assert_penalty_matches_from_one_seed(eager, door)
 
 
+def _sin_of_matmul(x, w):
+    return torch.sin(x @ w).cos() * x
+
+
+def _selectively_checkpointed(x, w):
+    context_fn = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
+    return torch.utils.checkpoint.checkpoint(_sin_of_matmul, x, w, use_reentrant=False,
+                                             context_fn=context_fn).sum()
+
+
+def _plainly_checkpointed(x, w):
+    return torch.utils.checkpoint.checkpoint(_sin_of_matmul, x, w, use_reentrant=False).sum()
+
+
+def _second_order_and_again(fn, x, w) -> tuple:
+    """A double backward whose second backward reads the region's saved values (`sin`
+    saves the cached matmul), then a first-order backward of the same output again."""
+    out = fn(x, w)
+    gx, gw = torch.autograd.grad(out, (x, w), create_graph=True)
+    second = torch.autograd.grad(gx.pow(2).sum() + gw.sum(), (x, w), retain_graph=True)
+    return second + torch.autograd.grad(out, (x, w))
+
+
+@FAST_DOORS
+def test_backward_twice_through_a_selective_checkpoint_gives_the_unchecked_gradients(door):
+    """Eager's selective checkpoint pops its cached values at the first backward that
+    recomputes the region, so a second one that reads them (a double backward, a backward
+    with the graph retained) raises. aotgrad keeps its saved values and replays the region
+    as if unchecked: the gradients of eager without the checkpoint, and of eager's plain
+    checkpoint, which takes a second backward. Kept, not refused (docs/behaviour.md)."""
+    x, w = leaf(3, 4), leaf(4, 4)
+    with pytest.raises(RuntimeError, match="only allowed to backward once"):
+        _second_order_and_again(_selectively_checkpointed, x, w)
+    expected = _second_order_and_again(lambda x, w: _sin_of_matmul(x, w).sum(), x, w)
+    torch.testing.assert_close(_second_order_and_again(_plainly_checkpointed, x, w), expected)
+    actual = _second_order_and_again(door(_selectively_checkpointed), x, w)
+    torch.testing.assert_close(actual, expected)
+
+
 class CheckpointedBlock(nn.Module):
     def __init__(self, block: nn.Module, context_fn=None):
         super().__init__()
