@@ -382,6 +382,22 @@ def view_of_custom_function_output(x):
     return HalfGradIdentity.apply(x)[1:]
 
 
+class Square(torch.autograd.Function):
+    """x * x with its own backward, which reads the input it saved: a Function whose
+    backward a double backward must differentiate (tests/test_semantics.py,
+    tests/test_compiled_autograd.py)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
 class ZeroSavedInBackward(torch.autograd.Function):
     """Saves a tensor and zeroes it in backward: eager changes the caller's tensor then."""
 

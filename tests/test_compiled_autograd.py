@@ -12,6 +12,7 @@ import torch
 
 import aotgrad
 from aotgrad import compiled_autograd
+from corpus import Square
 from harness import compare_values
 
 from aotgrad.autograd import api as api_module, specialize as specialize_module
@@ -392,17 +393,6 @@ def test_final_callbacks_a_hook_queues_run_as_eager(compiler):
 def test_a_gradient_penalty_through_a_region_holding_a_custom_function():
     # create_graph=True replays the region, running autograd.grad on the Function's own
     # application inside the captured backward: the engine refused it (NotImplementedError).
-    class Square(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return 2 * x * g
-
     class Squared(torch.nn.Module):
         def __init__(self, inner):
             super().__init__()

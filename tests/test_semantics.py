@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import aotgrad
 from aotgrad.compat import aot_function, nop
+from corpus import Square
 
 
 def compile_eager(fn):
@@ -135,17 +136,6 @@ def test_a_step_under_detect_anomaly_matches_eager_and_raises_on_nan(door):
 
 def test_double_backward_through_a_custom_function_under_detect_anomaly():
     """The replay of a custom Function's backward took its gradient with the NaN checks on."""
-    class Square(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return 2 * x * g
-
     def g(x, w):
         return Square.apply(x @ w).sum()
 
