@@ -85,7 +85,8 @@ ALLOWED_INPUT_MUTATIONS = frozenset({
 
 # Arguments whose values an op's outputs do not read when its `training` flag is True (or
 # always): batch norm in training mode normalizes with the batch's own statistics and only
-# updates the running ones (some schemas do not even mark the update: native_batch_norm).
+# updates the running ones (some schemas do not even mark the update: native_batch_norm;
+# the functional one returns them, `STATS_UPDATED_AS_OUTPUTS`).
 # op -> (argument names, position of the flag or None)
 _RUNNING_STATS = ("running_mean", "running_var")
 UNREAD_WHEN_TRAINING = {
@@ -96,13 +97,13 @@ UNREAD_WHEN_TRAINING = {
     aten.miopen_batch_norm.default: (_RUNNING_STATS, 5),
     aten.native_batch_norm_backward.default: (_RUNNING_STATS, 7),
     aten.batch_norm_backward.default: (_RUNNING_STATS, 7),
+    aten._native_batch_norm_legit_functional.default: (_RUNNING_STATS, 5),
 }
 
-
-# Functional batch norms of the compiled forward graph: in training mode their running
-# statistics reach only the updated ones. op -> (their positions, the flag's, the outputs)
-RUNNING_STATS_REACH = {
-    aten._native_batch_norm_legit_functional.default: ((3, 4), 5, (3, 4)),
+# The outputs a functional batch norm returns its updated running statistics as: the only
+# ones its old statistics reach (the in-place ops above update them in place instead).
+STATS_UPDATED_AS_OUTPUTS = {
+    aten._native_batch_norm_legit_functional.default: (3, 4),
 }
 
 # ---- rematerialization ---------------------------------------------------------------------

@@ -170,6 +170,29 @@ def test_only_buffers_whose_old_value_is_read_are_held():
     assert len(sn_call.double_backward.old_values) == 2  # one vector per normalized layer
 
 
+def test_what_a_value_reaches_skips_unread_statistics_and_follows_writes_through_views():
+    """`old_values.reached_from`, which both the forward's held old values and the replay's
+    refusal ask: a functional batch norm's running mean reaches only the updated statistics;
+    an in-place write through a view reaches the readers of the viewed tensor."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from aotgrad.replay.old_values import reached_from
+    aten = torch.ops.aten
+
+    def f(x, running_mean, z):
+        out = aten._native_batch_norm_legit_functional(
+            x, None, None, running_mean, torch.ones(3), True, 0.1, 1e-5)
+        z.view(-1).add_(out[0].sum())
+        return out[0] * 2, out[3] + 1, z * 3
+
+    graph = make_fx(f)(torch.randn(4, 3), torch.zeros(3), torch.zeros(2, 2)).graph
+    x, running_mean, z = graph.find_nodes(op="placeholder")
+    normalized, new_mean, z_read = graph.output_node().args[0]
+    assert new_mean in reached_from(running_mean)
+    assert normalized not in reached_from(running_mean)
+    assert {normalized, z, z_read} <= reached_from(x)
+    assert normalized not in reached_from(z)
+
+
 def second_derivative_residual(model, x):
     """A physics-informed loss: u'' + u = 0 at collocation points x."""
     u = model(x)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -66,9 +65,9 @@ from ..semantics import checkpoints, effects, regions
 from ..semantics.dynamic import no_new_guards
 from ..capture.joint import fake_tangents, input_grads, mutable_copies
 from ..capture.oplog import autograd_nodes
-from .old_values import with_old_values
+from .old_values import refuse_old_values_of_mutated_inputs, with_old_values
 from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random
-from ..tables import ERROR_CHECKS, UNREAD_WHEN_TRAINING, VIEWS_IN_PRACTICE, written_arguments
+from ..tables import ERROR_CHECKS
 
 _DEVICES = ("cpu", "cuda")
 aten = torch.ops.aten
@@ -517,81 +516,6 @@ def _random_refusal(what: str) -> NotImplementedError:
         f"draws random numbers is not supported for {what}: a replay would draw new ones. "
         "Call the random op outside the compiled function, or use eval mode for the "
         "gradient penalty.")
-
-
-def refuse_old_values_of_mutated_inputs(graph: fx.Graph, info: FunctionInfo,
-                                        exempt: tuple[int, ...] = ()) -> None:
-    """The inputs a replay gets hold their values after the call, but for those `exempt`
-    (old_values_read); refuse where the gradients depend on the value before a mutation by
-    the function."""
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    for i, (node, x) in enumerate(zip(placeholders, info.inputs)):
-        if x.mutated and i not in exempt and graph.output_node() in tainted_by(node):
-            raise NotImplementedError(
-                f"aotgrad: double backward (create_graph=True) through a compiled function "
-                f"that mutates input {i} (shape {list(node.meta['val'].shape)}) in place is "
-                "not supported when the gradients depend on its old value (e.g. BatchNorm's "
-                "running statistics in training mode): the input now holds the new value. "
-                "Move the mutation out of the compiled function.")
-
-
-def tainted_by(source: fx.Node) -> set[fx.Node]:
-    """Every node whose value may depend on `source`'s: its users, transitively, and every
-    reader of memory that a tainted in-place op writes (views of one storage alias)."""
-    roots = _alias_roots(source.graph)
-    members: dict[fx.Node, list[fx.Node]] = {}
-    for node, root in roots.items():
-        members.setdefault(root, []).append(node)
-    tainted: set[fx.Node] = set()
-    stack = [source]
-    while stack:
-        node = stack.pop()
-        if node in tainted:
-            continue
-        tainted.add(node)
-        stack.extend(user for user in node.users if not _unread_by(user, node))
-        for written in _written_args(node):
-            stack.extend(members.get(roots.get(written, written), ()))
-    return tainted
-
-
-def _unread_by(user: fx.Node, node: fx.Node) -> bool:
-    """`user` takes `node` only as arguments whose values it does not read (tables.py)."""
-    entry = UNREAD_WHEN_TRAINING.get(user.target)
-    if entry is None or node in user.kwargs.values():
-        return False
-    names, training = entry
-    if training is not None and user.args[training] is not True:
-        return False
-    schema = user.target._schema.arguments
-    return all(schema[k].name in names for k, a in enumerate(user.args) if a is node)
-
-
-def _alias_roots(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
-    """Each node's storage root: the first node of its chain of views and in-place results."""
-    roots: dict[fx.Node, fx.Node] = {}
-    for node in graph.nodes:
-        base = node.args[0] if _aliases_first_arg(node) else None
-        roots[node] = roots.get(base, base) if isinstance(base, fx.Node) else node
-    return roots
-
-
-def _aliases_first_arg(node: fx.Node) -> bool:
-    target = node.target
-    if node.op != "call_function" or not node.args:
-        return False
-    if target is operator.getitem:
-        return isinstance(node.args[0], fx.Node) and _aliases_first_arg(node.args[0])
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    returns = target._schema.returns
-    return (target.is_view or target in VIEWS_IN_PRACTICE
-            or bool(returns) and returns[0].alias_info is not None)
-
-
-def _written_args(node: fx.Node) -> list[fx.Node]:
-    return [v for v in written_arguments(node.target, node.args, node.kwargs)
-            if isinstance(v, fx.Node)]
 
 
 def _mutates(node: fx.Node) -> bool:
