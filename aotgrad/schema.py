@@ -241,10 +241,11 @@ class OutputInfo:
     # a detach of the input, whose version counter it shares as eager's does.
     detached_base: bool = False
     # A plain output its own autograd node saved for its backward (exp, tanh, relu save
-    # their result): (node name, output number, version at the save). Eager's backward
-    # through it raises if the caller then changed it in place; the compiled backward may
-    # not read it at all, so the runtime checks its version (stale.SavedOutputs).
-    saved_by_node: tuple[str, int, int] | None = None
+    # their result): (node name, output number, version at the save); the name is None
+    # where unknown (capture/own_saves.py). Eager's backward through it raises if the
+    # caller then changed it in place; the compiled backward may not read it at all, so
+    # the runtime checks its version (stale.SavedOutputs).
+    saved_by_node: tuple[str | None, int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ compares gradients (and hook calls, their order, errors)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 
@@ -344,6 +345,38 @@ def test_custom_function_backward_runs_opaquely_each_time():
     expected, actual, stats = twice(step, mlp())
     assert expected == actual == 2
     assert stats.opaque == ["Scale"]
+
+
+@pytest.mark.parametrize("front_door", ["eager", "dynamo"])
+def test_an_output_its_node_saved_changed_after_the_call_raises_as_eager(front_door):
+    # A capture reused for a later backward runs without the region's Python check: the
+    # region's key says which such outputs the caller changed.
+    fn = lambda x: (x * 2).exp()  # noqa: E731
+    compiled = (aotgrad.compile(fn, backend="eager") if front_door == "eager" else
+                torch.compile(fn, backend=aotgrad.backend(backend="eager")))
+
+    def step(f, change, capture):
+        x = torch.randn(3, requires_grad=True)
+        y = f(x)
+        with torch.no_grad():
+            for _ in range(change):
+                y.add_(1)
+        try:
+            with compiled_autograd.enable("eager") if capture else contextlib.nullcontext():
+                y.sum().backward()
+        except RuntimeError as e:
+            return str(e)
+        return x.grad
+    for change in (0, 2, 0, 1):
+        torch.manual_seed(change)
+        expected = step(fn, change, False)
+        torch.manual_seed(change)
+        got = step(compiled, change, True)
+        assert isinstance(expected, str) == bool(change)
+        if change:
+            assert got == expected
+        else:
+            torch.testing.assert_close(got, expected)
 
 
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])

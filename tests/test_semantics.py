@@ -679,17 +679,71 @@ class _ExpSavingItsResult(torch.autograd.Function):
         return grad * y
 
 
-@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
-def test_a_functions_output_its_ctx_saved_changed_after_the_call_raises_as_eager(door):
-    # Through Dynamo the Function is one higher-order op, whose node the analysis does not see.
+class _TwoSavingTheirResults(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y, z = x.exp(), x.tanh()
+        ctx.save_for_backward(z, y)
+        return y, z
+
+    @staticmethod
+    def backward(ctx, gy, gz):
+        z, y = ctx.saved_tensors
+        return gy * y + gz * (1 - z * z)
+
+
+@DOORS
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_functions_output_its_ctx_saved_changed_after_the_call_raises_as_eager(door, k):
+    # Through Dynamo the Function is one higher-order op (autograd_function_apply), whose
+    # node keeps the saved values where autograd checks no version: the gradient came from
+    # the changed value, silently.
     def fn(x):
-        return _ExpSavingItsResult.apply(x * 2), (x * 3).sum()
+        return _ExpSavingItsResult.apply(x * 2), *_TwoSavingTheirResults.apply(x * 3)
+
+    def change(outs):
+        with torch.no_grad():
+            outs[k].mul_(2)
+            outs[k].add_(1)
 
     def backward(outs):
-        outs[0].sum().backward()
-    expected = _change_after_the_call(fn, _in_place_without_grad_first, backward)
-    assert "output 0 of _ExpSavingItsResult" in expected
-    assert _change_after_the_call(door(fn), _in_place_without_grad_first, backward) == expected
+        outs[k].sum().backward()
+    expected = _change_after_the_call(fn, change, backward)
+    assert f"output 0 of {['_ExpSavingItsResult', '_TwoSavingTheirResults'][k]}" in expected
+    assert "is at version 2; expected version 0" in expected
+    assert _change_after_the_call(door(fn), change, backward) == expected
+
+
+def test_a_functions_output_its_ctx_saved_changed_after_the_call_with_inductor():
+    fn = lambda x: _ExpSavingItsResult.apply(x * 2)  # noqa: E731
+
+    def change(y):
+        with torch.no_grad():
+            y.mul_(2)
+    expected = _change_after_the_call(fn, change, lambda y: y.sum().backward())
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aotgrad.backend(backend="inductor"))
+    assert _change_after_the_call(compiled, change, lambda y: y.sum().backward()) == expected
+
+
+@DOORS
+def test_an_output_its_node_saved_changed_raises_again_at_a_second_backward(door):
+    # The first backward raised; without retain_graph the check was dropped before it did,
+    # and the second backward ran on the changed output silently.
+    def two_backwards(f):
+        outs, errors = f(torch.randn(3, requires_grad=True)), []
+        for k in (0, 1, 0, 1):
+            with torch.no_grad():
+                outs[k].add_(1)
+            try:
+                outs[k].sum().backward()
+            except RuntimeError as e:
+                errors.append(str(e))
+        return errors
+    fn = lambda x: (_ExpSavingItsResult.apply(x * 2), (x * 2).exp())  # noqa: E731
+    expected = two_backwards(fn)
+    assert len(expected) == 4 and "version 2; expected version 0" in expected[3]
+    assert two_backwards(door(fn)) == expected
 
 
 def _in_place_without_grad_first(outs):
@@ -866,6 +920,21 @@ def saved_result_then_mutated(x):
     return y
 
 
+def saved_input_then_mutated_twice(x):
+    """Eager's error names the saved input's node at the backward (the second add_), not the
+    one it had when saved (mul)."""
+    a = x * 2
+    y = a.sin()  # saves a, an input of sin
+    a.add_(1)
+    a.add_(1)
+    return y
+
+
+def saved_results_then_mutated(x):
+    """rsqrt_ and sigmoid_ save their result: rsqrt's is stale (sigmoid_ changed it)."""
+    return (x * x + 1).rsqrt_().sigmoid_()
+
+
 def saved_input_for_one_output(x, w):
     a = x * w  # saves x for w's gradient
     x.add_(1)
@@ -895,6 +964,8 @@ STALE = [
     (saved_intermediate_then_mutated, lambda: (nonleaf(4),), [0]),
     (saved_intermediate_then_mutated, lambda: (nonleaf(4),), [1]),
     (saved_result_then_mutated, lambda: (nonleaf(4),), [0]),
+    (saved_input_then_mutated_twice, lambda: (nonleaf(4),), [0]),
+    (saved_results_then_mutated, lambda: (nonleaf(4),), [0]),
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [0]),
     (saved_input_for_one_output, lambda: (torch.randn(3), torch.randn(3, requires_grad=True)), [1]),
     (saved_input_then_written_by_foreach, lambda: (nonleaf(3), torch.randn(3, requires_grad=True)),
@@ -936,6 +1007,29 @@ def test_saved_value_modified_in_place_raises_at_the_backward_as_eager(fn, make,
         assert c_after == e_after  # eager's message, word for word
     else:
         torch.testing.assert_close(c_after, e_after)
+
+
+@DOORS
+@pytest.mark.parametrize("changes", [1, 2])
+@pytest.mark.parametrize("fn", [saved_result_then_mutated, saved_results_then_mutated])
+def test_a_stale_output_changed_after_the_call_raises_as_eager(fn, changes, door):
+    """Eager's version counts the caller's changes to the output after the call too (the
+    message gave the version at the end of the forward); where the output's own node saved
+    it (sigmoid_), that node's error comes first, as eager's backward reaches it first."""
+    def change(y):
+        with torch.no_grad():
+            for _ in range(changes):
+                y.add_(1)
+    def run(f):
+        torch.manual_seed(0)
+        y = f(nonleaf(4))
+        change(y)
+        with pytest.raises(RuntimeError) as e:
+            y.sum().backward()
+        return str(e.value)
+    expected = run(fn)
+    assert f"is at version {changes + fn(nonleaf(4))._version}" in expected
+    assert run(door(fn)) == expected
 
 
 @DOORS

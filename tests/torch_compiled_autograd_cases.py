@@ -348,3 +348,80 @@ def test_backward_writing_into_a_buffer(backend):
     state after each step's backward)."""
     recorder = check_against_eager(HalvesItsBufferInBackward, batches(5, 6), backend)
     check_backward_inlined(recorder, torch.ops.aten.mul.Tensor)
+
+
+class _ExpSavingItsResult(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+def _exp_outputs(x):
+    return (x * 2).exp(), _ExpSavingItsResult.apply(x * 3), (x * 4).sum()
+
+
+def _backwards_with_changes(fn, backend):
+    """Per step: the output changed after the call (or none), the backward's error or
+    gradient; the backward under compiled autograd when `backend` is given."""
+    results = []
+    # (the output changed, the outputs the loss sums)
+    for changed, summed in ((None, (0, 1)), (0, (0, 1)), (None, (0, 1)), (1, (0, 1)),
+                            (1, (2,)), (None, (0, 1)), (0, (0, 1))):
+        x = torch.randn(3, requires_grad=True)
+        outs = fn(x)
+        if changed is not None:
+            with torch.no_grad():
+                outs[changed].mul_(2)
+                outs[changed].add_(1)
+        loss = sum(outs[k].sum() for k in summed)
+        try:
+            if backend is None:
+                loss.backward()
+            else:
+                with compiled_autograd._enable(torch.compile(backend=aotgrad.backend(
+                        backend=backend))):
+                    loss.backward()
+            results.append(x.grad)
+        except RuntimeError as e:
+            results.append(str(e))
+    return results
+
+
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+def test_an_output_its_node_saved_changed_after_the_call_raises_as_eager(door):
+    """Dynamo inlines the backward: the graph compiled autograd captured runs again
+    without the check's Python. The check runs where the engine asks for the node's key,
+    on every backward; a backward that does not reach the changed output runs on."""
+    torch.manual_seed(0)
+    expected = _backwards_with_changes(_exp_outputs, None)
+    compiled = (aotgrad.compile(_exp_outputs, backend="eager") if door == "compile" else
+                torch.compile(_exp_outputs, backend=aotgrad.backend(backend="eager")))
+    torch.manual_seed(0)
+    got = _backwards_with_changes(compiled, "eager")
+    assert [type(e) for e in got] == [type(e) for e in expected]
+    assert sum(isinstance(e, str) for e in expected) == 3
+    for k, (e, c) in enumerate(zip(expected, got)):
+        if isinstance(e, str):
+            assert c == e, f"step {k}"
+        else:
+            compare_values(e, c, f"gradient of step {k}")
+
+
+def test_an_output_its_node_saved_unchanged_keeps_the_backward_inlined():
+    """The check reads what the key function found: no graph break, one graph."""
+    compiled = aotgrad.compile(lambda x: (x * 2).exp(), backend="eager")
+    recorder = Recorder("eager")
+    for _ in range(3):
+        x = torch.randn(3, requires_grad=True)
+        with compiled_autograd._enable(torch.compile(backend=recorder)):
+            compiled(x).sum().backward()
+        compare_values(x.grad, 2 * (x * 2).exp(), "gradient")
+    check_backward_inlined(recorder, torch.ops.aten.exp.default)
+    assert len(recorder.graphs) == 1

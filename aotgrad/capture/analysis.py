@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 from ..semantics import subclasses, swaps
 from . import oplog
 from .user_checks import RefuseRequiresGradOff, requires_grad_turned_off, user_code_checks
+from .own_saves import saved_by_own_node
 from .inputs import OutputBox, functional_mode, saved_values_hook, to_functional
 from ..semantics.dynamic import (DynamicShapesUnsupported, fresh_unbacked_ignored, geometry,
                                  hint, is_size, is_symbolic)
@@ -91,30 +92,7 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     return info
 
 
-def saved_by_own_node(o: Any) -> tuple[str, int, int] | None:
-    """Whether `o`'s autograd node saved `o` itself for its backward (`exp`, `tanh`, `relu`
-    save their result): its name, `o`'s output number and version; else None. A saved
-    output unpacks as a tensor whose grad_fn is the node that saved it."""
-    node = o.grad_fn if isinstance(o, torch.Tensor) and not is_size(o) else None
-    if node is None:
-        return None
-    if isinstance(node, torch.autograd.function.BackwardCFunction):  # a custom Function's
-        names = ["saved_tensors"]
-    else:  # a C++ node shows each saved value as an attribute
-        names = [name for name in dir(node) if name.startswith("_saved_")]
-    for name in names:
-        try:
-            value = getattr(node, name)
-        except RuntimeError:  # modified in place since (stale.py's case) or freed
-            continue
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        if any(isinstance(v, torch.Tensor) and v.grad_fn is node and v.output_nr == o.output_nr
-               for v in values):
-            return node.name(), o.output_nr, o._version
-    return None
-
-
-def _with_saver(info: OutputInfo, saved: tuple[str, int, int] | None) -> OutputInfo:
+def _with_saver(info: OutputInfo, saved: tuple[str | None, int, int] | None) -> OutputInfo:
     plain = (info.kind is OutputKind.PLAIN and info.requires_grad and not info.made_leaf
              and not info.returned_as_view and info.detached_from is None)
     return dataclasses.replace(info, saved_by_node=saved) if plain and saved else info

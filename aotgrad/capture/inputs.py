@@ -423,8 +423,8 @@ def compiled_autograd_off():
 
 
 def _pack(t: torch.Tensor) -> tuple[torch.Tensor, int | None, tuple]:
-    # Its node now: eager's error names the node the value came from when it was saved,
-    # not the in-place op that later changed it.
+    # Its node now: for an output its node saved, eager's error names that node, not the
+    # in-place op that later changed it.
     return t, None if t.is_inference() else t._version, (t.grad_fn, t.output_nr)
 
 
@@ -432,9 +432,11 @@ saved_values_hook = _pack  # the pack hook of functional_mode, by which oplog kn
 
 
 def _unpack(saved: tuple[torch.Tensor, int | None, tuple]) -> torch.Tensor:
-    t, version, origin = saved
+    t, version, (node, output_nr) = saved
     if version is not None and t._version != version:
-        raise StaleSavedValue(t, version, origin)
+        if node is not torch._C._current_autograd_node():  # saved as an input: eager
+            node = t.grad_fn  # names its node now (the in-place op's)
+        raise StaleSavedValue(t, version, (node, output_nr))
     return t
 
 

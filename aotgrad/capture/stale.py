@@ -29,8 +29,9 @@ import torch
 from torch._dispatch.python import enable_python_dispatcher
 
 from .analysis import graph_outputs
-from ..schema import FunctionInfo
-from .inputs import StaleSavedValue, differentiating, functional_mode, to_functional
+from ..schema import FunctionInfo, OutputKind
+from .inputs import (StaleSavedValue, compiled_autograd_off, differentiating, functional_mode,
+                     to_functional)
 from .joint import mutable_copies, traced_grad
 
 
@@ -49,6 +50,9 @@ class StaleSaved:
     output_nr: int
     saved_version: int  # relative to the input's version at the call, when `input` is set
     version: int  # at the end of the forward, for a value made inside
+    # The graph output whose version counter a value made inside shares (it, or a view of
+    # it): the caller's changes to it after the call count in eager's version too.
+    output: int | None = None
 
     def error(self, ctx) -> str:
         return _message(self, ctx)
@@ -60,6 +64,7 @@ class FreedGraph:
 
     message: str
     input: None = None  # no caller's tensor to hold, as `StaleSaved.input` may name
+    output: None = None  # nor output, as `StaleSaved.output` may
 
     def error(self, ctx) -> str:
         return self.message
@@ -86,6 +91,12 @@ class StaleBackward:
         if i is not None:
             ctx.stale_input, ctx.stale_version = inputs[i], inputs[i]._version
 
+    def hold_output(self, ctx, outs: Sequence[Any]) -> None:
+        """A detached alias of the output the saved value belongs to, and its version now."""
+        k = self.saved.output
+        if k is not None:
+            ctx.stale_output = (outs[k].detach(), outs[k]._version)
+
     def check(self, ctx, grads: Sequence[Any]) -> None:
         if any(grads[k] is not None for k in self.outputs):
             raise RuntimeError(self.saved.error(ctx))
@@ -104,8 +115,7 @@ class SavedOutputs:
     def of(info: FunctionInfo) -> "SavedOutputs | None":
         first = info.first_user_output
         found = tuple((first + i, *o.saved_by_node) for i, o in enumerate(info.outputs)
-                      if o.saved_by_node is not None
-                      and first + i not in info.stale_outputs)
+                      if o.saved_by_node is not None)
         return SavedOutputs(found) if found else None
 
     def hold(self, ctx, outs: Sequence[Any]) -> None:
@@ -114,19 +124,43 @@ class SavedOutputs:
         ctx.saved_outputs = [(outs[k].detach(), outs[k]._version) for k, *_ in self.outputs]
 
     def check(self, ctx, grads: Sequence[Any]) -> None:
-        # Not where Dynamo inlines this backward (torch's compiled autograd): the graph it
-        # captures runs again without this Python.
-        held = None if torch.compiler.is_compiling() else getattr(ctx, "saved_outputs", None)
-        if held is None:
+        if torch.compiler.is_compiling():  # Dynamo inlines this backward: see `changed`
+            errors = getattr(ctx, "saved_output_errors", None) or ()
+            for (k, *_), error in zip(self.outputs, errors):
+                if error is not None and grads[k] is not None:
+                    raise RuntimeError(error)
             return
+        held = getattr(ctx, "saved_outputs", None)
+        if held is None:  # a tracer's stand-in ctx, or freed by an earlier backward
+            return
+        for j, (k, *_) in enumerate(self.outputs):
+            if grads[k] is not None and held[j][0]._version != held[j][1]:
+                raise RuntimeError(self._error(held, j))
         if not torch._C._autograd._get_current_graph_task_keep_graph():
             ctx.saved_outputs = None  # freed after this backward, as eager's saved output
-        for (k, node, output_nr, version), (alias, held_at) in zip(self.outputs, held):
-            if grads[k] is not None and alias._version != held_at:
-                saved = StaleSaved(tuple(alias.shape), alias.dtype, alias.device, None, False,
-                                   node, output_nr, version,
-                                   version + alias._version - held_at)
-                raise RuntimeError(saved.error(ctx))
+
+    def changed(self, ctx) -> int:
+        """Under torch's compiled autograd, Dynamo inlines the backward, and the graph it
+        captured runs again without `check`'s Python; the engine calls this (through
+        `_compiled_autograd_key`) on every backward, before that graph runs. It keeps the
+        error for each held output changed since the call, for the traced backward to
+        raise where that output has a gradient, and returns a bit per such output: a part
+        of the key, so that a graph traced with other outputs changed is not reused."""
+        held = getattr(ctx, "saved_outputs", None)
+        if held is None:
+            return 0
+        changed = [alias._version != held_at for alias, held_at in held]
+        ctx.saved_output_errors = [self._error(held, j) if c else None
+                                   for j, c in enumerate(changed)]
+        return sum(1 << j for j, c in enumerate(changed) if c)
+
+    def _error(self, held: Sequence[tuple[torch.Tensor, int]], j: int) -> str:
+        """Eager's error for held output `j`, changed since the call."""
+        _, node, output_nr, version = self.outputs[j]
+        alias, held_at = held[j]
+        saved = StaleSaved(tuple(alias.shape), alias.dtype, alias.device, None, False,
+                           node, output_nr, version, version + alias._version - held_at)
+        return saved.error(None)
 
 
 def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[Any],
@@ -144,7 +178,7 @@ def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[A
                 traced_grad(outs[k], wrt, torch.ones_like(outs[k]), retain_graph=True,
                             allow_unused=True)
             except StaleSavedValue as e:
-                found[k] = _describe(e, args)
+                found[k] = _describe(e, args, _plain_outputs(info, outs))
             except RuntimeError as e:
                 if not freed_graph(e):
                     raise
@@ -156,10 +190,23 @@ def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[A
     return StaleBackward(tuple(found), next(iter(found.values())))
 
 
-def _describe(e: StaleSavedValue, args: Sequence[Any]) -> StaleSaved:
+def _plain_outputs(info: FunctionInfo, outs: Sequence[Any]) -> dict[int, Any]:
+    """The graph outputs the caller gets as they are (so may change in place), by index."""
+    first = info.first_user_output
+    return {first + j: outs[first + j] for j, o in enumerate(info.outputs)
+            if o.kind is OutputKind.PLAIN and not o.made_leaf}
+
+
+def _base(t: torch.Tensor) -> torch.Tensor:
+    return t._base if t._base is not None else t
+
+
+def _describe(e: StaleSavedValue, args: Sequence[Any], outs: dict[int, Any]) -> StaleSaved:
     t = e.tensor
-    base = t._base if t._base is not None else t
+    base = _base(t)
     i = next((j for j, a in enumerate(args) if a is base), None)
+    output = next((k for k, o in outs.items()
+                   if isinstance(o, torch.Tensor) and _base(o) is base), None)
     node = None if t.grad_fn is None else t.grad_fn.name()
     as_passed = i is not None and t is base and node == "CloneBackward0"  # mutable_copies
     output_nr = t.output_nr
@@ -167,7 +214,7 @@ def _describe(e: StaleSavedValue, args: Sequence[Any]) -> StaleSaved:
         node = None if e.node is None else e.node.name()
         output_nr = e.output_nr
     return StaleSaved(tuple(t.shape), t.dtype, t.device, i, as_passed, node, output_nr,
-                      e.saved_version, t._version)
+                      e.saved_version, t._version, output if i is None else None)
 
 
 def _message(saved: StaleSaved, ctx) -> str:
@@ -180,6 +227,9 @@ def _message(saved: StaleSaved, ctx) -> str:
         current, expected = t._version, ctx.stale_version + saved.saved_version
         if saved.as_passed:
             node, output_nr = t.grad_fn and t.grad_fn.name(), t.output_nr
+    elif saved.output is not None:  # and the caller's changes to the output since
+        alias, held_at = ctx.stale_output
+        current += alias._version - held_at
     where = f", which is output {output_nr} of {_eager_node_name(node)}," if node else ""
     return (f"one of the variables needed for gradient computation has been modified by an "
             f"inplace operation: [{kind} {list(saved.shape)}]{where} is at version {current}; "
@@ -191,7 +241,8 @@ def _eager_error() -> str:
     y = x.sin()
     x.add_(1)
     try:
-        y.backward()
+        with compiled_autograd_off():  # first asked for under it (SavedOutputs.changed)
+            y.backward()
     except RuntimeError as e:
         return str(e)
     return ""

@@ -95,6 +95,8 @@ class CompiledFunction(torch.autograd.Function):
         if call.backward_writes is not None:
             call.backward_writes.hold(ctx, inputs)
         outs = call.forward(list(inputs))
+        if call.stale is not None:
+            call.stale.hold_output(ctx, outs)
         plan = call.plan
         ctx.call = call
         if call.backward_keeping_saved is not None:  # the backward may write into saved values
@@ -133,15 +135,21 @@ class CompiledFunction(torch.autograd.Function):
     def _compiled_autograd_key(ctx):
         # Compiled autograd caches a captured backward under this key: the graph it traced
         # is this specialization's, with these saved sizes baked in.
-        return (_region_key(ctx.call, ctx.saved_sizes),)
+        # Called on every backward: which outputs eager's node saved the caller changed
+        # since (SavedOutputs.changed) is a part of it.
+        call = ctx.call
+        changed = call.saved_outputs.changed(ctx) if call.saved_outputs is not None else 0
+        return (_region_key(call, ctx.saved_sizes), changed)
 
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
-        if call.stale is not None:  # eager's error, where eager's backward would raise it
-            call.stale.check(ctx, grads)
-        if call.saved_outputs is not None:  # and where the caller changed such an output
+        # Eager's errors, where eager's backward would raise them: first an output's own
+        # node, which eager's backward reaches first, finding the caller changed it ...
+        if call.saved_outputs is not None:
             call.saved_outputs.check(ctx, grads)
+        if call.stale is not None:  # ... then a value the function itself changed
+            call.stale.check(ctx, grads)
         metas = call.plan.info.graph_output_metas
         shapes = ctx.output_shapes if call.symbolic_tangents else {}
         tangents = [_tangent(grads[i], metas[i], shapes.get(i))

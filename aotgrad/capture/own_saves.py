@@ -1,0 +1,109 @@
+"""Outputs their own eager node saved for its backward (`exp`, `tanh`, `relu`, a custom
+Function's `ctx.save_for_backward(out)`).
+
+The caller may change such an output in place after the call; eager's backward through it
+then raises, where the compiled backward reads its own saved values and would run on
+(stale.SavedOutputs checks the version at run time). Three kinds of node keep what they
+saved in three places:
+
+- a C++ node shows each saved value as a `_saved_*` attribute;
+- a custom Function's node as `saved_tensors`;
+- Dynamo replaces a custom Function by `autograd_function_apply`, whose node (an
+  `ApplyTemplate` Function's) keeps the values in its forward's closure, unchecked; the
+  ones the user's `ctx.save_for_backward` got are `saved_for_backward_idx` among them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch.autograd.function import BackwardCFunction
+
+from ..semantics.dynamic import is_size
+
+
+def saved_by_own_node(o: Any) -> tuple[str | None, int, int] | None:
+    """Whether `o`'s autograd node saved `o` itself: the node's name as eager's error names
+    it (None where unknown), `o`'s output number and version; else None. A saved output
+    unpacks as a tensor whose grad_fn is the node that saved it."""
+    node = o.grad_fn if isinstance(o, torch.Tensor) and not is_size(o) else None
+    if node is None:
+        return None
+    for v in _saved_values(node):
+        if isinstance(v, torch.Tensor) and v.grad_fn is node and v.output_nr == o.output_nr:
+            return _eager_name(node), o.output_nr, o._version
+    return None
+
+
+def _saved_values(node: Any) -> list[Any]:
+    captured = _captured_function_saves(node)
+    if captured is not None:
+        return captured
+    if isinstance(node, BackwardCFunction):  # a custom Function's
+        names = ["saved_tensors"]
+    else:  # a C++ node
+        names = [name for name in dir(node) if name.startswith("_saved_")]
+    values = []
+    for name in names:
+        try:
+            value = getattr(node, name)
+        except RuntimeError:  # modified in place since (stale.py's case) or freed
+            continue
+        values += value if isinstance(value, (tuple, list)) else [value]
+    return values
+
+
+def _captured_function_saves(node: Any) -> list[Any] | None:
+    """What the user's `ctx.save_for_backward` got, for the node of a custom Function that
+    Dynamo captured (None for any other node)."""
+    cells = _forward_closure(node)
+    if cells is None or not {"saved_values", "saved_for_backward_idx"} <= cells.keys():
+        return None
+    values = cells["saved_values"].cell_contents or ()
+    return [values[i] for i in cells["saved_for_backward_idx"].cell_contents]
+
+
+def _forward_closure(node: Any) -> dict[str, Any] | None:
+    forward_cls = getattr(node, "_forward_cls", None)
+    if forward_cls is None or forward_cls.__name__ != "ApplyTemplate":
+        return None
+    forward = forward_cls.forward
+    return dict(zip(forward.__code__.co_freevars, forward.__closure__ or ()))
+
+
+def _eager_name(node: Any) -> str | None:
+    """Eager names a custom Function's node after its class; the class Dynamo captured is
+    named only where the call reads `Name.apply(` in the graph's stack traces (None: not
+    named, which eager's error then leaves out)."""
+    cells = _forward_closure(node)
+    if cells is None:
+        return node.name()
+    fwd = cells["fwd"].cell_contents if "fwd" in cells else None
+    nodes = fwd.graph.nodes if isinstance(fwd, torch.fx.GraphModule) else ()
+    names = {m for n in nodes for m in _applied(n.meta.get("stack_trace") or "")}
+    return f"{names.pop()}Backward" if len(names) == 1 else None
+
+
+def _applied(trace: str) -> list[str]:
+    """The class of the `Name.apply(` call in the last frame of a stack trace that makes
+    one: the Function Dynamo replaced (an enclosing Function's forward calls it from a
+    frame further up). Where the frame marks the call's columns (`^^^`), from there: a
+    line may apply two."""
+    lines = trace.splitlines()
+    found: list[str] = []
+    for k, line in enumerate(lines):
+        marks = lines[k + 1] if k + 1 < len(lines) else ""
+        if "^" in marks and marks.strip(" ^~") == "":
+            call = _MARKED_APPLY.match(line[marks.find("^"):])
+            calls = [call[1]] if call else []
+        else:  # unmarked: only a line that applies one Function names it
+            calls = list(set(_APPLY.findall(line)))
+        if calls:
+            found = calls
+    return found if len(found) == 1 else []
+
+
+_APPLY = re.compile(r"\b(\w+)\.apply\(")
+_MARKED_APPLY = re.compile(r"(?:\w+\.)*?(\w+)\.apply\(")
