@@ -29,6 +29,19 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+verify27)  # session 25's merged hunts (eager's error types by a re-run on zeros, saved outputs
+  # changed by the caller through Dynamo and torch's compiled autograd) on torch 2.11 + CUDA
+  TAIL=8 step verify27 230 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    tests/test_semantics.py tests/test_compiled_autograd.py tests/test_compiled_autograd_torch.py \
+    tests/test_double_backward.py ;;
+phases25b)  # Swin-T's phases, two rounds (both orders) in one call: 66.1/62.4 and 72.8/68.7 s
+  TAIL=40 step phases 480 python bench/compile_stages.py --model swin_t --modes aotgrad,inductor \
+    --rounds 2 --timeout 150 --json $OUT/phases2.json ;;
+deberta25)  # DeBERTa-v2's step, each mode alone in its process (43.52 vs 38.65 ms), then the
+  # two modes taking turns with a cProfile of each (bench/step_split.py --together)
+  for m in aotgrad inductor; do TAIL=2 step alone_$m 170 python bench/models.py --models deberta_v2 \
+    --modes $m --jobs 1 --budget 100 --timeout 160 --out $OUT/alone_$m; done
+  TAIL=20 step split 290 python bench/step_split.py --models deberta_v2 --together --out $OUT/split ;;
 phases25)  # next session: phases24 in the other order (torch's process first), so that the two
   # orders' geomean is a ratio (the first process is slower whichever mode it is)
   TAIL=60 step phases 420 python bench/compile_stages.py --model swin_t --modes inductor,aotgrad \
@@ -49,6 +62,8 @@ verify26)  # the edge-case hunt merged (float constants by their bits, unflatten
   TAIL=8 step verify26 400 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_api.py tests/test_guards.py tests/test_backends.py tests/test_dynamic.py \
     tests/test_semantics.py ;;
+# Session 25 ran `tp23` (x2), `phases25`, `phases25b`, `deberta22`, `deberta25`, `verify27`:
+# bench/results/h200-2026-11-30-session25 and h200x2-2026-11-30-session25.
 # Session 24 ran `verify24`, `peak24`, `models24`, `phases24`, `verify25`, `verify26`:
 # bench/results/h200-2026-11-30-session24. Next: `phases25`, `tp23` (x2), `deberta22`.
 # Session 23 ran `verify23`, `verify23c`, `verify23d`, `peak23`, `verify23e`:
