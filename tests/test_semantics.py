@@ -3,6 +3,7 @@ regions, saved-tensor hooks, and clear refusals. Each through the three front do
 
 import copy
 import functools
+import inspect
 
 import pytest
 import torch
@@ -692,7 +693,18 @@ class _TwoSavingTheirResults(torch.autograd.Function):
         return gy * y + gz * (1 - z * z)
 
 
-@DOORS
+# Through Dynamo, which of a Function's saved values `ctx.save_for_backward` got is known
+# only where torch's `autograd_function_apply` records it (aotgrad/capture/own_saves.py).
+_DYNAMO_KNOWS_FUNCTION_SAVES = "saved_for_backward_idx" in inspect.getsource(
+    torch._functorch.autograd_function.AutogradFunctionApply.__call__)
+_UNKNOWN_FUNCTION_SAVES = pytest.mark.xfail(
+    not _DYNAMO_KNOWS_FUNCTION_SAVES, strict=True,
+    reason="this torch's autograd_function_apply does not record which values "
+           "ctx.save_for_backward got: a Function's saved output is not checked through Dynamo")
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat, pytest.param(
+    dynamo, marks=_UNKNOWN_FUNCTION_SAVES)], ids=["compile", "compat", "dynamo"])
 @pytest.mark.parametrize("k", [0, 1])
 def test_a_functions_output_its_ctx_saved_changed_after_the_call_raises_as_eager(door, k):
     # Through Dynamo the Function is one higher-order op (autograd_function_apply), whose
@@ -714,6 +726,7 @@ def test_a_functions_output_its_ctx_saved_changed_after_the_call_raises_as_eager
     assert _change_after_the_call(door(fn), change, backward) == expected
 
 
+@_UNKNOWN_FUNCTION_SAVES
 def test_a_functions_output_its_ctx_saved_changed_after_the_call_with_inductor():
     fn = lambda x: _ExpSavingItsResult.apply(x * 2)  # noqa: E731
 
