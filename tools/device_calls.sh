@@ -29,6 +29,11 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+spans26)  # next session, after verify27: the memory-for-time trade on the two models where our
+  # smaller saved set costs time (session 25: DeBERTa-v2's backward host time +3.2 ms, Swin-T's
+  # Inductor forward +3.1 s): every spanning value saved, against both default modes, alone
+  for m in aotgrad_dynamo_spans_saved aotgrad_dynamo torch_compile; do TAIL=3 step $m 180 \
+    python bench/run.py --models deberta_v2 --modes $m --out $OUT/$m; done ;;
 verify27)  # session 25's merged hunts (eager's error types by a re-run on zeros, saved outputs
   # changed by the caller through Dynamo and torch's compiled autograd) on torch 2.11 + CUDA
   TAIL=8 step verify27 230 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
