@@ -382,6 +382,23 @@ def view_of_custom_function_output(x):
     return HalfGradIdentity.apply(x)[1:]
 
 
+class ExpSavingItsResult(torch.autograd.Function):
+    """exp with its own backward, which reads the output it saved: eager's backward raises
+    where the caller changed that output in place after the call (tests/test_semantics.py,
+    tests/torch_compiled_autograd_cases.py)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
 class Square(torch.autograd.Function):
     """x * x with its own backward, which reads the input it saved: a Function whose
     backward a double backward must differentiate (tests/test_semantics.py,

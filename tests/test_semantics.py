@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import aotgrad
 from aotgrad.compat import aot_function, nop
-from corpus import Square
+from corpus import ExpSavingItsResult, Square
 
 
 def compile_eager(fn):
@@ -667,19 +667,6 @@ def test_an_output_its_node_saved_changed_after_the_call_raises_as_eager(door, c
     assert got == expected
 
 
-class _ExpSavingItsResult(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = x.exp()
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return grad * y
-
-
 class _TwoSavingTheirResults(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -711,7 +698,7 @@ def test_a_functions_output_its_ctx_saved_changed_after_the_call_raises_as_eager
     # node keeps the saved values where autograd checks no version: the gradient came from
     # the changed value, silently.
     def fn(x):
-        return _ExpSavingItsResult.apply(x * 2), *_TwoSavingTheirResults.apply(x * 3)
+        return ExpSavingItsResult.apply(x * 2), *_TwoSavingTheirResults.apply(x * 3)
 
     def change(outs):
         with torch.no_grad():
@@ -721,14 +708,14 @@ def test_a_functions_output_its_ctx_saved_changed_after_the_call_raises_as_eager
     def backward(outs):
         outs[k].sum().backward()
     expected = _change_after_the_call(fn, change, backward)
-    assert f"output 0 of {['_ExpSavingItsResult', '_TwoSavingTheirResults'][k]}" in expected
+    assert f"output 0 of {['ExpSavingItsResult', '_TwoSavingTheirResults'][k]}" in expected
     assert "is at version 2; expected version 0" in expected
     assert _change_after_the_call(door(fn), change, backward) == expected
 
 
 @_UNKNOWN_FUNCTION_SAVES
 def test_a_functions_output_its_ctx_saved_changed_after_the_call_with_inductor():
-    fn = lambda x: _ExpSavingItsResult.apply(x * 2)  # noqa: E731
+    fn = lambda x: ExpSavingItsResult.apply(x * 2)  # noqa: E731
 
     def change(y):
         with torch.no_grad():
@@ -753,7 +740,7 @@ def test_an_output_its_node_saved_changed_raises_again_at_a_second_backward(door
             except RuntimeError as e:
                 errors.append(str(e))
         return errors
-    fn = lambda x: (_ExpSavingItsResult.apply(x * 2), (x * 2).exp())  # noqa: E731
+    fn = lambda x: (ExpSavingItsResult.apply(x * 2), (x * 2).exp())  # noqa: E731
     expected = two_backwards(fn)
     assert len(expected) == 4 and "version 2; expected version 0" in expected[3]
     assert two_backwards(door(fn)) == expected

@@ -17,6 +17,7 @@ import torch._dynamo.compiled_autograd as compiled_autograd
 from torch._dynamo.external_utils import call_backward
 
 import aotgrad
+from corpus import ExpSavingItsResult
 from harness import compare_module_state, compare_values
 
 BACKENDS = ["eager", "inductor"]
@@ -350,21 +351,8 @@ def test_backward_writing_into_a_buffer(backend):
     check_backward_inlined(recorder, torch.ops.aten.mul.Tensor)
 
 
-class _ExpSavingItsResult(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = x.exp()
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return grad * y
-
-
 def _exp_outputs(x):
-    return (x * 2).exp(), _ExpSavingItsResult.apply(x * 3), (x * 4).sum()
+    return (x * 2).exp(), ExpSavingItsResult.apply(x * 3), (x * 4).sum()
 
 
 def _backwards_with_changes(fn, backend):
