@@ -419,6 +419,45 @@ def test_functional_call_with_the_original_names_differentiates_twice_like_eager
     assert getattr(compiled, "0") is target[0]
 
 
+class _TopLevel(torch.nn.Module):
+    """Parameters and a buffer of the module itself, not of a submodule."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, 3))
+        self.register_buffer("shift", torch.randn(3))
+        self.bn = torch.nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        return self.bn(x @ self.weight + self.shift)
+
+
+def test_functional_call_swaps_the_top_level_parameters_of_the_original():
+    """functional_call(compiled, {"weight": w}) set `weight` on the wrapper, which passed it
+    to nn.Module.__setattr__: TypeError (a plain tensor for a parameter). Now as eager: the
+    given tensors are read, the gradient reaches them, the module's own are put back."""
+    from torch.func import functional_call
+    torch.manual_seed(0)
+    eager = _TopLevel()
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend="eager")
+    weight = model.weight
+    x = torch.randn(4, 3)
+    for _ in range(2):
+        results = []
+        for m in (eager, compiled):
+            params = {"weight": torch.ones(3, 3, requires_grad=True), "shift": torch.zeros(3),
+                      "bn.running_mean": torch.zeros(3)}
+            out = functional_call(m, params, (x,))
+            out.pow(2).sum().backward()
+            results.append([out, params["weight"].grad, params["bn.running_mean"]])
+        torch.testing.assert_close(results[1], results[0])
+    assert model.weight is weight and weight.grad is None
+    torch.testing.assert_close(compiled(x), eager(x))
+    with pytest.raises(TypeError, match="cannot assign"):  # outside functional_call: eager's
+        compiled.weight = torch.ones(3, 3)
+
+
 class _Tempered(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,6 +1,7 @@
 """Per-entry call guards (aotgrad/runtime/guards.py) and the cheaper call path around them: a call
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
+import contextlib
 import copy
 import enum
 import logging
@@ -1413,3 +1414,47 @@ def test_a_module_called_under_a_dispatch_mode_runs_its_own_forward():
         want = model(x)
     assert mode.seen == eager.seen
     torch.testing.assert_close(out, want)
+
+
+class _SinDoubled(torch.overrides.TorchFunctionMode):
+    """Doubles what torch.sin returns."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.sin else out
+
+
+class _SinOfLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return torch.sin(self.fc(x))
+
+
+@pytest.mark.parametrize("door", ["function", "module"])
+def test_a_call_under_a_function_mode_runs_the_original_code(door):
+    """A graph traced under a TorchFunctionMode of the caller's kept what the mode did (sin
+    doubled) and ran again at calls without it; the call under it doubled twice (the
+    trace's, then the mode on the graph's own torch.sin). The guards do not see modes."""
+    f = (lambda t: torch.sin(t) + 1) if door == "function" else _SinOfLinear()
+    compiled = aotgrad.compile(f, backend="eager")
+    x = torch.randn(4, 3)
+    for under_mode in (True, False, True):
+        with _SinDoubled() if under_mode else contextlib.nullcontext():
+            torch.testing.assert_close(compiled(x), f(x))
+
+
+@pytest.mark.parametrize("first", ["meta", "default"])
+def test_a_factory_takes_the_device_of_the_callers_device_context(first):
+    """`with torch.device(...)` is a function mode: the graph kept the device of the first
+    call's trace for `torch.ones`, at later calls outside (or inside) the context."""
+    def f(t):
+        return t * 2, torch.ones(2)
+    compiled = aotgrad.compile(f, backend="eager")
+    x = torch.randn(2)
+    for device in ([first, "default"] if first == "meta" else [first, "meta", "default"]):
+        with torch.device("meta") if device == "meta" else contextlib.nullcontext():
+            got, want = compiled(x), f(x)
+        assert [t.device for t in got] == [t.device for t in want]
