@@ -1458,3 +1458,42 @@ def test_a_factory_takes_the_device_of_the_callers_device_context(first):
         with torch.device("meta") if device == "meta" else contextlib.nullcontext():
             got, want = compiled(x), f(x)
         assert [t.device for t in got] == [t.device for t in want]
+
+
+class _TiedHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(5, 4), nn.Linear(4, 5, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, i):
+        return self.head(self.emb(i).tanh())
+
+
+def _untie_by_assignment(m):
+    m.head.weight = nn.Parameter(torch.full((5, 4), 0.5))
+
+
+def _untie_by_loading(m):  # a checkpoint's two entries, each assigned: two parameters
+    m.load_state_dict({k: v.detach() * 2 for k, v in m.state_dict().items()}, assign=True)
+
+
+@pytest.mark.parametrize("untie", [_untie_by_assignment, _untie_by_loading])
+def test_weights_tied_at_the_compile_and_set_apart_compile_again(untie):
+    """The graphs read tied weights once, by their first name: a weight given a tensor of its
+    own after the first call (a new Parameter, `load_state_dict(assign=True)`) was never
+    read, and the compiled module silently computed with the old tie (and left no grad)."""
+    torch.manual_seed(0)
+    eager = _TiedHead()
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend="eager")
+    i = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(compiled(i), eager(i))
+    untie(eager)
+    untie(model)
+    assert model.head.weight is not model.emb.weight
+    for m in (eager, compiled):
+        m(i).pow(2).sum().backward()
+    torch.testing.assert_close(compiled(i), eager(i))
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
