@@ -1107,6 +1107,26 @@ def test_an_attention_modules_fast_path_is_traced_as_eager_takes_it(backend, kin
             torch.testing.assert_close(actual, expected)
 
 
+def test_turning_the_attention_fast_path_off_compiles_again():
+    """The trace takes the branch torch's switch chose: a graph traced with the fast path off
+    (the padded slow path) served a call with it on, where eager zeroes the padded positions
+    (and the reverse gave another layout). The switch is read like a global forward reads."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    eager = torch.nn.TransformerEncoder(layer, 2).eval()
+    compiled = aotgrad.compile(copy.deepcopy(eager), backend="eager")
+    x, mask = torch.randn(2, 5, 8), _padding_mask()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, src_key_padding_mask=mask),
+                                       eager(x, src_key_padding_mask=mask))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="nested tensor"):
+        compiled(x, src_key_padding_mask=mask)
+
+
 def test_a_transformer_encoders_nested_path_is_refused_not_padded_otherwise():
     """A TransformerEncoder in eval without grad, given a padding mask, runs on a nested
     tensor in eager and returns zeros at the padded positions; the trace took the padded

@@ -51,6 +51,8 @@ import torch
 from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
+from ..semantics import mends
+
 _CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _REGISTRIES = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
@@ -86,6 +88,7 @@ class ModuleAttributes:
                        if isinstance(f, types.FunctionType) and not _is_torchs(f)},
                       key=lambda f: f.__qualname__)
         self.cells, self.globals = code_reads(code)
+        self.globals += mends.fast_path_flag(modules)  # torch's, read by attention modules
         hooks = [r.function for r in self.hook_reads]  # a hook reading `module.config`
         named = set().union(*(_global_names(f.__code__) for f in code + hooks))  # attributes
         self.values = [(vars(m), n, v, contents_of(v)) for m in modules for n, v in vars(m).items()

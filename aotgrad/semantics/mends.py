@@ -246,6 +246,20 @@ def attention_fast_paths_as_eager():
         yield
 
 
+def fast_path_flag(modules: list[torch.nn.Module]) -> list[tuple]:
+    """Where an attention module is among `modules`, torch's switch of their fast paths
+    (`torch.backends.mha.set_fastpath_enabled`) as `module_guard.code_reads` lists a global
+    read: the trace took the branch it chose, so a change compiles the module again."""
+    if not any(isinstance(m, _FAST_PATH_TYPES) for m in modules):
+        return []
+    flags = vars(torch.backends.mha)
+    return [(flags, "_is_fastpath_enabled", flags["_is_fastpath_enabled"], None)]
+
+
+_FAST_PATH_TYPES = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
+                    torch.nn.TransformerEncoder)
+
+
 def _overrides(arg) -> bool:
     """Eager's test of one argument: a type other than Tensor with a __torch_function__ of
     its own (the trace's FakeTensor and FunctionalTensor disable theirs)."""
