@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 import warnings
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
@@ -22,6 +23,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils import parametrize
+from torch.nn.utils._named_member_accessor import swap_tensor
 
 from . import check
 from .semantics import subclasses
@@ -30,7 +32,7 @@ from .backends.compilers import resolve_backend
 from .capture.inputs import TRACES, flatten, lift_state, state_swapped
 from .partition.budget import budget_partition
 from .runtime.guards import (MISS, constant_key, global_state, make_guard, make_guarded_run,
-                             plan_guard)
+                             plan_guard, under_a_function_mode)
 from .partition.remat import min_cut_rematerialization_partition
 from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
@@ -145,7 +147,7 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        if (_tracing() or _transforming() is not None or TRACES.depth
+        if (_tracing() or _transforming() is not None or TRACES.depth or under_a_function_mode()
                 or _modes_on() and _under_a_mode() or _fw_ad._current_level >= 0):
             return self.fn(*args, **kwargs)
         if self.reads is not None and (changed := self.reads.changed()) is not None:
@@ -363,7 +365,7 @@ class CompiledModule(torch.nn.Module):
         # Inside an outer compile (torch.compile, export, aotgrad's), a torch.func transform
         # or a dispatch mode: the module's own code, which the outer one records or
         # transforms, or the mode sees.
-        if (_tracing() or _transforming() is not None or TRACES.depth
+        if (_tracing() or _transforming() is not None or TRACES.depth or under_a_function_mode()
                 or _modes_on() and _under_a_mode() or _fw_ad._current_level >= 0):
             return self.orig_module(*args, **kwargs)
         changed = self._written or self._attributes.changed()
@@ -453,15 +455,17 @@ class CompiledModule(torch.nn.Module):
             return getattr(self.orig_module, name)
 
     # The wrapper's own attributes; any other is the original module's, set and deleted
-    # there (as torch.compile's OptimizedModule does): `compiled.temperature = 0.5`,
-    # `compiled.head = nn.Linear(...)` or `compiled.training = False` set on the wrapper
-    # were never read by forward, silently.
+    # there (`compiled.temperature = 0.5`, `compiled.head = nn.Linear(...)` set on the
+    # wrapper were never read by forward); functional_call's plain tensor for a parameter
+    # (`{"weight": w}`) is put in the original's `_parameters`, as torch does on a module.
     _OWN = _BOUND | {"orig_module", "_rebinds", "_options", "_max_entries"} | set(
         vars(torch.nn.Module()))  # nn.Module's bookkeeping (an old pickle's, restored)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._OWN or hasattr(type(self), name) or "_modules" not in self.__dict__:
             return super().__setattr__(name, value)
+        if sys._getframe(1).f_globals.get("__name__") == "torch.nn.utils._named_member_accessor":
+            return swap_tensor(self.orig_module, name, value)
         setattr(self.orig_module, name, value)
 
     def __delattr__(self, name: str) -> None:

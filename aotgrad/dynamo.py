@@ -165,7 +165,13 @@ class _Backend:
     torch's own, where a function made inside `make_backend` cannot be pickled."""
 
     def __init__(self, compiler: Callable, made_with: dict):
-        functools.update_wrapper(self, compiler)  # the name Dynamo logs
+        functools.update_wrapper(self, compiler)
+        # The name Dynamo logs, and the registered backend's: Dynamo then drops, after each
+        # compile, its weak references to the tensors it traced, as for backend="aotgrad".
+        # A backend it does not know keeps them, and `torch.utils.swap_tensors` refuses a
+        # tensor with weak references (`model.to(torch.float64)` under
+        # `torch.__future__.set_swap_module_params_on_conversion(True)` raised).
+        self.__name__ = "aotgrad"
         self._compiler, self._made_with = compiler, made_with
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):

@@ -1227,6 +1227,78 @@ def test_an_rnns_dropout_between_layers_matches_eager(cls, grad):
                                    [p.grad for p in eager.parameters()])
 
 
+def _padding_mask():
+    return torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.parametrize("kind", ["attention", "encoder layer"])
+def test_an_attention_modules_fast_path_is_traced_as_eager_takes_it(backend, kind):
+    """In eval without grad, MultiheadAttention and TransformerEncoderLayer take fused fast
+    paths unless an argument `has_torch_function`, which the trace's own function modes made
+    true: the trace took the slow path, and MultiheadAttention's batch_first output came
+    out transposed (strides (8, 16, 1) where eager's are (32, 8, 1))."""
+    torch.manual_seed(0)
+    if kind == "attention":
+        eager = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    else:
+        eager = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    compiled = aotgrad.compile(copy.deepcopy(eager), backend=backend)
+    x = torch.randn(2, 5, 8)
+    args = (x, x, x) if kind == "attention" else (x,)
+    kwargs = {"key_padding_mask" if kind == "attention" else "src_key_padding_mask":
+              _padding_mask()}
+    for grad in (False, True):  # with grad (and parameters that want it), the slow path
+        with torch.set_grad_enabled(grad):
+            want = pytree.tree_leaves(eager(*args, **kwargs))
+            got = pytree.tree_leaves(compiled(*args, **kwargs))
+        for actual, expected in zip(got, want, strict=True):
+            assert actual.stride() == expected.stride()
+            torch.testing.assert_close(actual, expected)
+
+
+def test_turning_the_attention_fast_path_off_compiles_again():
+    """The trace takes the branch torch's switch chose: a graph traced with the fast path off
+    (the padded slow path) served a call with it on, where eager zeroes the padded positions
+    (and the reverse gave another layout). The switch is read like a global forward reads."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    eager = torch.nn.TransformerEncoder(layer, 2).eval()
+    compiled = aotgrad.compile(copy.deepcopy(eager), backend="eager")
+    x, mask = torch.randn(2, 5, 8), _padding_mask()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, src_key_padding_mask=mask),
+                                       eager(x, src_key_padding_mask=mask))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="nested tensor"):
+        compiled(x, src_key_padding_mask=mask)
+
+
+def test_a_transformer_encoders_nested_path_is_refused_not_padded_otherwise():
+    """A TransformerEncoder in eval without grad, given a padding mask, runs on a nested
+    tensor in eager and returns zeros at the padded positions; the trace took the padded
+    slow path, whose values there are not zeros: silently other outputs. Now refused, and
+    without the nested path (or with grad) it matches eager."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    eager = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    compiled = aotgrad.compile(copy.deepcopy(eager), backend="eager")
+    x, mask = torch.randn(2, 5, 8), _padding_mask()
+    with torch.no_grad(), pytest.raises(NotImplementedError,
+                                        match="aotgrad: nn.TransformerEncoder .* nested"):
+        compiled(x, src_key_padding_mask=mask)
+    torch.testing.assert_close(compiled(x, src_key_padding_mask=mask),
+                               eager(x, src_key_padding_mask=mask))
+    eager.use_nested_tensor = False
+    compiled.use_nested_tensor = False
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, src_key_padding_mask=mask),
+                                   eager(x, src_key_padding_mask=mask))
+
+
 @pytest.mark.parametrize("optimizer, options", [
     ("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.01)),
     ("AdamW", dict(lr=0.01, weight_decay=0.1, foreach=False)), ("RMSprop", dict(lr=0.01))])

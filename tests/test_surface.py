@@ -319,3 +319,30 @@ def test_torch_compile_with_the_aotgrad_backend_name():
          "x = torch.randn(3); assert torch.allclose(f(x), x.cos() * 2); print('OK')"],
         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "OK"
+
+
+@pytest.mark.parametrize("backend", ["name", "object"])
+def test_parameters_swap_after_a_torch_compile_with_aotgrads_backend(backend):
+    """Dynamo drops its weak references to the traced tensors after a compile by a backend
+    it knows by name; `aotgrad.backend(...)`'s was unknown, so they stayed and
+    `torch.utils.swap_tensors` refused the parameters: `model.to(torch.float64)` under
+    `set_swap_module_params_on_conversion(True)` raised where eager's module converts."""
+    import copy
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aotgrad" if backend == "name" else
+                             aotgrad.backend(backend="eager"))
+    x = torch.randn(5, 3)
+    compiled(x).sum().backward()
+    eager(x).sum().backward()
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        for m in (eager, model):
+            m.to(torch.float64)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
+    torch.testing.assert_close(compiled(x.double()), eager(x.double()))
+    torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))

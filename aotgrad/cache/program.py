@@ -338,7 +338,8 @@ def global_state() -> str:
              "matmul precision": torch.get_float32_matmul_precision(),
              "tf32": (torch.backends.cudnn.allow_tf32, cuda.matmul.allow_tf32),
              "sdp": tuple(_flag(cuda, name) for name in _SDP_FLAGS),
-             "mkldnn, cudnn": (torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled)}
+             "mkldnn, cudnn": (torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled),
+             "mha fast path": torch.backends.mha.get_fastpath_enabled()}
     for device in ("cpu", "cuda"):
         state[f"autocast {device}"] = (torch.is_autocast_enabled(device) and
                                        torch.get_autocast_dtype(device))

@@ -13,7 +13,7 @@ entry depends on:
   (outputs that alias them, metadata mutations) and the leaf-ness of mutated inputs (eager
   refuses in-place changes to leaves that require grad): elsewhere neither reaches the graph,
   whose fake inputs start at offset 0;
-- grad mode, inference mode and autocast (`global_state`);
+- grad mode, inference mode, autocast and the default device (`global_state`);
 - for an entry compiled for dynamic shapes, each tensor's rank instead of its sizes and
   strides, then the entry's shape guard (`dynamic.ShapeGuard`).
 
@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext
 
 from ..schema import OutputKind
 from .call import CompiledCall, runner_body
@@ -43,7 +45,24 @@ def global_state() -> tuple:
     for device in ("cpu", "cuda"):
         on = torch.is_autocast_enabled(device)
         state.append((on, torch.get_autocast_dtype(device)) if on else False)
-    return tuple(state)
+    return (*state, default_device())
+
+
+_FUNCTION_MODES_ON = torch._C._is_torch_function_mode_enabled
+
+
+def default_device() -> str | None:
+    """The device of `torch.set_default_device` or `with torch.device(...)`, which a trace
+    bakes into its factories (`torch.ones(3)`); None where no function mode is on."""
+    return str(torch.get_default_device()) if _FUNCTION_MODES_ON() else None
+
+
+def under_a_function_mode() -> bool:
+    """Under a torch function mode other than a default device (a user's TorchFunctionMode,
+    which sees and may rewrite every call): a graph traced without it would not repeat that,
+    so the original code runs. A default device is a part of the guards' global state."""
+    return _FUNCTION_MODES_ON() and any(
+        type(mode) is not DeviceContext for mode in _get_current_function_mode_stack())
 
 
 @dataclass(frozen=True)
@@ -255,13 +274,13 @@ def _constant_term(p: int, value: Any, scope: dict) -> str:
 
 
 def _global_terms(state: tuple, scope: dict) -> list[str]:
-    grad, inference, *autocast = state
+    grad, inference, *autocast, device = state
     terms = [f"_grad() is {grad}", f"_inference() is {inference}"]
-    if any(autocast) or _ANY_AUTOCAST is None:
+    if any(autocast) or device is not None or _ANY_AUTOCAST is None:
         scope["_expected_state"] = state
         return terms + ["_state() == _expected_state"]
-    scope["_any_autocast"] = _ANY_AUTOCAST
-    return terms + ["not _any_autocast()"]
+    scope["_any_autocast"], scope["_function_modes_on"] = _ANY_AUTOCAST, _FUNCTION_MODES_ON
+    return terms + ["not _any_autocast()", "not _function_modes_on()"]
 
 
 # One C++ call for "no autocast on any device" (stricter than the key's cpu/cuda: sound).

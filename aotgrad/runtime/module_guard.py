@@ -51,6 +51,8 @@ import torch
 from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
+from ..semantics import mends
+
 _CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _REGISTRIES = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
@@ -86,6 +88,7 @@ class ModuleAttributes:
                        if isinstance(f, types.FunctionType) and not _is_torchs(f)},
                       key=lambda f: f.__qualname__)
         self.cells, self.globals = code_reads(code)
+        self.globals += mends.fast_path_flag(modules)  # torch's, read by attention modules
         hooks = [r.function for r in self.hook_reads]  # a hook reading `module.config`
         named = set().union(*(_global_names(f.__code__) for f in code + hooks))  # attributes
         self.values = [(vars(m), n, v, contents_of(v)) for m in modules for n, v in vars(m).items()
@@ -171,9 +174,10 @@ class RegisteredNames:
     the first two's hold None, as at the compile. Checked at every call, so in C loops
     (`map`), not Python ones: the names' count over all the dicts, that each name is still
     there, that each None is still None; together they say the names are the same. (An
-    existing entry's object is not compared here: parameters and buffers are read at each
-    call, submodules are `ModuleAttributes.edges`.) A dict replaced whole is not seen, nor a
-    reordering of the same names; torch's own `del seq[i]` first deletes from the old dict."""
+    existing entry's object is compared only where it was tied to another's: parameters and
+    buffers are read at each call, submodules are `ModuleAttributes.edges`.) A dict replaced
+    whole is not seen, nor a reordering of the same names; torch's own `del seq[i]` first
+    deletes from the old dict."""
 
     def __init__(self, named: list[tuple[str, torch.nn.Module]]):
         self.registries = [(path, kind, getattr(m, kind), dict(getattr(m, kind)))
@@ -185,6 +189,14 @@ class RegisteredNames:
         self.state_dicts, self.state_names = [d for d, _, _ in state], [n for _, n, _ in state]
         self.none_dicts = [d for d, _, v in state if v is None]
         self.none_names = [n for _, n, v in state if v is None]
+        # Names that held one tensor (tied weights, `head.weight = emb.weight`): the graphs
+        # read it once, by its first name, so a name given a tensor of its own was not read.
+        first: dict[int, int] = {}
+        tied = [(first.setdefault(id(v), k), k) for k, (_, _, v) in enumerate(state)
+                if v is not None]
+        tied = [(state[i], state[k]) for i, k in tied if i != k]
+        self.tied = [[pair[k][j] for pair in tied] for k in (0, 1) for j in (0, 1)] if tied \
+            else None
 
     def changed(self) -> str | None:
         """Which name changed, in words; None if none did."""
@@ -194,6 +206,11 @@ class RegisteredNames:
                                map(operator.getitem, self.none_dicts, self.none_names),
                                _NONES))):
             return self._which()
+        if self.tied is not None:
+            dicts, names, tied_dicts, tied_names = self.tied
+            if not all(map(operator.is_, map(operator.getitem, dicts, names),
+                           map(operator.getitem, tied_dicts, tied_names))):
+                return "a parameter or buffer tied to another at the compile, set apart"
         return None
 
     def _which(self) -> str:

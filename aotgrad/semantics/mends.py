@@ -21,6 +21,13 @@ And one in torch's Python modules: BatchNorm with `momentum=None` reads its batc
 Python float, which a trace cannot; traced, its cumulative average is computed with tensor
 ops (`cumulative_batch_norm`).
 
+And one in torch.nn's attention modules: MultiheadAttention, TransformerEncoderLayer and
+TransformerEncoder take their fused fast paths (eval, no grad) only where no argument
+`has_torch_function`, which the trace's own function modes make true of every tensor: the
+trace took the slow path, whose output differs in layout (MultiheadAttention's, transposed)
+or in value (the encoder's padded positions, which its nested path zeroes). Traced, they
+branch as eager does (`attention_fast_paths_as_eager`).
+
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
 refused by name (`generators_traceable`); a device's default generator passed by name means
@@ -34,6 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -199,6 +208,63 @@ def _lstm_states_misshaped() -> bool:
         _, (h, _) = decompositions.one_layer_lstm(torch.zeros(1, 2, 2), (state, state),
                                                   weights, False)
     return h.shape != state.shape
+
+
+# The modules whose fast paths ask `torch.overrides.has_torch_function` of their arguments.
+_FAST_PATH_MODULES = frozenset({"torch.nn.modules.activation", "torch.nn.modules.transformer"})
+_DISABLED = torch._C._disabled_torch_function_impl
+
+
+@contextlib.contextmanager
+def attention_fast_paths_as_eager():
+    """Around the user's code in a trace: `has_torch_function`, asked by an attention
+    module's fast-path test, answers as in eager (the trace's own function modes and its
+    tensors' types left out), so the trace takes eager's branch. The encoder's nested-tensor
+    path is refused: a graph holds no nested tensor, and whether eager takes it depends on
+    the mask's values (left-aligned or not)."""
+    original, tracing = torch.overrides.has_torch_function, threading.get_ident()
+
+    def has_torch_function(args):
+        if (threading.get_ident() != tracing
+                or sys._getframe(1).f_globals.get("__name__") not in _FAST_PATH_MODULES):
+            return original(args)
+        return any(map(_overrides, args))  # a user's function mode: the call runs eagerly
+
+    def nested_tensor_from_mask(*args, **kwargs):
+        if threading.get_ident() != tracing:
+            return nested(*args, **kwargs)
+        raise NotImplementedError(
+            "aotgrad: nn.TransformerEncoder in eval without grad, given a "
+            "src_key_padding_mask, runs its layers on a nested tensor in eager (the padded "
+            "positions come out as zeros), which a graph cannot hold. Build the encoder with "
+            "enable_nested_tensor=False (or set `encoder.use_nested_tensor = False`), or call "
+            "it outside the compiled function.")
+
+    nested = torch._nested_tensor_from_mask
+    with patched(torch.overrides, has_torch_function=has_torch_function), \
+            patched(torch, _nested_tensor_from_mask=nested_tensor_from_mask):
+        yield
+
+
+def fast_path_flag(modules: list[torch.nn.Module]) -> list[tuple]:
+    """Where an attention module is among `modules`, torch's switch of their fast paths
+    (`torch.backends.mha.set_fastpath_enabled`) as `module_guard.code_reads` lists a global
+    read: the trace took the branch it chose, so a change compiles the module again."""
+    if not any(isinstance(m, _FAST_PATH_TYPES) for m in modules):
+        return []
+    flags = vars(torch.backends.mha)
+    return [(flags, "_is_fastpath_enabled", flags["_is_fastpath_enabled"], None)]
+
+
+_FAST_PATH_TYPES = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
+                    torch.nn.TransformerEncoder)
+
+
+def _overrides(arg) -> bool:
+    """Eager's test of one argument: a type other than Tensor with a __torch_function__ of
+    its own (the trace's FakeTensor and FunctionalTensor disable theirs)."""
+    return type(arg) is not torch.Tensor and getattr(type(arg), "__torch_function__",
+                                                     _DISABLED) is not _DISABLED
 
 
 @functools.cache
