@@ -124,9 +124,9 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
         raise _NoStandIn
     try:
         stand_in = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
-    except (RuntimeError, TypeError) as error:  # a device this process has not got
-        raise _NoStandIn from error
-    stand_in.untyped_storage().fill_(0)
+        stand_in.untyped_storage().fill_(0)
+    except (RuntimeError, TypeError) as error:  # a device this process has not got; a
+        raise _NoStandIn from error  # storage torch calls invalid (inside a traced set_())
     stand_in.requires_grad_(t.requires_grad)
     if t.requires_grad and not t.is_leaf:
         with torch.enable_grad():
