@@ -1413,3 +1413,80 @@ def test_a_module_called_under_a_dispatch_mode_runs_its_own_forward():
         want = model(x)
     assert mode.seen == eager.seen
     torch.testing.assert_close(out, want)
+
+
+def test_a_functions_defaults_or_code_replaced_after_the_compile():
+    """`f.__defaults__ = ...`, `f.__kwdefaults__[k] = ...`, or `f.__code__ = ...` (IPython's
+    autoreload, after the file is edited): the old graph kept running, silently."""
+    def scaled(x, a=2.0, *, b=1.0):
+        return x * a + b
+
+    def edited(x, a=2.0, *, b=1.0):
+        return x * a - b
+
+    saved = scaled.__defaults__, dict(scaled.__kwdefaults__), scaled.__code__
+    compiled = aotgrad.compile(scaled, backend="eager")
+    x = torch.randn(3, requires_grad=True)
+    for change in [lambda: setattr(scaled, "__defaults__", (7.0,)),
+                   lambda: scaled.__kwdefaults__.update(b=5.0),
+                   lambda: setattr(scaled, "__code__", edited.__code__)]:
+        change()
+        torch.testing.assert_close(compiled(x), scaled(x), rtol=0, atol=0)
+    assert compiled.num_compiles == 1 and compiled._rereads == 3
+    scaled.__defaults__, scaled.__kwdefaults__, scaled.__code__ = saved
+
+
+PARTIAL_SCALE = 2.0
+
+
+def partial_target(x, a):
+    return x * a * PARTIAL_SCALE
+
+
+def test_a_partials_keywords_or_its_functions_globals_changed_after_the_compile():
+    """A functools.partial was watched for nothing: neither its keywords (a dict) nor the
+    globals of the function it calls."""
+    global PARTIAL_SCALE
+    import functools
+    bound = functools.partial(partial_target, a=2.0)
+    compiled = aotgrad.compile(bound, backend="eager")
+    x = torch.randn(3)
+    compiled(x)
+    bound.keywords["a"] = 7.0
+    torch.testing.assert_close(compiled(x), bound(x), rtol=0, atol=0)
+    try:
+        PARTIAL_SCALE = 3.0
+        torch.testing.assert_close(compiled(x), bound(x), rtol=0, atol=0)
+    finally:
+        PARTIAL_SCALE = 2.0
+
+
+class LinearTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * 2
+
+
+class LinearThrice(LinearTwice):
+    def forward(self, x):
+        return self.fc(x) * 3
+
+
+@pytest.mark.parametrize("how", ["class forward", "instance class"])
+def test_a_modules_class_forward_patched_or_its_class_swapped_compiles_again(how):
+    """`Cls.forward = f` (a patch, autoreload) or `module.__class__ = Other`: the root
+    module's class and its forward were not compared, and the old graph ran, silently."""
+    cls = type("Local", (LinearTwice,), {})
+    model = cls()
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4, requires_grad=True)
+    step_matches_eager(model, compiled, x)
+    if how == "class forward":
+        cls.forward = LinearThrice.forward
+    else:
+        model.__class__ = LinearThrice
+    step_matches_eager(model, compiled, x)
+    torch.testing.assert_close(compiled(x), model.fc(x) * 3, rtol=0, atol=0)

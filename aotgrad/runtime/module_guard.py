@@ -51,6 +51,8 @@ import torch
 from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
+from .values import CONTAINER_ITEMS, Definition, contents_of, unchanged  # noqa: F401
+
 _CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _REGISTRIES = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
@@ -66,6 +68,9 @@ class ModuleAttributes:
         self.names = RegisteredNames(named)
         self.edges = [(m._modules, n, c, type(c)) for m in modules
                       for n, c in m._modules.items()]
+        # Each module's class and the forward it defines: a class patched (`cls.forward =`,
+        # autoreload) or swapped (`m.__class__ =`) runs other code.
+        self.classes = [(m, type(m), getattr(type(m), "forward", None)) for m in modules]
         self.hook_dicts = [getattr(m, h) for m in modules for h in _HOOK_DICTS] + [
             module_hooks._global_forward_pre_hooks, module_hooks._global_forward_hooks,
             module_hooks._global_backward_pre_hooks, module_hooks._global_backward_hooks]
@@ -101,6 +106,9 @@ class ModuleAttributes:
         for parent, name, child, cls in self.edges:
             if parent.get(name) is not child or type(child) is not cls:
                 return f"submodule {name!r}"
+        for m, cls, forward in self.classes:
+            if type(m) is not cls or getattr(cls, "forward", None) is not forward:
+                return f"the class of a module or its forward ({cls.__name__})"
         names = self.names.changed()
         if names is not None:
             return names
@@ -228,6 +236,8 @@ class FunctionReads:
     number or string by value; a short plain list or dict item by item too."""
 
     def __init__(self, fn: Callable, watch_modules: bool = True):
+        # A partial's bound keywords are a dict the caller may change (its `args` cannot).
+        self.bound = [(fn.keywords, contents_of(fn.keywords))] if _is_partial(fn) else []
         fn, owner = _function_and_owner(fn)
         self.function, self.owner = fn, owner
         watched = hasattr(owner, "__dict__") and (
@@ -255,6 +265,9 @@ class FunctionReads:
         changed = code_changed(self.cells, self.globals)
         if changed is not None:
             return changed
+        for keywords, contents in self.bound:
+            if not unchanged(keywords, keywords, contents):
+                return "the keywords of the functools.partial"
         if self.attributes:
             now = vars(self.owner)
             for name, value, contents in self.attributes:
@@ -275,6 +288,9 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
         own = [(name, cell, cell.cell_contents, contents_of(cell.cell_contents)) for name, cell
                in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
         cells += own
+        definition = Definition(f)
+        reads += [(definition, part, getattr(f, part), contents_of(getattr(f, part)))
+                  for part in Definition.PARTS]
         names = sorted(_global_names(f.__code__))
         scopes = [f.__globals__, *(vars(value) for _, _, value, _ in own  # a module imported
                                    if isinstance(value, types.ModuleType)  # in a function
@@ -346,33 +362,10 @@ def code_changed(cells: list, reads: list) -> str | None:
     for names, name, value, contents in reads:
         now = names.get(name, _GONE)
         if (now is not value or contents is not None) and not unchanged(now, value, contents):
+            if isinstance(names, Definition):
+                return f"the {name} of {names.function.__qualname__}"
             return f"the global {name!r}"
     return None
-
-
-# A plain list or dict read as a whole (a closed-over `scale = [2.0]`, a global config dict)
-# is also compared item by item, up to this many items: its items are what the graphs took.
-CONTAINER_ITEMS = 32
-
-
-def contents_of(value: Any) -> tuple | None:
-    """A plain list's items, or a plain dict's keys and items, as they are now; None for
-    anything else, or a longer one (compared by identity only)."""
-    if type(value) is list and len(value) <= CONTAINER_ITEMS:
-        return tuple(value)
-    if type(value) is dict and len(value) <= CONTAINER_ITEMS:
-        return (*value, *value.values())
-    return None
-
-
-def unchanged(now: Any, value: Any, contents: tuple | None) -> bool:
-    """Is `now` what `value` was, `contents` its items then (`contents_of`)?"""
-    if now is not value:
-        return _same(now, value)
-    if contents is None:
-        return True
-    items = contents_of(now)  # the same object: a list or a dict
-    return items is not None and len(items) == len(contents) and all(map(_same, items, contents))
 
 
 def _function_and_owner(fn: Callable) -> tuple[Any, Any]:
@@ -382,7 +375,13 @@ def _function_and_owner(fn: Callable) -> tuple[Any, Any]:
         return fn.__func__, fn.__self__
     if isinstance(fn, types.FunctionType):
         return fn, None
+    if _is_partial(fn):  # what it calls reads the same globals
+        return _function_and_owner(fn.func)
     return getattr(type(fn), "__call__", None), fn  # a callable object
+
+
+def _is_partial(fn: Callable) -> bool:
+    return type(fn) is functools.partial and type(fn.keywords) is dict
 
 
 def _filled(cell) -> bool:
@@ -399,22 +398,6 @@ def _global_names(code: types.CodeType) -> set[str]:
         if isinstance(const, types.CodeType):  # a lambda or comprehension inside
             names |= _global_names(const)
     return names
-
-
-_BY_VALUE = (bool, int, float, complex, str)
-
-
-def _same(now: Any, value: Any) -> bool:
-    """Identity; for numbers and strings, equal values; for tuples, the same items."""
-    if now is value:
-        return True
-    if type(now) is not type(value):
-        return False
-    if type(value) is tuple:
-        return len(now) == len(value) and all(map(_same, now, value))
-    if type(value) is float:  # by its bits: 0.0 == -0.0 (1 / x differs), nan != nan
-        return now.hex() == value.hex()
-    return isinstance(value, _BY_VALUE) and now == value
 
 
 def _hooked(dicts: list) -> list:
