@@ -1490,3 +1490,31 @@ def test_a_modules_class_forward_patched_or_its_class_swapped_compiles_again(how
         model.__class__ = LinearThrice
     step_matches_eager(model, compiled, x)
     torch.testing.assert_close(compiled(x), model.fc(x) * 3, rtol=0, atol=0)
+
+
+def test_the_default_dtype_or_deterministic_algorithms_changed_after_the_compile(tmp_path,
+                                                                                monkeypatch):
+    """Inductor bakes a factory's default dtype into its code: after
+    `torch.set_default_dtype(torch.float64)` the entry compiled under float32 kept returning
+    float32 where eager returns float64. Neither was part of the call guard."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    f = aotgrad.compile(lambda x: x * torch.ones(3), backend="inductor")
+    x = torch.randn(2, 3, requires_grad=True)
+    f(x)
+    old = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        out = f(x)
+        assert out.dtype == (x * torch.ones(3)).dtype == torch.float64
+        out.sum().backward()
+        torch.testing.assert_close(x.grad, torch.ones(2, 3, dtype=x.dtype))
+    finally:
+        torch.set_default_dtype(old)
+    g = compiled(lambda x: x * 2)  # the eager backend: a new entry too
+    g(x)
+    try:
+        torch.use_deterministic_algorithms(True)
+        g(x)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert g.num_compiles == 2
