@@ -1518,3 +1518,78 @@ def test_the_default_dtype_or_deterministic_algorithms_changed_after_the_compile
     finally:
         torch.use_deterministic_algorithms(False)
     assert g.num_compiles == 2
+
+
+HELPER_SCALE = 2.0
+
+
+def test_a_global_a_closed_over_helper_reads_changed_after_the_compile():
+    """A factory's inner function calling another closed-over one: the helper's globals
+    were not followed, and the old graph ran, silently."""
+    global HELPER_SCALE
+
+    def make():
+        def helper(x):
+            return x * HELPER_SCALE
+
+        return lambda x: helper(x) + 1
+
+    fn = make()
+    compiled = aotgrad.compile(fn, backend="eager")
+    x = torch.randn(3)
+    compiled(x)
+    try:
+        HELPER_SCALE = 7.0
+        torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
+    finally:
+        HELPER_SCALE = 2.0
+
+
+class CallableScaler:
+    def __call__(self, x):
+        return self.helper(x) + 1
+
+    def helper(self, x):
+        return x * 2
+
+
+class LinearWithHelper(nn.Module):
+    scale = 2.0  # a class attribute forward reads
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.helper(self.fc(x)) * self.scale
+
+    def helper(self, h):
+        return h.relu()
+
+
+@pytest.mark.parametrize("how", ["__call__", "helper", "class"])
+def test_a_callable_objects_class_patched_or_swapped_after_the_compile(how):
+    """`__call__` is looked up on the object's class at each call: the class patched or
+    swapped ran other code in eager, and the old graph here, silently."""
+    cls = type("Local", (CallableScaler,), {})
+    obj = cls()
+    compiled = aotgrad.compile(obj, backend="eager")
+    x = torch.randn(3)
+    compiled(x)
+    if how == "class":
+        obj.__class__ = type("Other", (), {"__call__": lambda self, x: x * 7})
+    else:
+        setattr(cls, how, lambda self, x: x * 7)
+    torch.testing.assert_close(compiled(x), obj(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("how", ["helper", "scale"])
+def test_a_method_or_constant_of_a_modules_class_patched_after_the_compile(how):
+    """`Cls.helper = f` or `Cls.scale = 3.0`: only instance attributes were compared."""
+    cls = type("Local", (LinearWithHelper,), {})
+    model = cls()
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4, requires_grad=True)
+    step_matches_eager(model, compiled, x)
+    setattr(cls, how, (lambda self, h: h.tanh()) if how == "helper" else 3.0)
+    step_matches_eager(model, compiled, x)

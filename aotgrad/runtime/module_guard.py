@@ -51,7 +51,8 @@ import torch
 from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
-from .values import CONTAINER_ITEMS, Definition, contents_of, unchanged  # noqa: F401
+from .values import (CONTAINER_ITEMS, Definition, class_code, global_names,  # noqa: F401
+                     class_members, contents_of, members_changed, unchanged)
 
 _CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
@@ -68,9 +69,9 @@ class ModuleAttributes:
         self.names = RegisteredNames(named)
         self.edges = [(m._modules, n, c, type(c)) for m in modules
                       for n, c in m._modules.items()]
-        # Each module's class and the forward it defines: a class patched (`cls.forward =`,
-        # autoreload) or swapped (`m.__class__ =`) runs other code.
-        self.classes = [(m, type(m), getattr(type(m), "forward", None)) for m in modules]
+        # Each module's class, and the methods its forward reaches there: a class swapped
+        # (`m.__class__ =`) or patched (`Cls.forward = f`) runs other code.
+        self.modules, self.module_classes = modules, list(map(type, modules))
         self.hook_dicts = [getattr(m, h) for m in modules for h in _HOOK_DICTS] + [
             module_hooks._global_forward_pre_hooks, module_hooks._global_forward_hooks,
             module_hooks._global_backward_pre_hooks, module_hooks._global_backward_hooks]
@@ -83,7 +84,10 @@ class ModuleAttributes:
                            if not _is_torchs(hook) and FunctionReads.watchable(hook)]
         # What the forwards of the user's classes read (a module-level flag, a helper), and
         # the code of a custom autograd.Function an attribute holds (`self.reverse.apply`).
-        forwards = [(type(m), getattr(type(m), "forward", None)) for m in modules]
+        forwards = {type(m): getattr(type(m), "forward", None) for m in modules}.items()
+        self.members = [member for cls, forward in forwards if not _is_torchs(forward)
+                        for member in class_members(cls, _reached_in_class(cls, forward),
+                                                    "forward")]
         functions = [f for cls, forward in forwards for f in _reached_in_class(cls, forward)] + [
             f for m in modules for value in vars(m).values() for f in _code_of(value)
             if isinstance(value, type)]
@@ -92,7 +96,7 @@ class ModuleAttributes:
                       key=lambda f: f.__qualname__)
         self.cells, self.globals = code_reads(code)
         hooks = [r.function for r in self.hook_reads]  # a hook reading `module.config`
-        named = set().union(*(_global_names(f.__code__) for f in code + hooks))  # attributes
+        named = set().union(*(global_names(f.__code__) for f in code + hooks))  # attributes
         self.values = [(vars(m), n, v, contents_of(v)) for m in modules for n, v in vars(m).items()
                        if not n.startswith("_") and n not in ("training", "forward")
                        and _watched(n, v, named)]
@@ -106,9 +110,11 @@ class ModuleAttributes:
         for parent, name, child, cls in self.edges:
             if parent.get(name) is not child or type(child) is not cls:
                 return f"submodule {name!r}"
-        for m, cls, forward in self.classes:
-            if type(m) is not cls or getattr(cls, "forward", None) is not forward:
-                return f"the class of a module or its forward ({cls.__name__})"
+        if not all(map(operator.is_, map(type, self.modules), self.module_classes)):
+            return "the class of a module"
+        changed = members_changed(self.members)
+        if changed is not None:
+            return changed
         names = self.names.changed()
         if names is not None:
             return names
@@ -157,21 +163,12 @@ def _reached_in_class(cls: type, start: Any) -> list[types.FunctionType]:
         return []
     found, todo = {start}, [start]
     while todo:
-        for name in sorted(_global_names(todo.pop().__code__)):  # attribute names too
-            for method in _class_code(inspect.getattr_static(cls, name, None)):
+        for name in sorted(global_names(todo.pop().__code__)):  # attribute names too
+            for method in class_code(inspect.getattr_static(cls, name, None)):
                 if method not in found and not _is_torchs(method):  # torch's: not followed
                     found.add(method)
                     todo.append(method)
     return list(found)
-
-
-def _class_code(attribute: Any) -> list[types.FunctionType]:
-    """The function a class attribute runs when read or called: a method's, a static or
-    class method's, a property's getter."""
-    if isinstance(attribute, property):
-        attribute = attribute.fget
-    attribute = getattr(attribute, "__func__", attribute)
-    return [attribute] if isinstance(attribute, types.FunctionType) else []
 
 
 class RegisteredNames:
@@ -244,8 +241,13 @@ class FunctionReads:
             watch_modules or not isinstance(owner, torch.nn.Module))
         self.attributes = [(name, value, contents_of(value)) for name, value in
                            (vars(owner).items() if watched else ())]
-        self.cells, self.globals = code_reads(
-            [fn] if owner is None else _reached_in_class(type(owner), fn))
+        reached = [fn] if owner is None else _reached_in_class(type(owner), fn)
+        self.cells, self.globals = code_reads(reached)
+        # A callable object's class (`__call__` is looked up on it at each call) and the
+        # methods its code reaches there; a bound method's, but its own function is fixed.
+        self.owner_class = type(owner) if _is_callable_object(fn, owner) else None
+        self.members = [] if owner is None else class_members(
+            type(owner), reached, "__call__" if self.owner_class else fn.__name__)
 
     @staticmethod
     def watchable(fn: Callable) -> bool:
@@ -263,6 +265,11 @@ class FunctionReads:
     def changed(self) -> str | None:
         """What changed, in words; None if nothing did."""
         changed = code_changed(self.cells, self.globals)
+        if changed is not None:
+            return changed
+        if self.owner_class is not None and type(self.owner) is not self.owner_class:
+            return f"the class of the {self.owner_class.__name__} object"
+        changed = members_changed(self.members)
         if changed is not None:
             return changed
         for keywords, contents in self.bound:
@@ -291,7 +298,7 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
         definition = Definition(f)
         reads += [(definition, part, getattr(f, part), contents_of(getattr(f, part)))
                   for part in Definition.PARTS]
-        names = sorted(_global_names(f.__code__))
+        names = sorted(global_names(f.__code__))
         scopes = [f.__globals__, *(vars(value) for _, _, value, _ in own  # a module imported
                                    if isinstance(value, types.ModuleType)  # in a function
                                    and _users_module(value))]
@@ -307,12 +314,19 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
                         scopes.append(vars(value))  # its attributes the code names
                     continue
                 reads.append((scope, name, value, contents_of(value)))
-                for helper in _code_of(value):
-                    if helper not in seen and (helper.__globals__ is f.__globals__
-                                               or _users_code(helper)):
-                        seen.add(helper)  # the same module's, or another of the user's
-                        todo.append(helper)
+                todo += _helpers(value, f, seen)
+        for _, _, value, _ in own:  # a closed-over helper (a factory's inner function)
+            todo += _helpers(value, f, seen)
     return cells, reads
+
+
+def _helpers(value: Any, caller: types.FunctionType, seen: set) -> list[types.FunctionType]:
+    """The functions a call of `value` runs that `code_reads` follows, not `seen` before
+    (now marked): the same module's as `caller`, or another of the user's."""
+    found = [h for h in _code_of(value) if h not in seen and (
+        h.__globals__ is caller.__globals__ or _users_code(h))]
+    seen.update(found)
+    return found
 
 
 def _code_of(value: Any) -> list[types.FunctionType]:
@@ -380,6 +394,10 @@ def _function_and_owner(fn: Callable) -> tuple[Any, Any]:
     return getattr(type(fn), "__call__", None), fn  # a callable object
 
 
+def _is_callable_object(fn: Callable, owner: Any) -> bool:
+    return owner is not None and getattr(type(owner), "__call__", None) is fn
+
+
 def _is_partial(fn: Callable) -> bool:
     return type(fn) is functools.partial and type(fn.keywords) is dict
 
@@ -390,14 +408,6 @@ def _filled(cell) -> bool:
     except ValueError:  # a variable of the enclosing function not assigned yet
         return False
     return True
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):  # a lambda or comprehension inside
-            names |= _global_names(const)
-    return names
 
 
 def _hooked(dicts: list) -> list:

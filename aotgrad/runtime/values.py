@@ -4,6 +4,7 @@ identity (runtime/module_guard.py); and a function's own parts, read live."""
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
 
@@ -61,3 +62,45 @@ class Definition:
 
     def get(self, name: str, default: Any = None) -> Any:
         return getattr(self.function, name, default)
+
+
+def class_members(cls: type, functions: list, start: str) -> list[tuple[type, str, Any]]:
+    """The attributes of `cls` that `functions` name (`start` too) and that hold code (methods,
+    properties) or a number or string, as they are now: one patched (`Cls.helper = f`,
+    `Cls.scale = 3.0`) runs other code, or the graph took the old value."""
+    names = set().union(*(global_names(f.__code__) for f in functions))
+    named = [n for n in sorted(names) if _code_or_constant(inspect.getattr_static(cls, n, None))]
+    return [(cls, n, _member(cls, n)) for n in [start, *named]]
+
+
+def members_changed(members: list[tuple[type, str, Any]]) -> str | None:
+    for cls, name, value in members:
+        if _member(cls, name) is not value:
+            return f"{cls.__name__}.{name}"
+    return None
+
+
+def _code_or_constant(attribute: Any) -> bool:
+    return bool(class_code(attribute)) or type(attribute) in _BY_VALUE
+
+
+def _member(cls: type, name: str) -> Any:
+    value = getattr(cls, name, None)
+    return getattr(value, "__func__", value)  # a classmethod is bound anew at each read
+
+
+def class_code(attribute: Any) -> list[types.FunctionType]:
+    """The function a class attribute runs when read or called: a method's, a static or
+    class method's, a property's getter."""
+    if isinstance(attribute, property):
+        attribute = attribute.fget
+    attribute = getattr(attribute, "__func__", attribute)
+    return [attribute] if isinstance(attribute, types.FunctionType) else []
+
+
+def global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # a lambda or comprehension inside
+            names |= global_names(const)
+    return names
