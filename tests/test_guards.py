@@ -1593,3 +1593,31 @@ def test_a_method_or_constant_of_a_modules_class_patched_after_the_compile(how):
     step_matches_eager(model, compiled, x)
     setattr(cls, how, (lambda self, h: h.tanh()) if how == "helper" else 3.0)
     step_matches_eager(model, compiled, x)
+
+
+class ArgConfig:
+    def __init__(self, scale):
+        self.scale = scale
+
+
+def test_an_attribute_of_an_object_argument_changed_between_calls():
+    """`f(x, cfg)`, then `cfg.scale = 7.0`: the same object keyed the same entry, whose
+    graph held the old scale; a plain class and an (unhashable) dataclass alike."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class DataConfig:
+        scale: float
+
+    def f(x, cfg):
+        return x * cfg.scale
+
+    compiled = aotgrad.compile(f, backend="eager")
+    x = torch.randn(3, requires_grad=True)
+    for cfg in (ArgConfig(2.0), DataConfig(2.0)):
+        compiled(x, cfg)
+        cfg.scale = 7.0
+        torch.testing.assert_close(compiled(x, cfg), f(x, cfg), rtol=0, atol=0)
+        cfg.scale = -0.0
+        torch.testing.assert_close(compiled(x, cfg), f(x, cfg), rtol=0, atol=0)
+    assert compiled.num_compiles == 6

@@ -25,6 +25,7 @@ computes what eager would.
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
@@ -244,8 +245,22 @@ def constant_key(value: Any) -> Hashable:
     try:
         hash(value)
     except TypeError:
-        return type(value), id(value)
-    return type(value), value
+        return type(value), id(value), _attributes(value)
+    return type(value), value, _attributes(value)
+
+
+def _attributes(value: Any) -> tuple:
+    """An object argument's attributes, one level deep, numbers and strings by value: the
+    trace took `cfg.scale` as a constant of the graph, and the same object with another
+    scale must compile again (torch.compile guards it too). Deeper values by identity."""
+    names = getattr(value, "__dict__", None)
+    if type(names) is not dict or isinstance(value, (type, enum.Enum)):
+        return ()
+    return tuple((k, constant_key(v) if type(v) in _VALUE_TYPES else (type(v), id(v)))
+                 for k, v in names.items())
+
+
+_VALUE_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device)
 
 
 def _constant_term(p: int, value: Any, scope: dict) -> str:
