@@ -297,7 +297,7 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
         cells += own
         definition = Definition(f)
         reads += [(definition, part, getattr(f, part), contents_of(getattr(f, part)))
-                  for part in Definition.PARTS]
+                  for part in definition.parts()]
         names = sorted(global_names(f.__code__))
         scopes = [f.__globals__, *(vars(value) for _, _, value, _ in own  # a module imported
                                    if isinstance(value, types.ModuleType)  # in a function

@@ -4,6 +4,7 @@ identity (runtime/module_guard.py); and a function's own parts, read live."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import Any
@@ -54,14 +55,16 @@ class Definition:
     module's dict is for its globals: its code (IPython's autoreload sets `__code__` in
     place when the file is edited) and its default arguments (`f.__defaults__ = ...`)."""
 
-    PARTS = ("__code__", "__defaults__", "__kwdefaults__")
-    __slots__ = ("function",)
+    __slots__ = ("function", "get")
 
     def __init__(self, function: types.FunctionType):
         self.function = function
+        self.get = functools.partial(getattr, function)  # C calls only: read at every call
 
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self.function, name, default)
+    def parts(self) -> list[str]:
+        """Its code; its defaults where it has some (few functions do: fewer to compare)."""
+        return ["__code__", *(name for name in ("__defaults__", "__kwdefaults__")
+                              if getattr(self.function, name) is not None)]
 
 
 def class_members(cls: type, functions: list, start: str) -> list[tuple[type, str, Any]]:
