@@ -276,3 +276,110 @@ def test_a_probe_asked_first_in_a_process_is_not_in_the_log():
     mends.generators_traceable.cache_clear()
     _, event = run(plain, x())
     assert event[0] == "hit" and event[1].startswith("before the trace: ops"), event
+
+
+SETTINGS_SCRIPT = '''
+import enum, json, sys, torch, aotgrad
+from aotgrad import cache
+A = sys.argv[1] == "A"
+
+
+class Mode(enum.Enum):
+    X = 1
+    Y = 2
+
+
+class Block(torch.nn.Module):
+    def __init__(self, scale, flag, name, mode):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.scale, self.flag, self.name, self.mode = scale, flag, name, mode
+
+    def forward(self, x):
+        y = self.fc(x) * self.scale
+        y = y.relu() if self.flag else y
+        y = y.tanh() if self.name == "tanh" else y
+        return y + 1 if self.mode is Mode.Y else y
+
+
+G = 1.0 if A else 3.0
+
+
+def reads_global(x):
+    return x.sin() * G
+
+
+def closure(c):
+    return lambda x: x.cos() * c
+
+
+def with_default(x, a=2.0 if A else 7.0):
+    return x * a
+
+
+def from_source(text, globals_):
+    exec(compile(text, "generated.py", "exec"), globals_)
+    return globals_["f"]
+
+
+def dropout(x):
+    return torch.nn.functional.dropout(x, 0.5) * 3
+
+
+cases = {  # name: (fn, must the warm process miss?)
+    "float attribute": (Block(0.5 if A else 0.25, True, "a", Mode.X), True),
+    "bool attribute": (Block(1.0, A, "a", Mode.X), True),
+    "str attribute": (Block(1.0, True, "a" if A else "tanh", Mode.X), True),
+    "enum attribute": (Block(1.0, True, "a", Mode.X if A else Mode.Y), True),
+    "global": (reads_global, True),
+    "closure": (closure(2.0 if A else 5.0), True),
+    "default argument": (with_default, True),
+    "edited source": (from_source(f"def f(x):\\n    return x.sin() * {2 if A else 3}\\n", {}),
+                      True),
+    "same source, other globals": (from_source("def f(x):\\n    return x * K\\n",
+                                               {"K": 2.0 if A else 9.0}), True),
+    "dropout, another seed": (dropout, False),
+    "autocast": (Block(1.0, True, "b", Mode.X), True),  # on in the warm process only
+}
+
+
+def step(fn, seed):
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, requires_grad=True)
+    torch.manual_seed(seed)
+    out = fn(x)
+    params = list(fn.parameters()) if isinstance(fn, torch.nn.Module) else []
+    grads = torch.autograd.grad(out.float().sum(), [x, *params])
+    return [out, *grads]
+
+
+report = {}
+for name, (fn, must_miss) in cases.items():
+    torch.manual_seed(1)
+    if isinstance(fn, torch.nn.Module):
+        fn.fc.reset_parameters()
+    on = name == "autocast" and not A
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+        got = step(aotgrad.compile(fn, backend="eager"), 1 if A else 2)
+        want = step(fn, 1 if A else 2)
+    same = all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want))
+    report[name] = [same, cache.events()[-1][0], must_miss]
+print(json.dumps(report))
+'''
+
+
+def test_a_warm_process_under_other_settings_misses_or_computes_as_eager(tmp_path):
+    """The cold process compiles each case under one setting (an attribute, a global, a
+    closure, a default argument, the source, autocast, the seed), the warm one under
+    another: each must miss where its program differs, and match eager either way."""
+    script = tmp_path / "settings.py"
+    script.write_text(SETTINGS_SCRIPT)
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    cold, warm = [result_of(subprocess.Popen(
+        [sys.executable, str(script), phase], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env)) for phase in ("A", "B")]
+    assert all(same for same, _, _ in cold.values()), cold
+    assert all(same for same, _, _ in warm.values()), warm
+    assert {name: event for name, (_, event, must_miss) in warm.items() if must_miss} == {
+        name: "miss" for name, (_, _, must_miss) in warm.items() if must_miss}, warm
+    assert warm["dropout, another seed"][1] == "hit", warm

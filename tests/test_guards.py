@@ -1525,3 +1525,210 @@ def test_weights_tied_at_the_compile_and_set_apart_compile_again(untie):
     torch.testing.assert_close(compiled(i), eager(i))
     for (name, p), q in zip(eager.named_parameters(), model.parameters()):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+def test_a_functions_defaults_or_code_replaced_after_the_compile():
+    """`f.__defaults__ = ...`, `f.__kwdefaults__[k] = ...`, or `f.__code__ = ...` (IPython's
+    autoreload, after the file is edited): the old graph kept running, silently."""
+    def scaled(x, a=2.0, *, b=1.0):
+        return x * a + b
+
+    def edited(x, a=2.0, *, b=1.0):
+        return x * a - b
+
+    saved = scaled.__defaults__, dict(scaled.__kwdefaults__), scaled.__code__
+    compiled = aotgrad.compile(scaled, backend="eager")
+    x = torch.randn(3, requires_grad=True)
+    for change in [lambda: setattr(scaled, "__defaults__", (7.0,)),
+                   lambda: scaled.__kwdefaults__.update(b=5.0),
+                   lambda: setattr(scaled, "__code__", edited.__code__)]:
+        change()
+        torch.testing.assert_close(compiled(x), scaled(x), rtol=0, atol=0)
+    assert compiled.num_compiles == 1 and compiled._rereads == 3
+    scaled.__defaults__, scaled.__kwdefaults__, scaled.__code__ = saved
+
+
+PARTIAL_SCALE = 2.0
+
+
+def partial_target(x, a):
+    return x * a * PARTIAL_SCALE
+
+
+def test_a_partials_keywords_or_its_functions_globals_changed_after_the_compile():
+    """A functools.partial was watched for nothing: neither its keywords (a dict) nor the
+    globals of the function it calls."""
+    global PARTIAL_SCALE
+    import functools
+    bound = functools.partial(partial_target, a=2.0)
+    compiled = aotgrad.compile(bound, backend="eager")
+    x = torch.randn(3)
+    compiled(x)
+    bound.keywords["a"] = 7.0
+    torch.testing.assert_close(compiled(x), bound(x), rtol=0, atol=0)
+    try:
+        PARTIAL_SCALE = 3.0
+        torch.testing.assert_close(compiled(x), bound(x), rtol=0, atol=0)
+    finally:
+        PARTIAL_SCALE = 2.0
+
+
+class LinearTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * 2
+
+
+class LinearThrice(LinearTwice):
+    def forward(self, x):
+        return self.fc(x) * 3
+
+
+@pytest.mark.parametrize("how", ["class forward", "instance class"])
+def test_a_modules_class_forward_patched_or_its_class_swapped_compiles_again(how):
+    """`Cls.forward = f` (a patch, autoreload) or `module.__class__ = Other`: the root
+    module's class and its forward were not compared, and the old graph ran, silently."""
+    cls = type("Local", (LinearTwice,), {})
+    model = cls()
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4, requires_grad=True)
+    step_matches_eager(model, compiled, x)
+    if how == "class forward":
+        cls.forward = LinearThrice.forward
+    else:
+        model.__class__ = LinearThrice
+    step_matches_eager(model, compiled, x)
+    torch.testing.assert_close(compiled(x), model.fc(x) * 3, rtol=0, atol=0)
+
+
+def test_the_default_dtype_or_deterministic_algorithms_changed_after_the_compile(tmp_path,
+                                                                                monkeypatch):
+    """Inductor bakes a factory's default dtype into its code: after
+    `torch.set_default_dtype(torch.float64)` the entry compiled under float32 kept returning
+    float32 where eager returns float64. Neither was part of the call guard."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    f = aotgrad.compile(lambda x: x * torch.ones(3), backend="inductor")
+    x = torch.randn(2, 3, requires_grad=True)
+    f(x)
+    old = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        out = f(x)
+        assert out.dtype == (x * torch.ones(3)).dtype == torch.float64
+        out.sum().backward()
+        torch.testing.assert_close(x.grad, torch.ones(2, 3, dtype=x.dtype))
+    finally:
+        torch.set_default_dtype(old)
+    g = compiled(lambda x: x * 2)  # the eager backend: a new entry too
+    g(x)
+    try:
+        torch.use_deterministic_algorithms(True)
+        g(x)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert g.num_compiles == 2
+
+
+HELPER_SCALE = 2.0
+
+
+def test_a_global_a_closed_over_helper_reads_changed_after_the_compile():
+    """A factory's inner function calling another closed-over one: the helper's globals
+    were not followed, and the old graph ran, silently."""
+    global HELPER_SCALE
+
+    def make():
+        def helper(x):
+            return x * HELPER_SCALE
+
+        return lambda x: helper(x) + 1
+
+    fn = make()
+    compiled = aotgrad.compile(fn, backend="eager")
+    x = torch.randn(3)
+    compiled(x)
+    try:
+        HELPER_SCALE = 7.0
+        torch.testing.assert_close(compiled(x), fn(x), rtol=0, atol=0)
+    finally:
+        HELPER_SCALE = 2.0
+
+
+class CallableScaler:
+    def __call__(self, x):
+        return self.helper(x) + 1
+
+    def helper(self, x):
+        return x * 2
+
+
+class LinearWithHelper(nn.Module):
+    scale = 2.0  # a class attribute forward reads
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.helper(self.fc(x)) * self.scale
+
+    def helper(self, h):
+        return h.relu()
+
+
+@pytest.mark.parametrize("how", ["__call__", "helper", "class"])
+def test_a_callable_objects_class_patched_or_swapped_after_the_compile(how):
+    """`__call__` is looked up on the object's class at each call: the class patched or
+    swapped ran other code in eager, and the old graph here, silently."""
+    cls = type("Local", (CallableScaler,), {})
+    obj = cls()
+    compiled = aotgrad.compile(obj, backend="eager")
+    x = torch.randn(3)
+    compiled(x)
+    if how == "class":
+        obj.__class__ = type("Other", (), {"__call__": lambda self, x: x * 7})
+    else:
+        setattr(cls, how, lambda self, x: x * 7)
+    torch.testing.assert_close(compiled(x), obj(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("how", ["helper", "scale"])
+def test_a_method_or_constant_of_a_modules_class_patched_after_the_compile(how):
+    """`Cls.helper = f` or `Cls.scale = 3.0`: only instance attributes were compared."""
+    cls = type("Local", (LinearWithHelper,), {})
+    model = cls()
+    compiled = aotgrad.compile(model, backend="eager")
+    x = torch.randn(2, 4, requires_grad=True)
+    step_matches_eager(model, compiled, x)
+    setattr(cls, how, (lambda self, h: h.tanh()) if how == "helper" else 3.0)
+    step_matches_eager(model, compiled, x)
+
+
+class ArgConfig:
+    def __init__(self, scale):
+        self.scale = scale
+
+
+def test_an_attribute_of_an_object_argument_changed_between_calls():
+    """`f(x, cfg)`, then `cfg.scale = 7.0`: the same object keyed the same entry, whose
+    graph held the old scale; a plain class and an (unhashable) dataclass alike."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class DataConfig:
+        scale: float
+
+    def f(x, cfg):
+        return x * cfg.scale
+
+    compiled = aotgrad.compile(f, backend="eager")
+    x = torch.randn(3, requires_grad=True)
+    for cfg in (ArgConfig(2.0), DataConfig(2.0)):
+        compiled(x, cfg)
+        cfg.scale = 7.0
+        torch.testing.assert_close(compiled(x, cfg), f(x, cfg), rtol=0, atol=0)
+        cfg.scale = -0.0
+        torch.testing.assert_close(compiled(x, cfg), f(x, cfg), rtol=0, atol=0)
+    assert compiled.num_compiles == 6

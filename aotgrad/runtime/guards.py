@@ -13,7 +13,8 @@ entry depends on:
   (outputs that alias them, metadata mutations) and the leaf-ness of mutated inputs (eager
   refuses in-place changes to leaves that require grad): elsewhere neither reaches the graph,
   whose fake inputs start at offset 0;
-- grad mode, inference mode, autocast and the default device (`global_state`);
+- grad mode, inference mode, the default dtype and device, deterministic algorithms and
+  autocast (`global_state`);
 - for an entry compiled for dynamic shapes, each tensor's rank instead of its sizes and
   strides, then the entry's shape guard (`dynamic.ShapeGuard`).
 
@@ -24,6 +25,7 @@ computes what eager would.
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
@@ -40,8 +42,11 @@ _CONSTANT_TYPES = (int, float, bool, type(None))
 
 
 def global_state() -> tuple:
-    """The global modes a compiled graph specializes on."""
-    state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled()]
+    """The global modes a compiled graph specializes on. Inductor bakes the default dtype
+    (a factory's `dtype=None`) and deterministic algorithms (`torch.empty` filled with NaN)
+    into its code; the eager backend reads them at each call."""
+    state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+             torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled()]
     for device in ("cpu", "cuda"):
         on = torch.is_autocast_enabled(device)
         state.append((on, torch.get_autocast_dtype(device)) if on else False)
@@ -259,8 +264,22 @@ def constant_key(value: Any) -> Hashable:
     try:
         hash(value)
     except TypeError:
-        return type(value), id(value)
-    return type(value), value
+        return type(value), id(value), _attributes(value)
+    return type(value), value, _attributes(value)
+
+
+def _attributes(value: Any) -> tuple:
+    """An object argument's attributes, one level deep, numbers and strings by value: the
+    trace took `cfg.scale` as a constant of the graph, and the same object with another
+    scale must compile again (torch.compile guards it too). Deeper values by identity."""
+    names = getattr(value, "__dict__", None)
+    if type(names) is not dict or isinstance(value, (type, enum.Enum)):
+        return ()
+    return tuple((k, constant_key(v) if type(v) in _VALUE_TYPES else (type(v), id(v)))
+                 for k, v in names.items())
+
+
+_VALUE_TYPES = (int, float, bool, str, type(None), complex, torch.dtype, torch.device)
 
 
 def _constant_term(p: int, value: Any, scope: dict) -> str:
@@ -274,8 +293,11 @@ def _constant_term(p: int, value: Any, scope: dict) -> str:
 
 
 def _global_terms(state: tuple, scope: dict) -> list[str]:
-    grad, inference, *autocast, device = state
-    terms = [f"_grad() is {grad}", f"_inference() is {inference}"]
+    grad, inference, dtype, deterministic, *autocast, device = state
+    scope["_dtype"], scope["_expected_dtype"] = torch.get_default_dtype, dtype
+    scope["_deterministic"] = torch.are_deterministic_algorithms_enabled
+    terms = [f"_grad() is {grad}", f"_inference() is {inference}",
+             "_dtype() is _expected_dtype", f"_deterministic() is {deterministic}"]
     if any(autocast) or device is not None or _ANY_AUTOCAST is None:
         scope["_expected_state"] = state
         return terms + ["_state() == _expected_state"]

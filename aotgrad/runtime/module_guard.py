@@ -52,6 +52,8 @@ from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
 from ..semantics import mends
+from .values import (CONTAINER_ITEMS, Definition, class_code, global_names,  # noqa: F401
+                     class_members, contents_of, members_changed, unchanged)
 
 _CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
@@ -68,6 +70,9 @@ class ModuleAttributes:
         self.names = RegisteredNames(named)
         self.edges = [(m._modules, n, c, type(c)) for m in modules
                       for n, c in m._modules.items()]
+        # Each module's class, and the methods its forward reaches there: a class swapped
+        # (`m.__class__ =`) or patched (`Cls.forward = f`) runs other code.
+        self.modules, self.module_classes = modules, list(map(type, modules))
         self.hook_dicts = [getattr(m, h) for m in modules for h in _HOOK_DICTS] + [
             module_hooks._global_forward_pre_hooks, module_hooks._global_forward_hooks,
             module_hooks._global_backward_pre_hooks, module_hooks._global_backward_hooks]
@@ -80,7 +85,10 @@ class ModuleAttributes:
                            if not _is_torchs(hook) and FunctionReads.watchable(hook)]
         # What the forwards of the user's classes read (a module-level flag, a helper), and
         # the code of a custom autograd.Function an attribute holds (`self.reverse.apply`).
-        forwards = [(type(m), getattr(type(m), "forward", None)) for m in modules]
+        forwards = {type(m): getattr(type(m), "forward", None) for m in modules}.items()
+        self.members = [member for cls, forward in forwards if not _is_torchs(forward)
+                        for member in class_members(cls, _reached_in_class(cls, forward),
+                                                    "forward")]
         functions = [f for cls, forward in forwards for f in _reached_in_class(cls, forward)] + [
             f for m in modules for value in vars(m).values() for f in _code_of(value)
             if isinstance(value, type)]
@@ -90,7 +98,7 @@ class ModuleAttributes:
         self.cells, self.globals = code_reads(code)
         self.globals += mends.fast_path_flag(modules)  # torch's, read by attention modules
         hooks = [r.function for r in self.hook_reads]  # a hook reading `module.config`
-        named = set().union(*(_global_names(f.__code__) for f in code + hooks))  # attributes
+        named = set().union(*(global_names(f.__code__) for f in code + hooks))  # attributes
         self.values = [(vars(m), n, v, contents_of(v)) for m in modules for n, v in vars(m).items()
                        if not n.startswith("_") and n not in ("training", "forward")
                        and _watched(n, v, named)]
@@ -104,6 +112,11 @@ class ModuleAttributes:
         for parent, name, child, cls in self.edges:
             if parent.get(name) is not child or type(child) is not cls:
                 return f"submodule {name!r}"
+        if not all(map(operator.is_, map(type, self.modules), self.module_classes)):
+            return "the class of a module"
+        changed = members_changed(self.members)
+        if changed is not None:
+            return changed
         names = self.names.changed()
         if names is not None:
             return names
@@ -152,21 +165,12 @@ def _reached_in_class(cls: type, start: Any) -> list[types.FunctionType]:
         return []
     found, todo = {start}, [start]
     while todo:
-        for name in sorted(_global_names(todo.pop().__code__)):  # attribute names too
-            for method in _class_code(inspect.getattr_static(cls, name, None)):
+        for name in sorted(global_names(todo.pop().__code__)):  # attribute names too
+            for method in class_code(inspect.getattr_static(cls, name, None)):
                 if method not in found and not _is_torchs(method):  # torch's: not followed
                     found.add(method)
                     todo.append(method)
     return list(found)
-
-
-def _class_code(attribute: Any) -> list[types.FunctionType]:
-    """The function a class attribute runs when read or called: a method's, a static or
-    class method's, a property's getter."""
-    if isinstance(attribute, property):
-        attribute = attribute.fget
-    attribute = getattr(attribute, "__func__", attribute)
-    return [attribute] if isinstance(attribute, types.FunctionType) else []
 
 
 class RegisteredNames:
@@ -245,14 +249,21 @@ class FunctionReads:
     number or string by value; a short plain list or dict item by item too."""
 
     def __init__(self, fn: Callable, watch_modules: bool = True):
+        # A partial's bound keywords are a dict the caller may change (its `args` cannot).
+        self.bound = [(fn.keywords, contents_of(fn.keywords))] if _is_partial(fn) else []
         fn, owner = _function_and_owner(fn)
         self.function, self.owner = fn, owner
         watched = hasattr(owner, "__dict__") and (
             watch_modules or not isinstance(owner, torch.nn.Module))
         self.attributes = [(name, value, contents_of(value)) for name, value in
                            (vars(owner).items() if watched else ())]
-        self.cells, self.globals = code_reads(
-            [fn] if owner is None else _reached_in_class(type(owner), fn))
+        reached = [fn] if owner is None else _reached_in_class(type(owner), fn)
+        self.cells, self.globals = code_reads(reached)
+        # A callable object's class (`__call__` is looked up on it at each call) and the
+        # methods its code reaches there; a bound method's, but its own function is fixed.
+        self.owner_class = type(owner) if _is_callable_object(fn, owner) else None
+        self.members = [] if owner is None else class_members(
+            type(owner), reached, "__call__" if self.owner_class else fn.__name__)
 
     @staticmethod
     def watchable(fn: Callable) -> bool:
@@ -272,6 +283,14 @@ class FunctionReads:
         changed = code_changed(self.cells, self.globals)
         if changed is not None:
             return changed
+        if self.owner_class is not None and type(self.owner) is not self.owner_class:
+            return f"the class of the {self.owner_class.__name__} object"
+        changed = members_changed(self.members)
+        if changed is not None:
+            return changed
+        for keywords, contents in self.bound:
+            if not unchanged(keywords, keywords, contents):
+                return "the keywords of the functools.partial"
         if self.attributes:
             now = vars(self.owner)
             for name, value, contents in self.attributes:
@@ -292,7 +311,10 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
         own = [(name, cell, cell.cell_contents, contents_of(cell.cell_contents)) for name, cell
                in zip(f.__code__.co_freevars, f.__closure__ or ()) if _filled(cell)]
         cells += own
-        names = sorted(_global_names(f.__code__))
+        definition = Definition(f)
+        reads += [(definition, part, getattr(f, part), contents_of(getattr(f, part)))
+                  for part in definition.parts()]
+        names = sorted(global_names(f.__code__))
         scopes = [f.__globals__, *(vars(value) for _, _, value, _ in own  # a module imported
                                    if isinstance(value, types.ModuleType)  # in a function
                                    and _users_module(value))]
@@ -308,12 +330,19 @@ def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
                         scopes.append(vars(value))  # its attributes the code names
                     continue
                 reads.append((scope, name, value, contents_of(value)))
-                for helper in _code_of(value):
-                    if helper not in seen and (helper.__globals__ is f.__globals__
-                                               or _users_code(helper)):
-                        seen.add(helper)  # the same module's, or another of the user's
-                        todo.append(helper)
+                todo += _helpers(value, f, seen)
+        for _, _, value, _ in own:  # a closed-over helper (a factory's inner function)
+            todo += _helpers(value, f, seen)
     return cells, reads
+
+
+def _helpers(value: Any, caller: types.FunctionType, seen: set) -> list[types.FunctionType]:
+    """The functions a call of `value` runs that `code_reads` follows, not `seen` before
+    (now marked): the same module's as `caller`, or another of the user's."""
+    found = [h for h in _code_of(value) if h not in seen and (
+        h.__globals__ is caller.__globals__ or _users_code(h))]
+    seen.update(found)
+    return found
 
 
 def _code_of(value: Any) -> list[types.FunctionType]:
@@ -363,33 +392,10 @@ def code_changed(cells: list, reads: list) -> str | None:
     for names, name, value, contents in reads:
         now = names.get(name, _GONE)
         if (now is not value or contents is not None) and not unchanged(now, value, contents):
+            if isinstance(names, Definition):
+                return f"the {name} of {names.function.__qualname__}"
             return f"the global {name!r}"
     return None
-
-
-# A plain list or dict read as a whole (a closed-over `scale = [2.0]`, a global config dict)
-# is also compared item by item, up to this many items: its items are what the graphs took.
-CONTAINER_ITEMS = 32
-
-
-def contents_of(value: Any) -> tuple | None:
-    """A plain list's items, or a plain dict's keys and items, as they are now; None for
-    anything else, or a longer one (compared by identity only)."""
-    if type(value) is list and len(value) <= CONTAINER_ITEMS:
-        return tuple(value)
-    if type(value) is dict and len(value) <= CONTAINER_ITEMS:
-        return (*value, *value.values())
-    return None
-
-
-def unchanged(now: Any, value: Any, contents: tuple | None) -> bool:
-    """Is `now` what `value` was, `contents` its items then (`contents_of`)?"""
-    if now is not value:
-        return _same(now, value)
-    if contents is None:
-        return True
-    items = contents_of(now)  # the same object: a list or a dict
-    return items is not None and len(items) == len(contents) and all(map(_same, items, contents))
 
 
 def _function_and_owner(fn: Callable) -> tuple[Any, Any]:
@@ -399,7 +405,17 @@ def _function_and_owner(fn: Callable) -> tuple[Any, Any]:
         return fn.__func__, fn.__self__
     if isinstance(fn, types.FunctionType):
         return fn, None
+    if _is_partial(fn):  # what it calls reads the same globals
+        return _function_and_owner(fn.func)
     return getattr(type(fn), "__call__", None), fn  # a callable object
+
+
+def _is_callable_object(fn: Callable, owner: Any) -> bool:
+    return owner is not None and getattr(type(owner), "__call__", None) is fn
+
+
+def _is_partial(fn: Callable) -> bool:
+    return type(fn) is functools.partial and type(fn.keywords) is dict
 
 
 def _filled(cell) -> bool:
@@ -408,30 +424,6 @@ def _filled(cell) -> bool:
     except ValueError:  # a variable of the enclosing function not assigned yet
         return False
     return True
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):  # a lambda or comprehension inside
-            names |= _global_names(const)
-    return names
-
-
-_BY_VALUE = (bool, int, float, complex, str)
-
-
-def _same(now: Any, value: Any) -> bool:
-    """Identity; for numbers and strings, equal values; for tuples, the same items."""
-    if now is value:
-        return True
-    if type(now) is not type(value):
-        return False
-    if type(value) is tuple:
-        return len(now) == len(value) and all(map(_same, now, value))
-    if type(value) is float:  # by its bits: 0.0 == -0.0 (1 / x differs), nan != nan
-        return now.hex() == value.hex()
-    return isinstance(value, _BY_VALUE) and now == value
 
 
 def _hooked(dicts: list) -> list:
