@@ -118,6 +118,16 @@ class Recompute:
 
 # Reductions whose recomputation is a single pass over an input the backward often holds
 # (normalizations and softmax are one fused reduction plus pointwise work).
+# Ops that, given one tensor no larger than their result (and constants), cost a reader
+# nothing to recompute but one arithmetic instruction per element: a drop-path's per-sample
+# scale (`bernoulli / keep`) is read at the activation's size, and recomputed there it reads
+# the mask instead of itself. Saved, it took a kernel of its own in the forward (Swin-T: 23).
+SCALINGS = frozenset({
+    aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar, aten.add.Tensor,
+    aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.neg.default,
+    torch.ops.prims.convert_element_type.default,
+})
+
 CHEAP_REDUCTIONS = frozenset({
     aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim,
     aten.amax.default, aten.amin.default, aten.var_mean.correction, aten.var.correction,

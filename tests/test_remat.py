@@ -1012,3 +1012,28 @@ def test_a_mask_is_saved_where_recomputing_it_would_make_inductor_write_a_gradie
     from aotgrad.partition.memory import fused_in_kernels, realized_on_reuse
     backward = list(artifact.backward_graph.graph.nodes)
     assert not realized_on_reuse(backward, fused_in_kernels(backward))
+
+
+def drop_path_residual(x, w):
+    """timm's drop path: a per-sample mask scaled by 1/keep, broadcast over the block."""
+    keep = 0.9
+    scale = torch.empty(x.shape[0], 1).bernoulli_(keep).div_(keep)
+    return (x + torch.tanh(x @ w) * scale).sum()
+
+
+def test_a_drop_path_scale_is_recomputed_from_its_mask_not_saved():
+    """The scale (`mask / keep`) is as small as the mask and read at the block's size, so
+    the broadcast rule kept it, and its surcharge rounded to nothing: the forward saved it
+    and wrote it in a kernel of its own (Swin-T: 22), where the mask is saved anyway."""
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 64, requires_grad=True), torch.randn(64, 64, requires_grad=True)
+    compiled = aotgrad.compile(drop_path_residual, backend=inductor_decomposed_eager())
+    grads = []
+    for f in (compiled, drop_path_residual):
+        torch.manual_seed(1)
+        f(x, w).backward()
+        grads.append((x.grad, w.grad))
+        x.grad = w.grad = None
+    torch.testing.assert_close(grads[0], grads[1])
+    saved = saved_ops(compiled.artifacts[0])
+    assert "aten.bernoulli.p" in saved and "aten.div.Tensor" not in saved, saved

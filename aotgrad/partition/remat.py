@@ -34,7 +34,7 @@ from ..schema import OVERWRITTEN, Joint
 from .memory import base_of, fused_in_kernels, is_tuple, tensor_bytes
 from .realize import saved_to_keep_inlined
 from .split import ancestors, is_narrowing_cast, joint_of, split_joint
-from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, KERNEL_FLOPS_PER_BYTE,
+from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, SCALINGS, KERNEL_FLOPS_PER_BYTE,
                      TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
 
 SOURCE, SINK = "source", "sink"
@@ -193,7 +193,7 @@ def _broadcast_by_fusible_user(node: fx.Node) -> bool:
     views and smaller pointwise ops that would fuse with it? (Layer norm's statistics, labels
     padded for a loss.) Values made from no tensor (constants, `iota`) cost nothing per element
     and are not counted."""
-    if not node.all_input_nodes:
+    if not node.all_input_nodes or _a_scaling(node):
         return False
     limit = BROADCAST_FACTOR * _numel(node)
     stack, seen = list(node.users), set()
@@ -209,6 +209,14 @@ def _broadcast_by_fusible_user(node: fx.Node) -> bool:
                                       and user.target not in CHEAP_REDUCTIONS):
             stack.extend(user.users)
     return False
+
+
+def _a_scaling(node: fx.Node) -> bool:
+    """An op of `SCALINGS` of one tensor no larger than its result: recomputed in a reader,
+    it reads that tensor in its place."""
+    tensors = [i for i in node.all_input_nodes if isinstance(i.meta.get("val"), torch.Tensor)]
+    return (node.target in SCALINGS and len(tensors) == 1
+            and _numel(tensors[0]) <= _numel(node))
 
 
 def _numel(node: fx.Node) -> int:
@@ -431,7 +439,7 @@ def _last_use(node: fx.Node, position: dict[fx.Node, int]) -> int:
 
 def _network(joint, forward, rules, grads, unwritten) -> tuple[FlowNetwork, int]:
     # More than any cut of finite edges: the sum of them all (surcharges, ties included).
-    infinity = 1 + sum(3 * tensor_bytes(base_of(n).meta.get("val")) + 2 for n in forward)
+    infinity = 1 + sum(3 * tensor_bytes(base_of(n).meta.get("val")) + 4 for n in forward)
     net = FlowNetwork()
     for node in joint.graph.nodes:
         if node not in forward:
@@ -451,6 +459,11 @@ def _network(joint, forward, rules, grads, unwritten) -> tuple[FlowNetwork, int]
 
 
 TIE_BREAK = {Rule.CHOOSE: 0, Rule.MATERIALIZED: 0, Rule.COSTLY: 1, Rule.SAVE: 1, Rule.FREE: 2}
+# A scaling of one tensor as large (`mask / keep`) that neither pass would write spares no
+# recomputation worth a write: a tie goes to its input, which a kernel writes anyway (a small
+# value's write surcharge rounds to nothing: Swin-T's forward wrote 22 drop-path scales in
+# kernels of their own).
+SCALING_TIE = 2
 CHOICES = (Rule.CHOOSE, Rule.MATERIALIZED, Rule.COSTLY)  # the rules a memory budget may decide
 
 
@@ -487,7 +500,10 @@ def _save_cost(node: fx.Node, rule: str, infinity: int, unwritten: frozenset) ->
         return infinity
     base = base_of(node)
     size = tensor_bytes(base.meta.get("val"))
-    return 2 * size + (size // WRITE_SHARE if base in unwritten else 0) + TIE_BREAK[rule]
+    if base not in unwritten:
+        return 2 * size + TIE_BREAK[rule]
+    return 2 * size + size // WRITE_SHARE + TIE_BREAK[rule] + (
+        SCALING_TIE if _a_scaling(base) else 0)
 
 
 # ---- the backward's schedule --------------------------------------------------------------
