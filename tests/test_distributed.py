@@ -455,6 +455,9 @@ OWN_LAUNCH = {
 
 
 def run_scenarios(rank: int, init_file: str, out_dir: str, own: bool = False) -> None:
+    # One intra-op thread a rank: a sum split over a varying number of threads rounds
+    # differently from run to run, and two ranks on CI's two cores oversubscribe them anyway.
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=WORLD, timeout=timedelta(seconds=60))
     results = {}
@@ -514,8 +517,10 @@ def scenario(results, name: str) -> list[dict]:
     return found
 
 
-def assert_like_eager(results, name: str, rtol: float = 1e-5) -> list[dict]:
-    """Each kind of value within `rtol` of the largest eager one of that kind."""
+def assert_like_eager(results, name: str, rtol: float = 1e-4) -> list[dict]:
+    """Each kind of value within `rtol` of the largest eager one of that kind. Quiet runs match
+    bitwise in float32; CI (two loaded cores) has twice seen 1.6e-5 of the loss, in
+    ddp_buckets and ddp_python_reducer_aotgrad. A real mismatch is orders of magnitude more."""
     found = scenario(results, name)
     for rank, r in enumerate(found):
         for key in ("losses", "grads", "params"):
@@ -553,9 +558,7 @@ def test_ddp_python_reducer_torch_compiled_autograd(results):
 def test_ddp_python_reducer_aotgrad_compiled_autograd(results):
     """The same, captured by aotgrad.compiled_autograd: the all-reducing hooks are called
     from the captured graph (in a launch of its own: see OWN_LAUNCH)."""
-    # rtol 1e-4: the captured backward may add a bucket's gradients in another order than
-    # the engine; float32 rounding, seen once at 1.6e-5 of the loss in CI (two threads).
-    for r in assert_like_eager(results, "ddp_python_reducer_aotgrad", rtol=1e-4):
+    for r in assert_like_eager(results, "ddp_python_reducer_aotgrad"):
         assert r["backward_graphs"] >= 1 and r["all_reduce_in_backward"]
 
 
