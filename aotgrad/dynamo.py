@@ -28,6 +28,9 @@ from .semantics.dynamic import (falls_back_to_static, is_symbolic, item_symbol,
                                 warn_static_fallback)
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
+from .runtime.guards import function_modes_off, under_a_function_mode
+
+_FUNCTION_MODES_ON = torch._C._is_torch_function_mode_enabled
 
 
 def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,
@@ -57,13 +60,20 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         call = compile_dynamo_graph(_rebinding_unbacked(gm), fakes, graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
             lazy = CompiledFunction(gm, graph_options)
-            return lambda *args: lazy(*args)
+
+            def run_lazy(*args):
+                if _FUNCTION_MODES_ON() and under_a_function_mode():
+                    return _without_function_modes(run_lazy, args)
+                return lazy(*args)
+            return run_lazy
         run_call = call.run
         # Dynamo does not guard on how inputs alias; a call aliased differently from the
         # example inputs compiles again, as aotgrad.compile does.
         realiased = compile_for_new_aliasing(gm, gm, fakes, graph_options)
 
         def run(*args):
+            if _FUNCTION_MODES_ON() and under_a_function_mode():  # one C call when none
+                return _without_function_modes(run, args)
             try:
                 return run_call(args)
             except AliasingChanged:
@@ -73,6 +83,19 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         return _marking_dynamic_outputs(run, _dynamic_output_dims(gm))
 
     return _Backend(aotgrad_dynamo_backend, made_with)
+
+
+def _without_function_modes(run: Callable, args: tuple):
+    """`run(*args)` with the caller's torch function modes off. Dynamo traced the graph
+    under them (it guards on the mode stack), inlining what their `__torch_function__` did
+    to each call; the compiled code runs torch's functions (the eager backend's bindings,
+    Inductor's extern kernels), which a mode still on would see and rewrite a second time
+    (`torch.sin` doubled twice). A default device alone stays on (`under_a_function_mode`
+    tells it apart, only when some mode is on): Dynamo wrote its device into the graph's
+    factories, which the compiled code passes on, so it changes nothing there; with a
+    user's mode it comes off with the others."""
+    with function_modes_off():
+        return run(*args)
 
 
 def _rebinding_unbacked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -1446,19 +1446,102 @@ def test_a_call_under_a_function_mode_runs_the_original_code(door):
             torch.testing.assert_close(compiled(x), f(x))
 
 
-@pytest.mark.xfail(strict=True, reason="Dynamo inlines the mode's __torch_function__ into "
-                   "its graph and calls the backend's compiled code with the mode still on; "
-                   "the eager compiler's code binds aten ops to torch's functions "
-                   "(torch.sin: bindings.fast_binding), which the mode sees again and doubles "
-                   "once more (torch's aot_eager runs aten overloads, which a torch-level "
-                   "mode does not match)")
-def test_a_dynamo_call_under_a_function_mode_applies_the_mode_once():
+def _sin_in_a_mode_across_a_break(t):
+    with _SinDoubled():
+        a = torch.sin(t)
+        torch._dynamo.graph_break()  # the graph after it is traced, and called, under the mode
+        return a + torch.sin(t)
+
+
+@contextlib.contextmanager
+def _sin_doubled_on_a_default_device():
+    with torch.device("cpu"), _SinDoubled():
+        yield
+
+
+@pytest.mark.parametrize("case", ["caller's mode", "mode inside, graph break", "with a device"])
+def test_a_dynamo_call_under_a_function_mode_applies_the_mode_once(case):
+    """Dynamo inlines a function mode's `__torch_function__` into its graph and calls the
+    backend's code with the mode still on: the eager compiler's code (torch.sin, through
+    bindings.fast_binding) was doubled a second time by the mode. It runs with the modes off."""
     torch._dynamo.reset()
-    f = lambda t: torch.sin(t) + 1  # noqa: E731
+    f = _sin_in_a_mode_across_a_break if case.startswith("mode inside") else \
+        (lambda t: torch.sin(t) + torch.ones(3))
+    around = {"caller's mode": _SinDoubled, "with a device": _sin_doubled_on_a_default_device
+              }.get(case, contextlib.nullcontext)
     compiled = torch.compile(f, backend=aotgrad.backend(backend="eager"))
     x = torch.randn(3)
+    for _ in range(2):
+        with around():
+            got, want = compiled(x), f(x)
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(compiled(x), f(x))  # and outside it
+
+
+def test_a_dynamo_call_under_a_function_mode_that_compiles_again_applies_it_once(monkeypatch):
+    """The calls that compile at call time (inputs aliased otherwise than the example's; a
+    graph left to one compile per shape) ran Dynamo's graph, which holds the mode's doubling,
+    as original code under the mode (`under_a_function_mode`): doubled twice."""
+    from aotgrad import dynamo
+
+    def f(a, b):
+        a.add_(1)
+        return torch.sin(b)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=aotgrad.backend(backend="eager"))
+    compiled(torch.randn(3), torch.randn(3))
+    x = torch.randn(3)
+    y = x.clone()
     with _SinDoubled():
-        torch.testing.assert_close(compiled(x), f(x))
+        got = compiled(x, x)  # one tensor for both: aliased otherwise
+        want = f(y, y)
+    torch.testing.assert_close((got, x), (want, y))
+    torch._dynamo.reset()
+    monkeypatch.setattr(dynamo, "compile_dynamo_graph", lambda *args: None)  # per shape
+    g = lambda t: torch.sin(t) + 1  # noqa: E731
+    compiled = torch.compile(g, backend=aotgrad.backend(backend="eager"))
+    with _SinDoubled():
+        torch.testing.assert_close(compiled(x), g(x))
+
+
+@pytest.mark.parametrize("door", ["aotgrad.compile", "dynamo"])
+@pytest.mark.parametrize("under", ["backward", "forward and backward"])
+def test_a_backward_under_a_function_mode_matches_eager(door, under):
+    """The backward graph of cos holds torch.sin (through the bindings); eager's backward
+    runs C++ formulas, which no function mode sees. Autograd's engine does not carry the
+    caller's function modes into a node's backward, so neither does aotgrad's."""
+    torch._dynamo.reset()
+    f = lambda t: torch.cos(t).sum() + torch.sin(t).sum()  # noqa: E731
+    compiled = aotgrad.compile(f, backend="eager") if door == "aotgrad.compile" else \
+        torch.compile(f, backend=aotgrad.backend(backend="eager"))
+    grads = []
+    for fn in (compiled, f):
+        x = torch.linspace(-2, 2, 5, requires_grad=True)
+        with _SinDoubled() if under != "backward" else contextlib.nullcontext():
+            loss = fn(x)
+        with _SinDoubled():
+            loss.backward()
+        grads.append((loss, x.grad))
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+class _MmFirstArgDoubled(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.mm:
+            args = (args[0] * 2, *args[1:])
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_dynamo_call_to_inductor_code_under_a_function_mode_applies_it_once():
+    """Inductor's code calls torch.mm (`extern_kernels.mm(a, b, out=buf)`), which the mode
+    saw again: its first argument doubled twice (as torch's own backend="inductor" does)."""
+    torch._dynamo.reset()
+    f = lambda a, b: torch.mm(a, b).sin()  # noqa: E731
+    compiled = torch.compile(f, backend=aotgrad.backend(backend="inductor"))
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with _MmFirstArgDoubled():
+        got, want = compiled(a, b), f(a, b)
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("first", ["meta", "default"])

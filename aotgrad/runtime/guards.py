@@ -25,13 +25,14 @@ computes what eager would.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
-from torch.overrides import _get_current_function_mode_stack
+from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
 from torch.utils._device import DeviceContext
 
 from ..schema import OutputKind
@@ -68,6 +69,20 @@ def under_a_function_mode() -> bool:
     so the original code runs. A default device is a part of the guards' global state."""
     return _FUNCTION_MODES_ON() and any(
         type(mode) is not DeviceContext for mode in _get_current_function_mode_stack())
+
+
+@contextlib.contextmanager
+def function_modes_off():
+    """The block runs with the torch function mode stack empty, then the stack is put back:
+    for code that already holds what the caller's modes did (Dynamo's graph, which inlined
+    their `__torch_function__`). The modes are taken off rather than disabled, so that
+    aotgrad's own modes work in a compile the block may start."""
+    modes = [_pop_mode() for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        yield
+    finally:
+        for mode in reversed(modes):
+            _push_mode(mode)
 
 
 @dataclass(frozen=True)
