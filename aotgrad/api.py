@@ -26,13 +26,12 @@ from torch.nn.utils import parametrize
 from torch.nn.utils._named_member_accessor import swap_tensor
 
 from . import check
-from .semantics import subclasses
 from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
 from .capture.inputs import TRACES, flatten, lift_state, state_swapped
 from .partition.budget import budget_partition
-from .runtime.guards import (MISS, constant_key, global_state, make_guard, make_guarded_run,
-                             plan_guard, under_a_function_mode)
+from .runtime.guards import (MISS, make_guard, make_guarded_run, plan_guard, signature,
+                             under_a_function_mode)
 from .partition.remat import min_cut_rematerialization_partition
 from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
@@ -49,7 +48,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_ENTRIES = 8
 # Argument types that are pytree leaves: a call made of these alone skips pytree.
 _FLAT_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, type(None)})
-_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 # True while Dynamo or export traces (Dynamo folds the call to a constant; in eager it costs
 # ~70 ns): a compiled callable then runs the user's code, so that an outer torch.compile
 # traces the original ops, as it does through a module that is already torch.compile'd,
@@ -63,6 +61,9 @@ _transforming = torch._C._functorch.peek_interpreter_stack
 
 # Nonzero under a dispatch mode: asked first at each call (14 ns over an empty call).
 _modes_on = torch._C._len_torch_dispatch_stack
+# Any torch function mode (one C call); `under_a_function_mode` then tells a default device
+# (compiled, keyed by its device) from a user's mode (the original code runs).
+_function_modes_on = torch._C._is_torch_function_mode_enabled
 # `_fw_ad._current_level >= 0` inside forward_ad.dual_level(): Inductor's kernels would drop
 # the inputs' tangents, where eager's ops carry them; the original code runs.
 
@@ -80,41 +81,6 @@ def _under_a_mode() -> bool:
 def _asks(mode, question: str) -> bool:
     answer = getattr(mode, question, None)
     return bool(answer()) if callable(answer) else False
-
-
-def signature(flat_args, dynamic: bool = False) -> tuple:
-    """What a compiled graph specializes on, for one call (with `dynamic`, sizes and strides
-    are left to the shape guards)."""
-    if dynamic:
-        return _dynamic_signature(flat_args)
-    seen: dict[int, int] = {}
-    parts: list[Hashable] = []
-    for a in flat_args:
-        if isinstance(a, torch.Tensor) and subclasses.unsized_nested(a):
-            parts.append((type(a), id(a)))  # the compile refuses it, saying why
-        elif isinstance(a, torch.Tensor):
-            strided = a.layout is torch.strided
-            parts.append((type(a), a.shape, a.stride() if strided else None,
-                          a.storage_offset() if strided else None, a.dtype, a.device, a.layout,
-                          a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
-            if type(a) not in _PLAIN_TENSORS and subclasses.is_subclass(a):
-                parts.append(subclasses.signature(a, seen))
-        else:
-            parts.append(constant_key(a))
-    return tuple(parts), global_state()
-
-
-def _dynamic_signature(flat_args) -> tuple:
-    seen: dict[int, int] = {}
-    parts: list[Hashable] = []
-    for a in flat_args:
-        if isinstance(a, torch.Tensor):
-            offset = a.storage_offset() if a.layout is torch.strided else None
-            parts.append((type(a), a.dim(), offset, a.dtype, a.device, a.layout,
-                          a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
-        else:
-            parts.append(constant_key(a))
-    return tuple(parts), global_state()
 
 
 def _shape_check(call: CompiledCall) -> Callable[[Sequence[Any]], bool] | None:
@@ -147,7 +113,8 @@ class CompiledFunction:
         self.__wrapped__ = fn
 
     def __call__(self, *args, **kwargs):
-        if (_tracing() or _transforming() is not None or TRACES.depth or under_a_function_mode()
+        if (_tracing() or _transforming() is not None or TRACES.depth
+                or _function_modes_on() and under_a_function_mode()
                 or _modes_on() and _under_a_mode() or _fw_ad._current_level >= 0):
             return self.fn(*args, **kwargs)
         if self.reads is not None and (changed := self.reads.changed()) is not None:
@@ -365,7 +332,8 @@ class CompiledModule(torch.nn.Module):
         # Inside an outer compile (torch.compile, export, aotgrad's), a torch.func transform
         # or a dispatch mode: the module's own code, which the outer one records or
         # transforms, or the mode sees.
-        if (_tracing() or _transforming() is not None or TRACES.depth or under_a_function_mode()
+        if (_tracing() or _transforming() is not None or TRACES.depth
+                or _function_modes_on() and under_a_function_mode()
                 or _modes_on() and _under_a_mode() or _fw_ad._current_level >= 0):
             return self.orig_module(*args, **kwargs)
         changed = self._written or self._attributes.changed()

@@ -1,6 +1,6 @@
 """Call guards: does a new call match what a compiled entry was specialized for?
 
-`api.signature` builds a hashable key from every argument: about a microsecond per tensor,
+`signature` builds a hashable key from every argument: about a microsecond per tensor,
 on every call. A guard is decided once, when the entry is compiled, and checks only what the
 entry depends on:
 
@@ -36,10 +36,14 @@ from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_m
 from torch.utils._device import DeviceContext
 
 from ..schema import OutputKind
+from ..semantics import subclasses
 from .call import CompiledCall, runner_body
 
 _GUARDABLE_TENSORS = (torch.Tensor, torch.nn.Parameter)  # subclasses keep the signature key
 _CONSTANT_TYPES = (int, float, bool, type(None))
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})  # no subclass signature
+# torch.are_deterministic_algorithms_enabled without its Python frame (read at every call).
+_DETERMINISTIC = torch._C._get_deterministic_algorithms
 
 
 def global_state() -> tuple:
@@ -47,7 +51,7 @@ def global_state() -> tuple:
     (a factory's `dtype=None`) and deterministic algorithms (`torch.empty` filled with NaN)
     into its code; the eager backend reads them at each call."""
     state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-             torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled()]
+             torch.get_default_dtype(), _DETERMINISTIC()]
     for device in ("cpu", "cuda"):
         on = torch.is_autocast_enabled(device)
         state.append((on, torch.get_autocast_dtype(device)) if on else False)
@@ -270,8 +274,43 @@ def _tensor_terms(plan: GuardPlan, flat_args, scope: dict, dynamic: bool = False
     return [f"_tensors({args})"]
 
 
+def signature(flat_args, dynamic: bool = False) -> tuple:
+    """The key of a call that no entry's guard took: what a compiled graph specializes on (with `dynamic`, sizes and strides
+    are left to the shape guards)."""
+    if dynamic:
+        return dynamic_signature(flat_args)
+    seen: dict[int, int] = {}
+    parts: list[Hashable] = []
+    for a in flat_args:
+        if isinstance(a, torch.Tensor) and subclasses.unsized_nested(a):
+            parts.append((type(a), id(a)))  # the compile refuses it, saying why
+        elif isinstance(a, torch.Tensor):
+            strided = a.layout is torch.strided
+            parts.append((type(a), a.shape, a.stride() if strided else None,
+                          a.storage_offset() if strided else None, a.dtype, a.device, a.layout,
+                          a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
+            if type(a) not in _PLAIN_TENSORS and subclasses.is_subclass(a):
+                parts.append(subclasses.signature(a, seen))
+        else:
+            parts.append(constant_key(a))
+    return tuple(parts), global_state()
+
+
+def dynamic_signature(flat_args) -> tuple:
+    seen: dict[int, int] = {}
+    parts: list[Hashable] = []
+    for a in flat_args:
+        if isinstance(a, torch.Tensor):
+            offset = a.storage_offset() if a.layout is torch.strided else None
+            parts.append((type(a), a.dim(), offset, a.dtype, a.device, a.layout,
+                          a.requires_grad, a.is_leaf, seen.setdefault(id(a), len(seen))))
+        else:
+            parts.append(constant_key(a))
+    return tuple(parts), global_state()
+
+
 def constant_key(value: Any) -> Hashable:
-    """A constant argument's part of a call signature (`api.signature`)."""
+    """A constant argument's part of a call signature (`signature`)."""
     if isinstance(value, float):  # by its bits: 0.0 == -0.0 (1 / x differs), nan != nan
         return type(value), value.hex()
     if type(value) is slice:  # unhashable before Python 3.12: by identity, each call compiled
@@ -310,7 +349,7 @@ def _constant_term(p: int, value: Any, scope: dict) -> str:
 def _global_terms(state: tuple, scope: dict) -> list[str]:
     grad, inference, dtype, deterministic, *autocast, device = state
     scope["_dtype"], scope["_expected_dtype"] = torch.get_default_dtype, dtype
-    scope["_deterministic"] = torch.are_deterministic_algorithms_enabled
+    scope["_deterministic"] = _DETERMINISTIC
     terms = [f"_grad() is {grad}", f"_inference() is {inference}",
              "_dtype() is _expected_dtype", f"_deterministic() is {deterministic}"]
     if any(autocast) or device is not None or _ANY_AUTOCAST is None:
