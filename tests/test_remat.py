@@ -851,6 +851,22 @@ def test_a_float32_mlp_saves_only_its_matmul_outputs_at_scale():
     assert saved_ops(compiled.artifacts[0]) == {"placeholder", "aten.addmm.default"}
 
 
+def test_a_small_weights_cast_is_saved_however_many_tokens_read_it():
+    """The bfloat16 cast of a small weight, which the backward's matmul for the input's
+    gradient reads, would be a kernel of its own recomputed: its few bytes hide behind the
+    matmul's arithmetic (65536 tokens), its launch does not. Saved, as torch's partitioner
+    saves it (Swin-T: 42 such kernels, issue 20). Meta tensors: shapes only."""
+    def project(x, w):
+        return F.linear(x.bfloat16(), w.bfloat16()).float().sum()
+    x, w = (torch.randn(*shape, device="meta", requires_grad=True)
+            for shape in [(65536, 64), (64, 64)])
+    compiled = aotgrad.compile(project, backend=inductor_decomposed_eager())
+    compiled(x, w).backward()
+    casts = [s for s in compiled.artifacts[0].saved
+             if s.op == "prims.convert_element_type.default" and s.shape == (64, 64)]
+    assert [s.dtype for s in casts] == [torch.bfloat16]
+
+
 # ---- a kernel input built from values the backward reads after it --------------------------
 
 def gelu_norm_head(x, w, b, norm_w, norm_b, decoder):

@@ -36,7 +36,8 @@ from .realize import saved_to_keep_inlined
 from .schedule import as_early_as_possible, backward_schedule, is_view
 from .split import ancestors, is_narrowing_cast, joint_of, split_joint
 from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, SCALINGS, KERNEL_FLOPS_PER_BYTE,
-                     TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
+                     KERNEL_LAUNCH_BYTES, TF32_FLOPS_PER_BYTE, Recompute, recompute_class,
+                     unsafe_to_recompute)
 
 SOURCE, SINK = "source", "sink"
 
@@ -142,12 +143,14 @@ HIDDEN_SHARE = 0.05
 
 
 def _hides(kernel: fx.Node, node: fx.Node) -> bool:
-    """Would recomputing `node` move fewer bytes than `kernel` does arithmetic in a
-    HIDDEN_SHARE of its time? (An MLP's float32 activations before a large matmul: yes;
-    a transformer's bfloat16 layer-norm output before a projection: no.)"""
+    """Would recomputing `node`, a kernel of its own, take less time than `kernel` does
+    arithmetic in a HIDDEN_SHARE of its time? Its time: the bytes it moves and its launch.
+    (An MLP's float32 activations before a large matmul: yes; a transformer's bfloat16
+    layer-norm output before a projection, or the bfloat16 cast of a small weight: no.)"""
     flops = kernel_flops(kernel)
+    cost = node_cost(node) + KERNEL_LAUNCH_BYTES
     return flops is not None and (
-        node_cost(node) * _flops_per_byte(kernel.meta["val"].dtype) < HIDDEN_SHARE * flops)
+        cost * _flops_per_byte(kernel.meta["val"].dtype) < HIDDEN_SHARE * flops)
 
 
 def kernel_flops(kernel: fx.Node) -> int | None:
