@@ -398,22 +398,46 @@ def saved_below_peak(spanning, joint, forward, saved, tangents, bw_roots, grads
     bytes to the peak, and torch's partitioner recomputes it too (issue 20).
 
     Saving a value also frees the saved values the backward read only to recompute it
-    (`_exchanged`). Such exchanges are taken alone, when there are any: they change what the
-    backward recomputes, so the next cut finds what still spans a kernel (a drop-path scale
-    recomputed for the stream no longer is)."""
+    (`_exchanged`). Where they have as many bytes (Swin-T's stream values for its branch
+    outputs), the exchange saves no more: such exchanges are taken first, under the same
+    check, and alone when there are any, since they change what the backward recomputes (a
+    drop-path scale recomputed for the stream no longer spans a kernel): the next cut sees
+    the rest. Otherwise each value is judged as a plain save, an exchange that adds bytes
+    too (ViT's float32 stream for its bfloat16 branch outputs): the peak this check models
+    holds only the saved values, the gradients and the spans, so it is trusted no further."""
     order = _schedule(joint, forward, saved, tangents, bw_roots)
     position = {n: i for i, n in enumerate(order)}
     live = _live_bytes(order, position, saved, grads, spanning)
-    peak, chosen, exchanges = max(live, default=0), [], []
-    stop = set(saved) | set(tangents)
-    for node in sorted(spanning, key=position.__getitem__):
+    spanning = sorted(spanning, key=position.__getitem__)
+    return (_exchanges(spanning, live, position, saved, set(tangents), bw_roots)
+            or _below(spanning, live, position))
+
+
+def _below(spanning, live, position) -> list[fx.Node]:
+    """The values that fit, saved one after the other, below the peak of `live`."""
+    peak, chosen = max(live, default=0), []
+    for node in spanning:
+        changed = _saving(node, [], live, position)
+        if max(changed, default=0) <= peak:
+            chosen.append(node)
+            live = changed
+    return chosen
+
+
+def _exchanges(spanning, live, position, saved, tangents, bw_roots) -> list[fx.Node]:
+    """The values whose saving frees as many bytes of saved values, taken one after the
+    other where they keep below the peak of `live`."""
+    peak, chosen, stop = max(live, default=0), [], set(saved) | tangents
+    for node in spanning:
         freed = _exchanged(node, saved, stop, bw_roots)
+        if not freed or sum(map(_bytes, _by_base(freed))) < _bytes(node):
+            continue
         changed = _saving(node, freed, live, position)
         if max(changed, default=0) <= peak:
-            (exchanges if freed else chosen).append(node)
+            chosen.append(node)
             live = changed
             stop = (stop - set(freed)) | {node}
-    return exchanges or chosen
+    return chosen
 
 
 def _saving(node, freed, live, position) -> list[int]:
