@@ -313,7 +313,7 @@ def _ndim(node: fx.Node) -> int:
 
 
 # Min cuts per partition: each marks the recomputed values that span an unfusible kernel.
-REFINEMENTS = 4
+REFINEMENTS = 3
 
 
 def to_materialize(spanning: list[fx.Node], inputs: list[fx.Node], stop: set[fx.Node]
