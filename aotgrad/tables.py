@@ -144,6 +144,12 @@ KERNEL_FLOPS_PER_BYTE = {torch.bfloat16: 200, torch.float16: 200, torch.float32:
                          torch.float64: 7}
 TF32_FLOPS_PER_BYTE = 100  # float32 when torch.get_float32_matmul_precision() allows TF32
 
+# A kernel launch's cost, as the bytes memory moves in its time (about 2 us at 4.8 TB/s). A
+# value recomputed for a backward matmul or convolution is written by a kernel of its own:
+# however few its bytes, that kernel costs a launch (Swin-T's bfloat16 weight casts, 42
+# kernels of the backward's 534, issue 20).
+KERNEL_LAUNCH_BYTES = 10 * 2**20
+
 # Expensive ops that a memory budget below 1 may recompute, at the cost of their arithmetic
 # (the min cut never does): deterministic, one output, a FLOP formula. Attention is left
 # out: its outputs are tuples that carry random state.

@@ -19,8 +19,8 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
 import aotgrad
 from aotgrad.partition.flow import FlowNetwork
 from aotgrad.partition.split import default_partition, joint_of
-from aotgrad.partition.remat import (Rule, as_early_as_possible, forward_rules,
-                                     just_in_time_order, min_cut_rematerialization_partition)
+from aotgrad.partition.remat import Rule, forward_rules, min_cut_rematerialization_partition
+from aotgrad.partition.schedule import as_early_as_possible, just_in_time_order
 from aotgrad.verify import verify_partition
 
 aten = torch.ops.aten
@@ -786,6 +786,40 @@ def test_recomputed_values_outlive_a_backward_matmul_only_below_the_peak(refinem
     assert peak < estimate_peak(all_saved.forward_graph, all_saved.backward_graph, n).peak_bytes
 
 
+def stream_of_equal_bytes(x, *weights):
+    """A pre-norm residual stream whose branch outputs have the stream's dtype (Swin-T, issue
+    20): saving each stream value or each branch output costs the same bytes."""
+    h = x
+    for w in weights:
+        n = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6)
+        h = h + n @ w
+    return h.sum()
+
+
+def test_a_stream_is_saved_where_it_costs_what_its_branch_outputs_do():
+    """The first cut saves the branch outputs (the matmul writes them anyway) and rebuilds the
+    stream from them in the backward, where each stream value is then alive across the
+    matmuls up to its own layer's backward: a buffer the backward writes. Saving the stream
+    values instead frees the branch outputs, read only to rebuild them: the same bytes, and
+    no rebuilt value outlives a matmul (torch's partitioner saves the stream too)."""
+    torch.manual_seed(0)
+    weights = [torch.randn(32, 32) / 8 for _ in range(6)]
+    compiled, _ = grads_match(stream_of_equal_bytes, [torch.randn(64, 32), *weights],
+                              inductor_decomposed_eager())
+    art = compiled.artifacts[0]
+    n = art.info.num_graph_outputs
+    joint, names = art.joint_graph, {s.name for s in art.saved}
+    saved = [node for node in joint.graph.nodes if node.name in names]
+    j = joint_of(joint, n)
+    remat = aotgrad.partition.remat
+    assert not remat.recomputed_across_kernels(joint, j.forward, saved, j.tangents, j.bw_roots)
+    # The first layer reads the input; the last stream value is rebuilt at the backward's
+    # start from the last branch output, read by that layer's backward alone.
+    computed = [s.op for s in art.saved if s.op != "placeholder" and s.shape == (64, 32)]
+    assert computed.count("aten.add.Tensor") == len(weights) - 2
+    assert computed.count("aten.mm.default") == 1
+
+
 # ---- values a backward matmul reads ---------------------------------------------------------
 
 @pytest.mark.parametrize("share, gelu_saved", [(0.0, True), (1e6, False)])
@@ -815,6 +849,22 @@ def test_a_float32_mlp_saves_only_its_matmul_outputs_at_scale():
     compiled = aotgrad.compile(model, backend=inductor_decomposed_eager())
     compiled(torch.randn(8192, 4096, device="meta")).sum().backward()
     assert saved_ops(compiled.artifacts[0]) == {"placeholder", "aten.addmm.default"}
+
+
+def test_a_small_weights_cast_is_saved_however_many_tokens_read_it():
+    """The bfloat16 cast of a small weight, which the backward's matmul for the input's
+    gradient reads, would be a kernel of its own recomputed: its few bytes hide behind the
+    matmul's arithmetic (65536 tokens), its launch does not. Saved, as torch's partitioner
+    saves it (Swin-T: 42 such kernels, issue 20). Meta tensors: shapes only."""
+    def project(x, w):
+        return F.linear(x.bfloat16(), w.bfloat16()).float().sum()
+    x, w = (torch.randn(*shape, device="meta", requires_grad=True)
+            for shape in [(65536, 64), (64, 64)])
+    compiled = aotgrad.compile(project, backend=inductor_decomposed_eager())
+    compiled(x, w).backward()
+    casts = [s for s in compiled.artifacts[0].saved
+             if s.op == "prims.convert_element_type.default" and s.shape == (64, 64)]
+    assert [s.dtype for s in casts] == [torch.bfloat16]
 
 
 # ---- a kernel input built from values the backward reads after it --------------------------

@@ -14,7 +14,7 @@ alive then. What the model assumes, so that a measurement can be compared with i
   tangents are alive from the start of the backward until their last use;
 - saved values are alive from their op to the end of the forward and from the start of
   the backward to their last use there; values recomputed in the backward are made just
-  before their first use (`remat.backward_schedule`);
+  before their first use (`schedule.backward_schedule`);
 - a value made by a fusible op and read only by fusible ops (through views), and neither
   returned nor saved, owns no buffer: a fusing backend (Inductor) computes it inside the
   kernels that read it, so its readers read what it reads (`fused_in_kernels`). A GELU

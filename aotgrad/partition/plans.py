@@ -23,8 +23,8 @@ from torch import fx
 
 from .memory import Buffers, MemoryEstimate, TwoPhase, fused_in_kernels, owners, program
 from .split import ancestors, joint_of
-from .remat import (CHOICES, Rule, backward_schedule, forward_rules,
-                    min_cut_saved_values, node_cost)
+from .remat import CHOICES, Rule, forward_rules, min_cut_saved_values, node_cost
+from .schedule import backward_schedule
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -33,9 +33,11 @@ from .flow import FlowNetwork
 from ..schema import OVERWRITTEN, Joint
 from .memory import base_of, fused_in_kernels, is_tuple, tensor_bytes
 from .realize import saved_to_keep_inlined
+from .schedule import as_early_as_possible, backward_schedule, is_view
 from .split import ancestors, is_narrowing_cast, joint_of, split_joint
 from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, SCALINGS, KERNEL_FLOPS_PER_BYTE,
-                     TF32_FLOPS_PER_BYTE, Recompute, recompute_class, unsafe_to_recompute)
+                     KERNEL_LAUNCH_BYTES, TF32_FLOPS_PER_BYTE, Recompute, recompute_class,
+                     unsafe_to_recompute)
 
 SOURCE, SINK = "source", "sink"
 
@@ -141,12 +143,14 @@ HIDDEN_SHARE = 0.05
 
 
 def _hides(kernel: fx.Node, node: fx.Node) -> bool:
-    """Would recomputing `node` move fewer bytes than `kernel` does arithmetic in a
-    HIDDEN_SHARE of its time? (An MLP's float32 activations before a large matmul: yes;
-    a transformer's bfloat16 layer-norm output before a projection: no.)"""
+    """Would recomputing `node`, a kernel of its own, take less time than `kernel` does
+    arithmetic in a HIDDEN_SHARE of its time? Its time: the bytes it moves and its launch.
+    (An MLP's float32 activations before a large matmul: yes; a transformer's bfloat16
+    layer-norm output before a projection, or the bfloat16 cast of a small weight: no.)"""
     flops = kernel_flops(kernel)
+    cost = node_cost(node) + KERNEL_LAUNCH_BYTES
     return flops is not None and (
-        node_cost(node) * _flops_per_byte(kernel.meta["val"].dtype) < HIDDEN_SHARE * flops)
+        cost * _flops_per_byte(kernel.meta["val"].dtype) < HIDDEN_SHARE * flops)
 
 
 def kernel_flops(kernel: fx.Node) -> int | None:
@@ -391,17 +395,82 @@ def saved_below_peak(spanning, joint, forward, saved, tangents, bw_roots, grads
     it costs no memory and spares a buffer the backward would write and read again; further
     on, where the backward has freed more than the value's bytes (EfficientNet's squeeze-and-
     excitation, whose block input spans its two small convolutions), saving it would add its
-    bytes to the peak, and torch's partitioner recomputes it too (issue 20)."""
+    bytes to the peak, and torch's partitioner recomputes it too (issue 20).
+
+    Saving a value also frees the saved values the backward read only to recompute it
+    (`_exchanged`). Where they have as many bytes (Swin-T's stream values for its branch
+    outputs), the exchange saves no more: such exchanges are taken first, under the same
+    check, and alone when there are any, since they change what the backward recomputes (a
+    drop-path scale recomputed for the stream no longer spans a kernel): the next cut sees
+    the rest. Otherwise each value is judged as a plain save, an exchange that adds bytes
+    too (ViT's float32 stream for its bfloat16 branch outputs): the peak this check models
+    holds only the saved values, the gradients and the spans, so it is trusted no further."""
     order = _schedule(joint, forward, saved, tangents, bw_roots)
     position = {n: i for i, n in enumerate(order)}
     live = _live_bytes(order, position, saved, grads, spanning)
+    spanning = sorted(spanning, key=position.__getitem__)
+    return (_exchanges(spanning, live, position, saved, set(tangents), bw_roots)
+            or _below(spanning, live, position))
+
+
+def _below(spanning, live, position) -> list[fx.Node]:
+    """The values that fit, saved one after the other, below the peak of `live`."""
     peak, chosen = max(live, default=0), []
-    for node in sorted(spanning, key=position.__getitem__):
-        start = position[node]
-        if max(live[:start], default=0) + _bytes(node) <= peak:
+    for node in spanning:
+        changed = _saving(node, [], live, position)
+        if max(changed, default=0) <= peak:
             chosen.append(node)
-            live[:start] = [b + _bytes(node) for b in live[:start]]
+            live = changed
     return chosen
+
+
+def _exchanges(spanning, live, position, saved, tangents, bw_roots) -> list[fx.Node]:
+    """The values whose saving frees as many bytes of saved values, taken one after the
+    other where they keep below the peak of `live`."""
+    peak, chosen, stop = max(live, default=0), [], set(saved) | tangents
+    for node in spanning:
+        freed = _exchanged(node, saved, stop, bw_roots)
+        if not freed or sum(map(_bytes, _by_base(freed))) < _bytes(node):
+            continue
+        changed = _saving(node, freed, live, position)
+        if max(changed, default=0) <= peak:
+            chosen.append(node)
+            live = changed
+            stop = (stop - set(freed)) | {node}
+    return chosen
+
+
+def _saving(node, freed, live, position) -> list[int]:
+    """`live` with `node` alive from the backward's start and the `freed` buffers gone."""
+    changed = list(live)
+    for base, views in _by_base(freed).items():
+        end = max(_last_use(v, position) for v in views)
+        changed[:end + 1] = [b - _bytes(base) for b in changed[:end + 1]]
+    start = position[node]
+    changed[:start] = [b + _bytes(node) for b in changed[:start]]
+    return changed
+
+
+def _exchanged(node, saved, stop, bw_roots) -> list[fx.Node]:
+    """The saved values that the backward would no longer read were `node` saved too: those
+    it reads only to recompute `node` (a residual stream's branch output, saved to rebuild
+    the stream, where the stream itself has as many bytes: Swin-T, issue 20). A buffer is
+    freed when none of its views is read. A scaling (`_a_scaling`) frees only its input,
+    which costs the backward one instruction a reader to scale, and would cost the forward
+    a kernel of its own to write it (a drop-path's scale in place of its mask): no exchange."""
+    if _a_scaling(node):
+        return []
+    needed = ancestors(bw_roots, stop=stop | {node})
+    kept = {base_of(n) for n in saved if n in stop and n in needed}
+    return [n for n in saved if n in stop and n not in needed and base_of(n) not in kept
+            and base_of(n).op != "placeholder"]
+
+
+def _by_base(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    found: dict[fx.Node, list[fx.Node]] = {}
+    for node in nodes:
+        found.setdefault(base_of(node), []).append(node)
+    return found
 
 
 def _live_bytes(order, position, saved, grads, spanning) -> list[int]:
@@ -432,7 +501,7 @@ def _last_use(node: fx.Node, position: dict[fx.Node, int]) -> int:
         for user in stack.pop().users:
             if user in position:
                 last = max(last, position[user])
-                if _is_view(user):
+                if is_view(user):
                     stack.append(user)
     return last
 
@@ -515,74 +584,3 @@ def split_recomputing_late(joint: fx.GraphModule, num_fwd_outputs: int,
     forward = joint_of(joint, num_fwd_outputs).forward
     return split_joint(joint, num_fwd_outputs, saved,
                        lambda nodes: backward_schedule(nodes, forward))
-
-
-def backward_schedule(nodes: Sequence[fx.Node], forward: set[fx.Node]) -> list[fx.Node]:
-    """The backward's ops in the order they run: recomputed forward values, and views (which
-    cost nothing), just before their first use. A view taken early (autograd's aliases of
-    saved values come first in the joint graph) would pull its recomputed base to the start."""
-    return just_in_time_order(nodes, lambda n: n in forward or _is_view(n))
-
-
-def _is_view(node: fx.Node) -> bool:
-    return node.op == "call_function" and recompute_class(node.target) == Recompute.FREE
-
-
-def just_in_time_order(nodes: Sequence[fx.Node], recomputed: Callable[[fx.Node], bool]
-                       ) -> list[fx.Node]:
-    """`nodes` (topologically ordered) with every recomputed node moved down to just
-    before the first node that needs it (or to the end, if only the outputs need it); the
-    others keep their order."""
-    members = set(nodes)
-    late = {n for n in nodes if recomputed(n)}
-    order: list[fx.Node] = []
-    placed: set[fx.Node] = set()
-    for node in nodes:
-        if node not in late:
-            _place(node, late, placed, order)
-    for node in nodes:
-        if node not in placed:
-            _place(node, late, placed, order)
-    assert len(order) == len(members)
-    return order
-
-
-def _place(node: fx.Node, late: set, placed: set, order: list) -> None:
-    """Append `node` after the late nodes it still lacks (iterative post-order)."""
-    stack = [(node, False)]
-    while stack:
-        current, ready = stack.pop()
-        if current in placed:
-            continue
-        if ready:
-            placed.add(current)
-            order.append(current)
-            continue
-        stack.append((current, True))
-        stack.extend((i, False) for i in reversed(current.all_input_nodes)
-                     if i in late and i not in placed)
-
-
-def as_early_as_possible(nodes: Sequence[fx.Node], early: set[fx.Node]) -> list[fx.Node]:
-    """`nodes` (topologically ordered) with each of `early` moved up to just after the last
-    of its inputs; the others keep their order."""
-    missing = {node: len(set(node.all_input_nodes)) for node in early}
-    readers: dict[fx.Node, list[fx.Node]] = {}
-    for node in nodes:  # in graph order, not the set's: the order made is deterministic
-        if node in early:
-            for i in dict.fromkeys(node.all_input_nodes):
-                readers.setdefault(i, []).append(node)
-    order: list[fx.Node] = []
-    for node in nodes:
-        if node in early:
-            continue
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            order.append(current)
-            for reader in readers.get(current, ()):
-                missing[reader] -= 1
-                if not missing[reader]:
-                    stack.append(reader)
-    assert len(order) == len(nodes), "as_early_as_possible: an early node reads no node"
-    return order
