@@ -41,7 +41,7 @@ from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
 from .runtime.forward_writes import ForwardWrites
 from .runtime.module_call import (call_as_the_module, parametrize_caching,
-                                  parametrizations_cached_apart)
+                                  parametrizations_cached_apart, parametrizations_uncached)
 from .runtime.module_guard import (FunctionReads, ModuleAttributes, hook_set_attributes,
                                    hooks_checked, is_traced, refuse_traced_attributes,
                                    refuse_traced_reads)
@@ -209,13 +209,17 @@ class CompiledFunction:
         if self.num_compiles >= self.max_entries:
             return None
         spec = shape if not isinstance(shape, int) else flatten((args, {}))[1]
-        call, failure = self._compile_dynamic(shape, flat, spec) if dynamic else (None, None)
-        if call is None:
-            static = dataclasses.replace(self.options, dynamic=False)
-            call = self.entries[key] = compile_call(self.fn, flat, spec, static)
-            if failure is not None:  # warned only now: static shapes may fail alike
-                warn_static_fallback(getattr(self.fn, "__name__", repr(self.fn)), failure)
-                self.static_only[(shape, signature(flat, dynamic=True))] = failure
+        # Hooks of the modules it reads that keep a traced tensor are refused, as a module's;
+        # their parametrizations are traced apart from the caller's `parametrize.cached()`.
+        with hooks_checked(self.reads.hook_dicts() if self.reads is not None else []), \
+                parametrizations_uncached():
+            call, failure = self._compile_dynamic(shape, flat, spec) if dynamic else (None, None)
+            if call is None:
+                static = dataclasses.replace(self.options, dynamic=False)
+                call = self.entries[key] = compile_call(self.fn, flat, spec, static)
+        if failure is not None:  # warned only now: static shapes may fail alike
+            warn_static_fallback(getattr(self.fn, "__name__", repr(self.fn)), failure)
+            self.static_only[(shape, signature(flat, dynamic=True))] = failure
         self._add_guard(flat, call, flat_call=isinstance(shape, int))
         if self.reads is not None:  # what its Python set while traced (a counter), as left
             self.reads = FunctionReads(self.fn)
@@ -326,12 +330,14 @@ class CompiledModule(torch.nn.Module):
         self.compiled = CompiledFunction(self._functional_forward, options, max_entries)
 
     def _functional_forward(self, *flat, **kwargs):
-        # flat: the state, each submodule's training flag (for the signature), the arguments.
+        # flat: the state, each submodule's training flag (for the signature), whether
+        # parametrizations are cached (where there are), the arguments.
         self._traced = True  # forward's Python runs: it may set attributes
         state = flat[:len(self._names)]
         args = flat[len(self._names) + self._flags:]
+        caching = self._flags > len(self._submodules) and flat[len(self._names) + self._flags - 1]
         with state_swapped(self.orig_module, dict(zip(self._names, state))), \
-                hooks_checked(self._attributes.hook_dicts), parametrizations_cached_apart():
+                hooks_checked(self._attributes.hook_dicts), parametrizations_cached_apart(caching):
             if self._writes is None:  # the compile's first run
                 self._writes = ForwardWrites(self._submodules)
             self._writes.start()  # a later run (the joint trace) starts where the first did

@@ -1372,6 +1372,21 @@ def test_a_module_hook_that_keeps_a_traced_tensor_is_refused_by_the_native_door(
     assert len(seen) >= 1 and not any(isinstance(t, FakeTensor) for t in seen)
 
 
+def test_a_hook_keeping_a_traced_tensor_on_a_module_a_compiled_function_reads_is_refused():
+    """A frozen teacher closed over by a compiled loss, with a feature-collecting hook: the
+    hook ran at the traces only, and the user's list held FakeTensors, silently."""
+    teacher = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()).requires_grad_(False)
+    feats = []
+    teacher[0].register_forward_hook(lambda mod, args, out: feats.append(out))
+    compiled = aotgrad.compile(lambda x: teacher(x).sum(1), backend="eager")
+    with pytest.raises(NotImplementedError, match="aotgrad: the module hook .* keeps a "
+                                                  "tensor of the trace"):
+        compiled(torch.randn(2, 3))
+    feats.clear()
+    teacher[0]._forward_hooks.clear()  # without it, the function compiles and runs
+    torch.testing.assert_close(compiled(torch.ones(2, 3)), teacher(torch.ones(2, 3)).sum(1))
+
+
 class _Recorder:
     """A hook object of the user's (a gradient logger) that keeps what it is given."""
 
@@ -1437,6 +1452,9 @@ def _global_hook_run(model, call, kind):
         out.sum().backward()
     finally:
         handle.remove()
+        # torch's handle leaves the with_kwargs flag behind: later torch.compile calls
+        # would warn of a global hook
+        torch.nn.modules.module._global_forward_hooks_with_kwargs.pop(handle.id, None)
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     return out, x.grad, grads, log
@@ -1571,6 +1589,22 @@ def test_a_parametrized_module_under_parametrize_cached_matches_eager():
         torch.testing.assert_close(got, expected)
         for p, q in zip(eager.parameters(), model.parameters()):
             torch.testing.assert_close(q.grad, p.grad)
+
+
+def test_a_function_reading_a_parametrized_module_under_parametrize_cached_matches_eager():
+    """aotgrad.compile of a function reading a frozen parametrized module, called under
+    `parametrize.cached()`: the analysis's fake weight stayed in torch's cache, the trace
+    read it back as a constant, and the call returned a FakeTensor (and `m.weight` was
+    one for the rest of the block)."""
+    from torch.nn.utils import parametrizations, parametrize
+    torch.manual_seed(0)
+    model = parametrizations.weight_norm(torch.nn.Linear(3, 3)).requires_grad_(False)
+    compiled = aotgrad.compile(lambda x: model(x) * 2, backend="eager")
+    x = torch.randn(2, 3)
+    with parametrize.cached():
+        got = compiled(x)
+        assert type(got) is torch.Tensor and type(model.weight) is torch.Tensor
+        torch.testing.assert_close(got, model(x) * 2)
 
 
 def test_a_stateful_parametrization_read_twice_under_parametrize_cached_steps_once():

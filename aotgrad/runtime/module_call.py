@@ -92,22 +92,30 @@ def _put(taken: list[dict]) -> None:
 
 
 @contextlib.contextmanager
-def parametrizations_cached_apart():
+def parametrizations_cached_apart(caching: bool):
     """Trace parametrized tensors with a cache of the trace's own, on where the caller's
     `parametrize.cached()` is. The caller's dict is process-wide: a trace would store its
     fake tensors there (the caller's parametrized weight, read later, would be a FakeTensor)
     or read a real tensor cached before the call (a constant the graph would keep). With a
     dict of its own, a forward reading a weight twice computes it once, as eager does under
     `cached()`: a stateful parametrization (spectral_norm's power iteration) steps once.
-    Whether caching is on is a part of the call's signature (api.CompiledModule). Eager
-    keeps a value cached across calls in one `cached()` block, computed before an in-place
-    change of its original; each compiled call computes it from the original."""
+    Whether caching is on (`caching`) is a part of the call's signature (api.CompiledModule).
+    Eager keeps a value cached across calls in one `cached()` block, computed before an
+    in-place change of its original; each compiled call computes it from the original."""
     enabled, cache = parametrize._cache_enabled, parametrize._cache
-    parametrize._cache = {}
+    parametrize._cache_enabled, parametrize._cache = int(caching), {}
     try:
         yield
     finally:
         parametrize._cache_enabled, parametrize._cache = enabled, cache
+
+
+@contextlib.contextmanager
+def parametrizations_uncached():
+    """Around a compile of a function (which traces it more than once, each trace needing a
+    cache of its own): the modules it reads compute parametrized tensors at each read."""
+    with parametrizations_cached_apart(False):
+        yield
 
 
 def parametrize_caching() -> bool:

@@ -238,6 +238,11 @@ class FunctionReads:
                     return f"the attribute {name!r} of {type(self.owner).__name__}"
         return self.modules and self.modules.changed()
 
+    def hook_dicts(self) -> list[dict]:
+        """The hook dicts of the modules it reads, and the global ones, each once."""
+        found = [d for a in (self.modules.attributes if self.modules else ()) for d in a.hook_dicts]
+        return list({id(d): d for d in found}.values())
+
 
 class ModulesRead:
     """The nn.Modules a compiled function reads besides its arguments, compared at each
