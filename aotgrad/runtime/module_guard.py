@@ -203,7 +203,8 @@ class FunctionReads:
         # the ModuleAttributes that watches it.)
         read = [*(c for _, _, c, _ in self.cells), *(v for _, _, v, _ in self.globals),
                 *(v for _, v, _ in self.attributes)]
-        self.modules = ModulesRead(read) if watch_modules else None
+        read = [v for v in read if isinstance(v, torch.nn.Module)]
+        self.modules = ModulesRead(read) if watch_modules and read else None
 
     @staticmethod
     def watchable(fn: Callable) -> bool:
