@@ -39,6 +39,8 @@ from .backends.compilers import COMPILES
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
 from .runtime.forward_writes import ForwardWrites
+from .runtime.module_call import (call_as_the_module, parametrize_caching,
+                                  parametrizations_cached_apart, parametrizations_uncached)
 from .runtime.module_guard import (FunctionReads, ModuleAttributes, hook_set_attributes,
                                    hooks_checked, is_traced, refuse_traced_attributes,
                                    refuse_traced_reads)
@@ -174,13 +176,17 @@ class CompiledFunction:
         if self.num_compiles >= self.max_entries:
             return None
         spec = shape if not isinstance(shape, int) else flatten((args, {}))[1]
-        call, failure = self._compile_dynamic(shape, flat, spec) if dynamic else (None, None)
-        if call is None:
-            static = dataclasses.replace(self.options, dynamic=False)
-            call = self.entries[key] = compile_call(self.fn, flat, spec, static)
-            if failure is not None:  # warned only now: static shapes may fail alike
-                warn_static_fallback(getattr(self.fn, "__name__", repr(self.fn)), failure)
-                self.static_only[(shape, signature(flat, dynamic=True))] = failure
+        # Hooks of the modules it reads that keep a traced tensor are refused, as a module's;
+        # their parametrizations are traced apart from the caller's `parametrize.cached()`.
+        with hooks_checked(self.reads.hook_dicts() if self.reads is not None else []), \
+                parametrizations_uncached():
+            call, failure = self._compile_dynamic(shape, flat, spec) if dynamic else (None, None)
+            if call is None:
+                static = dataclasses.replace(self.options, dynamic=False)
+                call = self.entries[key] = compile_call(self.fn, flat, spec, static)
+        if failure is not None:  # warned only now: static shapes may fail alike
+            warn_static_fallback(getattr(self.fn, "__name__", repr(self.fn)), failure)
+            self.static_only[(shape, signature(flat, dynamic=True))] = failure
         self._add_guard(flat, call, flat_call=isinstance(shape, int))
         if self.reads is not None:  # what its Python set while traced (a counter), as left
             self.reads = FunctionReads(self.fn)
@@ -275,6 +281,11 @@ class CompiledModule(torch.nn.Module):
         self._slots = [_slot(module, n) for n in self._names]
         self._state_dicts = [_state_dict_of(owner, attr) for owner, attr in self._slots]
         self._submodules = list(module.modules())
+        # Caching parametrizations changes what forward computes where one is stateful
+        # (spectral_norm's power iteration steps once a weight computation): a flag of the
+        # call's signature, after the training flags, for parametrized modules.
+        self._flags = len(self._submodules) + any(map(parametrize.is_parametrized,
+                                                      self._submodules))
         self._attributes = ModuleAttributes(module)
         self._lazy = _uninitialized(module)  # the first call refuses them (_refuse_lazy)
         self._traced = False
@@ -282,16 +293,18 @@ class CompiledModule(torch.nn.Module):
         self._written: str | None = None  # what the last trace's forward changed, in words
         options = dataclasses.replace(
             options, static_inputs=tuple(range(len(self._names))),
-            input_names=(*self._names, *[""] * len(self._submodules)), named_like=module.forward)
+            input_names=(*self._names, *[""] * self._flags), named_like=module.forward)
         self.compiled = CompiledFunction(self._functional_forward, options, max_entries)
 
     def _functional_forward(self, *flat, **kwargs):
-        # flat: the state, each submodule's training flag (for the signature), the arguments.
+        # flat: the state, each submodule's training flag (for the signature), whether
+        # parametrizations are cached (where there are), the arguments.
         self._traced = True  # forward's Python runs: it may set attributes
         state = flat[:len(self._names)]
-        args = flat[len(self._names) + len(self._submodules):]
+        args = flat[len(self._names) + self._flags:]
+        caching = self._flags > len(self._submodules) and flat[len(self._names) + self._flags - 1]
         with state_swapped(self.orig_module, dict(zip(self._names, state))), \
-                hooks_checked(self._attributes.hook_dicts), _parametrizations_uncached():
+                hooks_checked(self._attributes.hook_dicts), parametrizations_cached_apart(caching):
             if self._writes is None:  # the compile's first run
                 self._writes = ForwardWrites(self._submodules)
             self._writes.start()  # a later run (the joint trace) starts where the first did
@@ -328,6 +341,9 @@ class CompiledModule(torch.nn.Module):
             rebound[(self._submodules.index(owner), attr)] = now
         return rebound
 
+    def __call__(self, *args, **kwargs):
+        return call_as_the_module(self, args, kwargs)  # the global hooks are the module's
+
     def forward(self, *args, **kwargs):
         # Inside an outer compile (torch.compile, export, aotgrad's), a torch.func transform
         # or a dispatch mode: the module's own code, which the outer one records or
@@ -343,6 +359,8 @@ class CompiledModule(torch.nn.Module):
             self._refuse_lazy()
         # Train/eval mode changes what forward computes: part of the call's signature.
         training_flags = [m.training for m in self._submodules]
+        if self._flags > len(training_flags):
+            training_flags.append(parametrize_caching())
         state = COMPILES.stable_read(self._read_state)  # not another thread's trace's fakes
         try:
             out = self.compiled(*state, *training_flags, *args, **kwargs)
@@ -401,8 +419,8 @@ class CompiledModule(torch.nn.Module):
     # What `_bind` derives from the module: left out of a copy or pickle (the compiled
     # entries hold locks and generated code), derived again for the copy's own module. An
     # EMA model is `copy.deepcopy(model)` after some steps; torch.save(model) pickles it.
-    _BOUND = frozenset({"_names", "_slots", "_state_dicts", "_submodules", "_attributes",
-                        "_lazy", "_traced", "_writes", "_written", "compiled"})
+    _BOUND = frozenset({"_names", "_slots", "_state_dicts", "_submodules", "_flags",
+                        "_attributes", "_lazy", "_traced", "_writes", "_written", "compiled"})
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in self._BOUND}
@@ -451,23 +469,6 @@ class CompiledModule(torch.nn.Module):
         modules = self.__dict__.get("_modules")
         if modules is not None and "orig_module" in modules:  # not nn.Module.__init__'s
             modules["orig_module"].training = mode
-
-
-@contextlib.contextmanager
-def _parametrizations_uncached():
-    """Trace parametrized tensors from their originals, under `parametrize.cached()` too.
-
-    The cache is process-wide: a trace would store its fake tensors there (the caller's
-    parametrized weight, read later, would be a FakeTensor) or read a real tensor cached
-    before the call (a constant the graph would keep). So each call computes the
-    parametrization from the original: eager's cached value and gradients, unless the
-    original is changed in place inside the `cached()` block (eager keeps the stale value)."""
-    enabled, cache = parametrize._cache_enabled, parametrize._cache
-    parametrize._cache_enabled, parametrize._cache = 0, {}
-    try:
-        yield
-    finally:
-        parametrize._cache_enabled, parametrize._cache = enabled, cache
 
 
 def _recompiles_spent(count: int, max_entries: int, changed: str, name: str) -> bool:

@@ -959,6 +959,39 @@ def test_a_closed_over_value_rebound_after_the_compile():
     torch.testing.assert_close(compiled(x), x * 5.0 + 1)
 
 
+CLOSED_OVER_MODULE_CHANGES = {  # a frozen teacher closed over by a compiled loss
+    "eval()": lambda m: m.eval(),
+    "a dropout's p": lambda m: setattr(m[1], "p", 0.0),
+    "a weight rebound": lambda m: setattr(m[0], "weight", nn.Parameter(
+        torch.ones(3, 3), requires_grad=False)),
+    "a forward hook": lambda m: m[0].register_forward_hook(lambda mod, args, out: out * 0),
+    "a global forward hook": lambda m: torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: out + 100),
+    "a submodule replaced": lambda m: m.__setitem__(2, nn.Tanh()),
+}
+
+
+@pytest.mark.parametrize("change", CLOSED_OVER_MODULE_CHANGES)
+def test_a_module_the_function_closes_over_changed_after_the_compile(change):
+    """The graph baked the closed-over module as it was at the trace: after `teacher.eval()`
+    the compiled function still dropped out (and kept a rebound weight's old value, a
+    replaced layer, no hook registered since), silently."""
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5), nn.ReLU()).requires_grad_(False)
+    compiled = aotgrad.compile(lambda x: teacher(x) * 2, backend="eager")
+    x = torch.randn(4, 3)
+    compiled(x)
+    handle = CLOSED_OVER_MODULE_CHANGES[change](teacher)
+    try:
+        torch.manual_seed(1)
+        expected = teacher(x) * 2
+        torch.manual_seed(1)
+        torch.testing.assert_close(compiled(x), expected)
+    finally:
+        if isinstance(handle, torch.utils.hooks.RemovableHandle):
+            handle.remove()
+
+
 def test_a_value_rebound_at_every_call_runs_eagerly_past_max_entries():
     step = 0
 

@@ -1,6 +1,7 @@
 """Eager semantics beyond the corpus: custom Functions, randomness, grad-mode and autocast
 regions, saved-tensor hooks, and clear refusals. Each through the three front doors."""
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -1227,6 +1228,23 @@ def test_an_rnns_dropout_between_layers_matches_eager(cls, grad):
                                    [p.grad for p in eager.parameters()])
 
 
+@pytest.mark.parametrize("door", ["compile", "aot_module"])
+def test_an_lstm_given_a_packed_sequence_and_a_state_is_refused_clearly(door):
+    """The LSTM kernel reads the PackedSequence's batch_sizes in C++: on the trace's fake
+    tensor torch raised "data is not allocated yet", and aotgrad replaced it with eager's
+    error on zero-filled stand-ins, "shape '[6, 0, 3]' is invalid", which names no cause."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+    from aotgrad.compat import aot_module
+    model = torch.nn.LSTM(3, 4, batch_first=True)
+    compiled = compile_eager(model) if door == "compile" else aot_module(model, nop)
+    packed = pack_padded_sequence(torch.randn(4, 6, 3), torch.tensor([6, 2, 4, 1]),
+                                  batch_first=True, enforce_sorted=False)
+    h0 = torch.zeros(1, 4, 4)
+    with pytest.raises(NotImplementedError, match="aotgrad: an op reads the values of a "
+                                                  "tensor in C.. while it is traced"):
+        compiled(packed, (h0, h0))
+
+
 def _padding_mask():
     return torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
 
@@ -1354,6 +1372,21 @@ def test_a_module_hook_that_keeps_a_traced_tensor_is_refused_by_the_native_door(
     assert len(seen) >= 1 and not any(isinstance(t, FakeTensor) for t in seen)
 
 
+def test_a_hook_keeping_a_traced_tensor_on_a_module_a_compiled_function_reads_is_refused():
+    """A frozen teacher closed over by a compiled loss, with a feature-collecting hook: the
+    hook ran at the traces only, and the user's list held FakeTensors, silently."""
+    teacher = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()).requires_grad_(False)
+    feats = []
+    teacher[0].register_forward_hook(lambda mod, args, out: feats.append(out))
+    compiled = aotgrad.compile(lambda x: teacher(x).sum(1), backend="eager")
+    with pytest.raises(NotImplementedError, match="aotgrad: the module hook .* keeps a "
+                                                  "tensor of the trace"):
+        compiled(torch.randn(2, 3))
+    feats.clear()
+    teacher[0]._forward_hooks.clear()  # without it, the function compiles and runs
+    torch.testing.assert_close(compiled(torch.ones(2, 3)), teacher(torch.ones(2, 3)).sum(1))
+
+
 class _Recorder:
     """A hook object of the user's (a gradient logger) that keeps what it is given."""
 
@@ -1391,6 +1424,69 @@ def test_a_backward_hook_keeping_a_traced_tensor_out_of_a_flat_list_is_refused(w
     with pytest.raises(NotImplementedError, match="aotgrad: the module hook .* keeps a "
                                                   "tensor of the trace"):
         aotgrad.compile(model, backend="eager")(torch.randn(2, 4)).sum().backward()
+
+
+GLOBAL_HOOKS = {  # torch.nn.modules.module's, with what eager's call leaves
+    "forward": lambda log: torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: log.append(type(mod).__name__) or out * 2),
+    "forward with kwargs": lambda log: torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, args, kwargs, out: log.append(type(mod).__name__) or out - 1,
+        with_kwargs=True, always_call=True),
+    "forward pre": lambda log: torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda mod, args: log.append(type(mod).__name__) or (args[0] + 1,)),
+    "full backward": lambda log: torch.nn.modules.module.register_module_full_backward_hook(
+        lambda mod, grad_in, grad_out: log.append(type(mod).__name__) or (
+            tuple(None if g is None else g * 2 for g in grad_in))),
+}
+
+
+def _global_hook_run(model, call, kind):
+    """Outputs, gradients and the modules the hook saw (at a second call)."""
+    log = []
+    handle = GLOBAL_HOOKS[kind](log)
+    try:
+        x = torch.randn(3, 4, requires_grad=True)
+        call(x)
+        log.clear()
+        out = call(x)
+        out.sum().backward()
+    finally:
+        handle.remove()
+        # torch's handle leaves the with_kwargs flag behind: later torch.compile calls
+        # would warn of a global hook
+        torch.nn.modules.module._global_forward_hooks_with_kwargs.pop(handle.id, None)
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return out, x.grad, grads, log
+
+
+@pytest.mark.parametrize("kind", GLOBAL_HOOKS)
+@pytest.mark.parametrize("door", ["compile", "aot_module"])
+def test_global_module_hooks_run_for_the_users_modules_only(kind, door):
+    """The compiled module is an nn.Module: torch ran the global hooks for it too, after
+    the graph had run them for the user's modules, so a forward hook scaling outputs scaled
+    them twice (outputs and gradients 2x eager's), a pre-hook shifted the input twice and a
+    backward hook fired once more. Eager has no wrapper. A hook on the wrapper itself still
+    runs, once."""
+    from aotgrad.compat import aot_module
+    compile_module = {"compile": compile_eager, "aot_module": lambda m: aot_module(m, nop)}
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        call = compile_module[door](model) if compiled else model
+        torch.manual_seed(1)
+        results.append(_global_hook_run(model, call, kind))
+        if compiled:  # with a hook of the wrapper's own, and again without the global one
+            call.register_forward_hook(lambda mod, args, out: out * 10)
+            torch.manual_seed(1)
+            out, *_ = _global_hook_run(model, call, kind)
+            torch.testing.assert_close(out, results[0][0] * 10)
+            assert not any(torch.nn.modules.module._global_forward_hooks.values())
+    (out, x_grad, grads, log), expected = results[1], results[0]
+    # (The hooks ran at the traces, not at each call: a Python effect, not kept by a graph.)
+    assert set(log) <= set(expected[3])
+    torch.testing.assert_close((out, x_grad, grads), expected[:3])
 
 
 def test_a_function_leaving_a_traced_tensor_nested_in_a_global_is_refused():
@@ -1491,6 +1587,53 @@ def test_a_parametrized_module_under_parametrize_cached_matches_eager():
             got.sum().backward()
             assert type(got) is torch.Tensor and type(model.weight) is torch.Tensor
         torch.testing.assert_close(got, expected)
+        for p, q in zip(eager.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+
+
+def test_a_function_reading_a_parametrized_module_under_parametrize_cached_matches_eager():
+    """aotgrad.compile of a function reading a frozen parametrized module, called under
+    `parametrize.cached()`: the analysis's fake weight stayed in torch's cache, the trace
+    read it back as a constant, and the call returned a FakeTensor (and `m.weight` was
+    one for the rest of the block)."""
+    from torch.nn.utils import parametrizations, parametrize
+    torch.manual_seed(0)
+    model = parametrizations.weight_norm(torch.nn.Linear(3, 3)).requires_grad_(False)
+    compiled = aotgrad.compile(lambda x: model(x) * 2, backend="eager")
+    x = torch.randn(2, 3)
+    with parametrize.cached():
+        got = compiled(x)
+        assert type(got) is torch.Tensor and type(model.weight) is torch.Tensor
+        torch.testing.assert_close(got, model(x) * 2)
+
+
+def test_a_stateful_parametrization_read_twice_under_parametrize_cached_steps_once():
+    """Eager computes a cached parametrization once a forward: spectral_norm's power
+    iteration steps its `_u`/`_v` buffers once. The trace turned caching off, so a forward
+    reading the weight twice stepped them twice (buffers, outputs and gradients drifted
+    from eager's). Without `cached()` it steps at each read, in both."""
+    from torch.nn.utils import parametrizations, parametrize
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = parametrizations.spectral_norm(torch.nn.Linear(4, 4))
+
+        def forward(self, x):
+            return self.fc(self.fc(x).tanh())
+
+    torch.manual_seed(0)
+    eager = Twice()
+    model = copy.deepcopy(eager)
+    compiled = aotgrad.compile(model, backend="eager")
+    for cached in (True, False, True):
+        x = torch.randn(3, 4)
+        with parametrize.cached() if cached else contextlib.nullcontext():
+            expected, got = eager(x), compiled(x)
+            expected.sum().backward()
+            got.sum().backward()
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(dict(model.named_buffers()), dict(eager.named_buffers()))
         for p, q in zip(eager.parameters(), model.parameters()):
             torch.testing.assert_close(q.grad, p.grad)
 

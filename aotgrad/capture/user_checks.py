@@ -279,6 +279,18 @@ def _explain_data_dependence():
             f"nonzero, boolean masks...){_line_of(e.__traceback__)}, which ahead-of-time "
             "tracing cannot see. Move it out of the compiled function, or use "
             "torch.compile(backend='aotgrad'), which splits the function around it.") from e
+    except RuntimeError as e:
+        if _FAKE_DATA_READ not in str(e):
+            raise
+        raise NotImplementedError(
+            f"aotgrad: an op reads the values of a tensor in C++ while it is traced"
+            f"{_line_of(e.__traceback__)} (an RNN given a PackedSequence reads its "
+            "batch_sizes), which tracing with fake tensors cannot see. Move it out of the "
+            "compiled function, or use torch.compile(backend='aotgrad').") from e
+
+
+# torch's error where a kernel reads the memory of a fake tensor, which has none.
+_FAKE_DATA_READ = "data is not allocated yet"
 
 
 # Frames of the tracing machinery, not of the code traced (torch's dispatch, fake tensors).

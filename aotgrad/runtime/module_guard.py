@@ -52,14 +52,13 @@ from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
 from ..semantics import mends
+from .registered_names import GONE, RegisteredNames
 from .values import (CONTAINER_ITEMS, Definition, class_code, global_names,  # noqa: F401
                      class_members, contents_of, members_changed, unchanged)
 
 _CONSTANTS = (bool, int, float, str, type(None), torch.Tensor)
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_REGISTRIES = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
-_GONE = object()
-_NONES = itertools.repeat(None)  # never exhausted: map stops at its other iterables' end
+_GONE = GONE
 _FORWARDS, _GONES = itertools.repeat("forward"), itertools.repeat(_GONE)
 
 
@@ -173,71 +172,6 @@ def _reached_in_class(cls: type, start: Any) -> list[types.FunctionType]:
     return list(found)
 
 
-class RegisteredNames:
-    """The names the modules hold in `_parameters`, `_buffers` and `_modules`, and which of
-    the first two's hold None, as at the compile. Checked at every call, so in C loops
-    (`map`), not Python ones: the names' count over all the dicts, that each name is still
-    there, that each None is still None; together they say the names are the same. (An
-    existing entry's object is compared only where it was tied to another's: parameters and
-    buffers are read at each call, submodules are `ModuleAttributes.edges`.) A dict replaced
-    whole is not seen, nor a reordering of the same names; torch's own `del seq[i]` first
-    deletes from the old dict."""
-
-    def __init__(self, named: list[tuple[str, torch.nn.Module]]):
-        self.registries = [(path, kind, getattr(m, kind), dict(getattr(m, kind)))
-                           for path, m in named for kind in _REGISTRIES]
-        self.dicts = [d for _, _, d, _ in self.registries]
-        self.count = sum(map(len, self.dicts))
-        state = [(d, n, v) for _, kind, d, before in self.registries if kind != "_modules"
-                 for n, v in before.items()]
-        self.state_dicts, self.state_names = [d for d, _, _ in state], [n for _, n, _ in state]
-        self.none_dicts = [d for d, _, v in state if v is None]
-        self.none_names = [n for _, n, v in state if v is None]
-        # Names that held one tensor (tied weights, `head.weight = emb.weight`): the graphs
-        # read it once, by its first name, so a name given a tensor of its own was not read.
-        first: dict[int, int] = {}
-        tied = [(first.setdefault(id(v), k), k) for k, (_, _, v) in enumerate(state)
-                if v is not None]
-        tied = [(state[i], state[k]) for i, k in tied if i != k]
-        self.tied = [[pair[k][j] for pair in tied] for k in (0, 1) for j in (0, 1)] if tied \
-            else None
-
-    def changed(self) -> str | None:
-        """Which name changed, in words; None if none did."""
-        if (sum(map(len, self.dicts)) != self.count
-                or not all(map(operator.contains, self.state_dicts, self.state_names))
-                or not all(map(operator.is_,  # each name is there, by the check before
-                               map(operator.getitem, self.none_dicts, self.none_names),
-                               _NONES))):
-            return self._which()
-        if self.tied is not None:
-            dicts, names, tied_dicts, tied_names = self.tied
-            if not all(map(operator.is_, map(operator.getitem, dicts, names),
-                           map(operator.getitem, tied_dicts, tied_names))):
-                return "a parameter or buffer tied to another at the compile, set apart"
-        return None
-
-    def _which(self) -> str:
-        """The first difference, found the slow way (once per change)."""
-        for path, kind, now, before in self.registries:
-            for name in [*now, *before]:
-                what = _name_change(before.get(name, _GONE), now.get(name, _GONE))
-                if what is not None:
-                    full = f"{path}.{name}" if path else name
-                    return f"{_REGISTRIES[kind]} {full!r} ({what})"
-        return "the parameters, buffers or submodules"  # not reached: the checks agree
-
-
-def _name_change(before: Any, now: Any) -> str | None:
-    if before is _GONE and now is not _GONE:
-        return "added"
-    if now is _GONE and before is not _GONE:
-        return "removed"
-    if before is None and now is not None:
-        return "None at the compile"
-    return None
-
-
 class FunctionReads:
     """The values a function reads besides its arguments, which its graphs took as they were
     at the trace: each closure cell's content and each global its code (and code nested in
@@ -264,6 +198,13 @@ class FunctionReads:
         self.owner_class = type(owner) if _is_callable_object(fn, owner) else None
         self.members = [] if owner is None else class_members(
             type(owner), reached, "__call__" if self.owner_class else fn.__name__)
+        # The modules it reads (a frozen teacher closed over): their graphs baked train or
+        # eval, attributes, hooks and the tensors they held. (Not for a hook: its module is
+        # the ModuleAttributes that watches it.)
+        read = [*(c for _, _, c, _ in self.cells), *(v for _, _, v, _ in self.globals),
+                *(v for _, v, _ in self.attributes)]
+        read = [v for v in read if isinstance(v, torch.nn.Module)]
+        self.modules = ModulesRead(read) if watch_modules and read else None
 
     @staticmethod
     def watchable(fn: Callable) -> bool:
@@ -296,7 +237,44 @@ class FunctionReads:
             for name, value, contents in self.attributes:
                 if not unchanged(now.get(name, _GONE), value, contents):
                     return f"the attribute {name!r} of {type(self.owner).__name__}"
+        return self.modules and self.modules.changed()
+
+    def hook_dicts(self) -> list[dict]:
+        """The hook dicts of the modules it reads, and the global ones, each once."""
+        found = [d for a in (self.modules.attributes if self.modules else ()) for d in a.hook_dicts]
+        return list({id(d): d for d in found}.values())
+
+
+class ModulesRead:
+    """The nn.Modules a compiled function reads besides its arguments, compared at each
+    call: what `ModuleAttributes` compares, each submodule's train or eval mode (a compiled
+    module's signature holds it), and which tensor each parameter and buffer name holds
+    (a closed-over module's tensors are the graph's constants, read where they live)."""
+
+    def __init__(self, values: list):
+        found = {id(v): v for v in values if isinstance(v, torch.nn.Module)}
+        self.attributes = [ModuleAttributes(m) for m in found.values()]
+        self.modules = [m for a in self.attributes for m in a.modules]
+        self.training = [m.training for m in self.modules]
+        self.tensors = [(m, list(m._parameters.values()), list(m._buffers.values()))
+                        for m in self.modules]
+
+    def changed(self) -> str | None:
+        if [m.training for m in self.modules] != self.training:
+            return "the train or eval mode of a module it reads"
+        for m, parameters, buffers in self.tensors:
+            if not (_same(m._parameters.values(), parameters)
+                    and _same(m._buffers.values(), buffers)):
+                return f"a parameter or buffer of the {type(m).__name__} it reads"
+        for attributes in self.attributes:
+            changed = attributes.changed()
+            if changed is not None:
+                return f"{changed} of a module it reads"
         return None
+
+
+def _same(now, before: list) -> bool:
+    return len(now) == len(before) and all(map(operator.is_, now, before))
 
 
 def code_reads(functions: list[types.FunctionType]) -> tuple[list, list]:
