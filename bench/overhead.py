@@ -182,13 +182,17 @@ def main(argv=None) -> None:
             "device": f"CPU (this machine: {platform.machine()}, {torch.get_num_threads()} "
                       "thread)", "calls": args.calls, "repeats": args.repeats,
             "threads": args.threads, "baseline": args.baseline}
-    text = markdown(meta, rows)
+    publish(markdown(meta, rows), meta, rows, args.out, "overhead_cpu")
+
+
+def publish(text: str, meta: dict, rows: list[dict], out: str | None, stem: str) -> None:
+    """Print the table; with `out`, write it and the rows as STEM.md and STEM.json there."""
     print(text)
-    if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "overhead_cpu.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-        (out / "overhead_cpu.md").write_text(text)
+    if out:
+        folder = pathlib.Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+        (folder / f"{stem}.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -134,14 +134,8 @@ def main(argv=None) -> None:
     rows = count(args.calls, args.baseline, args.cache_sim)
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "calls": args.calls, "baseline": args.baseline}
-    text = markdown(meta, rows)
-    print(text)
-    if args.out:
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "overhead_instructions.json").write_text(json.dumps({**meta, "rows": rows},
-                                                                   indent=1))
-        (out / "overhead_instructions.md").write_text(text)
+    import overhead
+    overhead.publish(markdown(meta, rows), meta, rows, args.out, "overhead_instructions")
 
 
 if __name__ == "__main__":
