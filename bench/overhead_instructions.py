@@ -31,12 +31,12 @@ import subprocess
 import sys
 import tempfile
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "bench"))
+BENCH = str(pathlib.Path(__file__).resolve().parent)  # where overhead.py is
 
 
 def worker(calls: int, baseline: str | None, windows_path: str) -> None:
     """Under callgrind: each window's (case, mode, path) to `windows_path`, in order."""
+    sys.path.insert(0, BENCH)
     import torch
     import overhead
     torch.set_num_threads(1)
@@ -134,6 +134,7 @@ def main(argv=None) -> None:
     rows = count(args.calls, args.baseline, args.cache_sim)
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "calls": args.calls, "baseline": args.baseline}
+    sys.path.insert(0, BENCH)
     import overhead
     overhead.publish(markdown(meta, rows), meta, rows, args.out, "overhead_instructions")
 

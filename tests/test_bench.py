@@ -288,3 +288,23 @@ def test_step_split_together_times_both_halves_and_profiles_each_mode(tmp_path):
         assert row["steps"]["host_fw"] > 0 and row["steps"]["host_bw"] > 0
         assert row["host_profile"] and all(c["own_us"] >= 0 for c in row["host_profile"])
     assert "tiny/aotgrad_compile_eager: host_fw" in proc.stdout
+
+
+def test_overhead_instructions_reads_callgrinds_totals(tmp_path):
+    """bench/overhead_instructions.py: each event of a callgrind dump's summary, per call,
+    and the table's ratio to eager (valgrind itself is not run here)."""
+    spec = importlib.util.spec_from_file_location(
+        "overhead_instructions", REPO / "bench" / "overhead_instructions.py")
+    counted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(counted)
+    dump = tmp_path / "cg.1"
+    dump.write_text("version: 1\nevents: Ir I1mr D1mr D1mw Bcm Bim\nfn=x\n"
+                    "summary: 3000 30 12 6 9 3\ntotals: 3000 30 12 6 9 3\n")
+    assert counted._summary(dump) == {"Ir": 3000, "I1mr": 30, "D1mr": 12, "D1mw": 6,
+                                      "Bcm": 9, "Bim": 3}
+    rows = [{"case": "function", "mode": "no_grad", "path": path, "Ir": ir, "I1mr": 1.0,
+             "D1mr": 2.0, "D1mw": 0.0, "Bcm": 3.0, "Bim": 0.0}
+            for path, ir in (("eager", 60000.0), ("aotgrad", 74000.0))]
+    table = counted.markdown({"date": "d", "torch": "t", "calls": 300, "baseline": None}, rows)
+    assert "| function | no_grad | 60.0 | 74.0 | 1.233 |" in table
+    assert "| function | no_grad | aotgrad | 1 | 2 | 3 |" in table
