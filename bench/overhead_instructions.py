@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import pathlib
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 BENCH = str(pathlib.Path(__file__).resolve().parent)  # where overhead.py is
 
@@ -42,12 +44,21 @@ def worker(calls: int, baseline: str | None, windows_path: str) -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         package = overhead.baseline_package(baseline, scratch) if baseline else None
+        cases = overhead.candidates(package)
+        # callgrind counts every thread: none still running from the compiles (aotgrad's
+        # probe of the CPU's vector instructions) is to be counted in the first windows.
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread():
+                thread.join(timeout=120)
         windows = []
-        for case, (paths, args) in overhead.candidates(package).items():
+        for case, (paths, args) in cases.items():
             for mode, step in overhead.MODES.items():
                 for path, fn in paths.items():
                     for _ in range(20):
                         step(fn, args)
+                    # No full collection over the compiles' objects left to land in a window.
+                    gc.collect()
+                    gc.freeze()
                     divmod(1, 1)
                     for _ in range(calls):
                         step(fn, args)
@@ -64,8 +75,8 @@ def count(calls: int, baseline: str | None, cache_sim: bool = False) -> list[dic
     with tempfile.TemporaryDirectory() as out:
         windows_path = f"{out}/windows.json"
         # Fixed string hashes and addresses: dict and set probes, and caches keyed by id,
-        # otherwise differ between processes (eager's fwd+bwd counted 242.9k and 265.7k
-        # instructions in two runs without these).
+        # would otherwise differ between processes. (The first window, eager's fwd+bwd of
+        # the function, still moves between runs: 242.9k to 336.7k; cause not found.)
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         no_aslr = ["setarch", platform.machine(), "-R"] if shutil.which("setarch") else []
         command = [*no_aslr, "valgrind", "--tool=callgrind", "--zero-before=builtin_divmod",
