@@ -30,8 +30,8 @@ from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
 from .capture.inputs import TRACES, flatten, lift_state, state_swapped
 from .partition.budget import budget_partition
-from .runtime.guards import (MISS, make_guard, make_guarded_run, plan_guard, signature,
-                             under_a_function_mode)
+from .runtime.guards import (MISS, function_modes_on, make_guard, make_guarded_run,
+                             plan_guard, signature, under_a_function_mode)
 from .partition.remat import min_cut_rematerialization_partition
 from .semantics.dynamic import falls_back_to_static, warn_static_fallback
 from .artifact import Artifact
@@ -63,9 +63,6 @@ _transforming = torch._C._functorch.peek_interpreter_stack
 
 # Nonzero under a dispatch mode: asked first at each call (14 ns over an empty call).
 _modes_on = torch._C._len_torch_dispatch_stack
-# Any torch function mode (one C call); `under_a_function_mode` then tells a default device
-# (compiled, keyed by its device) from a user's mode (the original code runs).
-_function_modes_on = torch._C._is_torch_function_mode_enabled
 # `_fw_ad._current_level >= 0` inside forward_ad.dual_level(): Inductor's kernels would drop
 # the inputs' tangents, where eager's ops carry them; the original code runs.
 
@@ -116,7 +113,7 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         if (_tracing() or _transforming() is not None or TRACES.depth
-                or _function_modes_on() and under_a_function_mode()
+                or function_modes_on() and under_a_function_mode()
                 or _modes_on() and _under_a_mode() or _fw_ad._current_level >= 0):
             return self.fn(*args, **kwargs)
         if self.reads is not None and (changed := self.reads.changed()) is not None:
@@ -349,7 +346,7 @@ class CompiledModule(torch.nn.Module):
         # or a dispatch mode: the module's own code, which the outer one records or
         # transforms, or the mode sees.
         if (_tracing() or _transforming() is not None or TRACES.depth
-                or _function_modes_on() and under_a_function_mode()
+                or function_modes_on() and under_a_function_mode()
                 or _modes_on() and _under_a_mode() or _fw_ad._current_level >= 0):
             return self.orig_module(*args, **kwargs)
         changed = self._written or self._attributes.changed()

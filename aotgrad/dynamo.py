@@ -28,9 +28,7 @@ from .semantics.dynamic import (falls_back_to_static, is_symbolic, item_symbol,
                                 warn_static_fallback)
 from .pipeline import Options, compile_call
 from .runtime.call import CompiledCall
-from .runtime.guards import function_modes_off, under_a_function_mode
-
-_FUNCTION_MODES_ON = torch._C._is_torch_function_mode_enabled
+from .runtime.guards import function_modes_off, function_modes_on, under_a_function_mode
 
 
 def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,
@@ -62,7 +60,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
             lazy = CompiledFunction(gm, graph_options)
 
             def run_lazy(*args):
-                if _FUNCTION_MODES_ON() and under_a_function_mode():
+                if function_modes_on() and under_a_function_mode():
                     return _without_function_modes(run_lazy, args)
                 return lazy(*args)
             return run_lazy
@@ -72,7 +70,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
         realiased = compile_for_new_aliasing(gm, gm, fakes, graph_options)
 
         def run(*args):
-            if _FUNCTION_MODES_ON() and under_a_function_mode():  # one C call when none
+            if function_modes_on() and under_a_function_mode():  # one C call when none
                 return _without_function_modes(run, args)
             try:
                 return run_call(args)

@@ -58,20 +58,22 @@ def global_state() -> tuple:
     return (*state, default_device())
 
 
-_FUNCTION_MODES_ON = torch._C._is_torch_function_mode_enabled
+# Any torch function mode on (one C call): the callers' first test, before the Python frame
+# of `under_a_function_mode`, which tells a default device from a user's mode.
+function_modes_on = torch._C._is_torch_function_mode_enabled
 
 
 def default_device() -> str | None:
     """The device of `torch.set_default_device` or `with torch.device(...)`, which a trace
     bakes into its factories (`torch.ones(3)`); None where no function mode is on."""
-    return str(torch.get_default_device()) if _FUNCTION_MODES_ON() else None
+    return str(torch.get_default_device()) if function_modes_on() else None
 
 
 def under_a_function_mode() -> bool:
     """Under a torch function mode other than a default device (a user's TorchFunctionMode,
     which sees and may rewrite every call): a graph traced without it would not repeat that,
     so the original code runs. A default device is a part of the guards' global state."""
-    return _FUNCTION_MODES_ON() and any(
+    return function_modes_on() and any(
         type(mode) is not DeviceContext for mode in _get_current_function_mode_stack())
 
 
@@ -275,8 +277,8 @@ def _tensor_terms(plan: GuardPlan, flat_args, scope: dict, dynamic: bool = False
 
 
 def signature(flat_args, dynamic: bool = False) -> tuple:
-    """The key of a call that no entry's guard took: what a compiled graph specializes on (with `dynamic`, sizes and strides
-    are left to the shape guards)."""
+    """The key of a call that no entry's guard took: what a compiled graph specializes on
+    (with `dynamic`, sizes and strides are left to the shape guards)."""
     if dynamic:
         return dynamic_signature(flat_args)
     seen: dict[int, int] = {}
@@ -355,7 +357,7 @@ def _global_terms(state: tuple, scope: dict) -> list[str]:
     if any(autocast) or device is not None or _ANY_AUTOCAST is None:
         scope["_expected_state"] = state
         return terms + ["_state() == _expected_state"]
-    scope["_any_autocast"], scope["_function_modes_on"] = _ANY_AUTOCAST, _FUNCTION_MODES_ON
+    scope["_any_autocast"], scope["_function_modes_on"] = _ANY_AUTOCAST, function_modes_on
     return terms + ["not _any_autocast()", "not _function_modes_on()"]
 
 
