@@ -715,6 +715,15 @@ def test_a_functions_output_its_ctx_saved_changed_after_the_call_raises_as_eager
 
 
 @_UNKNOWN_FUNCTION_SAVES
+def test_a_dynamo_captured_function_is_named_by_its_forwards_frame(monkeypatch):
+    """Torch 2.11's stack traces mark no columns, so a line applying two Functions named
+    neither: eager's error lost its "which is output 0 of ...Backward"."""
+    from aotgrad.capture import own_saves
+    monkeypatch.setattr(own_saves, "_applied", lambda trace: [])
+    test_a_functions_output_its_ctx_saved_changed_after_the_call_raises_as_eager(dynamo, 1)
+
+
+@_UNKNOWN_FUNCTION_SAVES
 def test_a_functions_output_its_ctx_saved_changed_after_the_call_with_inductor():
     fn = lambda x: ExpSavingItsResult.apply(x * 2)  # noqa: E731
 

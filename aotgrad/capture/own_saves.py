@@ -16,6 +16,7 @@ saved in three places:
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import torch
@@ -75,14 +76,17 @@ def _forward_closure(node: Any) -> dict[str, Any] | None:
 
 def _eager_name(node: Any) -> str | None:
     """Eager names a custom Function's node after its class; the class Dynamo captured is
-    named only where the call reads `Name.apply(` in the graph's stack traces (None: not
-    named, which eager's error then leaves out)."""
+    named where the graph's stack traces show one `Name.apply(` call or else a frame of one
+    Function's `forward` (None: not named, which eager's error then leaves out)."""
     cells = _forward_closure(node)
     if cells is None:
         return node.name()
     fwd = cells["fwd"].cell_contents if "fwd" in cells else None
     nodes = fwd.graph.nodes if isinstance(fwd, torch.fx.GraphModule) else ()
-    names = {m for n in nodes for m in _applied(n.meta.get("stack_trace") or "")}
+    traces = [n.meta.get("stack_trace") or "" for n in nodes]
+    names = {m for trace in traces for m in _applied(trace)}
+    if len(names) != 1:  # two applied on one line, and no column marks (torch 2.11)
+        names = {m for trace in traces for m in _forward_of(trace)}
     return f"{names.pop()}Backward" if len(names) == 1 else None
 
 
@@ -107,3 +111,26 @@ def _applied(trace: str) -> list[str]:
 
 _APPLY = re.compile(r"\b(\w+)\.apply\(")
 _MARKED_APPLY = re.compile(r"(?:\w+\.)*?(\w+)\.apply\(")
+
+
+def _forward_of(trace: str) -> list[str]:
+    """The Function whose `forward` the innermost such frame of a stack trace runs in,
+    found among its module's classes by the frame's file and line (a Function defined in a
+    function's body is not found)."""
+    for file, line in reversed(_FORWARD_FRAME.findall(trace)):
+        modules = [m for m in list(sys.modules.values()) if getattr(m, "__file__", 0) == file]
+        found = [name for m in modules for name, cls in vars(m).items()
+                 if isinstance(cls, type) and issubclass(cls, torch.autograd.Function)
+                 and _runs_at(vars(cls).get("forward"), file, int(line))]
+        if found:
+            return found
+    return []
+
+
+def _runs_at(forward: Any, file: str, line: int) -> bool:
+    code = getattr(getattr(forward, "__func__", forward), "__code__", None)
+    return (code is not None and code.co_filename == file
+            and line in {n for _, _, n in code.co_lines()})
+
+
+_FORWARD_FRAME = re.compile(r'File "([^"]+)", line (\d+), in forward\b')

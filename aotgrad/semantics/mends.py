@@ -25,8 +25,9 @@ And one in torch.nn's attention modules: MultiheadAttention, TransformerEncoderL
 TransformerEncoder take their fused fast paths (eval, no grad) only where no argument
 `has_torch_function`, which the trace's own function modes make true of every tensor: the
 trace took the slow path, whose output differs in layout (MultiheadAttention's, transposed)
-or in value (the encoder's padded positions, which its nested path zeroes). Traced, they
-branch as eager does (`attention_fast_paths_as_eager`).
+or in value (the encoder's padded positions, which its nested path zeroes). MultiheadAttention
+also leaves its fast path while make_fx traces (torch 2.13 then makes the slow path's output
+contiguous; 2.11 does not). Traced, they branch as eager does (`attention_fast_paths_as_eager`).
 
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
@@ -47,6 +48,7 @@ import threading
 import torch
 import torch.nn.functional as F
 from torch._decomp import decompositions
+from torch.nn.modules import activation
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
@@ -219,7 +221,8 @@ _DISABLED = torch._C._disabled_torch_function_impl
 def attention_fast_paths_as_eager():
     """Around the user's code in a trace: `has_torch_function`, asked by an attention
     module's fast-path test, answers as in eager (the trace's own function modes and its
-    tensors' types left out), so the trace takes eager's branch. The encoder's nested-tensor
+    tensors' types left out), as does MultiheadAttention's test whether make_fx traces, so
+    the trace takes eager's branch: its fused kernel, which traces. The encoder's nested-tensor
     path is refused: a graph holds no nested tensor, and whether eager takes it depends on
     the mask's values (left-aligned or not)."""
     original, tracing = torch.overrides.has_torch_function, threading.get_ident()
@@ -240,9 +243,14 @@ def attention_fast_paths_as_eager():
             "enable_nested_tensor=False (or set `encoder.use_nested_tensor = False`), or call "
             "it outside the compiled function.")
 
+    def is_make_fx_tracing():  # MultiheadAttention's: eager is not tracing
+        return threading.get_ident() != tracing and make_fx_tracing()
+
     nested = torch._nested_tensor_from_mask
+    make_fx_tracing = activation._is_make_fx_tracing
     with patched(torch.overrides, has_torch_function=has_torch_function), \
-            patched(torch, _nested_tensor_from_mask=nested_tensor_from_mask):
+            patched(torch, _nested_tensor_from_mask=nested_tensor_from_mask), \
+            patched(activation, _is_make_fx_tracing=is_make_fx_tracing):
         yield
 
 
