@@ -29,6 +29,14 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+fix29)  # verify28's four failures, fixed on CPU (MultiheadAttention's fast path traced as
+  # eager takes it; a Dynamo-captured Function named by its forward's frame), then part26
+  TAIL=4 step fix29 60 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
+    -rf tests/test_semantics.py -k "attention or ctx_saved or forwards_frame"
+  TAIL=30 step part 290 python bench/profile_gap.py --models swin_t,vit_s16,convnext_t \
+    --steps 5 --timeout 90 --modes aotgrad_dynamo,torch_compile --out $OUT/part
+  TAIL=40 step phases 240 python bench/compile_stages.py --model swin_t --modes aotgrad,inductor \
+    --timeout 115 --json $OUT/phases.json ;;
 verify28)  # first: sessions 25 and 26's merges on torch 2.11 + CUDA (verify27 was cut at 90% with
   # 2 unnamed failures): function modes off through Dynamo, global module hooks, closed-over
   # modules, parametrize.cached(), the exchange rule and the launch cost in the partition
