@@ -191,7 +191,8 @@ def main() -> None:
                 print(f"{model}/{mode} failed:\n{done.stderr[-3000:]}")
                 continue
             results[f"{model}/{mode}"] = json.loads(done.stdout.strip().splitlines()[-1])
-    (out / "profile.json").write_text(json.dumps(results, indent=1))
+            (out / "profile.json").write_text(json.dumps(results, indent=1))  # a cut run keeps it
+            print(f"{model}/{mode}: done", flush=True)
     print_table(results)
 
 

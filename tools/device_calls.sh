@@ -29,6 +29,10 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+part29)  # part26 again (fix29's run of it was cut at 290 s before its first row was written):
+  # backward kernel time and peak of session 26's partition against torch.compile's
+  TAIL=40 step part 545 python bench/profile_gap.py --models swin_t,vit_s16,convnext_t \
+    --steps 5 --timeout 90 --modes aotgrad_dynamo,torch_compile --out $OUT/part ;;
 fix29)  # verify28's four failures, fixed on CPU (MultiheadAttention's fast path traced as
   # eager takes it; a Dynamo-captured Function named by its forward's frame), then part26
   TAIL=4 step fix29 60 python -m pytest -n 8 -q -o addopts= -p no:cacheprovider -p no:warnings \
