@@ -29,6 +29,12 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+last29)  # verify28b was cut at 90% (no failure by then): its last two files, then spans26's two
+  # aotgrad modes (DeBERTa-v2, every spanning value saved or not), each alone
+  TAIL=6 step verify28c 170 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider \
+    -p no:warnings -rf tests/test_compiled_autograd_torch.py tests/test_double_backward.py
+  for m in aotgrad_dynamo_spans_saved aotgrad_dynamo; do TAIL=3 step $m 175 \
+    python bench/run.py --models deberta_v2 --modes $m --out $OUT/$m; done ;;
 part29)  # part26 again (fix29's run of it was cut at 290 s before its first row was written):
   # backward kernel time and peak of session 26's partition against torch.compile's
   TAIL=40 step part 545 python bench/profile_gap.py --models swin_t,vit_s16,convnext_t \
