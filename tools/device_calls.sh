@@ -29,6 +29,10 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+phases29)  # fix29's Swin-T phases in the other order (torch's process first): 52.90 vs 55.68 s
+  # with aotgrad first
+  TAIL=40 step phases 250 python bench/compile_stages.py --model swin_t --modes inductor,aotgrad \
+    --timeout 120 --json $OUT/phases.json ;;
 last29)  # verify28b was cut at 90% (no failure by then): its last two files, then spans26's two
   # aotgrad modes (DeBERTa-v2, every spanning value saved or not), each alone
   TAIL=6 step verify28c 170 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider \
