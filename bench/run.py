@@ -220,6 +220,24 @@ def _aotgrad_spans_saved(model, budget, sink):
     return torch.compile(model, backend=_recording(chosen, sink))
 
 
+def _no_exchanges(joint, joint_inputs=None, **kwargs):
+    """The min cut without session 26's exchanges (a stream value saved for the saved values
+    the backward read only to rebuild it): ViT-S's backward kernels took 1.05x torch's after
+    it, Swin-T's and ConvNeXt-T's 0.97x. Bench-only, as `_spans_saved`."""
+    from aotgrad.partition import remat
+    chosen = remat._exchanges
+    remat._exchanges = lambda *args: []
+    try:
+        return remat.min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    finally:
+        remat._exchanges = chosen
+
+
+def _aotgrad_no_exchanges(model, budget, sink):
+    return torch.compile(model, backend=_recording(aotgrad.backend(partitioner=_no_exchanges),
+                                                   sink))
+
+
 def _aotgrad_torch_partition(model, budget, sink):
     """aotgrad's pipeline and Inductor with torch's partitioner (functorch's min cut) in
     place of aotgrad's: beside `aotgrad_dynamo`, what the partition alone changes (issue 20:
@@ -249,6 +267,7 @@ MODES = {
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
     "aotgrad_dynamo_spans_saved": Mode(_aotgrad_spans_saved),
+    "aotgrad_dynamo_no_exchanges": Mode(_aotgrad_no_exchanges),
     "aotgrad_torch_partition": Mode(_aotgrad_torch_partition),
     "aotgrad_compile": Mode(_aotgrad_compile("inductor")),
     "aotgrad_compile_eager": Mode(_aotgrad_compile("eager")),
@@ -257,7 +276,8 @@ DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]  # bench/models.py runs the
 # aotgrad_compile_eager is for CPU tests; the CUDA-graph modes are bench/models.py's
 DEFAULT_MODES = [m for m in MODES
                  if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro",
-                              "aotgrad_dynamo_spans_saved", "aotgrad_torch_partition")]
+                              "aotgrad_dynamo_spans_saved", "aotgrad_dynamo_no_exchanges",
+                              "aotgrad_torch_partition")]
 
 # Defaults of --warmup, --steps, --timeout (per row), --time-limit (whole run), --jobs (rows
 # compiling at once on a GPU; the timed steps always run one row at a time).

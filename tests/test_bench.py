@@ -267,6 +267,31 @@ def test_the_torch_partition_mode_runs_aotgrad_with_torchs_partitioner(monkeypat
         torch.testing.assert_close(p.grad, g)
 
 
+@pytest.mark.parametrize("mode, swapped", [("aotgrad_dynamo_spans_saved", "saved_below_peak"),
+                                           ("aotgrad_dynamo_no_exchanges", "_exchanges")])
+def test_the_partition_experiments_keep_eagers_step_and_put_the_cut_back(mode, swapped):
+    """Issue 20's experiments swap one step of the min cut for their own compiles: the step
+    stays eager's, and the package's function is back afterwards."""
+    import torch
+    from aotgrad.partition import remat
+    bench = load_bench()
+    original = getattr(remat, swapped)
+    job = bench.Job("mlp", mode, None, True, "cpu", 1, 1)
+    torch.manual_seed(0)
+    model, batch, _ = bench.prepare(job)
+    expected = model(*batch)
+    expected.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    loss = bench.MODES[mode].compile(model, None, [])(*batch)
+    loss.backward()
+    assert getattr(remat, swapped) is original
+    torch.testing.assert_close(loss, expected)
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g)
+
+
 def test_warmed_up_rows_have_compiled_and_stepped():
     bench = load_bench()
     row = bench.warmed_up(bench.Job("mlp", "aotgrad_compile_eager", None, True, "cpu", 1, 1))

@@ -29,6 +29,12 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+vit30)  # next session: ViT-S's backward kernels took 1.05x torch's (part29; Swin-T and
+  # ConvNeXt-T 0.97x). Which part: session 26's exchanges, our partition, or the rest of the
+  # pipeline (torch's partitioner in our pipeline)?
+  TAIL=30 step part 540 python bench/profile_gap.py --models vit_s16 --steps 5 --timeout 130 \
+    --modes aotgrad_dynamo,aotgrad_dynamo_no_exchanges,aotgrad_torch_partition,torch_compile \
+    --out $OUT/part ;;
 phases29)  # fix29's Swin-T phases in the other order (torch's process first): 52.90 vs 55.68 s
   # with aotgrad first
   TAIL=40 step phases 250 python bench/compile_stages.py --model swin_t --modes inductor,aotgrad \
@@ -104,6 +110,8 @@ verify26)  # the edge-case hunt merged (float constants by their bits, unflatten
   TAIL=8 step verify26 400 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_api.py tests/test_guards.py tests/test_backends.py tests/test_dynamic.py \
     tests/test_semantics.py ;;
+# Session 27 ran `verify28`, `fix29`, `part29`, `last29`, `phases29`:
+# bench/results/h200-2026-11-30-session27. Next: `vit30`.
 # Session 26 had no device time (spent by the stop's earlier tries). Next: `verify28`, `part26`,
 # `spans26`.
 # Session 25 ran `tp23` (x2), `phases25`, `phases25b`, `deberta22`, `deberta25`, `verify27`:
