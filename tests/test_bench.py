@@ -237,34 +237,37 @@ def test_trace_time_times_both_traces_and_a_baseline_checkout(tmp_path):
     assert "aotgrad   trace" in proc.stdout
 
 
+def _step_as_eager(mode: str, sink: list) -> None:
+    """The mlp's step through `mode` (Dynamo reset first): loss and gradients eager's."""
+    import torch
+    bench = load_bench()
+    torch.manual_seed(0)
+    model, batch, _ = bench.prepare(bench.Job("mlp", mode, None, True, "cpu", 1, 1))
+    expected = model(*batch)
+    expected.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    loss = bench.MODES[mode].compile(model, None, sink)(*batch)
+    loss.backward()
+    torch.testing.assert_close(loss, expected)
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g)
+
+
 def test_the_torch_partition_mode_runs_aotgrad_with_torchs_partitioner(monkeypatch):
     """Issue 20's comparison of partitioners on one Inductor: the mode's graphs are aotgrad's,
     cut by functorch's min cut; the step's loss and gradients stay eager's."""
     import functorch.compile
-    import torch
-    bench = load_bench()
-    calls = []
+    calls, sink = [], []
     torch_min_cut = functorch.compile.min_cut_rematerialization_partition
 
     def counted(*args, **kwargs):
         calls.append(1)
         return torch_min_cut(*args, **kwargs)
     monkeypatch.setattr(functorch.compile, "min_cut_rematerialization_partition", counted)
-    job = bench.Job("mlp", "aotgrad_torch_partition", None, True, "cpu", 1, 1)
-    torch.manual_seed(0)
-    model, batch, _ = bench.prepare(job)
-    expected = model(*batch)
-    expected.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    sink = []
-    torch._dynamo.reset()
-    loss = bench.MODES[job.mode].compile(model, None, sink)(*batch)
-    loss.backward()
+    _step_as_eager("aotgrad_torch_partition", sink)
     assert calls and [s.artifact for s in sink]
-    torch.testing.assert_close(loss, expected)
-    for p, g in zip(model.parameters(), grads):
-        torch.testing.assert_close(p.grad, g)
 
 
 @pytest.mark.parametrize("mode, swapped", [("aotgrad_dynamo_spans_saved", "saved_below_peak"),
@@ -272,24 +275,10 @@ def test_the_torch_partition_mode_runs_aotgrad_with_torchs_partitioner(monkeypat
 def test_the_partition_experiments_keep_eagers_step_and_put_the_cut_back(mode, swapped):
     """Issue 20's experiments swap one step of the min cut for their own compiles: the step
     stays eager's, and the package's function is back afterwards."""
-    import torch
     from aotgrad.partition import remat
-    bench = load_bench()
     original = getattr(remat, swapped)
-    job = bench.Job("mlp", mode, None, True, "cpu", 1, 1)
-    torch.manual_seed(0)
-    model, batch, _ = bench.prepare(job)
-    expected = model(*batch)
-    expected.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    torch._dynamo.reset()
-    loss = bench.MODES[mode].compile(model, None, [])(*batch)
-    loss.backward()
+    _step_as_eager(mode, [])
     assert getattr(remat, swapped) is original
-    torch.testing.assert_close(loss, expected)
-    for p, g in zip(model.parameters(), grads):
-        torch.testing.assert_close(p.grad, g)
 
 
 def test_warmed_up_rows_have_compiled_and_stepped():
