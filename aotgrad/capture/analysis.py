@@ -23,6 +23,7 @@ from ..semantics import subclasses, swaps
 from . import oplog
 from .user_checks import RefuseRequiresGradOff, requires_grad_turned_off, user_code_checks
 from .own_saves import saved_by_own_node
+from .fed_outputs import fed_outputs
 from .inputs import OutputBox, functional_mode, saved_values_hook, to_functional
 from ..semantics.dynamic import (DynamicShapesUnsupported, fresh_unbacked_ignored, geometry,
                                  hint, is_size, is_symbolic)
@@ -87,9 +88,18 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
         info,
         differentiable=tuple(_requires_grad(v) and not h for v, h in zip(values, hidden)),
         graph_output_metas=tuple(_tensor_meta(v) for v in values),
+        fed_outputs=fed_outputs(values, _hookable_outputs(info)),
     )
     _check_leaf_mutations(info)
     return info
+
+
+def _hookable_outputs(info: FunctionInfo) -> list[int]:
+    """Graph outputs the user gets as the compiled node's own outputs, with a gradient."""
+    first = info.first_user_output
+    return [first + i for i, o in enumerate(info.outputs)
+            if o.kind is OutputKind.PLAIN and o.requires_grad and not o.made_leaf
+            and not o.returned_as_view and o.detached_from is None]
 
 
 def _with_saver(info: OutputInfo, saved: tuple[str | None, int, int] | None) -> OutputInfo:
