@@ -1739,18 +1739,49 @@ HOOK_ON_OUTPUT = {  # what the caller does to output h, and whether the hook ret
 }
 
 
+def _view_of_input_and_thrice_it(x):
+    v = x.view(2, 2)
+    return v * 3, v
+
+
+def _view_of_intermediate_and_thrice_it(x):
+    v = (x * 2).view(2, 2)
+    return v * 3, v
+
+
 @DOORS
 @pytest.mark.parametrize("hooked", list(HOOK_ON_OUTPUT))
-def test_a_hook_on_an_output_other_outputs_are_computed_from_is_refused(door, hooked):
+@pytest.mark.parametrize("fn", [_returns_h_and_twice_h, _view_of_input_and_thrice_it,
+                                _view_of_intermediate_and_thrice_it],
+                         ids=["computed", "view of an input", "view of an intermediate"])
+def test_a_hook_on_an_output_other_outputs_are_computed_from_is_refused(door, hooked, fn):
     """Eager's hook on h (and h.grad) sees h's whole gradient, the part the other output
     sends back through h included; the compiled node's hook saw only the gradient from
     outside: h.grad came back partial, or None where the loss read the other output alone,
-    and a hook's new gradient missed that part's path to x."""
-    x = torch.randn(3, requires_grad=True)
-    o, h = door(_returns_h_and_twice_h)(x)
+    and a hook's new gradient missed that part's path to x. (An output that is a view the
+    runtime rebuilds got its partial gradient the same way.)"""
+    x = torch.randn(4, requires_grad=True)
+    o, h = door(fn)(x)
     HOOK_ON_OUTPUT[hooked](h)
-    with pytest.raises(NotImplementedError, match="computes other outputs from it"):
+    with pytest.raises(NotImplementedError, match="computes other outputs"):
         ((o * o).sum() + h.sum()).backward()
+
+
+def _adds_h_into_an_input(x, buf):
+    h = x.sin()
+    buf.add_(h)
+    return h
+
+
+@DOORS
+def test_a_hook_on_an_output_written_into_an_input_is_refused(door):
+    """The input's new value is computed from h too: eager's h.grad has its part."""
+    x, w = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    buf = w * 1
+    h = door(_adds_h_into_an_input)(x, buf)
+    h.retain_grad()
+    with pytest.raises(NotImplementedError, match="an input's new value"):
+        (buf * 3).sum().backward()
 
 
 def _base_and_its_view(x):

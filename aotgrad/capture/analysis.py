@@ -95,11 +95,16 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
 
 
 def _hookable_outputs(info: FunctionInfo) -> list[int]:
-    """Graph outputs the user gets as the compiled node's own outputs, with a gradient."""
+    """Graph outputs of the user outputs with a gradient that are the compiled node's own
+    outputs or views the runtime rebuilds (each a tensor the caller may put a hook on)."""
     first = info.first_user_output
     return [first + i for i, o in enumerate(info.outputs)
-            if o.kind is OutputKind.PLAIN and o.requires_grad and not o.made_leaf
-            and not o.returned_as_view and o.detached_from is None]
+            if o.requires_grad and not o.made_leaf and not o.returned_as_view
+            and o.detached_from is None and o.kind in _HOOKABLE]
+
+
+_HOOKABLE = (OutputKind.PLAIN, OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE,
+             OutputKind.VIEW_OF_OUTPUT)
 
 
 def _with_saver(info: OutputInfo, saved: tuple[str | None, int, int] | None) -> OutputInfo:

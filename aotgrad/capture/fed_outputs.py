@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..schema import FunctionInfo
+from ..schema import FunctionInfo, OutputKind
 
 
 def fed_outputs(values: Sequence[Any], plain: Sequence[int]
@@ -61,28 +61,47 @@ def _edges_below(root: Any) -> set:
 
 @dataclass(frozen=True)
 class FedOutputs:
-    """The runtime's side: holds each fed output weakly at the forward, and at the backward
-    refuses one the caller put a hook or retain_grad() on, where an output read from it
-    has a gradient in this backward."""
+    """The runtime's side: holds each fed output weakly, and at the backward refuses one the
+    caller put a hook or retain_grad() on, where an output read from it has a gradient in
+    this backward."""
 
     fed: tuple[tuple[int, tuple[int, ...]], ...]  # as `fed_outputs`
     first_user_output: int
+    rebuilt: tuple[int, ...]  # positions in `fed` of views the runtime makes after the node
 
     @staticmethod
     def of(info: FunctionInfo) -> "FedOutputs | None":
-        return FedOutputs(info.fed_outputs, info.first_user_output) if info.fed_outputs \
-            else None
+        if not info.fed_outputs:
+            return None
+        first = info.first_user_output
+        rebuilt = tuple(j for j, (k, _) in enumerate(info.fed_outputs)
+                        if info.outputs[k - first].kind is not OutputKind.PLAIN)
+        return FedOutputs(info.fed_outputs, first, rebuilt)
 
     def hold(self, ctx, outs: Sequence[Any]) -> None:
-        # weakly: the output's grad_fn is this ctx, a strong reference would be a cycle
-        ctx.fed_outputs = [weakref.ref(outs[k]) for k, _ in self.fed]
+        """At the forward, the node's own outputs (`outs`: the graph's); weakly: the
+        output's grad_fn is this ctx, a strong reference would be a cycle."""
+        ctx.fed_outputs = [None if j in self.rebuilt else weakref.ref(outs[k])
+                           for j, (k, _) in enumerate(self.fed)]
+
+    def hold_rebuilt(self, raw: Sequence[Any], user_outs: Sequence[Any]) -> None:
+        """After the call, the views the runtime rebuilt, on the node (the grad_fn of an
+        output read from them) that `hold` saw."""
+        for j in self.rebuilt:
+            k, readers = self.fed[j]
+            node = next((raw[c].grad_fn for c in readers
+                         if isinstance(raw[c], torch.Tensor) and raw[c].grad_fn is not None),
+                        None)
+            held = getattr(node, "fed_outputs", None)
+            if held is not None:
+                held[j] = weakref.ref(user_outs[k - self.first_user_output])
 
     def check(self, ctx, grads: Sequence[Any]) -> None:
         held = getattr(ctx, "fed_outputs", None)
         if held is None:  # a tracer's stand-in ctx
             return
         for (k, readers), ref in zip(self.fed, held):
-            out = ref()
+            out = ref() if ref is not None else None
             if out is None or all(grads[c] is None for c in readers):
                 continue
             if out.retains_grad or out._backward_hooks:
@@ -94,8 +113,8 @@ class FedOutputs:
                 else "a tensor hook (register_hook)")
         return NotImplementedError(
             f"aotgrad: output {i} of the compiled function has {what}, and the function "
-            "computes other outputs from it: in eager its gradient includes what those "
-            "outputs send back through it, but the compiled call is one autograd node, whose "
+            "computes other outputs (or an input's new value) from it: in eager its gradient "
+            "includes what those send back through it, but the compiled call is one autograd node, whose "
             "hooks see only the gradient reaching the output from outside (a partial .grad, "
             "or None). Register the hook inside the compiled function (a hook returning a new "
             "gradient is traced into it), or compile the code that computes this tensor and "

@@ -424,6 +424,8 @@ class CompiledCall:
         outs: list[Any] = [None] * len(self.plan.info.outputs)
         for i, get in self._outputs:
             outs[i] = get(inputs, raw, outs)
+        if self.fed_outputs is not None and self.fed_outputs.rebuilt:
+            self.fed_outputs.hold_rebuilt(raw, outs)
         return outs
 
 
