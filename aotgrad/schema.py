@@ -264,6 +264,9 @@ class FunctionInfo:
     # Differentiable graph outputs whose backward reads a saved value the function then
     # modified in place: they get no tangent, and a backward through them raises (stale.py).
     stale_outputs: tuple[int, ...] = ()
+    # (plain graph output k, the graph outputs whose autograd history reads it): a hook on
+    # k would see their gradients in eager, not in the one compiled node (fed_outputs.py).
+    fed_outputs: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def data_mutated_inputs(self) -> tuple[int, ...]:

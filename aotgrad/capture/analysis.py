@@ -23,6 +23,7 @@ from ..semantics import subclasses, swaps
 from . import oplog
 from .user_checks import RefuseRequiresGradOff, requires_grad_turned_off, user_code_checks
 from .own_saves import saved_by_own_node
+from .fed_outputs import fed_outputs
 from .inputs import OutputBox, functional_mode, saved_values_hook, to_functional
 from ..semantics.dynamic import (DynamicShapesUnsupported, fresh_unbacked_ignored, geometry,
                                  hint, is_size, is_symbolic)
@@ -87,9 +88,23 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
         info,
         differentiable=tuple(_requires_grad(v) and not h for v, h in zip(values, hidden)),
         graph_output_metas=tuple(_tensor_meta(v) for v in values),
+        fed_outputs=fed_outputs(values, _hookable_outputs(info)),
     )
     _check_leaf_mutations(info)
     return info
+
+
+def _hookable_outputs(info: FunctionInfo) -> list[int]:
+    """Graph outputs of the user outputs with a gradient that are the compiled node's own
+    outputs or views the runtime rebuilds (each a tensor the caller may put a hook on)."""
+    first = info.first_user_output
+    return [first + i for i, o in enumerate(info.outputs)
+            if o.requires_grad and not o.made_leaf and not o.returned_as_view
+            and o.detached_from is None and o.kind in _HOOKABLE]
+
+
+_HOOKABLE = (OutputKind.PLAIN, OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE,
+             OutputKind.VIEW_OF_OUTPUT)
 
 
 def _with_saver(info: OutputInfo, saved: tuple[str | None, int, int] | None) -> OutputInfo:

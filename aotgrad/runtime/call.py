@@ -24,6 +24,7 @@ from ..replay.double_backward import DoubleBackward, release_inputs
 from ..semantics.dynamic import ShapeGuard, SizeBindings, is_symbolic
 from ..semantics.subclasses import is_subclass
 from ..capture.stale import SavedOutputs, StaleBackward
+from ..capture.fed_outputs import FedOutputs
 from ..autograd import state as _compiled_autograd
 from .outputs import output_order
 from .mutations import BackwardWrites, mutation_steps, set_versions, version_or_none
@@ -111,6 +112,8 @@ class CompiledFunction(torch.autograd.Function):
         ctx.save_for_backward(*outs[plan.num_fw_outputs:sizes_at])
         if call.saved_outputs is not None:
             call.saved_outputs.hold(ctx, outs)
+        if call.fed_outputs is not None:
+            call.fed_outputs.hold(ctx, outs)
         ctx.saved_sizes = outs[sizes_at:]
         if call.unread_outputs:  # inputs or their aliases, which autograd would wrap in views
             outs = list(outs)
@@ -144,6 +147,8 @@ class CompiledFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         call = ctx.call
+        if call.fed_outputs is not None and not torch.compiler.is_compiling():
+            call.fed_outputs.check(ctx, grads)  # a hook the one node cannot serve as eager
         # Eager's errors, where eager's backward would raise them: first an output's own
         # node, which eager's backward reaches first, finding the caller changed it ...
         if call.saved_outputs is not None:
@@ -298,6 +303,7 @@ class CompiledCall:
         self.backward_writes = parts.writes
         self.stale = parts.stale
         self.saved_outputs = SavedOutputs.of(plan.info) if backward is not None else None
+        self.fed_outputs = FedOutputs.of(plan.info) if backward is not None else None
         self.compiled_autograd_ids: dict[tuple, int] = {}  # _region_key's, per saved sizes
         self._call_backward_directly_once_compiled()
         self._mutations = mutation_steps(plan.info, plan.copied_in_graph, plan.sizes)
@@ -418,6 +424,8 @@ class CompiledCall:
         outs: list[Any] = [None] * len(self.plan.info.outputs)
         for i, get in self._outputs:
             outs[i] = get(inputs, raw, outs)
+        if self.fed_outputs is not None and self.fed_outputs.rebuilt:
+            self.fed_outputs.hold_rebuilt(raw, outs)
         return outs
 
 

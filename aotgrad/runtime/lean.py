@@ -103,9 +103,11 @@ def _forward(call: Any) -> Callable:
               "    outs = _graph(list(inputs))\n"
               f"    ctx.to_save = tuple(outs[{n}:])\n"
               + ("    _hold_outputs(ctx, outs)\n" if call.saved_outputs else "")
+              + ("    _hold_fed(ctx, outs)\n" if call.fed_outputs else "")
               + f"    return ({outputs})\n")
     scope = {"_hold": call.double_backward.hold, "_held": held_inputs, "_graph": call.forward,
-             "_hold_outputs": call.saved_outputs and call.saved_outputs.hold}
+             "_hold_outputs": call.saved_outputs and call.saved_outputs.hold,
+             "_hold_fed": call.fed_outputs and call.fed_outputs.hold}
     return _generated(source, scope, "forward")
 
 
@@ -117,7 +119,8 @@ def _backward(call: Any, node: type, general: Callable) -> Callable:
              "_general": general, "_call": call,
              "_keep_graph": torch._C._autograd._get_current_graph_task_keep_graph,
              "_unreached": functools.partial(none_where_unreached, call.plan.unreached_grads),
-             "_check_outputs": call.saved_outputs and call.saved_outputs.check}
+             "_check_outputs": call.saved_outputs and call.saved_outputs.check,
+             "_check_fed": call.fed_outputs and call.fed_outputs.check}
     tangents = []
     for i in call.tangent_outputs:
         scope[f"_zeros{i}"] = functools.partial(tangent, None, metas[i], None)
@@ -128,7 +131,9 @@ def _backward(call: Any, node: type, general: Callable) -> Callable:
               "    if type(ctx) is not _node or _grad() or _ca.capturing:\n"
               "        return _general(ctx, *grads)\n"
               # an output eager's node saved, changed by the caller since: eager's error
-              + ("    _check_outputs(ctx, grads)\n" if call.saved_outputs else "") +
+              + ("    _check_outputs(ctx, grads)\n" if call.saved_outputs else "")
+              # a hook on an output others are computed from: eager's sees more (fed_outputs)
+              + ("    _check_fed(ctx, grads)\n" if call.fed_outputs else "") +
               f"    args = [*ctx.saved_tensors, {', '.join(tangents)}]\n"
               # the backward may free each saved value after its last use: no other
               # reference may remain, neither autograd's (unless retain_graph) nor ours
