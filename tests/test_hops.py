@@ -129,12 +129,14 @@ def test_nonstrict_trace_through_dynamo():
     check_case(Case("nonstrict_trace", cond_inputs, nonstrict_fn), dynamo_only)
 
 
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "requires_grad"])
 @pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
-def test_while_loop_outside_dynamo_is_refused(door):
-    """torch's own aot_function fails here too, with an AttributeError."""
+def test_while_loop_outside_dynamo_is_refused(door, requires_grad):
+    """torch's own aot_function fails here too, with an AttributeError; so did aotgrad's
+    doors where an input requires grad (while_loop's autograd rule runs first)."""
     with pytest.raises(NotImplementedError, match="aotgrad: while_loop is supported through "
                        "torch.compile"):
-        door(while_fn)(torch.randn(3, 4))
+        door(while_fn)(torch.randn(3, 4, requires_grad=requires_grad))
 
 
 # ---- effects: prints, ordered by tokens ------------------------------------------------------
@@ -405,6 +407,20 @@ def flex_inputs(requires_grad=False):
 @DOORS
 def test_flex_attention_forward(door):
     check_case(Case("flex_attention", flex_inputs(), factory=_flex), door)
+
+
+def _flex_without_a_block_mask():
+    from torch.nn.attention.flex_attention import flex_attention
+    return lambda q, k, v: flex_attention(q, k, v)
+
+
+@DOORS
+def test_flex_attention_without_a_block_mask_forward(door):
+    """Through Dynamo its default block mask is built under vmap in the graph: the analysis
+    without functionalization stopped inside that vmap, and the functionalized one ran the
+    attention with the vmap level left open (torch's KeyError 'TransformType.Vmap')."""
+    check_case(Case("flex_attention_no_mask", flex_inputs(), factory=_flex_without_a_block_mask),
+               door)
 
 
 @pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])

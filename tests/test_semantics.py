@@ -1551,6 +1551,43 @@ def test_torch_func_transforms_of_a_compiled_function_match_eager(transform):
         torch.testing.assert_close(apply(scalar(compiled))(x), apply(scalar(fn))(x))
 
 
+def _vmap_writing_a_copy(x, w):
+    return torch.vmap(lambda r: r.clone().add_(1))(x) * w
+
+
+def _func_grad_beside_a_write(x, w):
+    y = x.clone().add_(1)
+    return y * w, torch.func.grad(lambda a: a.sin().sum())(w)
+
+
+@DOORS
+@pytest.mark.parametrize("fn", [_vmap_writing_a_copy, _func_grad_beside_a_write],
+                         ids=["vmap_writes_a_copy", "func_grad_beside_a_write"])
+def test_torch_func_transforms_inside_a_function_that_writes_match_eager(fn, door):
+    """vmap's batched wrapper of a traced tensor was taken for a closed-over one ('add_
+    mutates a tensor ... not an input'); torch.func.grad refused the saved-tensor hooks of
+    the functionalized trace ('don't yet support saved tensor hooks'). Eager runs both."""
+    def run(f):
+        torch.manual_seed(0)
+        x, w = torch.randn(3, 4), torch.randn(4, requires_grad=True)
+        outs = f(x, w)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        sum(o.sum() for o in outs).backward()
+        return [*outs, w.grad]
+    torch.testing.assert_close(run(door(fn)), run(fn))
+
+
+def test_torch_func_grad_under_the_callers_saved_tensor_hooks_raises_as_eager():
+    """The trace's own hooks step aside for torch.func.grad, the caller's do not: eager's
+    error, and the caller's hooks still in place for their `with` to take off."""
+    x, w = torch.randn(3, 4), torch.randn(4, requires_grad=True)
+    for fn in (_func_grad_beside_a_write, compile_eager(_func_grad_beside_a_write)):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            with pytest.raises(RuntimeError, match="don't yet support saved tensor hooks"):
+                fn(x, w)
+        assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+
+
 def test_a_tensor_forward_stores_in_an_attribute_is_refused_by_the_native_door():
     """The attribute held a FakeTensor after the compile, and later calls stored nothing
     (torch.compile stores each call's)."""
