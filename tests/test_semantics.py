@@ -541,6 +541,41 @@ def test_an_op_of_another_library_that_fails_in_a_trace_is_not_run_eagerly_to_co
     assert _COUNTED_CALLS == []
 
 
+@torch.library.custom_op("aotgrad_semantics::without_backward", mutates_args=())
+def _without_backward(x: torch.Tensor) -> torch.Tensor:
+    return x * 10
+
+
+_without_backward.register_fake(lambda x: torch.empty_like(x))
+
+
+def _loss_and_a_metric(x):
+    return x.sin().sum(), _without_backward(x)
+
+
+@DOORS
+def test_a_custom_op_without_a_backward_on_an_input_that_requires_grad_is_named(door):
+    """torch's error, raised at the call: 'Trying to backward through ...', where the user
+    called no backward (Dynamo's door wraps it in BackendCompilerFailed)."""
+    errors = (NotImplementedError, torch._dynamo.exc.BackendCompilerFailed)
+    with pytest.raises(errors, match="aotgrad: Trying to backward through "
+                       "aotgrad_semantics.without_backward.default.*register_autograd"):
+        door(_loss_and_a_metric)(torch.randn(3, requires_grad=True))
+
+
+@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason=(
+    "the joint trace differentiates every differentiable output ahead of the call, so a custom "
+    "op without register_autograd raises at the call; eager raises only at a backward that "
+    "reaches it (here none: the loss reads the other output). Deferring it needs a backward "
+    "node that raises only when its gradient is defined, which a compiled backward that "
+    "materializes zero tangents cannot tell"))
+def test_a_custom_op_without_a_backward_whose_gradient_is_never_asked_matches_eager():
+    x = torch.randn(3, requires_grad=True)
+    loss, metric = compile_eager(_loss_and_a_metric)(x)
+    loss.backward()
+    torch.testing.assert_close((metric, x.grad), (x.detach() * 10, x.detach().cos()))
+
+
 def test_an_aotgrad_refusal_is_not_replaced_by_eagers_error():
     """Eager's `linear` refuses the complex input too; the trace's refusal of a closed-over
     parameter names what to do, and stays."""
