@@ -109,6 +109,21 @@ def test_cond_reads_parameters(case, door):
     check_case(case, door)
 
 
+def _cond_returning_its_written_operand(x):
+    return torch.cond(x.sum() > 0, lambda x: x.sin_(), lambda x: x + 1, (x,))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a branch that writes its operand in place and returns it (allowed under no_grad): eager "
+    "returns the input itself, the compiled cond a new tensor (torch documents this for "
+    "torch.compile too); which branch runs is data-dependent, so the graph cannot return "
+    "the input as an alias on one branch only. Values and the input's write match"))
+@DOORS
+def test_cond_returning_its_written_operand_returns_the_input_as_eager(door):
+    check_case(Case("cond_returns_operand", lambda: ((torch.rand(3, 4),), {}),
+                    _cond_returning_its_written_operand, context="no_grad"), door)
+
+
 def test_while_loop_forward_through_dynamo():
     check_case(Case("while_loop", grad_inputs(3, 4), while_fn), dynamo_only)
 

@@ -563,6 +563,25 @@ def test_a_custom_op_without_a_backward_on_an_input_that_requires_grad_is_named(
         door(_loss_and_a_metric)(torch.randn(3, requires_grad=True))
 
 
+class _BackwardRaises(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 10
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("this Function has no backward")
+
+
+def test_an_error_of_a_backward_raised_at_the_call_says_why():
+    """Eager raises it at backward(); the compiled function's first call, which traces the
+    backward, raised it with nothing to say so."""
+    compiled = compile_eager(lambda x: _BackwardRaises.apply(x).sum())
+    with pytest.raises(RuntimeError, match="this Function has no backward") as raised:
+        compiled(torch.randn(3, requires_grad=True))
+    assert any("aotgrad: raised by the backward" in n for n in raised.value.__notes__)
+
+
 @pytest.mark.xfail(strict=True, raises=NotImplementedError, reason=(
     "the joint trace differentiates every differentiable output ahead of the call, so a custom "
     "op without register_autograd raises at the call; eager raises only at a backward that "
