@@ -298,6 +298,37 @@ def writes_a_tensor_list(op) -> bool:
             and isinstance(first.type, torch.ListType))
 
 
+# Namespaces of torch's own C++ ops: a kernel there that writes an argument without an
+# ADInplaceOrView kernel (c10d's collectives, BatchNorm-like aten kernels) leaves eager's
+# version counter alone, as a trace does.
+CPP_KERNEL_NAMESPACES = frozenset({"aten", "prims", "prim", "c10d", "_c10d_functional",
+                                   "_dtensor", "inductor", "quantized", "_quantized", "mkldnn"})
+
+
+@functools.lru_cache(maxsize=None)
+def writes_behind_the_counter(op) -> bool:
+    """Does a trace of `op` write arguments without stepping their version counters where
+    eager's does? An op of a user's `torch.library.Library` has no ADInplaceOrView kernel:
+    eager's counter steps by its kernel's own in-place ops, which its fake kernel, traced,
+    does not run (custom_op's ops have one, which steps it in the trace too). An op with a
+    functionalization kernel of its own (FSDP's `fsdp::copy_`) writes as that kernel says."""
+    if not isinstance(op, torch._ops.OpOverload) or not op._schema.is_mutable \
+            or op.namespace in CPP_KERNEL_NAMESPACES:
+        return False
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return not has(op.name(), "ADInplaceOrView") and not has(op.name(), "Functionalize")
+
+
+@functools.lru_cache(maxsize=None)
+def differentiated_by_its_kernel(op) -> bool:
+    """Is what `op` writes differentiated through its kernel's own ops in eager? An op of
+    a user's Library with neither an autograd kernel nor an ADInplaceOrView one: autograd
+    records the in-place ops its (Python) kernel runs, which its fake kernel does not."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return writes_behind_the_counter(op) and not any(
+        has(op.name(), key) for key in ("Autograd", "AutogradCPU", "AutogradCUDA"))
+
+
 def written_arguments(op, args: Sequence, kwargs: dict) -> list:
     """What a call of `op` writes in place: the values it is passed as the arguments its
     schema marks written (a list's members one by one). Nodes or tensors, as passed."""

@@ -763,6 +763,60 @@ def test_a_mutating_custom_op_steps_the_version_counter_as_eager():
     assert bufs[1]._version == bufs[0]._version
 
 
+_library = torch.library.Library("aotgrad_aliasing", "DEF")  # no autograd, no ADInplaceOrView
+_library.define("scale_(Tensor(a!) x, float s) -> ()")
+
+
+def _scale_kernel(x, s):
+    x.mul_(s)  # eager's counter steps here, and autograd records it
+
+
+_library.impl("scale_", _scale_kernel, "CPU")
+torch.library.register_fake("aotgrad_aliasing::scale_", lambda x, s: None, lib=_library)
+
+
+def _scaled_by_a_library_op(x, y):
+    torch.ops.aotgrad_aliasing.scale_(x, 2.0)
+    return x + y
+
+
+@pytest.mark.parametrize("door", DOORS.values(), ids=DOORS.keys())
+def test_an_input_a_library_op_writes_steps_its_version_counter(door):
+    """The op's fake kernel steps no counter: the input's stayed put, and a value saved
+    before the call passed autograd's check (the gradient read the written value)."""
+    errors = []
+    for fn in (_scaled_by_a_library_op, door(_scaled_by_a_library_op)):
+        w, x = torch.ones(3, requires_grad=True), torch.full((3,), 3.0)
+        saved = w * x
+        version = x._version
+        fn(x, torch.randn(3))
+        assert x._version == version + 1
+        with pytest.raises(RuntimeError, match="modified by an inplace operation") as raised:
+            saved.sum().backward()
+        errors.append(type(raised.value))
+    assert errors[0] is errors[1]
+
+
+def _library_op_writing_what_requires_grad(x):
+    y = x * 1
+    torch.ops.aotgrad_aliasing.scale_(y, 3.0)
+    return y.sin()
+
+
+@pytest.mark.parametrize("door", DOORS.values(), ids=DOORS.keys())
+def test_a_library_op_without_autograd_writing_what_requires_grad_is_refused(door):
+    """Eager differentiates the kernel's own mul_ (3 cos(3x)); the trace took the write as
+    the identity (cos(3x)), silently."""
+    errors = (NotImplementedError, torch._dynamo.exc.BackendCompilerFailed)
+    with pytest.raises(errors, match="aotgrad: aotgrad_aliasing.scale_.default writes a tensor "
+                       "that requires grad and has no autograd kernel"):
+        door(_library_op_writing_what_requires_grad)(torch.randn(3, requires_grad=True))
+    with torch.no_grad():  # nothing to differentiate: as eager
+        x = torch.randn(3)
+        torch.testing.assert_close(door(_library_op_writing_what_requires_grad)(x),
+                                   (3 * x).sin())
+
+
 def _view_of_a_detached_written_input(x):
     with torch.no_grad():
         x.mul_(0.5)

@@ -109,6 +109,21 @@ def test_cond_reads_parameters(case, door):
     check_case(case, door)
 
 
+def _cond_returning_its_written_operand(x):
+    return torch.cond(x.sum() > 0, lambda x: x.sin_(), lambda x: x + 1, (x,))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a branch that writes its operand in place and returns it (allowed under no_grad): eager "
+    "returns the input itself, the compiled cond a new tensor (torch documents this for "
+    "torch.compile too); which branch runs is data-dependent, so the graph cannot return "
+    "the input as an alias on one branch only. Values and the input's write match"))
+@DOORS
+def test_cond_returning_its_written_operand_returns_the_input_as_eager(door):
+    check_case(Case("cond_returns_operand", lambda: ((torch.rand(3, 4),), {}),
+                    _cond_returning_its_written_operand, context="no_grad"), door)
+
+
 def test_while_loop_forward_through_dynamo():
     check_case(Case("while_loop", grad_inputs(3, 4), while_fn), dynamo_only)
 
@@ -129,12 +144,14 @@ def test_nonstrict_trace_through_dynamo():
     check_case(Case("nonstrict_trace", cond_inputs, nonstrict_fn), dynamo_only)
 
 
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no_grad", "requires_grad"])
 @pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
-def test_while_loop_outside_dynamo_is_refused(door):
-    """torch's own aot_function fails here too, with an AttributeError."""
+def test_while_loop_outside_dynamo_is_refused(door, requires_grad):
+    """torch's own aot_function fails here too, with an AttributeError; so did aotgrad's
+    doors where an input requires grad (while_loop's autograd rule runs first)."""
     with pytest.raises(NotImplementedError, match="aotgrad: while_loop is supported through "
                        "torch.compile"):
-        door(while_fn)(torch.randn(3, 4))
+        door(while_fn)(torch.randn(3, 4, requires_grad=requires_grad))
 
 
 # ---- effects: prints, ordered by tokens ------------------------------------------------------
@@ -405,6 +422,20 @@ def flex_inputs(requires_grad=False):
 @DOORS
 def test_flex_attention_forward(door):
     check_case(Case("flex_attention", flex_inputs(), factory=_flex), door)
+
+
+def _flex_without_a_block_mask():
+    from torch.nn.attention.flex_attention import flex_attention
+    return lambda q, k, v: flex_attention(q, k, v)
+
+
+@DOORS
+def test_flex_attention_without_a_block_mask_forward(door):
+    """Through Dynamo its default block mask is built under vmap in the graph: the analysis
+    without functionalization stopped inside that vmap, and the functionalized one ran the
+    attention with the vmap level left open (torch's KeyError 'TransformType.Vmap')."""
+    check_case(Case("flex_attention_no_mask", flex_inputs(), factory=_flex_without_a_block_mask),
+               door)
 
 
 @pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])

@@ -541,6 +541,60 @@ def test_an_op_of_another_library_that_fails_in_a_trace_is_not_run_eagerly_to_co
     assert _COUNTED_CALLS == []
 
 
+@torch.library.custom_op("aotgrad_semantics::without_backward", mutates_args=())
+def _without_backward(x: torch.Tensor) -> torch.Tensor:
+    return x * 10
+
+
+_without_backward.register_fake(lambda x: torch.empty_like(x))
+
+
+def _loss_and_a_metric(x):
+    return x.sin().sum(), _without_backward(x)
+
+
+@DOORS
+def test_a_custom_op_without_a_backward_on_an_input_that_requires_grad_is_named(door):
+    """torch's error, raised at the call: 'Trying to backward through ...', where the user
+    called no backward (Dynamo's door wraps it in BackendCompilerFailed)."""
+    errors = (NotImplementedError, torch._dynamo.exc.BackendCompilerFailed)
+    with pytest.raises(errors, match="aotgrad: Trying to backward through "
+                       "aotgrad_semantics.without_backward.default.*register_autograd"):
+        door(_loss_and_a_metric)(torch.randn(3, requires_grad=True))
+
+
+class _BackwardRaises(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 10
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("this Function has no backward")
+
+
+def test_an_error_of_a_backward_raised_at_the_call_says_why():
+    """Eager raises it at backward(); the compiled function's first call, which traces the
+    backward, raised it with nothing to say so."""
+    compiled = compile_eager(lambda x: _BackwardRaises.apply(x).sum())
+    with pytest.raises(RuntimeError, match="this Function has no backward") as raised:
+        compiled(torch.randn(3, requires_grad=True))
+    assert any("aotgrad: raised by the backward" in n for n in raised.value.__notes__)
+
+
+@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason=(
+    "the joint trace differentiates every differentiable output ahead of the call, so a custom "
+    "op without register_autograd raises at the call; eager raises only at a backward that "
+    "reaches it (here none: the loss reads the other output). Deferring it needs a backward "
+    "node that raises only when its gradient is defined, which a compiled backward that "
+    "materializes zero tangents cannot tell"))
+def test_a_custom_op_without_a_backward_whose_gradient_is_never_asked_matches_eager():
+    x = torch.randn(3, requires_grad=True)
+    loss, metric = compile_eager(_loss_and_a_metric)(x)
+    loss.backward()
+    torch.testing.assert_close((metric, x.grad), (x.detach() * 10, x.detach().cos()))
+
+
 def test_an_aotgrad_refusal_is_not_replaced_by_eagers_error():
     """Eager's `linear` refuses the complex input too; the trace's refusal of a closed-over
     parameter names what to do, and stays."""
@@ -1549,6 +1603,43 @@ def test_torch_func_transforms_of_a_compiled_function_match_eager(transform):
         scalar = (lambda g: (lambda t: g(t).sum())) if transform == "grad" else (lambda g: g)
         apply = getattr(torch.func, transform)
         torch.testing.assert_close(apply(scalar(compiled))(x), apply(scalar(fn))(x))
+
+
+def _vmap_writing_a_copy(x, w):
+    return torch.vmap(lambda r: r.clone().add_(1))(x) * w
+
+
+def _func_grad_beside_a_write(x, w):
+    y = x.clone().add_(1)
+    return y * w, torch.func.grad(lambda a: a.sin().sum())(w)
+
+
+@DOORS
+@pytest.mark.parametrize("fn", [_vmap_writing_a_copy, _func_grad_beside_a_write],
+                         ids=["vmap_writes_a_copy", "func_grad_beside_a_write"])
+def test_torch_func_transforms_inside_a_function_that_writes_match_eager(fn, door):
+    """vmap's batched wrapper of a traced tensor was taken for a closed-over one ('add_
+    mutates a tensor ... not an input'); torch.func.grad refused the saved-tensor hooks of
+    the functionalized trace ('don't yet support saved tensor hooks'). Eager runs both."""
+    def run(f):
+        torch.manual_seed(0)
+        x, w = torch.randn(3, 4), torch.randn(4, requires_grad=True)
+        outs = f(x, w)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        sum(o.sum() for o in outs).backward()
+        return [*outs, w.grad]
+    torch.testing.assert_close(run(door(fn)), run(fn))
+
+
+def test_torch_func_grad_under_the_callers_saved_tensor_hooks_raises_as_eager():
+    """The trace's own hooks step aside for torch.func.grad, the caller's do not: eager's
+    error, and the caller's hooks still in place for their `with` to take off."""
+    x, w = torch.randn(3, 4), torch.randn(4, requires_grad=True)
+    for fn in (_func_grad_beside_a_write, compile_eager(_func_grad_beside_a_write)):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            with pytest.raises(RuntimeError, match="don't yet support saved tensor hooks"):
+                fn(x, w)
+        assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
 
 
 def test_a_tensor_forward_stores_in_an_attribute_is_refused_by_the_native_door():

@@ -322,7 +322,8 @@ def functional_mode(observe: Callable | None = None):
     functionalization would hand out instead of raising as eager does."""
     mode = CheckingFunctionalMode(observe)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack), mode:
+        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack), \
+                mends.saved_tensor_hooks_step_aside(_pack, _unpack), mode:
             yield mode
     except AssertionError as e:
         if "Could not find a token for effect" not in str(e):
@@ -347,8 +348,10 @@ def global_state_restored_on_error():
     between (an in-place op that the plain analysis hands over to the functionalized one,
     an error) would leave grad off for the next run of the function, which then took the
     outputs computed before the region as not differentiable, autocast on for the ops
-    after it, or, after an error, the user's thread so (checkpointing then refused)."""
+    after it, or, after an error, the user's thread so (checkpointing then refused). So
+    for torch.func's levels: a vmap left open ran the retried trace's later ops under it."""
     grad = torch.is_grad_enabled()
+    transforms = torch._C._functorch.get_dynamic_layer_stack_depth()
     devices = getattr(torch._C, "_autocast_supported_devices", lambda: ("cpu", "cuda"))()
     autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
     cache = torch.is_autocast_cache_enabled()
@@ -358,6 +361,7 @@ def global_state_restored_on_error():
     try:
         yield
     except BaseException:
+        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(transforms)
         torch._C._set_grad_enabled(grad)
         if hooks:
             torch._C._autograd._saved_tensors_hooks_enable()
@@ -562,8 +566,9 @@ def run_with_state(module: torch.nn.Module, state: dict, args: tuple) -> Any:
 
 
 class _NodeByNode(torch.fx.Interpreter):
-    """Calls `torch._C._autograd._get_data_attr` (Dynamo's `.data`) by its name, as the
-    graph's own code does: a double backward's trace replaces it to see `.data` reads.
+    """Calls `torch._C._autograd._get_data_attr` (Dynamo's `.data`) and the switches of
+    saved-tensor hooks by their names, as the graph's own code does: a double backward's
+    trace replaces the first to see `.data` reads, functional_mode the others.
     Compiled regions' calls go to `regions.call_region`: each body is traced once; inside
     `regions.inlined()` (a double backward's replay) the body runs in place, as in eager.
     So does a checkpointed block's there: its higher-order op records the body's ops under
@@ -572,8 +577,8 @@ class _NodeByNode(torch.fx.Interpreter):
     once, tagged (`semantics/checkpoints.py`); a selective one goes to torch's op."""
 
     def call_function(self, target, args, kwargs):
-        if target is _GET_DATA_ATTR:
-            target = torch._C._autograd._get_data_attr
+        if any(target is t for t in _BY_NAME):  # as the graph's own code would, by its module's attribute
+            target = getattr(torch._C._autograd, target.__name__)
         elif target is regions.INVOKE_SUBGRAPH and regions.inline(args[1]):
             body, _, *operands = args
             return tuple(_interpreted(body)(*operands))
@@ -591,4 +596,4 @@ class _NodeByNode(torch.fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
 
-_GET_DATA_ATTR = torch._C._autograd._get_data_attr
+_BY_NAME = (torch._C._autograd._get_data_attr, mends.DISABLE_HOOKS, mends.ENABLE_HOOKS)

@@ -325,9 +325,34 @@ def input_grads(outs, differentiable, primals, tangents, create_graph: bool = Fa
     follow_forward_nodes(diff_outs)
     needs_grad = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]  # not sizes
     wrt = [p for p, n in zip(primals, needs_grad) if n]
-    grads = iter(traced_grad(diff_outs, wrt, tangents, allow_unused=True,
-                             create_graph=create_graph) if wrt and diff_outs else ())
+    with _backward_errors_explained():
+        grads = iter(traced_grad(diff_outs, wrt, tangents, allow_unused=True,
+                                 create_graph=create_graph) if wrt and diff_outs else ())
     return [next(grads, None) if n else None for n in needs_grad]
+
+
+@contextlib.contextmanager
+def _backward_errors_explained():
+    """An error of a backward (a custom op without `register_autograd` on an input that
+    requires grad, a Function whose backward raises) comes at the call: the joint trace
+    differentiates every output ahead of it, where eager raises only at a backward that
+    reaches that node (tests/test_semantics.py, xfail). Said so."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "but no autograd formula was registered" not in str(e):
+            if not str(e).startswith("aotgrad:"):  # ours say what to do
+                e.add_note(_RAISED_AHEAD)
+            raise
+        raise NotImplementedError(
+            f"aotgrad: {e} aotgrad differentiates every output when it compiles, where eager "
+            "raises only at a backward that reaches the op. Register its backward "
+            "(register_autograd), or pass it detached inputs (or call it under "
+            "torch.no_grad()) where its gradient is not needed.") from e
+
+
+_RAISED_AHEAD = ("aotgrad: raised by the backward, which aotgrad traces when the compiled "
+                 "function is first called (eager would raise it at a backward that reaches it)")
 
 
 def traced_grad(outputs, inputs, grad_outputs=None, **kwargs):

@@ -26,7 +26,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
-from ..semantics import mends, subclasses
+from ..semantics import hops, mends, subclasses
 from . import oplog
 
 
@@ -147,6 +147,8 @@ class _RefuseClosedOverState(TorchFunctionMode):
             raise _grad_slot_used(func)
         if func in _INPUT_HOOKS and id(args[0]) in self.inputs:
             raise _input_hooked(func)
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            hops.refuse_without_shape_env(func)
         if isinstance(kwargs.get("generator"), torch.Generator) and \
                 not mends.generators_traceable():
             raise _generator_untraceable(func)
@@ -245,6 +247,9 @@ def requires_grad_turned_off() -> NotImplementedError:
 def _is_real(t) -> bool:
     if subclasses.is_subclass(t):  # real when what it wraps is
         return any(_is_real(inner) for inner in subclasses.unwrap(t))
+    if isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        # torch.func's wrapper (vmap's batched tensor) of a traced tensor, inside the trace
+        return _is_real(torch._C._functorch.get_unwrapped(t))
     return (isinstance(t, torch.Tensor) and not isinstance(t, (FakeTensor, FunctionalTensor))
             and not torch._is_functional_tensor(t))
 

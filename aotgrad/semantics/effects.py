@@ -38,7 +38,8 @@ from .hops import functionalize_hop
 from .inference import decompose_tracking_views, normal_views
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
 from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, STORAGE_RESIZES,
-                      UNMARKED_MUTATIONS, has_effect, writes_a_tensor_list)
+                      UNMARKED_MUTATIONS, differentiated_by_its_kernel, has_effect,
+                      writes_a_tensor_list, writes_behind_the_counter, written_arguments)
 from ..schema import PHASE, is_tangent
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -135,6 +136,8 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         if declared is not None:
             with self:  # its ops are functionalized in turn
                 return declared(*args, **(kwargs or {}))
+        if differentiated_by_its_kernel(func) and torch.is_grad_enabled():
+            _refuse_writes_that_require_grad(func, written_arguments(func, args, kwargs or {}))
         if func not in ERROR_CHECKS:
             out = normal_views(func, args, super().__torch_dispatch__(func, types, args, kwargs),
                                self)
@@ -145,6 +148,10 @@ class CheckingFunctionalMode(FunctionalTensorMode):
                 # As eager's foreach kernels do: the runtime copies the count back to the
                 # inputs, and a value saved before the write fails autograd's check.
                 torch.autograd.graph.increment_version(args[0])
+            elif writes_behind_the_counter(func):  # once: a value saved before the call
+                # then fails autograd's check, as in eager (a kernel that writes with torch's
+                # in-place ops steps it once each; one that writes raw memory, not at all)
+                torch.autograd.graph.increment_version(written_arguments(func, args, kwargs or {}))
             return out
         args, kwargs = pytree.tree_map_only(
             FunctionalTensor, FunctionalTensor.from_functional, (args, kwargs or {}))
@@ -160,6 +167,18 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         with self:
             aten._assert_async.msg(condition, CONDITION_FAILED)
         return True
+
+
+def _refuse_writes_that_require_grad(func, written) -> None:
+    """Eager differentiates the in-place ops the kernel runs; traced, the fake kernel runs
+    none, and the write took the gradient as it was: silently wrong gradients."""
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in written):
+        raise NotImplementedError(
+            f"aotgrad: {func} writes a tensor that requires grad and has no autograd kernel: "
+            "eager differentiates the in-place ops its kernel runs, which aotgrad cannot see "
+            "through its fake kernel. Define it with torch.library.custom_op (with "
+            "register_autograd on a functional form), or write a tensor that does not require "
+            "grad (under torch.no_grad(), or a detached one).")
 
 
 class CheckedConditions:

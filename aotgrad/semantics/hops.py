@@ -26,7 +26,7 @@ def functionalize_hop(mode: FunctionalTensorMode, hop: torch._ops.HigherOrderOpe
                       args: tuple, kwargs: dict):
     """Run `hop` under functionalization (`mode` is off the stack: PyTorch's convention)."""
     refuse_by_name(hop.name())
-    _refuse_without_shape_env(hop)
+    refuse_without_shape_env(hop)
     rule = hop.python_key_table.get(FunctionalTensorMode)
     if rule is None:
         raise NotImplementedError(
@@ -48,9 +48,11 @@ def refuse_in_graph(graph: torch.fx.Graph) -> None:
             refuse_by_name(node.target.name())
 
 
-def _refuse_without_shape_env(hop: torch._ops.HigherOrderOperator) -> None:
+def refuse_without_shape_env(hop: torch._ops.HigherOrderOperator) -> None:
     """`while_loop` gives its iteration count a symbol: it needs the shape environment that
-    Dynamo's fake tensors carry (aotgrad.compile's own, with static shapes, have none)."""
+    Dynamo's fake tensors carry (aotgrad.compile's own, with static shapes, have none).
+    Asked of its call too (user_checks.py): with an input that requires grad, its autograd
+    rule runs first, and failed on the missing environment with an AttributeError."""
     if hop.name() not in HOPS_NEEDING_SHAPE_ENV:
         return
     fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)

@@ -313,3 +313,45 @@ def _is_default(g) -> bool:
         return g is torch.cuda.default_generators[g.device.index or 0]
     return g is torch.default_generator
 
+
+
+# torch.func's grad, vjp, jacrev and hessian turn saved-tensor hooks off for their region, and
+# refuse to where any are set: a functionalized trace sets its own (`capture.functional_mode`
+# checks saved values' versions), which made them fail where eager runs them.
+_HOOKS = torch._C._autograd
+DISABLE_HOOKS = _HOOKS._saved_tensors_hooks_disable
+ENABLE_HOOKS = _HOOKS._saved_tensors_hooks_enable
+
+
+@contextlib.contextmanager
+def saved_tensor_hooks_step_aside(pack, unpack):
+    """Inside functional_mode: the trace's own hooks (`pack`, `unpack`) are taken off while a
+    torch.func transform turns hooks off, and put back when it turns them on; a user's
+    hooks under them still make it raise, as in eager."""
+    aside = [0]  # how many times they were taken off and not yet put back
+    tracing = threading.get_ident()  # the patch is process-wide, the hooks per thread
+
+    def disable(message):
+        # Where hooks stay under ours (the user's), torch raises with hooks off all the
+        # same; the transform's `finally` then calls enable(), which puts ours back.
+        if threading.get_ident() == tracing and \
+                _HOOKS._top_saved_tensors_default_hooks(True) == (pack, unpack):
+            _HOOKS._pop_saved_tensors_default_hooks()
+            aside[0] += 1
+        DISABLE_HOOKS(message)
+
+    def enable():
+        ENABLE_HOOKS()
+        if aside[0] and threading.get_ident() == tracing:
+            _HOOKS._push_saved_tensors_default_hooks(pack, unpack)
+            aside[0] -= 1
+
+    try:
+        with patched(_HOOKS, _saved_tensors_hooks_disable=disable,
+                     _saved_tensors_hooks_enable=enable):
+            yield
+    finally:  # a region left by an error: put back for their `with` to pop; the caller's
+        if aside[0]:  # on/off state is restored by global_state_restored_on_error
+            ENABLE_HOOKS()
+        for _ in range(aside[0]):
+            _HOOKS._push_saved_tensors_default_hooks(pack, unpack)
