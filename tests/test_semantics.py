@@ -550,6 +550,81 @@ def test_an_aotgrad_refusal_is_not_replaced_by_eagers_error():
         compiled(torch.randn(4, dtype=torch.cfloat))
 
 
+_LONG = functools.partial(torch.arange, 4)
+_WRITES_EAGER_REFUSES = {  # (fn, inputs): each writes a dtype eager's kernel refuses
+    "mul_": (lambda a: a.mul_(0.5), lambda: (_LONG(),)),
+    "imul": (lambda a, b: a.__imul__(b), lambda: (_LONG(), torch.randn(4))),
+    "addcmul_": (lambda a, b: a.addcmul_(b, b), lambda: (_LONG(), torch.randn(4))),
+    "sin_out": (lambda a: torch.sin(a, out=torch.empty(4, dtype=torch.long)),
+                lambda: (torch.randn(4),)),
+    "add_out_bool": (lambda a, b: torch.add(a, b, out=torch.empty(4, dtype=torch.bool)),
+                     lambda: (_LONG(), _LONG())),
+    "mul_out_input": (lambda a, b, o: torch.mul(a, b, out=o),
+                      lambda: (torch.randn(4), torch.randn(4), _LONG())),
+    "where_out": (lambda a, b: torch.where(a > 1, a, b, out=a), lambda: (_LONG(), torch.randn(4))),
+    "mm_out": (lambda a, b: torch.mm(a, b, out=torch.empty(2, 2, dtype=torch.double)),
+               lambda: (torch.randn(2, 3), torch.randn(3, 2))),
+    "cat_out": (lambda a: torch.cat([a, a], out=torch.empty(8, dtype=torch.long)),
+                lambda: (torch.randn(4),)),
+    "norm_out": (lambda a: torch.norm(a, 2, 0, out=torch.empty((), dtype=torch.double)),
+                 lambda: (torch.randn(4),)),
+}
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+@pytest.mark.parametrize("case", list(_WRITES_EAGER_REFUSES))
+def test_a_write_of_a_dtype_eager_refuses_raises_eagers_error(case, door):
+    """Functionalized, `a.mul_(0.5)` on an int64 `a` was a float mul copied into `a`: a
+    silently truncated result where eager raises "result type Float can't be cast to the
+    desired output type Long" (torch's meta kernels for these writes do not check)."""
+    fn, inputs = _WRITES_EAGER_REFUSES[case]
+    with pytest.raises(Exception) as eager:
+        fn(*inputs())
+    args = inputs()
+    before = [a.clone() for a in args]
+    with pytest.raises(Exception) as ours:
+        door(fn)(*args)
+    assert (type(ours.value), str(ours.value)) == (type(eager.value), str(eager.value))
+    assert all(torch.equal(a, b) for a, b in zip(args, before))
+
+
+def test_the_except_branch_eager_takes_for_a_refused_write_is_taken():
+    def f(x):
+        try:
+            x.mul_(0.5)
+        except RuntimeError:
+            x = x * 0.5
+        return x + 1
+    compiled = aotgrad.compile(f, backend="eager")
+    torch.testing.assert_close(compiled(torch.arange(4)), f(torch.arange(4)))
+
+
+def test_writes_eager_allows_still_compile_with_eagers_values():
+    def f(a, b, h):
+        a.add_(b)  # float32 += 0-dim float64: stays float32
+        h.mul_(a)  # float16 *= float32: cast back, as eager does
+        return torch.add(a, 1, out=torch.empty(3, dtype=torch.double)), h
+    inputs = lambda: (torch.manual_seed(0) and torch.randn(3),  # noqa: E731
+                      torch.tensor(0.1, dtype=torch.double), torch.randn(3, dtype=torch.half))
+    args = inputs()
+    out = aotgrad.compile(f, backend="eager")(*args)
+    expected_args = inputs()
+    expected = f(*expected_args)
+    for a, b in zip(out + args, expected + expected_args):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_a_write_taking_the_users_generator_is_not_run_again():
+    """Running it on stand-ins, to look for eager's dtype check, would draw from it."""
+    reference = torch.Generator().manual_seed(0)
+    expected = torch.empty(4).uniform_(generator=reference) * 1
+    g = torch.Generator().manual_seed(0)
+    out = aotgrad.compile(lambda x: x.uniform_(generator=g) * 1, backend="eager")(
+        torch.empty(4))
+    assert torch.equal(out, expected)
+    assert torch.equal(g.get_state(), reference.get_state())
+
+
 def test_a_parameter_subclass_that_overrides_nothing_compiles_as_a_parameter():
     class Tagged(torch.nn.Parameter):
         pass

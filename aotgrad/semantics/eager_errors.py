@@ -10,11 +10,21 @@ the message names a check eager never reached.
 So when an op fails in a trace, the same op runs once more, eagerly, on zero-filled
 stand-ins with its tensors' metadata (sizes, strides, dtype, device, requires_grad, whether
 a leaf); what eager raises there is raised instead. Only the failure path pays for it.
+
+The other way round too: an op that writes into a tensor (in place, `out=`) can pass in a
+trace where eager refuses the dtype it would write. Functionalized, `a.mul_(0.5)` on an
+int64 `a` becomes a float `mul` copied into `a`, truncating; eager's kernel raises "result
+type Float can't be cast to the desired output type Long" (torch's meta kernels for `mul_`,
+`addcmul_` and most `out=` variants do not check). Such a call runs first, eagerly, on
+stand-ins of one element a dimension (dtype rules do not read sizes); where that fails,
+on full-sized ones as above, and what eager raises there is raised.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+from types import BuiltinFunctionType, MethodDescriptorType, WrapperDescriptorType
 from typing import Any
 
 import torch
@@ -49,6 +59,9 @@ class EagerErrorTypes(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        refused = _write_refused(func, args, kwargs)
+        if refused is not None:
+            raise refused
         try:
             return func(*args, **kwargs)
         except _CHECK_ERRORS as error:
@@ -67,6 +80,15 @@ def _eager_error(error: Exception, func, args, kwargs) -> Exception | None:
         return None
     if not _runs_again_unseen(func, args, kwargs):
         return None
+    eager = _eager_error_for(func, args, kwargs)
+    if eager is None or (type(eager) is type(error) and str(eager) == str(error)):
+        return None
+    return eager
+
+
+def _eager_error_for(func, args, kwargs) -> Exception | None:
+    """What eager raises for the call, on full-sized stand-ins; None where it raises none of
+    the checks' errors (or no stand-in can be made)."""
     try:
         with _disable_current_modes(), torch._C.DisableTorchFunction():
             stand_in_args, stand_in_kwargs = pytree.tree_map_only(
@@ -76,9 +98,42 @@ def _eager_error(error: Exception, func, args, kwargs) -> Exception | None:
     eager = _raised(func, stand_in_args, stand_in_kwargs)
     if type(eager) not in _CHECK_ERRORS:
         return None
-    if type(eager) is type(error) and str(eager) == str(error):
-        return None
     return type(eager)(str(eager))
+
+
+def _write_refused(func, args, kwargs) -> Exception | None:
+    """Eager's error for a call of torch's that writes into an argument, where eager's kernel
+    refuses it; None where eager runs it (or it cannot be run again unseen)."""
+    if not _writes_into_argument(func, kwargs) or not _runs_again_unseen(func, args, kwargs):
+        return None
+    if any(isinstance(leaf, torch.Generator) for leaf in pytree.tree_leaves((args, kwargs))):
+        return None  # its draws would show: fork_rng puts back the default generator only
+    try:
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            small = pytree.tree_map_only(torch.Tensor, _small_stand_in, (args, kwargs))
+    except _NoStandIn:
+        return None
+    if type(_raised(func, *small)) not in _CHECK_ERRORS:
+        return None
+    return _eager_error_for(func, args, kwargs)  # a size check of the small ones, maybe
+
+
+def _writes_into_argument(func, kwargs) -> bool:
+    # torch's own functions only (builtins; Python ones such as torch.norm), not one of the
+    # user's that takes tensors through torch functions, whose second run would show.
+    if not isinstance(func, _BUILTINS) and not _TORCHS_MODULE.match(
+            getattr(func, "__module__", None) or ""):
+        return False
+    name = getattr(func, "__name__", "")
+    in_place = name in _IN_PLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))
+    return in_place or kwargs.get("out") is not None
+
+
+_BUILTINS = (BuiltinFunctionType, MethodDescriptorType, WrapperDescriptorType)
+_TORCHS_MODULE = re.compile(r"torch(\.|$)")
+_IN_PLACE_OPERATORS = frozenset(
+    f"__i{name}__" for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and",
+                                "or", "xor", "lshift", "rshift", "matmul"))
 
 
 def _runs_again_unseen(func, args, kwargs) -> bool:
@@ -137,6 +192,18 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
         with torch.enable_grad():
             return stand_in.clone()
     return stand_in
+
+
+def _small_stand_in(t: torch.Tensor) -> torch.Tensor:
+    """Zeros of `t`'s dtype, device and rank, one element a dimension (none where `t` has
+    none), not requiring grad: autograd's checks are the trace's own."""
+    if type(t) not in _PLAIN or t.layout != torch.strided or t.is_nested:
+        raise _NoStandIn
+    sizes = [min(_concrete(n), 1) for n in t.shape]
+    try:
+        return torch.zeros(sizes, dtype=t.dtype, device=t.device)
+    except (RuntimeError, TypeError) as error:  # a device this process has not got
+        raise _NoStandIn from error
 
 
 def _concrete(n: Any) -> int:
