@@ -37,8 +37,9 @@ from . import regions
 from .hops import functionalize_hop
 from .inference import decompose_tracking_views, normal_views
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, STORAGE_RESIZES,
-                      UNMARKED_MUTATIONS, has_effect, writes_a_tensor_list)
+from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, OUT_DTYPE_PARTLY,
+                      OUT_DTYPE_REDUCTIONS, STORAGE_RESIZES, UNMARKED_MUTATIONS, has_effect,
+                      writes_a_tensor_list)
 from ..schema import PHASE, is_tangent
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -131,6 +132,7 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         if resizes is not None:
             with self:  # traced as resizes of the inputs, which the runtime replays
                 resizes(*args, **(kwargs or {}))
+        kwargs = _out_dtype_as_eager(func, args, kwargs)
         declared = UNMARKED_MUTATIONS.get(func)
         if declared is not None:
             with self:  # its ops are functionalized in turn
@@ -160,6 +162,25 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         with self:
             aten._assert_async.msg(condition, CONDITION_FAILED)
         return True
+
+
+def _out_dtype_as_eager(func, args, kwargs):
+    """A reduction into `out=` computing in the out tensor's dtype, as eager's kernel does
+    (`tables.OUT_DTYPE_REDUCTIONS`), or refused where it cannot (`OUT_DTYPE_PARTLY`)."""
+    if func in OUT_DTYPE_REDUCTIONS and kwargs.get("dtype") is None:
+        return {**kwargs, "dtype": kwargs["out"].dtype}
+    if func in OUT_DTYPE_PARTLY and kwargs["out"].dtype != _floating(args[0].dtype):
+        raise NotImplementedError(
+            f"aotgrad: {func.name()} into an out= tensor of dtype {kwargs['out'].dtype} from "
+            f"a {args[0].dtype} input: eager's kernel computes partly in the out tensor's "
+            "dtype, which the trace does not reproduce. Convert the input first "
+            "(torch.logsumexp(x.to(out.dtype), dim, out=out)) or drop out=.")
+    return kwargs
+
+
+def _floating(dtype: torch.dtype) -> torch.dtype:
+    # What a reduction that computes in floating point takes an integral input as.
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
 
 
 class CheckedConditions:
