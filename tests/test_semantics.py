@@ -626,6 +626,33 @@ def test_a_write_taking_the_users_generator_is_not_run_again():
     assert torch.equal(g.get_state(), reference.get_state())
 
 
+def test_a_checked_write_that_draws_leaves_eagers_random_state():
+    """The write check runs `init.uniform_` and `normal_` on stand-ins: their draws are put
+    back, so the call draws eager's numbers and the next draw is eager's too."""
+    def f(w, x):
+        torch.nn.init.uniform_(w)
+        return w + torch.empty_like(x).normal_() * x
+    results = []
+    for fn in (f, aotgrad.compile(f, backend="eager")):
+        torch.manual_seed(3)
+        results.append((fn(torch.empty(4), torch.ones(4)), torch.rand(2)))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_resize_that_deterministic_mode_fills_is_refused_naming_the_fill():
+    """Eager's resize_() under use_deterministic_algorithms(True) fills the grown memory with
+    NaN through a view of it, which functionalization loses: the refusal named only a view
+    of a grown tensor, which the user's code never took."""
+    fn = lambda x: x.clone().resize_(6) * 1  # noqa: E731
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert fn(torch.ones(4))[4:].isnan().all()
+        with pytest.raises(NotImplementedError, match="fill_uninitialized_memory = False"):
+            aotgrad.compile(fn, backend="eager")(torch.ones(4))
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 _REDUCTIONS_INTO_OUT = {  # each computes in the out tensor's dtype in eager
     "sum": lambda x, o: torch.sum(x, 0, out=o), "sum_all": lambda x, o: torch.sum(x.view(4, 8), (0, 1), out=o),
     "nansum": lambda x, o: torch.nansum(x, 0, out=o), "prod": lambda x, o: torch.prod(x, 0, out=o),

@@ -15,15 +15,19 @@ The other way round too: an op that writes into a tensor (in place, `out=`) can 
 trace where eager refuses the dtype it would write. Functionalized, `a.mul_(0.5)` on an
 int64 `a` becomes a float `mul` copied into `a`, truncating; eager's kernel raises "result
 type Float can't be cast to the desired output type Long" (torch's meta kernels for `mul_`,
-`addcmul_` and most `out=` variants do not check). Such a call runs first, eagerly, on
-stand-ins of one element a dimension (dtype rules do not read sizes); where that fails,
-on full-sized ones as above, and what eager raises there is raised.
+`addcmul_` and most `out=` variants do not check); nor does a write into an expanded
+tensor fail there, where eager refuses most ("more than one element of the written-to
+tensor refers to a single memory location") and the user's `except` takes over. Such a call
+runs first, eagerly, on stand-ins of one element a dimension (two sharing memory where the
+tensor's dimension is expanded: dtype and overlap rules do not read sizes); where that
+fails, on full-sized ones as above, and what eager raises there is raised.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from types import BuiltinFunctionType, MethodDescriptorType, WrapperDescriptorType
 from typing import Any
 
@@ -142,8 +146,12 @@ def _runs_again_unseen(func, args, kwargs) -> bool:
     torch's (a custom op may count its calls), no callable argument (it would run again)."""
     if func in _GRAPH_READERS or isinstance(func, torch._ops.HigherOrderOperator):
         return False
-    if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(func, torch._ops.OpOverload):
         if func.namespace not in _TORCHS_NAMESPACES or has_effect(func):
+            return False
+    if isinstance(func, torch._ops.OpOverloadPacket):  # its overloads have the effects
+        if func._qualified_op_name.split("::")[0] not in _TORCHS_NAMESPACES or any(
+                has_effect(getattr(func, name)) for name in func.overloads()):
             return False
     leaves = pytree.tree_leaves((args, kwargs))
     return not any(callable(leaf) and not isinstance(leaf, torch.Tensor) for leaf in leaves)
@@ -158,15 +166,31 @@ def _view_error(error: Exception) -> Exception | None:
 
 
 def _raised(func, args, kwargs) -> Exception | None:
-    # Outside the trace's modes and the Python dispatcher: eager's kernels on real tensors.
-    # The CPU random state is put back, since an op that passes here may have drawn from it.
+    # Outside the trace's modes and the Python dispatcher: eager's kernels on real tensors,
+    # warning nothing (a stand-in out= of one element is resized, with a warning). The
+    # random states are put back, since an op that passes here may have drawn from them.
     with _disable_current_modes(), torch._C.DisableTorchFunction(), no_python_dispatcher(), \
-            torch.random.fork_rng(devices=[]):
+            _random_states_kept(args, kwargs), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
             func(*args, **kwargs)
         except Exception as eager:  # whatever it is, the caller compares its type
             return eager
     return None
+
+
+def _random_states_kept(args, kwargs) -> contextlib.ExitStack:
+    """The default CPU generator's state, and each device's the stand-ins live on, put back
+    on exit (`uniform_`, `nn.init.kaiming_uniform_`, `out=` of `randn` draw)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.random.fork_rng(devices=[]))
+    devices: dict[str, set[int]] = {}
+    for t in pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "meta"):
+            devices.setdefault(t.device.type, set()).add(t.device.index or 0)
+    for kind, indices in devices.items():
+        stack.enter_context(torch.random.fork_rng(devices=sorted(indices), device_type=kind))
+    return stack
 
 
 class _NoStandIn(Exception):
@@ -196,14 +220,17 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
 
 def _small_stand_in(t: torch.Tensor) -> torch.Tensor:
     """Zeros of `t`'s dtype, device and rank, one element a dimension (none where `t` has
-    none), not requiring grad: autograd's checks are the trace's own."""
+    none; two sharing memory where `t`'s dimension is expanded, whose writes eager refuses),
+    not requiring grad: autograd's checks are the trace's own."""
     if type(t) not in _PLAIN or t.layout != torch.strided or t.is_nested:
         raise _NoStandIn
-    sizes = [min(_concrete(n), 1) for n in t.shape]
+    sizes = [_concrete(n) for n in t.shape]
+    expanded = [n > 1 and _concrete(s) == 0 for n, s in zip(sizes, t.stride())]
     try:
-        return torch.zeros(sizes, dtype=t.dtype, device=t.device)
+        small = torch.zeros([min(n, 1) for n in sizes], dtype=t.dtype, device=t.device)
     except (RuntimeError, TypeError) as error:  # a device this process has not got
         raise _NoStandIn from error
+    return small.expand([2 if e else n for e, n in zip(expanded, small.shape)])
 
 
 def _concrete(n: Any) -> int:
