@@ -653,6 +653,31 @@ def test_a_resize_that_deterministic_mode_fills_is_refused_naming_the_fill():
         torch.use_deterministic_algorithms(False)
 
 
+def _sum_and_size_of_resized_out(a, b):
+    o = torch.zeros(2)
+    torch.add(a, b, out=o)  # eager resizes o to 4 elements
+    return o.sum(), o.shape[0]
+
+
+def _into_input_out(a, o):
+    torch.sum(a, 0, out=o)  # eager resizes the caller's o to a's 3 columns
+    return o + 1
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_an_out_tensor_of_another_shape_is_resized_as_eager_resizes_it(door):
+    """Functionalized, o took the new value but kept its old sizes: `o.shape[0]` was 2 where
+    eager's is 4 (silently), and an input passed as out= failed its copy back."""
+    a, b = torch.randn(4), torch.randn(4)
+    assert door(_sum_and_size_of_resized_out)(a, b) == _sum_and_size_of_resized_out(a, b)
+    x = torch.randn(4, 3)
+    ours, theirs = torch.zeros(5, dtype=torch.double), torch.zeros(5, dtype=torch.double)
+    torch.testing.assert_close(door(_into_input_out)(x, ours), _into_input_out(x, theirs))
+    assert (ours.shape, ours.stride()) == (theirs.shape, theirs.stride())
+    torch.testing.assert_close(ours, theirs)
+
+
 _REDUCTIONS_INTO_OUT = {  # each computes in the out tensor's dtype in eager
     "sum": lambda x, o: torch.sum(x, 0, out=o), "sum_all": lambda x, o: torch.sum(x.view(4, 8), (0, 1), out=o),
     "nansum": lambda x, o: torch.nansum(x, 0, out=o), "prod": lambda x, o: torch.prod(x, 0, out=o),

@@ -111,7 +111,7 @@ def _write_refused(func, args, kwargs) -> Exception | None:
     if not _writes_into_argument(func, kwargs) or not _runs_again_unseen(func, args, kwargs):
         return None
     if any(isinstance(leaf, torch.Generator) for leaf in pytree.tree_leaves((args, kwargs))):
-        return None  # its draws would show: fork_rng puts back the default generator only
+        return None  # its draws would show: fork_rng puts back the default generators only
     try:
         with _disable_current_modes(), torch._C.DisableTorchFunction():
             small = pytree.tree_map_only(torch.Tensor, _small_stand_in, (args, kwargs))
@@ -123,14 +123,14 @@ def _write_refused(func, args, kwargs) -> Exception | None:
 
 
 def _writes_into_argument(func, kwargs) -> bool:
-    # torch's own functions only (builtins; Python ones such as torch.norm), not one of the
-    # user's that takes tensors through torch functions, whose second run would show.
-    if not isinstance(func, _BUILTINS) and not _TORCHS_MODULE.match(
-            getattr(func, "__module__", None) or ""):
-        return False
     name = getattr(func, "__name__", "")
     in_place = name in _IN_PLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))
-    return in_place or kwargs.get("out") is not None
+    if not in_place and kwargs.get("out") is None:
+        return False
+    # torch's own functions only (builtins; Python ones such as torch.norm), not one of the
+    # user's that takes tensors through torch functions, whose second run would show.
+    return isinstance(func, _BUILTINS) or bool(
+        _TORCHS_MODULE.match(getattr(func, "__module__", None) or ""))
 
 
 _BUILTINS = (BuiltinFunctionType, MethodDescriptorType, WrapperDescriptorType)

@@ -24,6 +24,7 @@ and rooted like an error check, so that it runs once, in order, in the half eage
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Callable
 
@@ -133,6 +134,8 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             with self:  # traced as resizes of the inputs, which the runtime replays
                 resizes(*args, **(kwargs or {}))
         kwargs = _out_dtype_as_eager(func, args, kwargs)
+        if _out_names(func):
+            self._resize_outs_as_eager(func, args, kwargs)
         declared = UNMARKED_MUTATIONS.get(func)
         if declared is not None:
             with self:  # its ops are functionalized in turn
@@ -153,6 +156,24 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         result = func(*args, **kwargs)  # below functionalization: traced (or run) as is
         _tag_traced_check(func, self.phase)
         return result
+
+    def _resize_outs_as_eager(self, func, args, kwargs) -> None:
+        """Eager's out= kernels resize an out tensor of another shape (with a deprecation
+        warning). Functionalized, the out tensor took the new value but kept its old sizes:
+        `o.shape` read the old ones, and the copy back into an input failed. So each out
+        tensor is resized first, functionalized, to the shape the op gives a fresh one."""
+        names = [n for n in _out_names(func) if isinstance(kwargs.get(n), FunctionalTensor)]
+        if not names:
+            return
+        inner_args, inner_kwargs = pytree.tree_map_only(
+            FunctionalTensor, FunctionalTensor.from_functional, (args, kwargs))
+        fresh = {n: inner_kwargs[n].new_empty(0) for n in names}
+        with disable_proxy_modes_tracing():  # a probe on fake tensors, not traced
+            func(*inner_args, **{**inner_kwargs, **fresh})
+        for n in names:
+            if fresh[n].shape != kwargs[n].shape:
+                with self:
+                    kwargs[n].resize_(fresh[n].shape)
 
     def _checked_true(self, condition) -> bool:
         """A checked condition read as a bool: True, with a check traced where the code read
@@ -176,6 +197,13 @@ def _out_dtype_as_eager(func, args, kwargs):
             "dtype, which the trace does not reproduce. Convert the input first "
             "(torch.logsumexp(x.to(out.dtype), dim, out=out)) or drop out=.")
     return kwargs
+
+
+@functools.cache
+def _out_names(func) -> tuple[str, ...]:
+    """The out= arguments of an ATen op (none for a higher-order op)."""
+    schema = getattr(func, "_schema", None)
+    return tuple(a.name for a in schema.arguments if a.is_out) if schema is not None else ()
 
 
 def _floating(dtype: torch.dtype) -> torch.dtype:
