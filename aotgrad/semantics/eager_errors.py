@@ -108,10 +108,15 @@ def _eager_error_for(func, args, kwargs) -> Exception | None:
 def _write_refused(func, args, kwargs) -> Exception | None:
     """Eager's error for a call of torch's that writes into an argument, where eager's kernel
     refuses it; None where eager runs it (or it cannot be run again unseen)."""
-    if not _writes_into_argument(func, kwargs) or not _runs_again_unseen(func, args, kwargs):
+    if not _writes_into_argument(func, kwargs):
         return None
-    if any(isinstance(leaf, torch.Generator) for leaf in pytree.tree_leaves((args, kwargs))):
+    leaves = pytree.tree_leaves((args, kwargs))
+    if _one_float_dtype(leaves) and kwargs.get("out") is None:
+        return None  # model code's relu_, add_, mul_: nothing to cast, nothing expanded
+    if any(isinstance(leaf, torch.Generator) for leaf in leaves):
         return None  # its draws would show: fork_rng puts back the default generators only
+    if not _runs_again_unseen(func, args, kwargs):
+        return None
     try:
         with _disable_current_modes(), torch._C.DisableTorchFunction():
             small = pytree.tree_map_only(torch.Tensor, _small_stand_in, (args, kwargs))
@@ -120,6 +125,21 @@ def _write_refused(func, args, kwargs) -> Exception | None:
     if type(_raised(func, *small)) not in _CHECK_ERRORS:
         return None
     return _eager_error_for(func, args, kwargs)  # a size check of the small ones, maybe
+
+
+def _one_float_dtype(leaves) -> bool:
+    """Every tensor of one floating dtype, none expanded, no complex scalar: an in-place
+    op then computes in its target's dtype, and no element of it is shared, so eager's cast
+    and overlap checks cannot fail."""
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    if not tensors or not tensors[0].dtype.is_floating_point:
+        return False
+    return not any(isinstance(leaf, complex) for leaf in leaves) and all(
+        t.dtype == tensors[0].dtype and not _expanded(t) for t in tensors)
+
+
+def _expanded(t: torch.Tensor) -> bool:
+    return any(_concrete(s) == 0 and _concrete(n) > 1 for n, s in zip(t.shape, t.stride()))
 
 
 def _writes_into_argument(func, kwargs) -> bool:
