@@ -254,6 +254,19 @@ def _cudnn_batch_norm_declared(input, weight, bias, running_mean, running_var, t
                                   momentum, eps), reserve)
 
 
+# Reductions into `out=` whose kernels compute in the out tensor's dtype where no `dtype` is
+# given, exactly as with it (eager's torch.sum(x, out=long) sums x cast to long, -1 where the
+# float sum is -0.4). Functionalized they computed in the input's dtype and then cast; the
+# functional mode passes the out tensor's dtype as `dtype`.
+OUT_DTYPE_REDUCTIONS = frozenset({
+    aten.sum.IntList_out, aten.sum.out, aten.nansum.out, aten.prod.int_out, aten.prod.out,
+    aten.mean.out, aten.mean.dtype_out,
+})
+# Reductions into `out=` that compute partly in the out tensor's dtype, with no `dtype` to pass
+# (logsumexp sums its exponentials in it): refused where that dtype differs from the input's.
+OUT_DTYPE_PARTLY = frozenset({aten.logsumexp.out})
+
+
 UNMARKED_MUTATIONS = {
     aten.native_batch_norm.default: _batch_norm_declared,
     # CUDA eager takes cuDNN's kernel for float inputs when cuDNN is on (ResNet, EfficientNet)

@@ -544,6 +544,53 @@ def test_a_write_into_an_expanded_input_is_refused_by_name(door):
                                torch.arange(4.).expand(3, 4) * 2)  # reading one is fine
 
 
+def _add_one_or_double(x):
+    try:
+        x.add_(1)  # eager refuses: more than one element refers to one memory location
+    except RuntimeError:
+        return x * 2
+    return x
+
+
+def _written_expanded_sum(x):
+    y = x.sum().expand(3)
+    y.add_(1)
+    return y
+
+
+def _multiplied_expanded_zeros(x):
+    y = torch.zeros(1).expand(3)
+    y.mul_(x)
+    return y * 1
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+def test_a_write_eager_refuses_into_an_expanded_input_takes_eagers_except_branch(door):
+    """The trace's add_ passed, so the function was refused as writing its expanded input,
+    where eager's add_ raises and the function returns x * 2, writing nothing. (Dynamo
+    decides the branch on its own fake run, which passes: its graph raises eager's error.)"""
+    compiled = DOORS[door](_add_one_or_double)
+    if door == "dynamo-eager":
+        with pytest.raises(Exception, match="more than one element of the written-to tensor"):
+            compiled(torch.zeros(1).expand(3))
+        return
+    out = compiled(torch.zeros(1).expand(3))
+    torch.testing.assert_close(out, _add_one_or_double(torch.zeros(1).expand(3)))
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+@pytest.mark.parametrize("fn", [_written_expanded_sum, _multiplied_expanded_zeros],
+                         ids=["sum", "zeros"])
+def test_a_write_into_an_expanded_intermediate_raises_eagers_error(fn, door):
+    """Functionalized, the write made a fresh tensor and the compiled function returned
+    [s + 1] * 3 (or zeros), silently, where eager raises."""
+    with pytest.raises(RuntimeError) as eager:
+        fn(torch.randn(3))
+    with pytest.raises(Exception) as ours:
+        DOORS[door](fn)(torch.randn(3))
+    assert str(eager.value) in str(ours.value)  # Dynamo's door wraps it
+
+
 @pytest.mark.parametrize("door", list(DOORS))
 def test_an_output_eager_returns_as_its_own_tensor_takes_in_place_changes(door):
     """3-d attention returns an `_unsafe_view` (no view relation) in eager; the trace's

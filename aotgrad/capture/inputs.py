@@ -334,9 +334,11 @@ def functional_mode(observe: Callable | None = None):
             raise
         raise NotImplementedError(
             "aotgrad: tracing lost a tensor's storage, as PyTorch's functionalization does "
-            "when a view of a tensor grown by resize_() inside the function is taken, or on "
-            f"set_() to a storage rather than a tensor ({e}). Resize the tensor before "
-            "calling the compiled function; set_() it to a tensor (x.set_(y)).") from e
+            "when a view of a tensor grown by resize_() inside the function is taken (under "
+            "torch.use_deterministic_algorithms(True), resize_() fills the memory it grows "
+            "through such a view: torch.utils.deterministic.fill_uninitialized_memory = False "
+            f"avoids it), or on set_() to a storage rather than a tensor ({e}). Resize the "
+            "tensor before calling the compiled function; set_() it to a tensor (x.set_(y)).") from e
 
 
 @contextlib.contextmanager

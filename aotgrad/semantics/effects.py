@@ -24,6 +24,7 @@ and rooted like an error check, so that it runs once, in order, in the half eage
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Callable
 
@@ -37,9 +38,10 @@ from . import regions
 from .hops import functionalize_hop
 from .inference import decompose_tracking_views, normal_views
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, STORAGE_RESIZES,
-                      UNMARKED_MUTATIONS, differentiated_by_its_kernel, has_effect,
-                      writes_a_tensor_list, writes_behind_the_counter, written_arguments)
+from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, OUT_DTYPE_PARTLY,
+                      OUT_DTYPE_REDUCTIONS, STORAGE_RESIZES, UNMARKED_MUTATIONS,
+                      differentiated_by_its_kernel, has_effect, writes_a_tensor_list,
+                      writes_behind_the_counter, written_arguments)
 from ..schema import PHASE, is_tangent
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -132,6 +134,9 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         if resizes is not None:
             with self:  # traced as resizes of the inputs, which the runtime replays
                 resizes(*args, **(kwargs or {}))
+        kwargs = _out_dtype_as_eager(func, args, kwargs)
+        if _out_names(func):
+            self._resize_outs_as_eager(func, args, kwargs)
         declared = UNMARKED_MUTATIONS.get(func)
         if declared is not None:
             with self:  # its ops are functionalized in turn
@@ -159,6 +164,24 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         _tag_traced_check(func, self.phase)
         return result
 
+    def _resize_outs_as_eager(self, func, args, kwargs) -> None:
+        """Eager's out= kernels resize an out tensor of another shape (with a deprecation
+        warning). Functionalized, the out tensor took the new value but kept its old sizes:
+        `o.shape` read the old ones, and the copy back into an input failed. So each out
+        tensor is resized first, functionalized, to the shape the op gives a fresh one."""
+        names = [n for n in _out_names(func) if isinstance(kwargs.get(n), FunctionalTensor)]
+        if not names:
+            return
+        inner_args, inner_kwargs = pytree.tree_map_only(
+            FunctionalTensor, FunctionalTensor.from_functional, (args, kwargs))
+        fresh = {n: inner_kwargs[n].new_empty(0) for n in names}
+        with disable_proxy_modes_tracing():  # a probe on fake tensors, not traced
+            func(*inner_args, **{**inner_kwargs, **fresh})
+        for n in names:
+            if fresh[n].shape != kwargs[n].shape:
+                with self:
+                    kwargs[n].resize_(fresh[n].shape)
+
     def _checked_true(self, condition) -> bool:
         """A checked condition read as a bool: True, with a check traced where the code read
         it. Where it is False at run time, eager would have raised (a distribution's invalid
@@ -179,6 +202,32 @@ def _refuse_writes_that_require_grad(func, written) -> None:
             "through its fake kernel. Define it with torch.library.custom_op (with "
             "register_autograd on a functional form), or write a tensor that does not require "
             "grad (under torch.no_grad(), or a detached one).")
+
+
+def _out_dtype_as_eager(func, args, kwargs):
+    """A reduction into `out=` computing in the out tensor's dtype, as eager's kernel does
+    (`tables.OUT_DTYPE_REDUCTIONS`), or refused where it cannot (`OUT_DTYPE_PARTLY`)."""
+    if func in OUT_DTYPE_REDUCTIONS and kwargs.get("dtype") is None:
+        return {**kwargs, "dtype": kwargs["out"].dtype}
+    if func in OUT_DTYPE_PARTLY and kwargs["out"].dtype != _floating(args[0].dtype):
+        raise NotImplementedError(
+            f"aotgrad: {func.name()} into an out= tensor of dtype {kwargs['out'].dtype} from "
+            f"a {args[0].dtype} input: eager's kernel computes partly in the out tensor's "
+            "dtype, which the trace does not reproduce. Convert the input first "
+            "(torch.logsumexp(x.to(out.dtype), dim, out=out)) or drop out=.")
+    return kwargs
+
+
+@functools.cache
+def _out_names(func) -> tuple[str, ...]:
+    """The out= arguments of an ATen op (none for a higher-order op)."""
+    schema = getattr(func, "_schema", None)
+    return tuple(a.name for a in schema.arguments if a.is_out) if schema is not None else ()
+
+
+def _floating(dtype: torch.dtype) -> torch.dtype:
+    # What a reduction that computes in floating point takes an integral input as.
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
 
 
 class CheckedConditions:
