@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
-from ..capture.inputs import runs_its_graph
+from ..capture.graph_runs import runs_its_graph
 from ..schema import TraceFacts
 from ..semantics import aliasing
 from ..semantics.dynamic import is_symbolic
