@@ -873,6 +873,19 @@ def test_a_data_dependent_value_torchs_module_reads_is_refused_naming_the_line()
         aotgrad.compile(model, backend="eager")(x, target)
 
 
+def _pad_check(ids):
+    if 0 in ids[:, [-1, 0]]:  # transformers' warn_if_padding_and_no_attention_mask
+        return ids.float().sum() * 0
+    return ids.float().sum()
+
+
+def test_a_data_dependent_tensor_contains_names_the_users_line_not_torchs_dispatch():
+    """`value in tensor` goes through torch/overrides.py's handle_torch_function, whose frame
+    the refusal named (found on DeBERTa-v2) instead of the caller's line."""
+    with pytest.raises(NotImplementedError, match=r"test_semantics.py:\d+ \(`if 0 in ids"):
+        aotgrad.compile(_pad_check, backend="eager")(torch.randint(0, 5, (2, 6)))
+
+
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_batchnorm_statistics_are_written_in_graph_with_eager_version_counters(backend):
     """BatchNorm's kernel updates its running statistics without bumping their version
