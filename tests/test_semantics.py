@@ -1736,3 +1736,31 @@ def test_a_hook_registered_on_an_input_inside_is_refused_by_the_native_doors(doo
         dynamo(f)(x, w).sum().backward()
         torch.testing.assert_close(x.grad, expected_x.grad)
 
+
+
+class _GroupedExperts(torch.nn.Module):
+    """transformers' MoE experts on CPU: `grouped_mm` of float32 tokens sorted by expert."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Parameter(torch.randn(3, 8, 12))
+        self.down = torch.nn.Parameter(torch.randn(3, 12, 8))
+
+    def forward(self, x, offs):
+        h = torch.nn.functional.grouped_mm(x, self.up, offs=offs).relu()
+        return torch._grouped_mm(h, self.down, offs=offs).square().mean()
+
+
+def test_float32_grouped_mm_on_cpu_trains_as_eager():
+    """torch's meta kernel for `_grouped_mm` takes bfloat16 only (CUDA's rule), while the CPU
+    kernel eager runs takes float32: the trace failed where eager ran (found on Mixtral)."""
+    torch.manual_seed(0)
+    eager, x = _GroupedExperts(), torch.randn(10, 8, requires_grad=True)
+    model, x2 = copy.deepcopy(eager), x.detach().clone().requires_grad_()
+    offs = torch.tensor([3, 7, 10], dtype=torch.int32)
+    expected, actual = eager(x, offs), aotgrad.compile(model, backend="eager")(x2, offs)
+    expected.backward()
+    actual.backward()
+    torch.testing.assert_close(actual, expected)
+    for mine, theirs in [(x2, x), (model.up, eager.up), (model.down, eager.down)]:
+        torch.testing.assert_close(mine.grad, theirs.grad)
