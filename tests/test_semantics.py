@@ -1764,3 +1764,30 @@ def test_float32_grouped_mm_on_cpu_trains_as_eager():
     torch.testing.assert_close(actual, expected)
     for mine, theirs in [(x2, x), (model.up, eager.up), (model.down, eager.down)]:
         torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+def _projection(x, w, b, p, train):
+    """wav2vec2's feature projection: a linear of a transposed input, then dropout."""
+    n = torch.nn.functional.layer_norm(x.transpose(1, 2), (16,))
+    h = torch._C._nn.linear(n, w, b)
+    return torch.nn.functional.dropout(h, p, train), n
+
+
+@pytest.mark.parametrize("p,train", [(0.0, True), (0.5, False), (0.3, True)])
+def test_dropout_dropping_nothing_returns_its_input_as_eager(p, train):
+    """Eager's dropout returns its input itself where it drops nothing; torch's Python kernel,
+    which traces run, a clone: the output's view relation the analysis saw was lost in the
+    joint trace, which failed with "Expected output to be a torch.Tensor"."""
+    torch.manual_seed(0)
+    args = [torch.randn(2, 16, 5), torch.randn(32, 16), torch.randn(32)]
+    args = [a.requires_grad_() for a in args]
+    copies = [a.detach().clone().requires_grad_() for a in args]
+    torch.manual_seed(1)
+    expected = _projection(*args, p, train)
+    torch.manual_seed(1)
+    actual = aotgrad.compile(_projection, backend="eager")(*copies, p, train)
+    sum(o.sum() for o in expected).backward()
+    sum(o.sum() for o in actual).backward()
+    torch.testing.assert_close(actual, expected)
+    for mine, theirs in zip(copies, args):
+        torch.testing.assert_close(mine.grad, theirs.grad)

@@ -34,6 +34,12 @@ only), where the CPU kernel eager runs also takes float32 and float16 (transform
 experts on CPU): traced, such a call gets its output's shape from the meta kernel's own
 helper (`grouped_mm_as_cpu_kernel`).
 
+And torch's Python `aten.dropout` returns a clone when it drops nothing (`p == 0` or not
+training), where eager's kernel returns its input itself: the trace then lost an output's
+view relation that the analysis (eager's kernels) saw, and failed (wav2vec2's feature
+projection, dropout 0 after a linear of a transposed input). Traced, it returns its input
+(`dropout_returns_input_as_eager`).
+
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
 refused by name (`generators_traceable`); a device's default generator passed by name means
@@ -53,6 +59,7 @@ import threading
 import torch
 import torch.nn.functional as F
 from torch import _meta_registrations
+from torch._C import DispatchKey
 from torch._decomp import decompositions
 from torch.nn.modules import activation
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -349,3 +356,28 @@ def grouped_mm_as_cpu_kernel():
 def _on_cpu(t) -> bool:
     """A fake tensor reports the meta device inside a meta kernel; its own is `fake_device`."""
     return getattr(t, "fake_device", t.device).type == "cpu"
+
+
+@contextlib.contextmanager
+def dropout_returns_input_as_eager():
+    """`aten.dropout`'s Python kernels, which the python dispatcher runs, return the input
+    itself where eager's kernel does; they decompose as before where it draws a mask."""
+    op = torch.ops.aten.dropout.default
+    keys = [k for k in (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
+            if k in op.py_kernels]
+    originals = {k: op.py_kernels[k] for k in keys}
+
+    def swap(kernels):
+        op.py_kernels.update(kernels)
+        op._dispatch_cache.clear()  # it holds the kernel chosen per key
+
+    def dropout(original, input, p, train):
+        if train and p != 0 and input.numel() != 0:
+            return original(input, p, train)
+        return input
+
+    swap({k: functools.partial(dropout, fn) for k, fn in originals.items()})
+    try:
+        yield
+    finally:
+        swap(originals)
