@@ -193,8 +193,8 @@ def flat_graph_fn(fn: Callable, layout: CallLayout, box: OutputBox) -> Callable:
     def graph_fn(*graph_inputs):
         args, kwargs = pytree.tree_unflatten(layout.rebuild(graph_inputs), layout.in_spec)
         with mends.default_generators_dropped(), mends.cumulative_batch_norm(), \
-                mends.attention_fast_paths_as_eager(), eager_errors.EagerErrorTypes(), \
-                _user_code_traced():
+                mends.attention_fast_paths_as_eager(), mends.grouped_mm_as_cpu_kernel(), \
+                eager_errors.EagerErrorTypes(), _user_code_traced():
             flat_out, box.spec = flatten(fn(*args, **kwargs))
         refuse_opaque_tensors(flat_out, "an output")
         return flat_out

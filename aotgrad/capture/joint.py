@@ -422,6 +422,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
     # partitioned, and its code was generated three times over.
     with fake_mode, enable_python_dispatcher(), checkpoints.run_once(), \
             fx_traceback.preserve_node_meta(), _lazy_graph_modules(), \
+            mends.grouped_mm_as_cpu_kernel(), mends.dropout_returns_input_as_eager(), \
             differentiating() if differentiates else mends.rnns_mended():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     mark_valueless(gm.graph)

@@ -299,8 +299,11 @@ _FAKE_DATA_READ = "data is not allocated yet"
 
 
 # Frames of the tracing machinery, not of the code traced (torch's dispatch, fake tensors).
+# torch/overrides.py dispatches `x in t` and other Tensor dunders to our modes: its frame is
+# never the line the user wrote.
 _MACHINERY = (os.sep + "aotgrad" + os.sep, os.sep + "torch" + os.sep + "_",
-              os.sep + "torch" + os.sep + "utils" + os.sep, os.sep + "torch" + os.sep + "fx")
+              os.sep + "torch" + os.sep + "utils" + os.sep, os.sep + "torch" + os.sep + "fx",
+              os.sep + "torch" + os.sep + "overrides.py")
 
 
 def _line_of(tb) -> str:

@@ -29,6 +29,17 @@ or in value (the encoder's padded positions, which its nested path zeroes). Mult
 also leaves its fast path while make_fx traces (torch 2.13 then makes the slow path's output
 contiguous; 2.11 does not). Traced, they branch as eager does (`attention_fast_paths_as_eager`).
 
+And one in torch's meta kernels: `_grouped_mm`'s holds every call to CUDA's rule (bfloat16
+only), where the CPU kernel eager runs also takes float32 and float16 (transformers' MoE
+experts on CPU): traced, such a call gets its output's shape from the meta kernel's own
+helper (`grouped_mm_as_cpu_kernel`).
+
+And torch's Python `aten.dropout` returns a clone when it drops nothing (`p == 0` or not
+training), where eager's kernel returns its input itself: the trace then lost an output's
+view relation that the analysis (eager's kernels) saw, and failed (wav2vec2's feature
+projection, dropout 0 after a linear of a transposed input). Traced, it returns its input
+(`dropout_returns_input_as_eager`).
+
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
 refused by name (`generators_traceable`); a device's default generator passed by name means
@@ -47,6 +58,8 @@ import threading
 
 import torch
 import torch.nn.functional as F
+from torch import _meta_registrations
+from torch._C import DispatchKey
 from torch._decomp import decompositions
 from torch.nn.modules import activation
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -314,7 +327,6 @@ def _is_default(g) -> bool:
     return g is torch.default_generator
 
 
-
 # torch.func's grad, vjp, jacrev and hessian turn saved-tensor hooks off for their region, and
 # refuse to where any are set: a functionalized trace sets its own (`capture.functional_mode`
 # checks saved values' versions), which made them fail where eager runs them.
@@ -355,3 +367,58 @@ def saved_tensor_hooks_step_aside(pack, unpack):
             ENABLE_HOOKS()
         for _ in range(aside[0]):
             _HOOKS._push_saved_tensors_default_hooks(pack, unpack)
+
+
+# The dtypes torch's CPU kernel for `_grouped_mm` multiplies (its meta kernel: bfloat16 alone).
+_GROUPED_MM_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@contextlib.contextmanager
+def grouped_mm_as_cpu_kernel():
+    """An unscaled `_grouped_mm` of CPU tensors in a dtype the CPU kernel takes gets its
+    output from the meta kernel's helper instead of failing the meta kernel's CUDA-only
+    dtype check. Strides are not checked here: eager's kernel checks them when it runs."""
+    original = vars(_meta_registrations)["_meta_grouped_mm_common"]
+
+    def common(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None,
+               out_dtype=None, use_fast_accum=False):
+        if scale_a is None and scale_b is None and bias is None and _on_cpu(mat_a) \
+                and mat_a.dtype == mat_b.dtype in _GROUPED_MM_CPU_DTYPES \
+                and out_dtype in (None, mat_a.dtype) and {mat_a.dim(), mat_b.dim()} <= {2, 3}:
+            return _meta_registrations._create_grouped_mm_output_tensor(
+                mat_a, mat_b, offs, out_dtype)
+        return original(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype,
+                        use_fast_accum)
+
+    with patched(_meta_registrations, _meta_grouped_mm_common=common):
+        yield
+
+
+def _on_cpu(t) -> bool:
+    """A fake tensor reports the meta device inside a meta kernel; its own is `fake_device`."""
+    return getattr(t, "fake_device", t.device).type == "cpu"
+
+
+@contextlib.contextmanager
+def dropout_returns_input_as_eager():
+    """`aten.dropout`'s Python kernels, which the python dispatcher runs, return the input
+    itself where eager's kernel does; they decompose as before where it draws a mask."""
+    op = torch.ops.aten.dropout.default
+    keys = [k for k in (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
+            if k in op.py_kernels]
+    originals = {k: op.py_kernels[k] for k in keys}
+
+    def swap(kernels):
+        op.py_kernels.update(kernels)
+        op._dispatch_cache.clear()  # it holds the kernel chosen per key
+
+    def dropout(original, input, p, train):
+        if train and p != 0 and input.numel() != 0:
+            return original(input, p, train)
+        return input
+
+    swap({k: functools.partial(dropout, fn) for k, fn in originals.items()})
+    try:
+        yield
+    finally:
+        swap(originals)
