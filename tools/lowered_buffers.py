@@ -60,21 +60,27 @@ def _made_by(buffer) -> str:
     return "?" if node is None else str(node.target)
 
 
-def main(argv=None):
-    model_name = (argv or sys.argv[1:] or ["swin_t"])[0]
+def both_partitions(model_name: str) -> list[tuple[str, str, torch.fx.GraphModule]]:
+    """(side, "forward" or "backward", graph) of the model's two partitions, torch's first:
+    the first compile warms Inductor."""
     torch.manual_seed(0)
     model, batch = saved_compare.fake_model(model_name, small=False)
     found = saved_compare.partition_both(model, batch, cuda_like=True)
+    return [(side, role, gm) for side in ("torch", "aotgrad")
+            for role, gm in zip(("forward", "backward"), found[f"{side} graphs"])]
+
+
+def main(argv=None):
+    graphs = both_partitions((argv or sys.argv[1:] or ["swin_t"])[0])
     _stop_after_lowering()
     by_op = {}
-    for side in ("torch", "aotgrad"):  # torch's first: the first lowering warms Inductor
-        for role, gm in zip(("forward", "backward"), found[f"{side} graphs"]):
-            made = buffers_of(gm, backward=role == "backward")
-            kinds = collections.Counter(type(b).__name__ for b in made)
-            nodes = sum(n.op == "call_function" for n in gm.graph.nodes)
-            print(f"{side:8} {role:9} nodes {nodes:5}  buffers {len(made):4}  {dict(kinds)}")
-            by_op[side, role] = collections.Counter(
-                _made_by(b) for b in made if type(b).__name__ == "ComputedBuffer")
+    for side, role, gm in graphs:
+        made = buffers_of(gm, backward=role == "backward")
+        kinds = collections.Counter(type(b).__name__ for b in made)
+        nodes = sum(n.op == "call_function" for n in gm.graph.nodes)
+        print(f"{side:8} {role:9} nodes {nodes:5}  buffers {len(made):4}  {dict(kinds)}")
+        by_op[side, role] = collections.Counter(
+            _made_by(b) for b in made if type(b).__name__ == "ComputedBuffer")
     for role in ("forward", "backward"):
         ours, theirs = by_op["aotgrad", role], by_op["torch", role]
         print(f"\n== {role}: computed buffers by the op that made them, aotgrad / torch")

@@ -25,7 +25,6 @@ import torch._inductor.graph as inductor_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lowered_buffers  # noqa: E402  (its buffers_of stops a compile by an exception)
-import saved_compare  # noqa: E402
 
 MiB = 2**20
 
@@ -48,22 +47,18 @@ def _fused_ops(node) -> str:
 
 
 def main(argv=None):
-    model_name = (argv or sys.argv[1:] or ["vit_s16"])[0]
-    torch.manual_seed(0)
-    model, batch = saved_compare.fake_model(model_name, small=False)
-    found = saved_compare.partition_both(model, batch, cuda_like=True)
+    graphs = lowered_buffers.both_partitions((argv or sys.argv[1:] or ["vit_s16"])[0])
     _stop_after_scheduling()
     backward = {}
-    for side in ("torch", "aotgrad"):  # torch's first: the first compile warms Inductor
-        for role, gm in zip(("forward", "backward"), found[f"{side} graphs"]):
-            nodes = lowered_buffers.buffers_of(gm, backward=role == "backward")
-            total = sum(b for _, b in nodes)
-            print(f"{side:8} {role:9} scheduled nodes {len(nodes):4}  bytes {total / MiB:9.1f} MiB")
-            if role == "backward":
-                backward[side] = by_ops = collections.defaultdict(lambda: [0, 0])
-                for ops, b in nodes:
-                    by_ops[ops][0] += 1
-                    by_ops[ops][1] += b
+    for side, role, gm in graphs:
+        nodes = lowered_buffers.buffers_of(gm, backward=role == "backward")
+        total = sum(b for _, b in nodes)
+        print(f"{side:8} {role:9} scheduled nodes {len(nodes):4}  bytes {total / MiB:9.1f} MiB")
+        if role == "backward":
+            backward[side] = by_ops = collections.defaultdict(lambda: [0, 0])
+            for ops, b in nodes:
+                by_ops[ops][0] += 1
+                by_ops[ops][1] += b
     ours, theirs = backward["aotgrad"], backward["torch"]
     print("\n== backward kernels by the ops fused into them: count, MiB, aotgrad | torch")
     for ops in sorted(set(ours) | set(theirs), key=lambda k: -abs(ours[k][1] - theirs[k][1])):
