@@ -40,6 +40,10 @@ view relation that the analysis (eager's kernels) saw, and failed (wav2vec2's fe
 projection, dropout 0 after a linear of a transposed input). Traced, it returns its input
 (`dropout_returns_input_as_eager`).
 
+And one of our own making: the saved-tensor hooks a functionalized trace sets make
+torch.func's grad, vjp, jacrev and hessian refuse to run, where eager runs them; they step
+aside for those transforms (`saved_tensor_hooks_step_aside`).
+
 And one our traces cannot mend: torch 2.11's tracer cannot hold a `torch.Generator` in a
 graph (2.13's keeps it as an opaque object), so a random op given the user's generator is
 refused by name (`generators_traceable`); a device's default generator passed by name means
