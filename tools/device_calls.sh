@@ -29,6 +29,11 @@ models24)  # ResNet-50 b64's row of issue 20's table with the reuse-rule partiti
   # MB, torch.compile's too), all five modes as bench/models.py runs them
   TAIL=14 step models 575 python bench/models.py --models resnet50 --budget 300 \
     --timeout 260 --out $OUT/models ;;
+verify30)  # next session, first: session 27's four hunts (fed outputs, custom ops and torch.func,
+  # writes eager refuses, the zoo's mends) on torch 2.11 + CUDA, never run there
+  TAIL=12 step verify30 560 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider \
+    -p no:warnings -rf tests/test_semantics.py tests/test_aliasing.py tests/test_hops.py \
+    tests/test_effects.py ;;
 vit30)  # next session: ViT-S's backward kernels took 1.05x torch's (part29; Swin-T and
   # ConvNeXt-T 0.97x). Which part: session 26's exchanges, our partition, or the rest of the
   # pipeline (torch's partitioner in our pipeline)?
@@ -111,7 +116,7 @@ verify26)  # the edge-case hunt merged (float constants by their bits, unflatten
     tests/test_api.py tests/test_guards.py tests/test_backends.py tests/test_dynamic.py \
     tests/test_semantics.py ;;
 # Session 27 ran `verify28`, `fix29`, `part29`, `last29`, `phases29`:
-# bench/results/h200-2026-11-30-session27. Next: `vit30`.
+# bench/results/h200-2026-11-30-session27. Next: `verify30`, then `vit30`.
 # Session 26 had no device time (spent by the stop's earlier tries). Next: `verify28`, `part26`,
 # `spans26`.
 # Session 25 ran `tp23` (x2), `phases25`, `phases25b`, `deberta22`, `deberta25`, `verify27`:
