@@ -214,7 +214,8 @@ def _retained_grad() -> NotImplementedError:
     retain_grad() marked is the trace's, and eager's `.grad` would stay None."""
     return NotImplementedError(
         "aotgrad: the function calls retain_grad() on a tensor it computes; its .grad would "
-        "stay None. Call retain_grad() on the output after the compiled call, or use "
+        "stay None. Return the tensor and call retain_grad() on it after the compiled call "
+        "(an output no other output is computed from: capture/fed_outputs.py), or use "
         "torch.compile(backend='aotgrad').")
 
 
