@@ -98,9 +98,14 @@ def _hookable_outputs(info: FunctionInfo) -> list[int]:
     """Graph outputs of the user outputs with a gradient that are the compiled node's own
     outputs or views the runtime rebuilds (each a tensor the caller may put a hook on)."""
     first = info.first_user_output
-    return [first + i for i, o in enumerate(info.outputs)
-            if o.requires_grad and not o.made_leaf and not o.returned_as_view
-            and o.detached_from is None and o.kind in _HOOKABLE]
+    return [first + i for i, o in enumerate(info.outputs) if o.kind in _HOOKABLE and _graded(o)]
+
+
+def _graded(o: OutputInfo) -> bool:
+    """The output gets its gradient through the compiled node (not a leaf made inside, a
+    view the user returns of an input, or a detached value)."""
+    return (o.requires_grad and not o.made_leaf and not o.returned_as_view
+            and o.detached_from is None)
 
 
 _HOOKABLE = (OutputKind.PLAIN, OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE,
@@ -108,8 +113,7 @@ _HOOKABLE = (OutputKind.PLAIN, OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTE
 
 
 def _with_saver(info: OutputInfo, saved: tuple[str | None, int, int] | None) -> OutputInfo:
-    plain = (info.kind is OutputKind.PLAIN and info.requires_grad and not info.made_leaf
-             and not info.returned_as_view and info.detached_from is None)
+    plain = info.kind is OutputKind.PLAIN and _graded(info)
     return dataclasses.replace(info, saved_by_node=saved) if plain and saved else info
 
 

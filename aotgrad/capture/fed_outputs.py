@@ -114,8 +114,8 @@ class FedOutputs:
         return NotImplementedError(
             f"aotgrad: output {i} of the compiled function has {what}, and the function "
             "computes other outputs (or an input's new value) from it: in eager its gradient "
-            "includes what those send back through it, but the compiled call is one autograd node, whose "
-            "hooks see only the gradient reaching the output from outside (a partial .grad, "
-            "or None). Register the hook inside the compiled function (a hook returning a new "
-            "gradient is traced into it), or compile the code that computes this tensor and "
-            "the code that reads it as two functions.")
+            "includes what those send back through it, but the compiled call is one autograd "
+            "node, whose hooks see only the gradient reaching the output from outside (a "
+            "partial .grad, or None). Register the hook inside the compiled function (a hook "
+            "returning a new gradient is traced into it), or compile the code that computes "
+            "this tensor and the code that reads it as two functions.")

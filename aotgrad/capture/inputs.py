@@ -338,7 +338,8 @@ def functional_mode(observe: Callable | None = None):
             "torch.use_deterministic_algorithms(True), resize_() fills the memory it grows "
             "through such a view: torch.utils.deterministic.fill_uninitialized_memory = False "
             f"avoids it), or on set_() to a storage rather than a tensor ({e}). Resize the "
-            "tensor before calling the compiled function; set_() it to a tensor (x.set_(y)).") from e
+            "tensor before calling the compiled function; set_() it to a tensor "
+            "(x.set_(y)).") from e
 
 
 @contextlib.contextmanager

@@ -219,8 +219,7 @@ class _NoStandIn(Exception):
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:
     """Zeros with `t`'s metadata, a leaf or not as `t` is."""
-    if type(t) not in _PLAIN or t.layout != torch.strided or t.is_nested:
-        raise _NoStandIn
+    _refuse_unplain(t)
     sizes = [_concrete(n) for n in t.shape]
     strides = [_concrete(n) for n in t.stride()]
     extent = 0 if 0 in sizes else 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
@@ -242,8 +241,7 @@ def _small_stand_in(t: torch.Tensor) -> torch.Tensor:
     """Zeros of `t`'s dtype, device and rank, one element a dimension (none where `t` has
     none; two sharing memory where `t`'s dimension is expanded, whose writes eager refuses),
     not requiring grad: autograd's checks are the trace's own."""
-    if type(t) not in _PLAIN or t.layout != torch.strided or t.is_nested:
-        raise _NoStandIn
+    _refuse_unplain(t)
     sizes = [_concrete(n) for n in t.shape]
     expanded = [n > 1 and _concrete(s) == 0 for n, s in zip(sizes, t.stride())]
     try:
@@ -251,6 +249,12 @@ def _small_stand_in(t: torch.Tensor) -> torch.Tensor:
     except (RuntimeError, TypeError) as error:  # a device this process has not got
         raise _NoStandIn from error
     return small.expand([2 if e else n for e, n in zip(expanded, small.shape)])
+
+
+def _refuse_unplain(t: torch.Tensor) -> None:
+    # a subclass, a sparse or nested tensor: no zeros stand in for it
+    if type(t) not in _PLAIN or t.layout != torch.strided or t.is_nested:
+        raise _NoStandIn
 
 
 def _concrete(n: Any) -> int:
