@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import aotgrad
 from aotgrad.compat import aot_function, nop
+from aotgrad.semantics import mends
 from corpus import ExpSavingItsResult, Square
 
 
@@ -667,6 +668,8 @@ def test_writes_eager_allows_still_compile_with_eagers_values():
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+@pytest.mark.xfail(not mends.generators_traceable(), raises=NotImplementedError, strict=True,
+                   reason="torch 2.11's tracer cannot hold a torch.Generator: refused by name")
 def test_a_write_taking_the_users_generator_is_not_run_again():
     """Running it on stand-ins, to look for eager's dtype check, would draw from it."""
     reference = torch.Generator().manual_seed(0)
@@ -1401,7 +1404,6 @@ def test_lstm_under_cpu_autocast_runs_in_bfloat16_like_eager(backend):
 def torch_211_lstm(monkeypatch):
     """torch 2.11's unrolled LSTM layer, whose final states come out as (1, batch, hidden)."""
     from torch._decomp import decompositions
-    from aotgrad.semantics import mends
     unrolled = decompositions.one_layer_lstm
 
     def one_layer_lstm(*args, **kwargs):
@@ -1441,7 +1443,6 @@ def test_a_decomposition_that_changes_an_outputs_shape_is_refused(torch_211_lstm
     `h_n` as [2, 1, 3, 8] at inference where eager returns [2, 3, 8]: silently, until the
     traced graph's outputs were checked against the analysis (eager's kernels). (On 2.11
     itself the fixture's misshaping comes on top of torch's: [2, 1, 1, 3, 8].)"""
-    from aotgrad.semantics import mends
     monkeypatch.setattr(mends, "_lstm_states_misshaped", lambda: False)
     model = torch.nn.LSTM(4, 8, num_layers=2)
     x = torch.randn(5, 3, 4, requires_grad=True)
