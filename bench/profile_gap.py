@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import run as bench  # noqa: E402  (bench/run.py: models, modes, the step)
+from kernel_dump import Dump  # noqa: E402
 
 # (kind, substrings of a kernel name), first match wins.
 KINDS = (
@@ -40,8 +42,9 @@ def kind_of(name: str) -> str:
     return next((k for k, parts in KINDS if any(p in lowered for p in parts)), "other")
 
 
-def profile_row(model_name: str, mode_name: str, steps: int) -> dict:
-    row = bench.warmed_up(bench.Job(model_name, mode_name, None, False, "cuda", 3, steps))
+def profile_row(model_name: str, mode_name: str, steps: int, dump: Dump) -> dict:
+    with dump:
+        row = bench.warmed_up(bench.Job(model_name, mode_name, None, False, "cuda", 3, steps))
     step = row.step
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CUDA]
@@ -170,10 +173,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", default="profile_gap")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per row")
+    parser.add_argument("--dump", metavar="MARK", help="write the graphs Inductor compiles, and "
+                        "the Triton kernels whose names hold MARK, to OUT/MODEL_MODE/")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"))
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(profile_row(*args.worker, args.steps)))
+        folder = Path(args.out) / "_".join(args.worker) if args.dump else None
+        dump = Dump(folder, (args.dump,) if args.dump else ())
+        print(json.dumps(profile_row(*args.worker, args.steps, dump)))
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -182,7 +189,9 @@ def main() -> None:
         for mode in args.modes.split(","):
             try:
                 done = subprocess.run([sys.executable, __file__, "--worker", model, mode,
-                                       "--steps", str(args.steps)], capture_output=True,
+                                       "--steps", str(args.steps), "--out", args.out,
+                                       *(["--dump", args.dump] if args.dump else [])],
+                                      capture_output=True,
                                       text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
                 print(f"{model}/{mode}: over {args.timeout:.0f} s")

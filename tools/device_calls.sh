@@ -40,6 +40,13 @@ vit30)  # next session: ViT-S's backward kernels took 1.05x torch's (part29; Swi
   TAIL=30 step part 540 python bench/profile_gap.py --models vit_s16 --steps 5 --timeout 130 \
     --modes aotgrad_dynamo,aotgrad_dynamo_no_exchanges,aotgrad_torch_partition,torch_compile \
     --out $OUT/part ;;
+dump31)  # vit30: our partition's ViT-S backward 5.89 ms, torch's partition in our pipeline
+  # 5.57 ms; per layer norm, the weight-gradient kernel took 23.2 us against 11.4. Its Triton
+  # source, and the graphs, for ours, torch's, and ours with every spanning value saved
+  export AOTGRAD_CACHE=0 TORCHINDUCTOR_FORCE_DISABLE_CACHES=1
+  TAIL=30 step part 560 python bench/profile_gap.py --models vit_s16 --steps 5 --timeout 150 \
+    --modes aotgrad_dynamo,aotgrad_torch_partition,aotgrad_dynamo_spans_saved \
+    --dump native_layer_norm_backward --out $OUT/part ;;
 phases29)  # fix29's Swin-T phases in the other order (torch's process first): 52.90 vs 55.68 s
   # with aotgrad first
   TAIL=40 step phases 250 python bench/compile_stages.py --model swin_t --modes inductor,aotgrad \

@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import aotgrad  # noqa: E402,F401  (registers backend="aotgrad")
+from kernel_dump import Dump  # noqa: E402
 
 KERNEL_MARKS = ("native_layer_norm", "tanh")  # the failing kernel fuses both
 LOSS_RTOL = 2e-2  # bf16 autocast: compiled and eager round differently
@@ -67,60 +68,13 @@ def train(model, compiled, ids, device, steps=2) -> list[float]:
     return losses
 
 
-class Dump:
-    """Records what Inductor receives and the Triton sources it generates, into `folder`."""
-
-    def __init__(self, folder: pathlib.Path | None):
-        self.folder, self.count, self.undo = folder, 0, []
-
-    def __enter__(self):
-        if self.folder is None:
-            return self
-        self.folder.mkdir(parents=True, exist_ok=True)
-        import torch._inductor.async_compile as async_compile
-        import torch._inductor.compile_fx as compile_fx
-        self._patch(compile_fx, "fx_codegen_and_compile", self._graph)
-        self._patch(async_compile.AsyncCompile, "triton", self._kernel)
-        return self
-
-    def __exit__(self, *exc):
-        for owner, name, original in reversed(self.undo):
-            setattr(owner, name, original)
-
-    def _patch(self, owner, name, make):
-        original = getattr(owner, name, None)
-        if original is None:
-            print(f"dump: {owner.__name__}.{name} not in this torch; not recorded")
-            return
-        self.undo.append((owner, name, original))
-        setattr(owner, name, make(original))
-
-    def _graph(self, original):
-        def recorded(gm, example_inputs, *rest, **kwargs):
-            role = "bw" if kwargs.get("is_backward") else "fw"
-            text = gm.print_readable(print_output=False, include_stride=True)
-            (self.folder / f"graph_{self.count}_{role}.txt").write_text(text)
-            self.count += 1
-            return original(gm, example_inputs, *rest, **kwargs)
-        return recorded
-
-    def _kernel(self, original):
-        folder = self.folder
-
-        def recorded(self_, kernel_name, source_code, *rest, **kwargs):
-            if all(mark in kernel_name for mark in KERNEL_MARKS):
-                (folder / f"{kernel_name}.py").write_text(source_code)
-            return original(self_, kernel_name, source_code, *rest, **kwargs)
-        return recorded
-
-
 def run_mode(mode, args, initial, eager_losses) -> bool:
     model, ids = copy.deepcopy(initial[0]), initial[1]
     torch._dynamo.reset()
     folder = None if args.no_dump else args.out / mode
     start = time.time()
     try:
-        with Dump(folder):
+        with Dump(folder, KERNEL_MARKS):
             losses = train(model, torch.compile(model, backend=mode), ids, args.device)
     except Exception:
         path = args.out / f"{mode}_traceback.txt"
