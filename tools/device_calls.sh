@@ -47,6 +47,11 @@ dump31)  # vit30: our partition's ViT-S backward 5.89 ms, torch's partition in o
   TAIL=30 step part 560 python bench/profile_gap.py --models vit_s16 --steps 5 --timeout 150 \
     --modes aotgrad_dynamo,aotgrad_torch_partition,aotgrad_dynamo_spans_saved \
     --dump native_layer_norm_backward --out $OUT/part ;;
+ln31)  # dump31's finding, mended: a layer norm's normalized value merges across the joint's
+  # sides (capture/cse.py), so the partition may save it as torch's does. ViT-S's backward
+  # kernels, also with every spanning value saved (the residual stream's rebuilds)
+  TAIL=30 step part 560 python bench/profile_gap.py --models vit_s16 --steps 5 --timeout 150 \
+    --modes aotgrad_dynamo,aotgrad_dynamo_spans_saved,torch_compile --out $OUT/part ;;
 phases29)  # fix29's Swin-T phases in the other order (torch's process first): 52.90 vs 55.68 s
   # with aotgrad first
   TAIL=40 step phases 250 python bench/compile_stages.py --model swin_t --modes inductor,aotgrad \
