@@ -1,6 +1,8 @@
 """Common subexpression elimination (aotgrad/capture/cse.py): repeated pure work merges, and nothing
 that would make eager's tensors differ does."""
 
+import operator
+
 import torch
 import torch.nn.functional as F
 from torch import fx
@@ -102,3 +104,20 @@ def test_views_do_not_merge_in_a_graph_that_writes():
     graph.output((graph.call_function(aten.mul.Tensor, (v2, 2.0)),))
     gm = eliminate_common_subexpressions(fx.GraphModule({}, graph))
     assert count(gm, aten.view.default) == 2
+
+
+def test_a_normalized_value_is_one_node_for_both_sides_of_the_joint():
+    """A decomposed layer norm's backward computes `(x - mean) * rstd` again: that merges
+    with the forward's, so the partitioner may save it (issue 20). Other twins across the
+    sides stay apart: GELU's backward keeps its own `erf`."""
+    from test_remat import inductor_decomposed_eager
+    x, y = torch.randn(32, 64, requires_grad=True), torch.randn(32, 64, requires_grad=True)
+    w, b = torch.randn(64, requires_grad=True), torch.randn(64, requires_grad=True)
+    compiled = aotgrad.compile(lambda x, y, w, b: F.gelu(F.layer_norm(x + y, (64,), w, b)).sum(),
+                               backend=inductor_decomposed_eager())
+    compiled(x, y, w, b).backward()
+    joint = compiled.artifacts[0].joint_graph
+    centred = [n for n in joint.graph.nodes if n.target == aten.sub.Tensor
+               and any(a.target is operator.getitem for a in n.all_input_nodes)]
+    assert len(centred) == 1
+    assert count(joint, aten.erf.default) == 2

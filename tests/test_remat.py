@@ -796,6 +796,22 @@ def stream_of_equal_bytes(x, *weights):
     return h.sum()
 
 
+def _equal_bytes_stream(weights):
+    fresh = [w.detach().clone() for w in weights]  # grads_match accumulates into its inputs
+    compiled, _ = grads_match(stream_of_equal_bytes, [torch.randn(64, 32), *fresh],
+                              inductor_decomposed_eager())
+    return compiled.artifacts[0]
+
+
+def _spanning(art) -> list:
+    """The recomputed values the backward keeps alive across a matmul, in `art`'s partition."""
+    joint, names = art.joint_graph, {s.name for s in art.saved}
+    saved = [node for node in joint.graph.nodes if node.name in names]
+    j = joint_of(joint, art.info.num_graph_outputs)
+    return aotgrad.partition.remat.recomputed_across_kernels(joint, j.forward, saved,
+                                                             j.tangents, j.bw_roots)
+
+
 def test_a_stream_is_saved_where_it_costs_what_its_branch_outputs_do():
     """The first cut saves the branch outputs (the matmul writes them anyway) and rebuilds the
     stream from them in the backward, where each stream value is then alive across the
@@ -804,20 +820,26 @@ def test_a_stream_is_saved_where_it_costs_what_its_branch_outputs_do():
     no rebuilt value outlives a matmul (torch's partitioner saves the stream too)."""
     torch.manual_seed(0)
     weights = [torch.randn(32, 32) / 8 for _ in range(6)]
-    compiled, _ = grads_match(stream_of_equal_bytes, [torch.randn(64, 32), *weights],
-                              inductor_decomposed_eager())
-    art = compiled.artifacts[0]
-    n = art.info.num_graph_outputs
-    joint, names = art.joint_graph, {s.name for s in art.saved}
-    saved = [node for node in joint.graph.nodes if node.name in names]
-    j = joint_of(joint, n)
-    remat = aotgrad.partition.remat
-    assert not remat.recomputed_across_kernels(joint, j.forward, saved, j.tangents, j.bw_roots)
+    art = _equal_bytes_stream(weights)
+    assert not _spanning(art)
     # The first layer reads the input; the last stream value is rebuilt at the backward's
     # start from the last branch output, read by that layer's backward alone.
     computed = [s.op for s in art.saved if s.op != "placeholder" and s.shape == (64, 32)]
     assert computed.count("aten.add.Tensor") == len(weights) - 2
     assert computed.count("aten.mm.default") == 1
+
+
+def test_the_last_refinements_choices_are_cut_too(monkeypatch):
+    """Each refinement marks the recomputed values that span a matmul, for the next cut to
+    save. The last refinement's marks were once left uncut: ViT-S/16 (12 layers, 3
+    refinements) rebuilt 3 layers' stream from up to 10 saved pieces in its backward."""
+    torch.manual_seed(0)
+    weights = [torch.randn(32, 32) / 8 for _ in range(6)]
+    left = []
+    for refinements in (0, 1):
+        monkeypatch.setattr(aotgrad.partition.remat, "REFINEMENTS", refinements)
+        left.append(len(_spanning(_equal_bytes_stream(weights))))
+    assert left[0] > left[1]
 
 
 # ---- values a backward matmul reads ---------------------------------------------------------
