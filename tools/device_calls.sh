@@ -52,6 +52,12 @@ ln31)  # dump31's finding, mended: a layer norm's normalized value merges across
   # kernels, also with every spanning value saved (the residual stream's rebuilds)
   TAIL=30 step part 560 python bench/profile_gap.py --models vit_s16 --steps 5 --timeout 150 \
     --modes aotgrad_dynamo,aotgrad_dynamo_spans_saved,torch_compile --out $OUT/part ;;
+ln31b)  # ln31 plus the refinements' fix (the last round's marks cut, up to 8 rounds): ViT-S's
+  # kernels against torch.compile's, then its row of the model table (step time, cold compile)
+  TAIL=12 step part 250 python bench/profile_gap.py --models vit_s16 --steps 5 --timeout 120 \
+    --modes aotgrad_dynamo,torch_compile --out $OUT/part
+  TAIL=14 step models 330 python bench/models.py --models vit_s16 --modes inductor,aotgrad \
+    --jobs 1 --budget 60 --timeout 320 --out $OUT/models ;;
 phases29)  # fix29's Swin-T phases in the other order (torch's process first): 52.90 vs 55.68 s
   # with aotgrad first
   TAIL=40 step phases 250 python bench/compile_stages.py --model swin_t --modes inductor,aotgrad \
