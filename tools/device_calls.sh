@@ -133,6 +133,10 @@ verify26)  # the edge-case hunt merged (float constants by their bits, unflatten
   TAIL=8 step verify26 400 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider -p no:warnings \
     tests/test_api.py tests/test_guards.py tests/test_backends.py tests/test_dynamic.py \
     tests/test_semantics.py ;;
+# Session 28 ran `verify30`, `vit30`, `dump31`, `ln31`, `ln31b` and three calls by hand (ViT-S's
+# kernels dumped again into one tar file, cold compiles before and after, test_cse/test_remat):
+# bench/results/h200-2026-11-30-session28. Note: a call brings back only a few files from $OUT:
+# tar many into one.
 # Session 27 ran `verify28`, `fix29`, `part29`, `last29`, `phases29`:
 # bench/results/h200-2026-11-30-session27. Next: `verify30`, then `vit30`.
 # Session 26 had no device time (spent by the stop's earlier tries). Next: `verify28`, `part26`,
