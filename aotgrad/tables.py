@@ -207,6 +207,18 @@ def fuses_into_readers(target) -> bool:
     return recompute_class(target) == Recompute.CHEAP and target not in WRITTEN_OUT
 
 
+def broadcast_statistics(node) -> list:
+    """The inputs a pointwise op broadcasts over its result along some dimensions: per-row
+    statistics (a layer norm's `mean` and `rstd` in `(x - mean) * rstd`), per-channel ones (a
+    batch norm's). Same rank as the result, fewer elements; a bias of lower rank is not one."""
+    out = node.meta.get("val")
+    if not (isinstance(out, torch.Tensor) and recompute_class(node.target) == Recompute.CHEAP):
+        return []
+    return [i for i in node.all_input_nodes
+            if isinstance(v := i.meta.get("val"), torch.Tensor) and v.dim() == out.dim()
+            and v.numel() < out.numel()]
+
+
 def unsafe_to_recompute(target) -> bool:
     """A second run would not give the value the forward saw (random ops, ops with effects,
     calls aotgrad does not know): such values come from the forward, whatever a policy says."""

@@ -13,7 +13,7 @@ position clamp in its forward, GPU kernels and compile time for each). And
 only within one side of a joint graph: the backward part holds the second run of
 a checkpointed region, and merging it into the forward would undo the checkpoint. Nodes under
 different checkpoint policies stay apart too. One kind crosses, where no policy holds it: a
-normalized value (`_normalizes`), which the partitioner may then save rather than rebuild.
+normalized value, which the partitioner may then save rather than rebuild.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any, Hashable
 import torch
 from torch import fx
 
-from ..tables import ERROR_CHECKS, UNINITIALIZED, Recompute, recompute_class
+from ..tables import (ERROR_CHECKS, UNINITIALIZED, Recompute, broadcast_statistics,
+                      recompute_class)
 
 
 def eliminate_common_subexpressions(gm: fx.GraphModule, forward: set[fx.Node] | None = None
@@ -51,7 +52,10 @@ def _key(node: fx.Node, forward: set[fx.Node] | None, views_merge: bool) -> Hash
             or _reaches_output(node):
         return None  # merging would make two of eager's tensors one (aliases, outputs)
     policy = node.meta.get("recompute")
-    side = (forward is None or node in forward) if policy or not _normalizes(node) else None
+    # A normalized value (`broadcast_statistics`) crosses: the partitioner may then save it
+    # for a norm's backward formula, which computes it again (partition/remat.py).
+    normalized = not policy and broadcast_statistics(node)
+    side = None if normalized else (forward is None or node in forward)
     try:
         key = (node.target, _frozen(node.args), _frozen(node.kwargs), side, policy,
                node.meta.get("ac_graph_id"))
@@ -59,19 +63,6 @@ def _key(node: fx.Node, forward: set[fx.Node] | None, views_merge: bool) -> Hash
     except TypeError:  # an argument with no value identity (a tensor constant, a list of them)
         return None
     return key
-
-
-def _normalizes(node: fx.Node) -> bool:
-    """Does this op broadcast a smaller tensor over a larger one: a value centred or scaled
-    by per-row statistics (a layer norm's `(x - mean) * rstd`)? A norm's backward formula
-    computes that value again; merged with the forward's, it is one the partitioner may
-    save. Read saved, it spares the weight gradient's column reduction two broadcast loads
-    per element: on an H200 that kernel took 11.4 us against 23.2 (ViT-S/16, issue 20)."""
-    out = node.meta.get("val")
-    if not isinstance(out, torch.Tensor):
-        return False
-    return any(isinstance(v := a.meta.get("val"), torch.Tensor) and v.dim() == out.dim()
-               and v.numel() < out.numel() for a in node.all_input_nodes)
 
 
 def _is_pure(target) -> bool:
