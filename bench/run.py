@@ -238,24 +238,6 @@ def _aotgrad_no_exchanges(model, budget, sink):
                                                    sink))
 
 
-def _no_statistics_reload(joint, joint_inputs=None, **kwargs):
-    """The min cut without session 28's surcharge on recomputing a normalized value for a
-    reduction over its statistics' rows (`remat.STATISTICS_RELOAD`): the layer norms'
-    normalized values saved by bytes alone. Bench-only, as `_spans_saved`."""
-    from aotgrad.partition import remat
-    chosen = remat.STATISTICS_RELOAD
-    remat.STATISTICS_RELOAD = 0
-    try:
-        return remat.min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
-    finally:
-        remat.STATISTICS_RELOAD = chosen
-
-
-def _aotgrad_no_statistics_reload(model, budget, sink):
-    return torch.compile(model, backend=_recording(
-        aotgrad.backend(partitioner=_no_statistics_reload), sink))
-
-
 def _aotgrad_torch_partition(model, budget, sink):
     """aotgrad's pipeline and Inductor with torch's partitioner (functorch's min cut) in
     place of aotgrad's: beside `aotgrad_dynamo`, what the partition alone changes (issue 20:
@@ -287,7 +269,6 @@ MODES = {
     "aotgrad_dynamo_spans_saved": Mode(_aotgrad_spans_saved),
     "aotgrad_dynamo_no_exchanges": Mode(_aotgrad_no_exchanges),
     "aotgrad_torch_partition": Mode(_aotgrad_torch_partition),
-    "aotgrad_dynamo_no_stats_reload": Mode(_aotgrad_no_statistics_reload),
     "aotgrad_compile": Mode(_aotgrad_compile("inductor")),
     "aotgrad_compile_eager": Mode(_aotgrad_compile("eager")),
 }
@@ -296,7 +277,7 @@ DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]  # bench/models.py runs the
 DEFAULT_MODES = [m for m in MODES
                  if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro",
                               "aotgrad_dynamo_spans_saved", "aotgrad_dynamo_no_exchanges",
-                              "aotgrad_torch_partition", "aotgrad_dynamo_no_stats_reload")]
+                              "aotgrad_torch_partition")]
 
 # Defaults of --warmup, --steps, --timeout (per row), --time-limit (whole run), --jobs (rows
 # compiling at once on a GPU; the timed steps always run one row at a time).

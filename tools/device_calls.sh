@@ -58,9 +58,10 @@ ln31b)  # ln31 plus the refinements' fix (the last round's marks cut, up to 8 ro
     --modes aotgrad_dynamo,torch_compile --out $OUT/part
   TAIL=14 step models 330 python bench/models.py --models vit_s16 --modes inductor,aotgrad \
     --jobs 1 --budget 60 --timeout 320 --out $OUT/models ;;
-stats31)  # the surcharge on recomputing a normalized value for a reduction over its
-  # statistics' rows (remat.STATISTICS_RELOAD): on CPU GPT-2 then saves its layer norms'
-  # normalized values as torch does (14567 vs 14280 MiB saved, torch 14604). With and without
+stats31)  # ran at 12ee130, since removed (mode and rule in git history): a surcharge on
+  # recomputing a normalized value for a reduction over its statistics' rows; GPT-2 then saved
+  # its layer norms' normalized values as torch does. Backward 14.10 vs 14.18 ms, Triton
+  # kernels 6.60 vs 6.53 ms, peak 5948 vs 5932 MB: no gain worth 16 MB
   TAIL=12 step part 240 python bench/profile_gap.py --models gpt2 --steps 5 --timeout 115 \
     --modes aotgrad_dynamo,aotgrad_dynamo_no_stats_reload --out $OUT/part ;;
 phases29)  # fix29's Swin-T phases in the other order (torch's process first): 52.90 vs 55.68 s

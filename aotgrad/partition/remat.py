@@ -36,10 +36,9 @@ from .realize import saved_to_keep_inlined
 from .schedule import as_early_as_possible, backward_schedule, is_view
 from .split import ancestors, is_narrowing_cast, joint_of, split_joint
 from ..tables import (BUDGETED_KERNELS, CHEAP_REDUCTIONS, SCALINGS, KERNEL_FLOPS_PER_BYTE,
-                     KERNEL_LAUNCH_BYTES, TF32_FLOPS_PER_BYTE, Recompute, broadcast_statistics,
-                     recompute_class, unsafe_to_recompute)
+                     KERNEL_LAUNCH_BYTES, TF32_FLOPS_PER_BYTE, Recompute, recompute_class,
+                     unsafe_to_recompute)
 
-aten, prims = torch.ops.aten, torch.ops.prims
 SOURCE, SINK = "source", "sink"
 
 
@@ -214,46 +213,6 @@ def _broadcast_by_fusible_user(node: fx.Node) -> bool:
                                       and user.target not in CHEAP_REDUCTIONS):
             stack.extend(user.users)
     return False
-
-
-def _summed_over_its_statistics(node: fx.Node, forward: set[fx.Node]) -> bool:
-    """Is this a normalized value (`tables.broadcast_statistics`) that a backward reduction
-    sums along the dimensions its statistics vary in, through same-shaped pointwise ops? A
-    layer norm's `(x - mean) * rstd` for its weight's gradient: recomputed there, every
-    element of that reduction loads the two per-row statistics again. On an H200 the kernel
-    took 23.2 us against 11.4 reading the saved value (ViT-S/16, issue 20); a batch norm's
-    per-channel statistics are constant along its reduction, and are not counted."""
-    stats = broadcast_statistics(node)
-    if not stats or _bytes(node) > _bytes(_normalized_from(node)):
-        return False  # wider than what it normalizes (float32 of bfloat16): not worth it
-    shape = node.meta["val"].shape
-    varying = {d for s in stats for d, n in enumerate(s.meta["val"].shape)
-               if n == shape[d] and n != 1}
-    stack, seen = [u for u in node.users if u not in forward], set()
-    while stack and len(seen) < BROADCAST_SEARCH:
-        user = stack.pop()
-        if user in seen or user.op != "call_function":
-            continue
-        seen.add(user)
-        if user.target is aten.sum.dim_IntList:
-            dims = {d % len(shape) for d in user.args[1] or range(len(shape))}
-            if varying <= dims:
-                return True
-        elif (recompute_class(user.target) == Recompute.CHEAP
-              and getattr(user.meta.get("val"), "shape", None) == shape):
-            stack.extend(user.users)
-    return False
-
-
-def _normalized_from(node: fx.Node) -> fx.Node:
-    """The value a chain of normalizing ops and casts starts from: `x` of `(x - mean) *
-    rstd`, the bfloat16 logits of a float32 log-softmax."""
-    while True:
-        stats = broadcast_statistics(node)
-        rest = [i for i in node.all_input_nodes if i not in stats]
-        if len(rest) != 1 or not (stats or node.target is prims.convert_element_type.default):
-            return node
-        node = rest[0]
 
 
 def _a_scaling(node: fx.Node) -> bool:
@@ -564,10 +523,6 @@ def _network(joint, forward, rules, grads, unwritten) -> tuple[FlowNetwork, int]
         net.add_edge((node, "in"), (node, "out"), _save_cost(node, rule, infinity, unwritten))
         if rule in (Rule.INPUT, Rule.OVERWRITTEN, Rule.SAVE, Rule.COSTLY, Rule.MATERIALIZED):
             net.add_edge(SOURCE, (node, "in"), infinity)
-        elif STATISTICS_RELOAD and rule == Rule.CHOOSE and _summed_over_its_statistics(node,
-                                                                                   forward):
-            # Recomputed, it costs the cut this much more (the edge is cut where `node` is)
-            net.add_edge(SOURCE, (node, "in"), int(STATISTICS_RELOAD * _bytes(node)))
         for user in node.users:
             if user in forward:
                 net.add_edge((node, "out"), (user, "in"), infinity)
@@ -576,14 +531,6 @@ def _network(joint, forward, rules, grads, unwritten) -> tuple[FlowNetwork, int]
         if node in grads:
             net.add_edge((node, "out"), SINK, infinity)
     return net, infinity
-
-
-# What recomputing a normalized value for a reduction over its statistics' rows costs
-# (`_summed_over_its_statistics`), in the cut's units (saving costs twice the bytes): enough to
-# save it rather than the input it is rebuilt from, or that input's pieces (a residual stream
-# rebuilt from bfloat16 branch outputs: GPT-2), not to save it beside that input where the
-# backward reads the input anyway (Swin-T, ConvNeXt-T).
-STATISTICS_RELOAD = 1.5
 
 
 TIE_BREAK = {Rule.CHOOSE: 0, Rule.MATERIALIZED: 0, Rule.COSTLY: 1, Rule.SAVE: 1, Rule.FREE: 2}
