@@ -212,8 +212,9 @@ def broadcast_statistics(node) -> list:
     statistics (a layer norm's `mean` and `rstd` in `(x - mean) * rstd`), per-channel ones (a
     batch norm's). Same rank as the result, fewer elements; a bias of lower rank is not one."""
     out = node.meta.get("val")
-    if not (isinstance(out, torch.Tensor) and recompute_class(node.target) == Recompute.CHEAP):
-        return []
+    if not (isinstance(out, torch.Tensor) and isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.pointwise in node.target.tags):
+        return []  # (a `cat` of same-rank pieces broadcasts nothing)
     return [i for i in node.all_input_nodes
             if isinstance(v := i.meta.get("val"), torch.Tensor) and v.dim() == out.dim()
             and v.numel() < out.numel()]
