@@ -40,6 +40,13 @@ vit30)  # next session: ViT-S's backward kernels took 1.05x torch's (part29; Swi
   TAIL=30 step part 540 python bench/profile_gap.py --models vit_s16 --steps 5 --timeout 130 \
     --modes aotgrad_dynamo,aotgrad_dynamo_no_exchanges,aotgrad_torch_partition,torch_compile \
     --out $OUT/part ;;
+models32a|models32b|models32c)  # next session: the model table's geomean again, inductor and
+  # aotgrad only (ViT-S's row took 113 s in ln31b), three models a call; then
+  # `python bench/models.py --report` over the three folders' JSON copied into one
+  case $1 in models32a) M=gpt2,llama,bert ;; models32b) M=resnet50,efficientnet_b0,vit_s16 ;;
+    models32c) M=swin_t,convnext_t,deberta_v2 ;; esac
+  TAIL=14 step models 575 python bench/models.py --models $M --modes inductor,aotgrad --jobs 1 \
+    --budget 420 --timeout 180 --out $OUT/models ;;
 dump31)  # vit30: our partition's ViT-S backward 5.89 ms, torch's partition in our pipeline
   # 5.57 ms; per layer norm, the weight-gradient kernel took 23.2 us against 11.4. Its Triton
   # source, and the graphs, for ours, torch's, and ours with every spanning value saved
