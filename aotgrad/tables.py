@@ -275,6 +275,11 @@ OUT_DTYPE_REDUCTIONS = frozenset({
     aten.sum.IntList_out, aten.sum.out, aten.nansum.out, aten.prod.int_out, aten.prod.out,
     aten.mean.out, aten.mean.dtype_out,
 })
+# Reductions into `out=` that cast their input to the out tensor's dtype and compute in it,
+# with no `dtype` to pass: std and var of bfloat16 into float16 (3.0859 where computing in
+# bfloat16 and casting gives 3.0938). The trace casts the input first.
+OUT_DTYPE_INPUTS = frozenset({aten.std.out, aten.std.correction_out, aten.var.out,
+                              aten.var.correction_out})
 # Reductions into `out=` that compute partly in the out tensor's dtype, with no `dtype` to pass
 # (logsumexp sums its exponentials in it): refused where that dtype differs from the input's.
 OUT_DTYPE_PARTLY = frozenset({aten.logsumexp.out})

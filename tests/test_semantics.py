@@ -768,15 +768,25 @@ def test_logsumexp_into_out_of_another_dtype_is_refused_by_name():
     torch.testing.assert_close(aotgrad.compile(fn, backend="eager")(x, o), fn(x, o.clone()))
 
 
-@pytest.mark.xfail(strict=True, reason="std/var of a bfloat16 input into a float16 out=: "
-                   "eager's kernel computes in float16 where the functionalized op computes in "
-                   "bfloat16 and casts (a 0.008 difference); not yet reproduced or refused")
-def test_std_into_out_of_another_low_precision_dtype():
-    x = (torch.manual_seed(0) and torch.randn(1000) * 3).bfloat16()
-    fn = lambda x, o: torch.std(x, 0, out=o)  # noqa: E731
-    expected = fn(x, torch.zeros((), dtype=torch.half))
-    assert torch.equal(aotgrad.compile(fn, backend="eager")(x, torch.zeros((), dtype=torch.half)),
-                       expected)
+@pytest.mark.parametrize("reduce", [torch.std, torch.var], ids=["std", "var"])
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.half), (torch.float, torch.half),
+                                    (torch.half, torch.float), (torch.bfloat16, torch.double)],
+                         ids=["bf16-f16", "f32-f16", "f16-f32", "bf16-f64"])
+def test_std_and_var_into_out_of_another_dtype_compute_in_it_as_eager(reduce, dtypes):
+    """Eager's std and var cast their input to the out tensor's dtype and compute in it
+    (bfloat16 into float16: 3.0859, where computing in bfloat16 and casting gives 3.0938);
+    where eager's kernel refuses the pair, so does the compiled call."""
+    x = (torch.manual_seed(0) and torch.randn(1000, 3) * 3).to(dtypes[0])
+    fn = lambda x, o: reduce(x, 0, out=o)  # noqa: E731
+    compiled = aotgrad.compile(fn, backend="eager")
+    try:
+        expected = fn(x, torch.zeros(3, dtype=dtypes[1]))
+    except RuntimeError as error:
+        with pytest.raises(RuntimeError, match=re.escape(str(error))):
+            compiled(x, torch.zeros(3, dtype=dtypes[1]))
+        return
+    out = compiled(x, torch.zeros(3, dtype=dtypes[1]))
+    assert out.dtype == expected.dtype and torch.equal(out, expected)
 
 
 def test_a_parameter_subclass_that_overrides_nothing_compiles_as_a_parameter():

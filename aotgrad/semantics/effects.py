@@ -38,8 +38,8 @@ from . import regions
 from .hops import functionalize_hop
 from .inference import decompose_tracking_views, normal_views
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
-from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, OUT_DTYPE_PARTLY,
-                      OUT_DTYPE_REDUCTIONS, STORAGE_RESIZES, UNMARKED_MUTATIONS,
+from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, OUT_DTYPE_INPUTS,
+                      OUT_DTYPE_PARTLY, OUT_DTYPE_REDUCTIONS, STORAGE_RESIZES, UNMARKED_MUTATIONS,
                       differentiated_by_its_kernel, has_effect, writes_a_tensor_list,
                       writes_behind_the_counter, written_arguments)
 from ..schema import PHASE, is_tangent
@@ -134,7 +134,7 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         if resizes is not None:
             with self:  # traced as resizes of the inputs, which the runtime replays
                 resizes(*args, **(kwargs or {}))
-        kwargs = _out_dtype_as_eager(func, args, kwargs)
+        args, kwargs = self._out_dtype_as_eager(func, args, kwargs)
         if _out_names(func):
             self._resize_outs_as_eager(func, args, kwargs)
         declared = UNMARKED_MUTATIONS.get(func)
@@ -163,6 +163,24 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         result = func(*args, **kwargs)  # below functionalization: traced (or run) as is
         _tag_traced_check(func, self.phase)
         return result
+
+    def _out_dtype_as_eager(self, func, args, kwargs):
+        """A reduction into `out=` computing in the out tensor's dtype, as eager's kernel does
+        (`tables.OUT_DTYPE_REDUCTIONS`, `OUT_DTYPE_INPUTS`), or refused where it cannot
+        (`OUT_DTYPE_PARTLY`)."""
+        if func in OUT_DTYPE_REDUCTIONS and kwargs.get("dtype") is None:
+            return args, {**kwargs, "dtype": kwargs["out"].dtype}
+        if func in OUT_DTYPE_INPUTS and _both_real(args[0].dtype, kwargs["out"].dtype) \
+                and args[0].dtype != kwargs["out"].dtype:
+            with self:  # traced, as the kernel's own cast
+                return (args[0].to(kwargs["out"].dtype), *args[1:]), kwargs
+        if func in OUT_DTYPE_PARTLY and kwargs["out"].dtype != _floating(args[0].dtype):
+            raise NotImplementedError(
+                f"aotgrad: {func.name()} into an out= tensor of dtype {kwargs['out'].dtype} "
+                f"from a {args[0].dtype} input: eager's kernel computes partly in the out "
+                "tensor's dtype, which the trace does not reproduce. Convert the input first "
+                "(torch.logsumexp(x.to(out.dtype), dim, out=out)) or drop out=.")
+        return args, kwargs
 
     def _resize_outs_as_eager(self, func, args, kwargs) -> None:
         """Eager's out= kernels resize an out tensor of another shape (with a deprecation
@@ -204,25 +222,15 @@ def _refuse_writes_that_require_grad(func, written) -> None:
             "grad (under torch.no_grad(), or a detached one).")
 
 
-def _out_dtype_as_eager(func, args, kwargs):
-    """A reduction into `out=` computing in the out tensor's dtype, as eager's kernel does
-    (`tables.OUT_DTYPE_REDUCTIONS`), or refused where it cannot (`OUT_DTYPE_PARTLY`)."""
-    if func in OUT_DTYPE_REDUCTIONS and kwargs.get("dtype") is None:
-        return {**kwargs, "dtype": kwargs["out"].dtype}
-    if func in OUT_DTYPE_PARTLY and kwargs["out"].dtype != _floating(args[0].dtype):
-        raise NotImplementedError(
-            f"aotgrad: {func.name()} into an out= tensor of dtype {kwargs['out'].dtype} from "
-            f"a {args[0].dtype} input: eager's kernel computes partly in the out tensor's "
-            "dtype, which the trace does not reproduce. Convert the input first "
-            "(torch.logsumexp(x.to(out.dtype), dim, out=out)) or drop out=.")
-    return kwargs
-
-
 @functools.cache
 def _out_names(func) -> tuple[str, ...]:
     """The out= arguments of an ATen op (none for a higher-order op)."""
     schema = getattr(func, "_schema", None)
     return tuple(a.name for a in schema.arguments if a.is_out) if schema is not None else ()
+
+
+def _both_real(*dtypes: torch.dtype) -> bool:
+    return all(d.is_floating_point for d in dtypes)
 
 
 def _floating(dtype: torch.dtype) -> torch.dtype:
