@@ -6,6 +6,7 @@ import copy
 import functools
 import inspect
 import re
+import warnings
 
 import pytest
 import torch
@@ -731,6 +732,23 @@ def test_an_out_tensor_of_another_shape_is_resized_as_eager_resizes_it(door):
     torch.testing.assert_close(door(_into_input_out)(x, ours), _into_input_out(x, theirs))
     assert (ours.shape, ours.stride()) == (theirs.shape, theirs.stride())
     torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat], ids=["compile", "compat"])
+def test_an_out_tensor_resized_warns_as_eager_warns(door):
+    """Eager deprecates resizing an out= tensor that has elements, with a UserWarning; the
+    compiled call gave none. (An empty out tensor is resized silently, by both.)"""
+    def messages(fn, *args):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(*args)
+        return {str(w.message).split(" (Triggered internally")[0] for w in caught
+                if issubclass(w.category, UserWarning)}
+    a = torch.randn(4, 3)
+    expected = messages(_into_input_out, a, torch.zeros(5))
+    assert len(expected) == 1
+    assert messages(door(_into_input_out), a, torch.zeros(5)) == expected
+    assert not messages(door(_into_input_out), a, torch.zeros(0))
 
 
 _REDUCTIONS_INTO_OUT = {  # each computes in the out tensor's dtype in eager

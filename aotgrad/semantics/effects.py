@@ -25,6 +25,7 @@ and rooted like an error check, so that it runs once, in order, in the half eage
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -197,6 +198,8 @@ class CheckingFunctionalMode(FunctionalTensorMode):
             func(*inner_args, **{**inner_kwargs, **fresh})
         for n in names:
             if fresh[n].shape != kwargs[n].shape:
+                if kwargs[n].numel():
+                    warnings.warn(_resized_output(kwargs[n].shape, fresh[n].shape))
                 with self:
                     kwargs[n].resize_(fresh[n].shape)
 
@@ -208,6 +211,19 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         with self:
             aten._assert_async.msg(condition, CONDITION_FAILED)
         return True
+
+
+def _resized_output(old, new) -> str:
+    """Eager's deprecation warning for an out= tensor with elements that a kernel resizes
+    (ATen's, less the C++ source line it names). The trace warns once, as Python's default
+    filter shows eager's once per line."""
+    def sizes(shape):
+        return f"[{', '.join(map(str, shape))}]"
+    return (f"An output with one or more elements was resized since it had shape {sizes(old)}, "
+            f"which does not match the required output shape {sizes(new)}. This behavior is "
+            "deprecated, and in a future PyTorch release outputs will not be resized unless "
+            "they have zero elements. You can explicitly reuse an out tensor t by resizing it, "
+            "inplace, to zero elements with t.resize_(0).")
 
 
 def _refuse_writes_that_require_grad(func, written) -> None:
