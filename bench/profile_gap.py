@@ -15,6 +15,7 @@ import argparse
 import collections
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -174,7 +175,7 @@ def main() -> None:
     parser.add_argument("--out", default="profile_gap")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per row")
     parser.add_argument("--dump", metavar="MARK", help="write the graphs Inductor compiles, and "
-                        "the Triton kernels whose names hold MARK, to OUT/MODEL_MODE/")
+                        "the Triton kernels whose names hold MARK, to OUT/MODEL_MODE.tar.gz")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"))
     args = parser.parse_args()
     if args.worker:
@@ -200,6 +201,10 @@ def main() -> None:
                 print(f"{model}/{mode} failed:\n{done.stderr[-3000:]}")
                 continue
             results[f"{model}/{mode}"] = json.loads(done.stdout.strip().splitlines()[-1])
+            if args.dump:  # one file: a device call brings back only a few of $OUT's
+                folder = out / f"{model}_{mode}"
+                shutil.make_archive(str(folder), "gztar", folder)
+                shutil.rmtree(folder)
             (out / "profile.json").write_text(json.dumps(results, indent=1))  # a cut run keeps it
             print(f"{model}/{mode}: done", flush=True)
     print_table(results)
