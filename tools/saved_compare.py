@@ -268,8 +268,17 @@ def report_ops(found: dict, top: int) -> None:
     spanning, saved = found.get("spanning", ([], []))
     left = [n for n in spanning if n not in saved]
     print(f"\n== recomputed values a backward kernel keeps alive: {len(spanning)}, saved "
-          f"{len(saved)} (the rest would raise the modeled peak): "
-          + ", ".join(n.name for n in left[:top]))
+          f"{len(saved)} (the rest would raise the modeled peak)")
+    for node in left[:top]:  # many saved values: a chain, such as a residual stream's
+        print(f"  {node.name:24} {mib(tensor_bytes(node.meta.get('val')))}, recomputed from "
+              f"{len(_rebuilt_from(node, set(found['aotgrad'])))} saved values (through the "
+              "values recomputed before it)")
+
+
+def _rebuilt_from(node: fx.Node, saved: set) -> set:
+    """The saved values the backward reads to recompute `node` and what it is made from."""
+    from aotgrad.partition.split import ancestors
+    return {i for a in ancestors([node], stop=saved) for i in a.all_input_nodes if i in saved}
 
 
 def _ops(gm: fx.GraphModule) -> collections.Counter:
