@@ -47,6 +47,12 @@ models32a|models32b|models32c)  # next session: the model table's geomean again,
     models32c) M=swin_t,convnext_t,deberta_v2 ;; esac
   TAIL=14 step models 575 python bench/models.py --models $M --modes inductor,aotgrad --jobs 1 \
     --budget 420 --timeout 180 --out $OUT/models ;;
+spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
+  # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
+  # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
+  # (Their backward was 1.018x and 1.019x torch's partition's, session 22.)
+  TAIL=20 step part 570 python bench/profile_gap.py --models gpt2,bert --steps 5 --timeout 140 \
+    --modes aotgrad_dynamo,aotgrad_dynamo_spans_saved --out $OUT/part ;;
 dump31)  # vit30: our partition's ViT-S backward 5.89 ms, torch's partition in our pipeline
   # 5.57 ms; per layer norm, the weight-gradient kernel took 23.2 us against 11.4. Its Triton
   # source, and the graphs, for ours, torch's, and ours with every spanning value saved
