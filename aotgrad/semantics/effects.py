@@ -171,8 +171,8 @@ class CheckingFunctionalMode(FunctionalTensorMode):
         (`OUT_DTYPE_PARTLY`)."""
         if func in OUT_DTYPE_REDUCTIONS and kwargs.get("dtype") is None:
             return args, {**kwargs, "dtype": kwargs["out"].dtype}
-        if func in OUT_DTYPE_INPUTS and _both_real(args[0].dtype, kwargs["out"].dtype) \
-                and args[0].dtype != kwargs["out"].dtype:
+        if func in OUT_DTYPE_INPUTS and args[0].dtype != kwargs["out"].dtype \
+                and args[0].dtype.is_floating_point and kwargs["out"].dtype.is_floating_point:
             with self:  # traced, as the kernel's own cast
                 return (args[0].to(kwargs["out"].dtype), *args[1:]), kwargs
         if func in OUT_DTYPE_PARTLY and kwargs["out"].dtype != _floating(args[0].dtype):
@@ -243,10 +243,6 @@ def _out_names(func) -> tuple[str, ...]:
     """The out= arguments of an ATen op (none for a higher-order op)."""
     schema = getattr(func, "_schema", None)
     return tuple(a.name for a in schema.arguments if a.is_out) if schema is not None else ()
-
-
-def _both_real(*dtypes: torch.dtype) -> bool:
-    return all(d.is_floating_point for d in dtypes)
 
 
 def _floating(dtype: torch.dtype) -> torch.dtype:
