@@ -205,6 +205,43 @@ def test_a_custom_backward_runs_outside_the_callers_autocast(backend):
         assert actual.dtype == expected.dtype
         torch.testing.assert_close(actual, expected, atol=3e-2, rtol=3e-2)
 
+
+class _MathAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 16, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return o.float().square().sum()
+
+
+@pytest.mark.parametrize("door", [aotgrad.compile, lambda m: torch.compile(m, backend="aotgrad")],
+                         ids=["compile", "dynamo"])
+def test_the_math_attentions_float32_backward_runs_in_float32_as_eager(door):
+    """SDPA's math path upcasts bfloat16 inputs and multiplies in float32 inside autocast;
+    eager's backward, outside autocast, multiplies in float32 too. A backward traced under
+    the forward's autocast multiplies in bfloat16: torch's AOTAutograd does (its BERT runs
+    faster and saves bfloat16 copies, issue 20's session 29), and its gradients differ from
+    eager's by up to 3e-2 here. Bitwise eager's."""
+    torch.manual_seed(0)
+    model = _MathAttention()
+
+    def grads(fn):
+        x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1),
+                        requires_grad=True)
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = fn(x)
+        model.zero_grad()
+        loss.backward()
+        return x.grad, model.qkv.weight.grad.clone()
+
+    torch._dynamo.reset()
+    for compiled, eager in zip(grads(door(model)), grads(model)):
+        assert torch.equal(compiled, eager)
+
 def _counted_under_no_grad(x, w, counter):
     y = x * w
     with torch.no_grad():  # through Dynamo: plain calls switching grad off, then on

@@ -1,0 +1,74 @@
+"""Which attention kernel SDPA takes for a bench model, in eager and in a trace's fake tensors.
+
+    python tools/gpu_sdpa_choice.py bert
+
+Runs one bf16-autocast training step of `bench/run.py`'s model in eager, recording the first
+`scaled_dot_product_attention` call's arguments, and prints `torch._fused_sdp_choice` (the
+backend index: 0 math, 1 flash, 2 efficient, 3 cudnn, ...) for them as real tensors and as
+fake tensors (what a trace sees), plus the attention kernels the eager step ran. Issue 20:
+BERT's compiled graphs (both doors) hold the math path in float32, where eager's peak memory
+suggests a fused kernel.
+"""
+
+import os
+import pathlib
+import sys
+
+sys.modules.setdefault("torchvision", None)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import run as bench_run  # noqa: E402
+
+
+def main():
+    spec = bench_run.MODELS[sys.argv[1]]
+    torch.manual_seed(0)
+    model, batch = spec.build(False)
+    model = model.cuda().train()
+    batch = tuple(b.cuda() for b in batch)
+    calls = []
+    original = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        if not calls:
+            calls.append((args, kwargs))
+        return original(*args, **kwargs)
+    F.scaled_dot_product_attention = recording
+    torch.nn.functional.scaled_dot_product_attention = recording
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = model(*batch)
+        loss.backward()
+        torch.cuda.synchronize()
+    F.scaled_dot_product_attention = original
+    args, kwargs = calls[0]
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            print(f"arg{i}: {a.dtype} {list(a.shape)} stride {a.stride()} "
+                  f"requires_grad {a.requires_grad}")
+    print("kwargs:", {k: (v if not isinstance(v, torch.Tensor) else
+                          f"{v.dtype} {list(v.shape)} stride {v.stride()}")
+                      for k, v in kwargs.items()})
+    print("autocast on at the call: recorded outside, real choice:",
+          torch._fused_sdp_choice(*args, **kwargs))
+    with torch.autocast("cuda", torch.bfloat16):
+        print("real choice under autocast:", torch._fused_sdp_choice(*args, **kwargs))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                       for k, v in kwargs.items()}
+        print("fake choice:", torch._fused_sdp_choice(*fake_args, **fake_kwargs))
+    names = {}
+    for e in prof.key_averages():
+        if any(m in e.key.lower() for m in ("fmha", "flash", "attention", "efficient", "cutlass")):
+            names[e.key[:110]] = e.count
+    print("attention kernels:", names or "none (math path)")
+    print("eager peak MB:", torch.cuda.max_memory_allocated() / 2**20)
+
+
+if __name__ == "__main__":
+    main()
