@@ -47,6 +47,15 @@ models32a|models32b|models32c)  # next session: the model table's geomean again,
     models32c) M=swin_t,convnext_t,deberta_v2 ;; esac
   TAIL=14 step models 575 python bench/models.py --models $M --modes inductor,aotgrad --jobs 1 \
     --budget 420 --timeout 180 --out $OUT/models ;;
+models33a|models33b)  # next session: EfficientNet-B0's and Swin-T's steps, untimed in session 29
+  # (their calls' budgets ran out: cold compiles 60-73 s a mode), one model a call
+  case $1 in models33a) M=efficientnet_b0 ;; models33b) M=swin_t ;; esac
+  TAIL=14 step models 575 python bench/models.py --models $M --modes inductor,aotgrad --jobs 1 \
+    --budget 60 --timeout 560 --out $OUT/models ;;
+sdpa33)  # next session: BERT's traces take SDPA's float32 math path (both doors), eager takes
+  # cuDNN attention; fake tensors of eager's own arguments chose the math path
+  # (session 29, bert/sdpa_choice.log). Is it the fake choice or transformers' compile-time mask?
+  TAIL=20 step sdpa 120 python tools/gpu_sdpa_choice.py bert ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?

@@ -10,7 +10,6 @@ BERT's compiled graphs (both doors) hold the math path in float32, where eager's
 suggests a fused kernel.
 """
 
-import os
 import pathlib
 import sys
 
@@ -22,6 +21,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import run as bench_run  # noqa: E402
+
+
+def fake_choice(args, kwargs) -> int:
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                       for k, v in kwargs.items()}
+        return torch._fused_sdp_choice(*fake, **fake_kwargs)
 
 
 def main():
@@ -53,15 +60,15 @@ def main():
     print("kwargs:", {k: (v if not isinstance(v, torch.Tensor) else
                           f"{v.dtype} {list(v.shape)} stride {v.stride()}")
                       for k, v in kwargs.items()})
-    print("autocast on at the call: recorded outside, real choice:",
-          torch._fused_sdp_choice(*args, **kwargs))
-    with torch.autocast("cuda", torch.bfloat16):
-        print("real choice under autocast:", torch._fused_sdp_choice(*args, **kwargs))
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
-                       for k, v in kwargs.items()}
-        print("fake choice:", torch._fused_sdp_choice(*fake_args, **fake_kwargs))
+    print("real choice:", torch._fused_sdp_choice(*args, **kwargs))
+    print("fake choice:", fake_choice(args, kwargs))
+    # Under Dynamo, transformers passes an explicit mask (zeros where attended), broadcast
+    # over the heads: what does each choose with it?
+    q = args[0]
+    mask = torch.zeros(q.shape[0], 1, q.shape[2], q.shape[2], dtype=q.dtype, device=q.device)
+    masked = {**kwargs, "attn_mask": mask}
+    print("with a mask, real choice:", torch._fused_sdp_choice(*args, **masked),
+          "fake choice:", fake_choice(args, masked))
     names = {}
     for e in prof.key_averages():
         if any(m in e.key.lower() for m in ("fmha", "flash", "attention", "efficient", "cutlass")):
