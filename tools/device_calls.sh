@@ -53,8 +53,8 @@ models33a|models33b)  # next session: EfficientNet-B0's and Swin-T's steps, unti
   TAIL=14 step models 575 python bench/models.py --models $M --modes inductor,aotgrad --jobs 1 \
     --budget 60 --timeout 560 --out $OUT/models ;;
 sdpa33)  # next session: BERT's traces take SDPA's float32 math path (both doors), eager takes
-  # cuDNN attention; fake tensors of eager's own arguments chose the math path
-  # (session 29, bert/sdpa_choice.log). Is it the fake choice or transformers' compile-time mask?
+  # cuDNN attention (session 29, bert/sdpa_choice.log). Does a fake trace of eager's own call
+  # take cuDNN, and does transformers' compile-time mask send both to the math path?
   TAIL=20 step sdpa 120 python tools/gpu_sdpa_choice.py bert ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and

@@ -4,8 +4,9 @@
 
 Runs one bf16-autocast training step of `bench/run.py`'s model in eager, recording the first
 `scaled_dot_product_attention` call's arguments, and prints `torch._fused_sdp_choice` (the
-backend index: 0 math, 1 flash, 2 efficient, 3 cudnn, ...) for them as real tensors and as
-fake tensors (what a trace sees), plus the attention kernels the eager step ran. Issue 20:
+backend index: 0 math, 1 flash, 2 efficient, 3 cudnn, ...) for them, the attention ops a
+fake-tensor trace of the same call holds, the same two with an explicit mask (as transformers
+builds under Dynamo), and the attention kernels the eager step ran. Issue 20:
 BERT's compiled graphs (both doors) hold the math path in float32, where eager's peak memory
 suggests a fused kernel.
 """
@@ -16,19 +17,26 @@ import sys
 sys.modules.setdefault("torchvision", None)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import run as bench_run  # noqa: E402
 
 
-def fake_choice(args, kwargs) -> int:
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
-                       for k, v in kwargs.items()}
-        return torch._fused_sdp_choice(*fake, **fake_kwargs)
+def traced_choice(args, kwargs) -> list[str]:
+    """The attention ops a fake-tensor trace of the call holds. (Asking the
+    `_fused_sdp_choice` op itself under FakeTensorMode answers from its meta kernel, which
+    says math for any fake tensor; SDPA's own decomposition asks the CUDA selection.)"""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    mask = kwargs.get("attn_mask")
+    rest = {k: v for k, v in kwargs.items() if k != "attn_mask"}
+
+    def attend(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **rest)
+    graph = make_fx(attend, tracing_mode="fake")(*tensors, mask)
+    return sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"
+                   and any(w in str(n.target) for w in ("attention", "bmm"))})
 
 
 def main():
@@ -61,14 +69,14 @@ def main():
                           f"{v.dtype} {list(v.shape)} stride {v.stride()}")
                       for k, v in kwargs.items()})
     print("real choice:", torch._fused_sdp_choice(*args, **kwargs))
-    print("fake choice:", fake_choice(args, kwargs))
+    print("a fake trace holds:", traced_choice(args, kwargs))
     # Under Dynamo, transformers passes an explicit mask (zeros where attended), broadcast
     # over the heads: what does each choose with it?
     q = args[0]
     mask = torch.zeros(q.shape[0], 1, q.shape[2], q.shape[2], dtype=q.dtype, device=q.device)
     masked = {**kwargs, "attn_mask": mask}
     print("with a mask, real choice:", torch._fused_sdp_choice(*args, **masked),
-          "fake choice:", fake_choice(args, masked))
+          "a fake trace holds:", traced_choice(args, masked))
     names = {}
     for e in prof.key_averages():
         if any(m in e.key.lower() for m in ("fmha", "flash", "attention", "efficient", "cutlass")):
