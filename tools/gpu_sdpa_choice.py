@@ -24,9 +24,10 @@ import run as bench_run  # noqa: E402
 
 
 def traced_choice(args, kwargs) -> list[str]:
-    """The attention ops a fake-tensor trace of the call holds. (Asking the
-    `_fused_sdp_choice` op itself under FakeTensorMode answers from its meta kernel, which
-    says math for any fake tensor; SDPA's own decomposition asks the CUDA selection.)"""
+    """The attention ops a fake-tensor trace of the call holds. (Asked under FakeTensorMode,
+    the `_fused_sdp_choice` op said math in session 29: it reaches its meta kernel, which by
+    torch's source asks the CUDA selection only for a tensor whose key set holds CUDA. SDPA's
+    own decomposition calls the selection for the tensor's device.)"""
     from torch.fx.experimental.proxy_tensor import make_fx
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     mask = kwargs.get("attn_mask")
