@@ -11,6 +11,13 @@ activations' bytes (a buffer once, however many views of it are saved), by dtype
 op that made the buffer; then the buffers one side saves and the other does not, largest
 first. The GPU's peak is mostly these bytes plus the backward's working set.
 
+The joint is aotgrad's, whose backward is traced with autocast off, as eager's runs.
+torch.compile traces its backward under the forward's autocast. Where the forward computes
+in float32 inside autocast, torch.compile's backward computes in bf16 and saves bf16 copies,
+which torch's side here does not show. BERT's SDPA math path is one such place (session 29:
+torch.compile saved 6369 MiB on the GPU, ours 8737; `tools/gpu_graph_ops.py` records what
+each door really hands Inductor).
+
 CPU autocast is a stand-in for CUDA's: both cast matmuls and convolutions to bf16, but only
 CUDA's runs layer norm, softmax, sums and losses in float32. `CudaLikeAutocast` adds that
 (it casts those ops' bf16 inputs to float32 while autocast is on), so that the dtypes of the
