@@ -168,6 +168,23 @@ def test_an_outer_autocast_region_reuses_the_cast_made_by_an_inner_one_of_anothe
     torch.testing.assert_close(door(f)(x, w), f(x, w), atol=0, rtol=0)
 
 
+@DOORS
+def test_an_inner_region_of_another_dtype_reusing_an_outer_cast_is_refused(door):
+    """The inner float16 region reuses the bfloat16 cast the outer one cached for `x` and `w`:
+    eager's output is bfloat16. The trace keeps the cache as eager, the analysis does not (its
+    entries would reach the trace): the dtypes differ, and the compile says so."""
+    def f(x, w):
+        with torch.autocast("cpu", torch.bfloat16):
+            a = x @ w
+            with torch.autocast("cpu", torch.float16):
+                b = x @ w
+        return a, b
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    assert f(x, w)[1].dtype == torch.bfloat16
+    with pytest.raises(Exception, match="aotgrad: output 1 .* nested autocast regions"):
+        door(f)(x, w)
+
+
 class _LayerTwice(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -1588,7 +1605,8 @@ def test_a_decomposition_that_changes_an_outputs_shape_is_refused(torch_211_lstm
     x = torch.randn(5, 3, 4, requires_grad=True)
     with torch.no_grad(), pytest.raises(NotImplementedError, match=r"aotgrad: output 1 of the "
                                         r"traced graph is torch.float32 \[2, (1, )+3, 8\] where "
-                                        r"eager's is torch.float32 \[2, 3, 8\]"):
+                                        r"the analysis \(eager's kernels\) found "
+                                        r"torch.float32 \[2, 3, 8\]"):
         aotgrad.compile(model)(x)
 
 

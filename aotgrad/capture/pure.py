@@ -180,12 +180,12 @@ def outputs_as_analysed(gm: fx.GraphModule, info: FunctionInfo) -> fx.GraphModul
         if value.dtype != meta.dtype or not _same_shape(tuple(value.shape), meta.shape):
             raise NotImplementedError(
                 f"aotgrad: output {i} of the traced graph is {value.dtype} "
-                f"{list(value.shape)} where eager's is {meta.dtype} {list(meta.shape)}: "
-                "torch's decomposition of an op in the function, which the trace runs in "
-                "place of eager's kernel, computes another result; or nested autocast "
-                "regions of two dtypes that cast one leaf, where autocast's cast cache "
-                "reuses the inner region's cast (the trace keeps the cache, the analysis "
-                "does not). Run that op (or region) outside "
+                f"{list(value.shape)} where the analysis (eager's kernels) found "
+                f"{meta.dtype} {list(meta.shape)}: torch's decomposition of an op in the "
+                "function, which the trace runs in place of eager's kernel, computes another "
+                "result; or nested autocast regions of two dtypes that cast one leaf, where "
+                "autocast's cast cache reuses the inner region's cast (the trace keeps the "
+                "cache, the analysis does not). Run that op (or region) outside "
                 "the compiled function (torch.compiler.disable), and report it to aotgrad.")
     return gm
 
