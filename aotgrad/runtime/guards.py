@@ -127,7 +127,8 @@ def plan_guard(flat_args: Sequence[Any], call: CompiledCall) -> GuardPlan | None
         tensors=tuple(first.values()),
         same_as=tuple(same_as),
         storage_offsets=tuple((p, flat_args[p].storage_offset()) for p in addressed),
-        leaves=tuple((p, flat_args[p].is_leaf) for p in sorted({*mutated, *_cast_cached(flat_args)})),
+        leaves=tuple((p, flat_args[p].is_leaf)
+                     for p in sorted({*mutated, *_leafness_read(flat_args)})),
         constants=tuple((p, a) for p, a in enumerate(flat_args)
                         if not isinstance(a, torch.Tensor)),
         global_state=global_state(),
@@ -197,7 +198,7 @@ def _guardable(a: Any) -> bool:
     return type(a) in _CONSTANT_TYPES
 
 
-def _cast_cached(flat_args: Sequence[Any]) -> list[int]:
+def _leafness_read(flat_args: Sequence[Any]) -> list[int]:
     """Positions whose leafness the graph may bake in: under autocast, the trace of a call
     whose inputs that require grad are all leaves reuses one cast per input, as eager's cast
     cache does for leaves only (joint.eager_cast_cache). A parameter is a leaf at any call."""
