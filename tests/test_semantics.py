@@ -217,6 +217,41 @@ def test_a_layer_called_twice_under_autocast_gets_eagers_gradients(door):
             assert torch.equal(actual, expected)
 
 
+class _LayerInAndAroundACheckpoint(torch.nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.layer, self.reentrant = torch.nn.Linear(16, 16), reentrant
+
+    def forward(self, x):
+        with torch.autocast("cpu", torch.bfloat16):
+            h = self.layer(x)
+            y = torch.utils.checkpoint.checkpoint(lambda t: self.layer(torch.tanh(t)), h,
+                                                  use_reentrant=self.reentrant)
+            return self.layer(y).float().sum()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_layer_in_and_around_a_checkpoint_under_autocast_gets_eagers_gradients(reentrant):
+    """Eager's forward reuses the weight's cast inside a non-reentrant region as outside it
+    (one sum in bfloat16); a reentrant region's gradients come from its run in the backward,
+    in a region of its own, whose casts are new (their gradients add up apart). The trace
+    matches each: the first with autocast's cache, the second without it in the region."""
+    torch.manual_seed(0)
+    model = _LayerInAndAroundACheckpoint(reentrant)
+    expected_model = copy.deepcopy(model)
+    compiled = compile_eager(model)
+    for _ in range(2):
+        results = []
+        for m, fn in ((expected_model, expected_model), (model, compiled)):
+            m.zero_grad()
+            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1),
+                            requires_grad=True)
+            fn(x).backward()
+            results.append([x.grad] + [p.grad for p in m.parameters()])
+        for actual, expected in zip(results[1], results[0]):
+            assert torch.equal(actual, expected)
+
+
 def _input_cast_twice(x, w):
     with torch.autocast("cpu", torch.bfloat16):
         a = x @ w
