@@ -155,6 +155,25 @@ def test_autocast_state_is_guarded():
     assert len(f.entries) == 3
 
 
+def test_autocast_cache_setting_is_guarded():
+    """A joint trace reuses a leaf's cast under autocast as eager's cache does: its gradients
+    add up in bfloat16. Under `autocast(cache_enabled=False)` eager casts at each use and
+    adds them in float32; the first entry, reused, gave other gradients."""
+    def fn(x, w):
+        return (torch.tanh(x @ w) @ w).float().sum()
+    f = compiled(fn)
+    for cache in (True, False, True):
+        grads = []
+        for g in (fn, f):
+            torch.manual_seed(0)
+            x, w = torch.randn(8, 16), torch.randn(16, 16, requires_grad=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache):
+                g(x, w).backward()
+            grads.append(w.grad)
+        assert torch.equal(grads[1], grads[0])
+    assert len(f.entries) == 2
+
+
 def test_device_is_guarded():
     x = torch.randn(3)
     f = compiled(lambda x: x * 2)

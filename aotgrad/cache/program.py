@@ -335,6 +335,7 @@ def global_state() -> str:
              "default dtype": torch.get_default_dtype(),
              "default device": torch.get_default_device(),
              "deterministic": torch.are_deterministic_algorithms_enabled(),
+             "autocast cache": torch.is_autocast_cache_enabled(),
              "matmul precision": torch.get_float32_matmul_precision(),
              "tf32": (torch.backends.cudnn.allow_tf32, cuda.matmul.allow_tf32),
              "sdp": tuple(_flag(cuda, name) for name in _SDP_FLAGS),

@@ -26,7 +26,8 @@ from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
                       TORCH_PARTITIONER_TAG, TRACED_OUTPUTS, FunctionInfo, primals_of)
-from .inputs import differentiating, from_functional, functional_mode, to_functional
+from .inputs import (differentiating, from_functional, functional_mode, to_functional,
+                     with_autocast_cache)
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
 from ..tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
@@ -100,7 +101,8 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
         return outs
 
     tangents = fake_tangents(info, fake_mode)
-    gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions, differentiates=True)
+    gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions, differentiates=True,
+               cast_cache=eager_cast_cache(info))
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     gm.meta[BACKWARD_WRITES] = tuple(written)
     mark_overwritten_inputs(gm, info, fake_args)
@@ -289,7 +291,8 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
             values = graph_outputs(info, args, outs) + list(grads)
         return [from_functional(v) for v in values]
 
-    gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions, differentiates=True)
+    gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions, differentiates=True,
+               cast_cache=eager_cast_cache(info))
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     return gm
 
@@ -407,12 +410,23 @@ def copy_forward_stack_traces(gm: torch.fx.GraphModule) -> None:
             node.meta["stack_trace"] = first[seq]
 
 
-def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
-          decompositions: Mapping | None, differentiates: bool) -> torch.fx.GraphModule:
-    """`fn`'s graph; `differentiates`: `fn` runs autograd (a joint)."""
+def eager_cast_cache(info: FunctionInfo) -> bool:
+    """Whether a joint trace casts as eager does with autocast's cache (`with_autocast_cache`):
+    where every input that requires grad is a leaf. The cache reuses the casts of the trace's
+    inputs, leaves all, and eager's only of its leaves: its casts of a non-leaf input are one
+    per use, whose gradients add up in float32."""
+    return all(x.is_leaf for x in info.inputs if x.requires_grad)
+
+
+def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode, decompositions: Mapping | None,
+          differentiates: bool, cast_cache: bool = False) -> torch.fx.GraphModule:
+    """`fn`'s graph; `differentiates`: `fn` runs autograd (a joint); `cast_cache`: with
+    autocast's cast cache as the caller has it."""
     # The graph holds plain tensors only: subclass arguments are split into their inner
     # tensors here and rebuilt inside, so that their __torch_dispatch__ is traced through.
     plain_fn, plain_args, traced_outputs = subclasses.plain_function(fn, args)
+    if cast_cache:
+        plain_fn = with_autocast_cache(plain_fn, torch.is_autocast_cache_enabled())
     # Selective checkpointing needs the python dispatcher: without it, a random op in a
     # checkpointed region fails SAC's cache checks. (Its cost is within noise here.)
     # Preserving node metadata carries each op's checkpoint policy onto its nodes (torch 2.11

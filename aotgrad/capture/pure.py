@@ -138,7 +138,8 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Te
             return outs + joint.input_grads(outs, info.gets_tangent, primals, tangents)
 
     tangents = joint.fake_tangents(info, fake_mode)
-    gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions, True)
+    gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions, True,
+                      joint.eager_cast_cache(info))
     if gm is None:
         return outputs_as_analysed(
             joint.trace_joint(graph_fn, info, fakes, fake_mode, decompositions), info)
@@ -179,11 +180,12 @@ def outputs_as_analysed(gm: fx.GraphModule, info: FunctionInfo) -> fx.GraphModul
         if value.dtype != meta.dtype or not _same_shape(tuple(value.shape), meta.shape):
             raise NotImplementedError(
                 f"aotgrad: output {i} of the traced graph is {value.dtype} "
-                f"{list(value.shape)} where eager's is {meta.dtype} {list(meta.shape)}: "
-                "torch's decomposition of an op in the function, which the trace runs in "
-                "place of eager's kernel, computes another result; or nested autocast "
-                "regions of two dtypes, where eager's cast cache reuses the inner region's "
-                "cast of a leaf that the trace casts again. Run that op (or region) outside "
+                f"{list(value.shape)} where the analysis (eager's kernels) found "
+                f"{meta.dtype} {list(meta.shape)}: torch's decomposition of an op in the "
+                "function, which the trace runs in place of eager's kernel, computes another "
+                "result; or nested autocast regions of two dtypes that cast one leaf, where "
+                "autocast's cast cache reuses the inner region's cast (the trace keeps the "
+                "cache, the analysis does not). Run that op (or region) outside "
                 "the compiled function (torch.compiler.disable), and report it to aotgrad.")
     return gm
 
@@ -195,12 +197,13 @@ def _same_shape(traced: tuple, analysed: tuple) -> bool:
 
 
 def _trace_plain(fn: Callable, args: tuple, fake_mode: FakeTensorMode,
-                 decompositions: Mapping | None, differentiates: bool) -> fx.GraphModule | None:
+                 decompositions: Mapping | None, differentiates: bool,
+                 cast_cache: bool = False) -> fx.GraphModule | None:
     """The graph of `fn`, or None where it needs functionalization (decompositions run below
     the checking mode: their ops are checked in the graph)."""
     try:
         with global_state_restored_on_error():
-            gm = joint.trace(fn, args, fake_mode, decompositions, differentiates)
+            gm = joint.trace(fn, args, fake_mode, decompositions, differentiates, cast_cache)
     except Exception:  # noqa: BLE001 - the functionalized trace raises it again, explained
         return None
     if any(_needs_functionalization(n.target) for n in gm.graph.nodes if _is_op(n)):

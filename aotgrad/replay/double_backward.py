@@ -58,12 +58,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture.analysis import graph_outputs, version_of
 from ..schema import AUTOGRAD_COPY, GRAD_ENABLED, RANDOM_OP, FunctionInfo
-from ..capture.inputs import differentiating, fake_inputs, nan_checks_off
+from ..capture.inputs import differentiating, fake_inputs, nan_checks_off, with_autocast_cache
 from ..backends.codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
 from ..semantics import checkpoints, effects, regions
 from ..semantics.dynamic import no_new_guards
-from ..capture.joint import fake_tangents, input_grads, mutable_copies
+from ..capture.joint import eager_cast_cache, fake_tangents, input_grads, mutable_copies
 from ..capture.oplog import autograd_nodes
 from .old_values import refuse_old_values_of_mutated_inputs, with_old_values
 from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random
@@ -237,7 +237,9 @@ def trace_replay(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.T
             _explain_data_dependence(), _explain_custom_functions(), dispatcher, \
             differentiating(), checkpoints.run_plainly(), \
             regions.inlined() as inlined_regions:
-        gm = make_fx(grads_of)(fake_inputs(fake_mode, fakes), fake_tangents(info, fake_mode))
+        # The forward's casts as the joint trace made them (one per leaf where eager's are).
+        traced = with_autocast_cache(grads_of, autocast[1]) if eager_cast_cache(info) else grads_of
+        gm = make_fx(traced)(fake_inputs(fake_mode, fakes), fake_tangents(info, fake_mode))
         call_functions(gm.graph, functions, GRAD_ENABLED)
     gm.graph._codegen = fx.graph.CodeGen()  # flat arguments, as the backward passes them
     if tuple(random_ops) != random.ops:
@@ -396,14 +398,17 @@ def _no_saved_tensor_hooks():
 
 
 def _autocast_state() -> tuple:
-    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _DEVICES)
+    """Per device (device, enabled, dtype), then whether autocast's cast cache is on."""
+    devices = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                    for d in _DEVICES)
+    return devices, torch.is_autocast_cache_enabled()
 
 
 @contextlib.contextmanager
 def _autocast_as(state: tuple):
     """Autocast as it was at the call: the replay re-runs the forward's casts."""
     with contextlib.ExitStack() as stack:
-        for device, enabled, dtype in state:
+        for device, enabled, dtype in state[0]:
             if enabled or torch.is_autocast_enabled(device):
                 stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
         yield

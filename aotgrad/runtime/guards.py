@@ -44,14 +44,16 @@ _CONSTANT_TYPES = (int, float, bool, type(None))
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})  # no subclass signature
 # torch.are_deterministic_algorithms_enabled without its Python frame (read at every call).
 _DETERMINISTIC = torch._C._get_deterministic_algorithms
+_CAST_CACHE = torch._C.is_autocast_cache_enabled
 
 
 def global_state() -> tuple:
     """The global modes a compiled graph specializes on. Inductor bakes the default dtype
     (a factory's `dtype=None`) and deterministic algorithms (`torch.empty` filled with NaN)
-    into its code; the eager backend reads them at each call."""
+    into its code; the eager backend reads them at each call. A joint trace keeps autocast's
+    cast cache as the call has it (joint.eager_cast_cache)."""
     state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-             torch.get_default_dtype(), _DETERMINISTIC()]
+             torch.get_default_dtype(), _DETERMINISTIC(), _CAST_CACHE()]
     for device in ("cpu", "cuda"):
         on = torch.is_autocast_enabled(device)
         state.append((on, torch.get_autocast_dtype(device)) if on else False)
@@ -125,7 +127,8 @@ def plan_guard(flat_args: Sequence[Any], call: CompiledCall) -> GuardPlan | None
         tensors=tuple(first.values()),
         same_as=tuple(same_as),
         storage_offsets=tuple((p, flat_args[p].storage_offset()) for p in addressed),
-        leaves=tuple((p, flat_args[p].is_leaf) for p in mutated),
+        leaves=tuple((p, flat_args[p].is_leaf)
+                     for p in sorted({*mutated, *_leafness_read(flat_args)})),
         constants=tuple((p, a) for p, a in enumerate(flat_args)
                         if not isinstance(a, torch.Tensor)),
         global_state=global_state(),
@@ -193,6 +196,14 @@ def _guardable(a: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return type(a) in _GUARDABLE_TENSORS and a.layout is torch.strided
     return type(a) in _CONSTANT_TYPES
+
+
+def _leafness_read(flat_args: Sequence[Any]) -> list[int]:
+    """Positions whose leafness the graph may bake in: under autocast, the trace of a call
+    whose inputs that require grad are all leaves reuses one cast per input, as eager's cast
+    cache does for leaves only (joint.eager_cast_cache). A parameter is a leaf at any call."""
+    return [p for p, a in enumerate(flat_args) if isinstance(a, torch.Tensor)
+            and a.requires_grad and type(a) is not torch.nn.Parameter]
 
 
 def _addressed_and_mutated(call: CompiledCall) -> tuple[list[int], list[int]]:
@@ -349,11 +360,12 @@ def _constant_term(p: int, value: Any, scope: dict) -> str:
 
 
 def _global_terms(state: tuple, scope: dict) -> list[str]:
-    grad, inference, dtype, deterministic, *autocast, device = state
+    grad, inference, dtype, deterministic, cast_cache, *autocast, device = state
     scope["_dtype"], scope["_expected_dtype"] = torch.get_default_dtype, dtype
-    scope["_deterministic"] = _DETERMINISTIC
+    scope["_deterministic"], scope["_cast_cache"] = _DETERMINISTIC, _CAST_CACHE
     terms = [f"_grad() is {grad}", f"_inference() is {inference}",
-             "_dtype() is _expected_dtype", f"_deterministic() is {deterministic}"]
+             "_dtype() is _expected_dtype", f"_deterministic() is {deterministic}",
+             f"_cast_cache() is {cast_cache}"]
     if any(autocast) or device is not None or _ANY_AUTOCAST is None:
         scope["_expected_state"] = state
         return terms + ["_state() == _expected_state"]

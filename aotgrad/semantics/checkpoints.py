@@ -86,8 +86,22 @@ def run_region(fn, args, reentrant: bool):
     if reentrant and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         with torch.no_grad():
             return fn(*args)
-    with PlainRegion():
+    with PlainRegion(), _own_casts() if reentrant else contextlib.nullcontext():
         return fn(*args)
+
+
+@contextlib.contextmanager
+def _own_casts():
+    """Eager's gradients through a reentrant region come from its run in the backward, in
+    an autocast region of its own: its casts of a leaf are not those cached outside, and
+    their gradients add up apart. With the cache off the region casts at each use: eager's
+    where it uses each leaf once."""
+    previous = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(previous)
 
 
 class _ReentrantRegion:
