@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 from .semantics import aliasing, subclasses
+from .semantics.autocast import autocast_cache
 from .semantics import regions
 from .capture.region_graphs import build_region
 from .capture import analysis, inputs as capture, joint, oplog, pure
@@ -142,7 +143,7 @@ def capture_call(fn: Callable, flat_args: Sequence[Any], in_spec: pytree.TreeSpe
 
 def analyze_call(c: Captured, timer: _Timer) -> Captured:
     graph_fn, inputs, fakes, fake_mode, box = c.graph_fn, c.inputs, c.fakes, c.fake_mode, c.box
-    with timer("analysis") as sizes, capture.autocast_cache(False):
+    with timer("analysis") as sizes, autocast_cache(False):
         is_leaf = [getattr(t, "is_leaf", True) for t in inputs]  # sizes are leaves
         info = pure.analyze(graph_fn, fakes, is_leaf, box, fake_mode)
         is_pure = info is not None

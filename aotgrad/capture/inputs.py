@@ -9,7 +9,6 @@ every later stage traces with: with symbolic sizes when compiling for dynamic sh
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import itertools
 import threading
@@ -380,33 +379,6 @@ def global_state_restored_on_error():
         if nesting == 0:
             torch.clear_autocast_cache()
         raise
-
-
-@contextlib.contextmanager
-def autocast_cache(enabled: bool):
-    """Autocast's cast cache on or off for a while (`torch.autocast(cache_enabled=None)`
-    regions inside read it)."""
-    previous = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(enabled)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(previous)
-
-
-def with_autocast_cache(fn: Callable, enabled: bool) -> Callable:
-    """`fn` traced with autocast's cast cache as the caller has it (make_fx turns it off).
-    Eager casts a float32 leaf that requires grad once per region and reuses that cast, so
-    the gradients of its uses add up in the lower precision before one cast back; cast at
-    each use, the trace added them in float32 (a layer called twice under autocast got
-    other gradients than eager's). The analysis runs with the cache off: its entries, keyed
-    by the fake inputs a plain trace takes again, would hand the trace a cast it did not
-    record (a constant)."""
-    @functools.wraps(fn)
-    def cached(*args):
-        with autocast_cache(enabled):
-            return fn(*args)
-    return cached
 
 
 def _autocast_nesting() -> int:

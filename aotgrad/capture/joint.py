@@ -26,8 +26,8 @@ from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
                       TORCH_PARTITIONER_TAG, TRACED_OUTPUTS, FunctionInfo, primals_of)
-from .inputs import (differentiating, from_functional, functional_mode, to_functional,
-                     with_autocast_cache)
+from .inputs import differentiating, from_functional, functional_mode, to_functional
+from ..semantics.autocast import eager_cast_cache, with_autocast_cache
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
 from ..tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
@@ -408,14 +408,6 @@ def copy_forward_stack_traces(gm: torch.fx.GraphModule) -> None:
             first.setdefault(seq, trace)
         elif seq in first:
             node.meta["stack_trace"] = first[seq]
-
-
-def eager_cast_cache(info: FunctionInfo) -> bool:
-    """Whether a joint trace casts as eager does with autocast's cache (`with_autocast_cache`):
-    where every input that requires grad is a leaf. The cache reuses the casts of the trace's
-    inputs, leaves all, and eager's only of its leaves: its casts of a non-leaf input are one
-    per use, whose gradients add up in float32."""
-    return all(x.is_leaf for x in info.inputs if x.requires_grad)
 
 
 def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode, decompositions: Mapping | None,

@@ -58,12 +58,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture.analysis import graph_outputs, version_of
 from ..schema import AUTOGRAD_COPY, GRAD_ENABLED, RANDOM_OP, FunctionInfo
-from ..capture.inputs import differentiating, fake_inputs, nan_checks_off, with_autocast_cache
+from ..capture.inputs import differentiating, fake_inputs, nan_checks_off
 from ..backends.codegen import python_function
 from .custom_functions import CustomFunctionUnsupported, FunctionCalls, call_functions
 from ..semantics import checkpoints, effects, regions
+from ..semantics.autocast import eager_cast_cache, with_autocast_cache
 from ..semantics.dynamic import no_new_guards
-from ..capture.joint import eager_cast_cache, fake_tangents, input_grads, mutable_copies
+from ..capture.joint import fake_tangents, input_grads, mutable_copies
 from ..capture.oplog import autograd_nodes
 from .old_values import refuse_old_values_of_mutated_inputs, with_old_values
 from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random

@@ -51,7 +51,7 @@ def global_state() -> tuple:
     """The global modes a compiled graph specializes on. Inductor bakes the default dtype
     (a factory's `dtype=None`) and deterministic algorithms (`torch.empty` filled with NaN)
     into its code; the eager backend reads them at each call. A joint trace keeps autocast's
-    cast cache as the call has it (joint.eager_cast_cache)."""
+    cast cache as the call has it (semantics/autocast.py)."""
     state = [torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
              torch.get_default_dtype(), _DETERMINISTIC(), _CAST_CACHE()]
     for device in ("cpu", "cuda"):
@@ -201,7 +201,7 @@ def _guardable(a: Any) -> bool:
 def _leafness_read(flat_args: Sequence[Any]) -> list[int]:
     """Positions whose leafness the graph may bake in: under autocast, the trace of a call
     whose inputs that require grad are all leaves reuses one cast per input, as eager's cast
-    cache does for leaves only (joint.eager_cast_cache). A parameter is a leaf at any call."""
+    cache does for leaves only (semantics/autocast.py). A parameter is a leaf at any call."""
     return [p for p, a in enumerate(flat_args) if isinstance(a, torch.Tensor)
             and a.requires_grad and type(a) is not torch.nn.Parameter]
 

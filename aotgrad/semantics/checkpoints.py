@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .autocast import autocast_cache
 from .mends import patched
 
 _IDS: contextvars.ContextVar[Iterator[int] | None] = contextvars.ContextVar(
@@ -86,22 +87,10 @@ def run_region(fn, args, reentrant: bool):
     if reentrant and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         with torch.no_grad():
             return fn(*args)
-    with PlainRegion(), _own_casts() if reentrant else contextlib.nullcontext():
+    # Eager's gradients through a reentrant region come from its rerun in the backward,
+    # whose casts are its own: a leaf used in and around it adds those gradients apart.
+    with PlainRegion(), autocast_cache(False) if reentrant else contextlib.nullcontext():
         return fn(*args)
-
-
-@contextlib.contextmanager
-def _own_casts():
-    """Eager's gradients through a reentrant region come from its run in the backward, in
-    an autocast region of its own: its casts of a leaf are not those cached outside, and
-    their gradients add up apart. With the cache off the region casts at each use: eager's
-    where it uses each leaf once."""
-    previous = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(False)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(previous)
 
 
 class _ReentrantRegion:
