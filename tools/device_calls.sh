@@ -20,6 +20,11 @@ models32a|models32b|models32c)  # the model table, inductor and aotgrad, three m
     models32c) M=swin_t,convnext_t,deberta_v2 ;; esac
   TAIL=14 step models 575 python bench/models.py --models $M --modes inductor,aotgrad --jobs 1 \
     --budget 420 --timeout 180 --out $OUT/models ;;
+verify33)  # next session, first: session 29's autocast work (the cast cache in the joint trace
+  # and the double backward's replay, the guards, reentrant checkpoints; SDPA's math backward
+  # in float32) on torch 2.11 + CUDA, never run there
+  TAIL=12 step verify33 560 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider \
+    -p no:warnings -rf tests/test_semantics.py tests/test_guards.py tests/test_double_backward.py ;;
 models33a|models33b)  # next session: EfficientNet-B0's and Swin-T's steps, untimed in session 29
   # (their calls' budgets ran out: cold compiles 60-73 s a mode), one model a call
   case $1 in models33a) M=efficientnet_b0 ;; models33b) M=swin_t ;; esac
