@@ -475,6 +475,20 @@ def _to_functional(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def to_functional_leaves(args: Sequence[Any], leaves: Sequence[bool]) -> list[Any]:
+    """`to_functional`, each tensor `leaves` marks wrapped as a leaf that requires grad, where
+    the mirrored wrapper is none: autocast's cast cache reuses the casts of leaves only
+    (semantics/autocast.py). For inputs the call does not write: functionalization writes
+    an input's new value into its wrapper, in place."""
+    wrapped = to_functional(args)
+    for i, leaf in enumerate(leaves):
+        if leaf:
+            with torch.no_grad(), _of_the_kind_of(args[i]):
+                wrapped[i] = FunctionalTensor.to_functional(args[i].detach())
+            wrapped[i].requires_grad_()
+    return wrapped
+
+
 def from_functional(t: Any) -> Any:
     if subclasses.is_subclass(t):
         return subclasses.map_plain(t, from_functional)

@@ -26,7 +26,8 @@ from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
                       TORCH_PARTITIONER_TAG, TRACED_OUTPUTS, FunctionInfo, primals_of)
-from .inputs import differentiating, from_functional, functional_mode, to_functional
+from .inputs import (differentiating, from_functional, functional_mode, to_functional,
+                     to_functional_leaves)
 from ..semantics.autocast import eager_cast_cache, with_autocast_cache
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
@@ -81,7 +82,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
 
     def joint(primals, tangents):
         with functional_mode() as mode:
-            f_primals, f_tangents = to_functional(primals), to_functional(tangents)
+            f_primals, f_tangents = to_functional_leaves(primals, leaves), to_functional(tangents)
             args = mutable_copies(info, f_primals)
             outs = graph_outputs(info, *_call(graph_fn, args))
             refuse_unseen_writes(info, f_primals)
@@ -100,9 +101,12 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
             outs[k] = primals[i].copy_(outs[k])
         return outs
 
+    cast_cache = eager_cast_cache(info)
+    leaves = [cast_cache and x.is_leaf and x.requires_grad and not x.mutated
+              and not subclasses.is_subclass(p) for x, p in zip(info.inputs, fake_args)]
     tangents = fake_tangents(info, fake_mode)
     gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions, differentiates=True,
-               cast_cache=eager_cast_cache(info))
+               cast_cache=cast_cache)
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     gm.meta[BACKWARD_WRITES] = tuple(written)
     mark_overwritten_inputs(gm, info, fake_args)
