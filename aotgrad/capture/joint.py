@@ -25,7 +25,7 @@ from ..semantics import checkpoints, mends, subclasses
 from . import oplog
 from .analysis import graph_outputs, unseen_writes
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
-                      TORCH_PARTITIONER_TAG, TRACED_OUTPUTS, FunctionInfo, primals_of)
+                      TORCH_PARTITIONER_TAG, TRACED_OUTPUTS, FunctionInfo, InputInfo, primals_of)
 from .inputs import (differentiating, from_functional, functional_mode, to_functional,
                      to_functional_leaves)
 from ..semantics.autocast import eager_cast_cache, with_autocast_cache
@@ -102,7 +102,7 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
         return outs
 
     cast_cache = eager_cast_cache(info)
-    leaves = [cast_cache and x.is_leaf and x.requires_grad and not x.mutated
+    leaves = [cast_cache and x.is_leaf and x.requires_grad and _untouched(x)
               and not subclasses.is_subclass(p) for x, p in zip(info.inputs, fake_args)]
     tangents = fake_tangents(info, fake_mode)
     gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions, differentiates=True,
@@ -111,6 +111,12 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
     gm.meta[BACKWARD_WRITES] = tuple(written)
     mark_overwritten_inputs(gm, info, fake_args)
     return gm
+
+
+def _untouched(x: InputInfo) -> bool:
+    """The call neither writes this input nor swaps, resizes or marks its storage."""
+    return not (x.mutated or x.storage_swap is not None or x.storage_bytes is not None
+                or x.gains_requires_grad)
 
 
 def tag_traced_forward() -> None:
