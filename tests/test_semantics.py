@@ -217,12 +217,10 @@ def test_a_layer_called_twice_under_autocast_gets_eagers_gradients(door):
             assert torch.equal(actual, expected)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a call taking a non-leaf input that requires grad is traced with autocast's cache off "
-    "(on, it would reuse that input's casts too, which eager does not): the parameter's two "
-    "casts add their gradients in float32 where eager's one cast adds them in bfloat16 "
-    "(docs/unsupported.md)"))
 def test_a_layer_called_twice_beside_a_non_leaf_input_gets_eagers_gradients():
+    """A trace of the plain inputs, leaves all, would reuse the non-leaf input's casts too,
+    which eager does not: under autocast such a call is traced functionalized, where only
+    the caller's leaves are wrapped as leaves (joint.leaf_wrappers)."""
     torch.manual_seed(0)
     model, expected_model = _LayerTwice(), _LayerTwice()
     expected_model.load_state_dict(model.state_dict())

@@ -28,7 +28,7 @@ from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN
                       TORCH_PARTITIONER_TAG, TRACED_OUTPUTS, FunctionInfo, InputInfo, primals_of)
 from .inputs import (differentiating, from_functional, functional_mode, to_functional,
                      to_functional_leaves)
-from ..semantics.autocast import eager_cast_cache, with_autocast_cache
+from ..semantics.autocast import with_autocast_cache
 from ..semantics.dynamic import is_symbolic
 from ..semantics.effects import BACKWARD
 from ..tables import ALLOWED_INPUT_MUTATIONS, NO_OP_AT_RUNTIME
@@ -101,16 +101,23 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence[torc
             outs[k] = primals[i].copy_(outs[k])
         return outs
 
-    cast_cache = eager_cast_cache(info)
-    leaves = [cast_cache and x.is_leaf and x.requires_grad and _untouched(x)
-              and not subclasses.is_subclass(p) for x, p in zip(info.inputs, fake_args)]
+    leaves = leaf_wrappers(info, fake_args)
     tangents = fake_tangents(info, fake_mode)
     gm = trace(joint, (list(fake_args), tangents), fake_mode, decompositions, differentiates=True,
-               cast_cache=cast_cache)
+               cast_cache=True)
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     gm.meta[BACKWARD_WRITES] = tuple(written)
     mark_overwritten_inputs(gm, info, fake_args)
     return gm
+
+
+def leaf_wrappers(info: FunctionInfo, fake_args: Sequence[torch.Tensor]) -> list[bool]:
+    """Which inputs a functionalized joint wraps as leaves: the leaves that require grad and
+    that the call leaves untouched. Other wrappers are not leaves, so autocast's cast cache,
+    which takes leaves only, reuses the casts of the caller's leaves alone, as eager's does:
+    with them the trace keeps the cache on whatever the inputs (semantics/autocast.py)."""
+    return [x.is_leaf and x.requires_grad and _untouched(x) and not subclasses.is_subclass(p)
+            for x, p in zip(info.inputs, fake_args)]
 
 
 def _untouched(x: InputInfo) -> bool:
@@ -289,7 +296,7 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
     with respect to the inputs `wrt`: the joint graph that export hands out."""
     def loss_joint(primals):
         with functional_mode() as mode:
-            f_primals = to_functional(primals)
+            f_primals = to_functional_leaves(primals, leaves)
             args, outs = _call(graph_fn, mutable_copies(info, f_primals))
             refuse_unseen_writes(info, f_primals)
             before = [current_values(v) for v in args]
@@ -301,8 +308,9 @@ def trace_loss_joint(graph_fn: Callable, info: FunctionInfo, fake_args: Sequence
             values = graph_outputs(info, args, outs) + list(grads)
         return [from_functional(v) for v in values]
 
+    leaves = leaf_wrappers(info, fake_args)
     gm = trace(loss_joint, (list(fake_args),), fake_mode, decompositions, differentiates=True,
-               cast_cache=eager_cast_cache(info))
+               cast_cache=True)
     gm.meta[JOINT_FW_OUTPUTS] = num_forward_outputs(gm, info)
     return gm
 

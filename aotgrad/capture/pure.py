@@ -27,7 +27,7 @@ from . import analysis, joint, oplog, user_checks
 from .analysis import graph_outputs
 from ..schema import JOINT_FW_OUTPUTS, SIZE_INPUT, FunctionInfo, Geometry, InputInfo
 from .inputs import OutputBox, global_state_restored_on_error
-from ..semantics.autocast import eager_cast_cache
+from ..semantics.autocast import autocast_on, eager_cast_cache
 from ..semantics.dynamic import geometry, is_symbolic
 from ..semantics.inference import decompose_tracking_views
 from ..tables import needs_functionalization
@@ -139,8 +139,10 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Te
             return outs + joint.input_grads(outs, info.gets_tangent, primals, tangents)
 
     tangents = joint.fake_tangents(info, fake_mode)
-    gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions, True,
-                      eager_cast_cache(info))
+    gm = None
+    if eager_cast_cache(info) or not autocast_on():
+        gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions, True,
+                          eager_cast_cache(info))
     if gm is None:
         return outputs_as_analysed(
             joint.trace_joint(graph_fn, info, fakes, fake_mode, decompositions), info)

@@ -44,8 +44,16 @@ def with_autocast_cache(fn: Callable, enabled: bool) -> Callable:
 
 
 def eager_cast_cache(info: FunctionInfo) -> bool:
-    """Whether a joint trace casts as eager does with the cache on: where every input that
-    requires grad is a leaf. The cache reuses the casts of the trace's inputs, leaves all, and
-    eager's only of its leaves: its casts of a non-leaf input are one per use, whose gradients
-    add up in float32. (The guards check the leafness this reads: runtime/guards.py.)"""
+    """Whether a trace of the plain inputs casts as eager does with the cache on: where every
+    input that requires grad is a leaf. The cache reuses the casts of the trace's inputs,
+    leaves all, and eager's only of its leaves: its casts of a non-leaf input are one per
+    use, whose gradients add up in float32. A functionalized joint wraps the inputs as leaves
+    only where the caller's are (`joint.leaf_wrappers`): it keeps the cache whatever the
+    inputs, and takes a call under autocast with a non-leaf input that requires grad
+    (`capture.pure`). (The guards check the leafness these read: runtime/guards.py.)"""
     return all(x.is_leaf for x in info.inputs if x.requires_grad)
+
+
+def autocast_on() -> bool:
+    """Is a caller's autocast region open, on any device a compiled call runs on?"""
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
