@@ -207,17 +207,17 @@ def fuses_into_readers(target) -> bool:
     return recompute_class(target) == Recompute.CHEAP and target not in WRITTEN_OUT
 
 
-def broadcast_statistics(node) -> list:
-    """The inputs a pointwise op broadcasts over its result along some dimensions: per-row
-    statistics (a layer norm's `mean` and `rstd` in `(x - mean) * rstd`), per-channel ones (a
-    batch norm's). Same rank as the result, fewer elements; a bias of lower rank is not one."""
+def broadcasts_statistics(node) -> bool:
+    """Does this pointwise op broadcast an input over its result along some dimensions:
+    per-row statistics (a layer norm's `mean` and `rstd` in `(x - mean) * rstd`), per-channel
+    ones (a batch norm's)? Same rank as the result, fewer elements; a bias of lower rank is
+    not one."""
     out = node.meta.get("val")
     if not (isinstance(out, torch.Tensor) and isinstance(node.target, torch._ops.OpOverload)
             and torch.Tag.pointwise in node.target.tags):
-        return []  # (a `cat` of same-rank pieces broadcasts nothing)
-    return [i for i in node.all_input_nodes
-            if isinstance(v := i.meta.get("val"), torch.Tensor) and v.dim() == out.dim()
-            and v.numel() < out.numel()]
+        return False  # (a `cat` of same-rank pieces broadcasts nothing)
+    return any(isinstance(v := i.meta.get("val"), torch.Tensor) and v.dim() == out.dim()
+               and v.numel() < out.numel() for i in node.all_input_nodes)
 
 
 def unsafe_to_recompute(target) -> bool:

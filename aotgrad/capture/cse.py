@@ -24,7 +24,7 @@ from typing import Any, Hashable
 import torch
 from torch import fx
 
-from ..tables import (ERROR_CHECKS, UNINITIALIZED, Recompute, broadcast_statistics,
+from ..tables import (ERROR_CHECKS, UNINITIALIZED, Recompute, broadcasts_statistics,
                       recompute_class)
 
 
@@ -52,9 +52,9 @@ def _key(node: fx.Node, forward: set[fx.Node] | None, views_merge: bool) -> Hash
             or _reaches_output(node):
         return None  # merging would make two of eager's tensors one (aliases, outputs)
     policy = node.meta.get("recompute")
-    # A normalized value (`broadcast_statistics`) crosses: the partitioner may then save it
+    # A normalized value (`broadcasts_statistics`) crosses: the partitioner may then save it
     # for a norm's backward formula, which computes it again (partition/remat.py).
-    normalized = not policy and broadcast_statistics(node)
+    normalized = not policy and broadcasts_statistics(node)
     side = None if normalized else (forward is None or node in forward)
     try:
         key = (node.target, _frozen(node.args), _frozen(node.kwargs), side, policy,

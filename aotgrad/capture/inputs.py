@@ -463,7 +463,11 @@ class StaleSavedValue(RuntimeError):
 
 def to_functional(args: Sequence[Any]) -> list[Any]:
     """Wrap tensors (a subclass's inner tensors); must run inside `functional_mode()`."""
-    return [_to_functional(a) if isinstance(a, torch.Tensor) else a for a in args]
+    return [_functional(a) for a in args]
+
+
+def _functional(a: Any) -> Any:
+    return _to_functional(a) if isinstance(a, torch.Tensor) else a
 
 
 def _to_functional(t: torch.Tensor) -> torch.Tensor:
@@ -480,13 +484,13 @@ def to_functional_leaves(args: Sequence[Any], leaves: Sequence[bool]) -> list[An
     the mirrored wrapper is none: autocast's cast cache reuses the casts of leaves only
     (semantics/autocast.py). For inputs the call does not write: functionalization writes
     an input's new value into its wrapper, in place."""
-    wrapped = to_functional(args)
-    for i, leaf in enumerate(leaves):
-        if leaf:
-            with torch.no_grad(), _of_the_kind_of(args[i]):
-                wrapped[i] = FunctionalTensor.to_functional(args[i].detach())
-            wrapped[i].requires_grad_()
-    return wrapped
+    return [_leaf_wrapper(a) if leaf else _functional(a) for a, leaf in zip(args, leaves)]
+
+
+def _leaf_wrapper(t: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad(), _of_the_kind_of(t):
+        leaf = FunctionalTensor.to_functional(t.detach())
+    return leaf.requires_grad_()
 
 
 def from_functional(t: Any) -> Any:

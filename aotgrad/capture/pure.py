@@ -139,10 +139,10 @@ def trace_joint(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[torch.Te
             return outs + joint.input_grads(outs, info.gets_tangent, primals, tangents)
 
     tangents = joint.fake_tangents(info, fake_mode)
-    gm = None
-    if eager_cast_cache(info) or not autocast_on():
+    gm, all_leaves = None, eager_cast_cache(info)
+    if all_leaves or not autocast_on():
         gm = _trace_plain(plain_joint, (list(fakes), tangents), fake_mode, decompositions, True,
-                          eager_cast_cache(info))
+                          all_leaves)
     if gm is None:
         return outputs_as_analysed(
             joint.trace_joint(graph_fn, info, fakes, fake_mode, decompositions), info)
