@@ -91,7 +91,8 @@ def measure_row(model_name: str, mode_name: str, steps: int) -> dict:
     gc.disable()
     no_gc = medians([split_step(row) for _ in range(steps)])
     gc.enable()
-    return {"steps": timed, "gc_off": no_gc, "syncs": syncs_in_a_step(row.step)}
+    return {"steps": timed, "gc_off": no_gc, "syncs": syncs_in_a_step(row.step),
+            "host_profile": host_profile(row, 5)}
 
 
 def measure_together(model_name: str, modes: list[str], args) -> dict:

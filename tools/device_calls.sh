@@ -40,6 +40,14 @@ spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) a
   # (Their backward was 1.018x and 1.019x torch's partition's, session 22.)
   TAIL=20 step part 570 python bench/profile_gap.py --models gpt2,bert --steps 5 --timeout 140 \
     --modes aotgrad_dynamo,aotgrad_dynamo_spans_saved --out $OUT/part ;;
+hostgap30)  # DeBERTa-v2's backward takes more host time than torch's (session 25: 21.97 vs
+  # 18.78 ms, the same calls each slower). Each mode alone: the step split, then the wrapper
+  # code Inductor wrote for it, to compare offline (kernel arguments, extern calls' operands)
+  for mode in torch_compile aotgrad_dynamo; do
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/ind_$mode AOTGRAD_CACHE=0
+    step split_$mode 280 python bench/step_split.py --row deberta_v2 $mode --steps 30
+    grep -l "def call(args)" -r /tmp/ind_$mode --include=*.py | xargs tar czf $OUT/wrappers_$mode.tgz
+  done ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \
