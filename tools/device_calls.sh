@@ -55,6 +55,11 @@ gc30)  # hostgap30 found 3.7 ms of our backward's host time go with the collecto
     TAIL=1 step gc_$mode 280 python tools/gc_probe.py deberta_v2 --modes $mode
     grep -l "def call(" -r /tmp/ind_$mode --include=*.py | xargs tar czf $OUT/wrappers_$mode.tgz
   done ;;
+deb30)  # DeBERTa-v2's step once more, the modes taking turns in one process with a control
+  # (our mode twice): how much of the gap is the host's speed between rows; then sdpa33
+  TAIL=20 step together 420 python bench/step_split.py --models deberta_v2 --together \
+    --modes aotgrad_dynamo,torch_compile,aotgrad_dynamo#2 --rounds 8 --steps 48 --out $OUT/together
+  TAIL=20 step sdpa 120 python tools/gpu_sdpa_choice.py bert ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \
