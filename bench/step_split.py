@@ -42,6 +42,9 @@ import run as bench  # noqa: E402  (bench/run.py: models, modes, the step)
 # STEP_SPLIT_MID_EVENT=0: no CUDA event between the halves (models.py's step has none); does
 # that event change the step's time? (session 30: this tool and models.py disagreed)
 MID_EVENT = os.environ.get("STEP_SPLIT_MID_EVENT", "1") != "0"
+# STEP_SPLIT_ZERO_GRAD_TIMED=1: `zero_grad` inside the timed step, before the last event, as
+# in models.py's step
+ZERO_GRAD_TIMED = os.environ.get("STEP_SPLIT_ZERO_GRAD_TIMED", "0") == "1"
 
 
 def split_step(row: bench.Warmed) -> dict:
@@ -55,8 +58,11 @@ def split_step(row: bench.Warmed) -> dict:
         loss = row.compiled(*row.batch)
     t1 = _mark(events if MID_EVENT else [], 1)
     loss.backward()
+    if ZERO_GRAD_TIMED:
+        row.model.zero_grad(set_to_none=True)
     t2 = _mark(events, 2)
-    row.model.zero_grad(set_to_none=True)
+    if not ZERO_GRAD_TIMED:
+        row.model.zero_grad(set_to_none=True)
     _sync(cuda)
     times = {"host_fw": (t1 - t0) * 1e3, "host_bw": (t2 - t1) * 1e3}
     if cuda and MID_EVENT:

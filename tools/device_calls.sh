@@ -60,6 +60,16 @@ deb30)  # DeBERTa-v2's step once more, the modes taking turns in one process wit
   TAIL=20 step together 420 python bench/step_split.py --models deberta_v2 --together \
     --modes aotgrad_dynamo,torch_compile,aotgrad_dynamo#2 --rounds 8 --steps 48 --out $OUT/together
   TAIL=20 step sdpa 120 python tools/gpu_sdpa_choice.py bert ;;
+harness31)  # next session, first: DeBERTa-v2's step is 1.136x torch's by models.py and 0.90x
+  # by step_split --together, same machine, minutes apart (session 30, h200-2026-12-01-session30
+  # /deberta). Which difference between the two harnesses moves it: steps per turn (models.py
+  # 3, step_split 6), zero_grad inside the timed step (models.py), or the harness itself
+  S="python bench/step_split.py --models deberta_v2 --together --modes torch_compile,aotgrad_dynamo --profile-steps 1"
+  TAIL=2 step split6 200 $S --rounds 8 --steps 48
+  TAIL=2 step split3 60 $S --rounds 10 --steps 30
+  STEP_SPLIT_ZERO_GRAD_TIMED=1 TAIL=2 step split_zg 60 $S --rounds 8 --steps 48
+  TAIL=4 step models6 300 python bench/models.py --models deberta_v2 --modes inductor,aotgrad \
+    --jobs 1 --budget 60 --timeout 200 --steps 6 --rounds 8 --out $OUT/models6 ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \
