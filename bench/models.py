@@ -237,7 +237,10 @@ def summarize(timed: list[dict]) -> dict:
     step_ms = [t["step"] * 1e3 for t in timed]
     summary = {"step_ms": statistics.median(step_ms), "min_ms": min(step_ms),
                "host_ms": statistics.median(t["host"] for t in timed) * 1e3,
-               "timed_steps": len(timed)}
+               "timed_steps": len(timed),
+               # in the order timed, turn after turn: is a turn's first step the slow one?
+               "samples_ms": [[round(t["step"] * 1e3, 3), round(t["host"] * 1e3, 3)]
+                              for t in timed]}
     if "peak_above_mb" in timed[0]:
         summary["peak_above_mb"] = max(t["peak_above_mb"] for t in timed)
     return summary
