@@ -272,7 +272,8 @@ def _compile_inference(c: Captured, options: Options, timer: _Timer, gm: fx.Grap
     if edge.is_plain:
         aliasing.unview_plain_outputs(gm, info)
     repeated = aliasing.repeated_plain_outputs(gm, info)
-    _attach(gm, "inference", options, _plain_range(edge, info), c.layout, _cudagraphs(options))
+    gm.meta[GRAPH_INFO] = GraphInfo("inference", _static_graph_inputs(gm, options, c.layout),
+                                    _plain_range(edge, info), _cudagraphs(options))
     with timer("compile_forward") as sizes:
         compiled = _compile(options.backend.inference_compiler, gm)
         sizes["ops"] = count_ops(gm)
@@ -331,9 +332,10 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         aliasing.unview_plain_outputs(fw, info)
     repeated = aliasing.repeated_plain_outputs(fw, info)
     graphed = _cudagraphs(options)  # one state for the forward and its backward
-    _attach(fw, "forward", options, _plain_range(edge, info), c.layout, graphed)
-    _attach(bw, "backward", options, range(len(bw.graph.output_node().args[0])),
-            cudagraphs=graphed, saved=len(p.saved))
+    fw.meta[GRAPH_INFO] = GraphInfo("forward", _static_graph_inputs(fw, options, c.layout),
+                                    _plain_range(edge, info), graphed)
+    bw.meta[GRAPH_INFO] = GraphInfo("backward", _static_saved_values(p, fw, graphed),
+                                    range(len(bw.graph.output_node().args[0])), graphed)
     with timer("compile_forward") as sizes:
         compiled_fw = _compile(options.backend.fw_compiler, fw)
         sizes["ops"] = count_ops(fw)
@@ -550,14 +552,16 @@ def _plan(info: FunctionInfo, c: Captured, num_fw_outputs: int,
     )
 
 
-def _attach(gm: fx.GraphModule, role: str, options: Options, user_outputs: range,
-            layout: capture.CallLayout | None = None, cudagraphs=None, saved: int = 0) -> None:
-    static = _static_graph_inputs(gm, options, layout) if role != "backward" else ()
-    if role == "backward" and cudagraphs is not None:
-        # As torch's: a recorded backward takes the saved values where the forward's replay
-        # left them (in the pool, or parameters): they are not copied in.
-        static = tuple(range(saved))
-    gm.meta[GRAPH_INFO] = GraphInfo(role, static, user_outputs, cudagraphs)
+def _static_saved_values(p: Partition, fw: fx.GraphModule, cudagraphs) -> tuple[int, ...]:
+    """The backward's inputs static to its compiler, as torch's: under CUDA graphs all saved
+    values (where the forward's replay left them). Else those the forward computes (at the
+    offsets traced) and its parameters and buffers: Inductor skips its per-call alignment
+    check of hundreds of inputs. A saved input of the call's own may come misaligned."""
+    if cudagraphs is not None:
+        return tuple(range(len(p.saved)))
+    position = {n: i for i, n in enumerate(fw.graph.find_nodes(op="placeholder"))}
+    return tuple(k for k, n in enumerate(p.saved)
+                 if n not in position or position[n] in fw.meta[GRAPH_INFO].static_inputs)
 
 
 def _cudagraphs(options: Options):

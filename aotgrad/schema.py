@@ -20,7 +20,7 @@ from torch import fx
 # gm.meta keys are on a GraphModule, node.meta keys on a Node. "sets" / "reads" name modules.
 # Every name starts with "aotgrad": backends.compilers drops those from what Inductor hashes.
 
-# sets pipeline (_attach); reads backends.compilers, pipeline, artifact.
+# sets pipeline; reads backends.compilers, pipeline, artifact.
 GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
 # gm.meta key where a backend reports the strides its outputs really have, when it chose a
 # layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.

@@ -161,6 +161,21 @@ def test_dynamo_parameters_and_buffers_reach_the_compiler_as_static_inputs():
     assert set(static) == set(range(count)) - set(image) and len(image) == 1
 
 
+def test_the_backward_takes_the_values_its_forward_computes_as_static_inputs():
+    """As torch's compile marks them: Inductor skips its per-call alignment check of the
+    saved values the forward computes and of saved parameters; not of the call's own input
+    saved as it is (`x`, which may come misaligned)."""
+    from aotgrad.schema import GRAPH_INFO
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh())
+    compiled = aotgrad.compile(model, backend="eager")
+    compiled(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    backward = compiled.artifacts[0].backward_graph
+    names = [n.name for n in backward.graph.find_nodes(op="placeholder")]
+    static = [names[i] for i in backward.meta[GRAPH_INFO].static_inputs]
+    assert names == ["primals_1", "primals_3", "tanh", "tangents_1"]  # weight, x, tanh(...)
+    assert static == ["primals_1", "tanh"]
+
+
 def test_inductor_compiles_outside_the_calls_autocast():
     """The graph holds autocast's casts; Inductor retraces its attention-with-dropout pattern,
     and under the caller's autocast that retrace would cast against the graph's dtypes."""
