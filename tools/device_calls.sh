@@ -36,6 +36,12 @@ harness31)  # next session, first: DeBERTa-v2's step is 1.136x torch's by models
   STEP_SPLIT_ZERO_GRAD_TIMED=1 TAIL=2 step split_zg 60 $S --rounds 8 --steps 48
   TAIL=4 step models6 300 python bench/models.py --models deberta_v2 --modes inductor,aotgrad \
     --jobs 1 --budget 60 --timeout 200 --steps 6 --rounds 8 --out $OUT/models6 ;;
+verify31)  # next session, with harness31: session 30 made the backward's computed saved values
+  # static inputs to Inductor (no per-call alignment check, as torch's compile): never run on a
+  # GPU, where alone it changes anything (Inductor's checks, its cache key, donation)
+  TAIL=12 step verify31 560 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider \
+    -p no:warnings -rf tests/test_cudagraphs.py tests/test_backends.py tests/test_cache_by_key.py \
+    tests/test_donation.py tests/test_batch_norm_devices.py tests/test_aliasing.py ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \
