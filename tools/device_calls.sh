@@ -42,6 +42,10 @@ verify31)  # next session, with harness31: session 30 made the backward's comput
   TAIL=12 step verify31 560 python -m pytest -n 14 -q -o addopts= -p no:cacheprovider \
     -p no:warnings -rf tests/test_cudagraphs.py tests/test_backends.py tests/test_cache_by_key.py \
     tests/test_donation.py tests/test_batch_norm_devices.py tests/test_aliasing.py ;;
+sdpa31)  # BERT's compiled graphs (both doors) hold SDPA's math path, with a bf16 mask and
+  # dropout, where eager and a plain fake trace of the same call take cuDNN's (session 30,
+  # sdpa/). Which trace step leaves cuDNN: each door's joint trace of that call, printed
+  TAIL=20 step sdpa 120 python tools/gpu_sdpa_choice.py bert ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \

@@ -40,6 +40,41 @@ def traced_choice(args, kwargs) -> list[str]:
                    and any(w in str(n.target) for w in ("attention", "bmm"))})
 
 
+def compiled_choices(args, kwargs) -> dict:
+    """The attention ops in the forward graph each door traces from the same call, under bf16
+    autocast with gradients on (session 30: BERT's compiled graphs hold the math path, with
+    a bf16 mask [16, 1, 512, 512] and dropout 0.1, where a plain fake trace of that call
+    holds cuDNN's kernel): aotgrad's joint trace, and torch's AOTAutograd (aot_eager)."""
+    import aotgrad
+    tensors = [a.detach().requires_grad_() for a in args if isinstance(a, torch.Tensor)]
+    mask = kwargs.get("attn_mask")
+    rest = {k: v for k, v in kwargs.items() if k != "attn_mask"}
+    seen = {}
+
+    def recorder(door):
+        def compiler(gm, example_inputs):
+            seen.setdefault(door, sorted({str(n.target) for n in gm.graph.nodes
+                                          if n.op == "call_function" and any(
+                                              w in str(n.target) for w in ("attention", "bmm"))}))
+            return gm
+        return compiler
+
+    def attend(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **rest).float().sum()
+    from functorch.compile import aot_function  # torch's, to compare; tools may import it
+    doors = {"aotgrad": lambda: aotgrad.compile(attend, backend=aotgrad.Backend(
+                 recorder("aotgrad"), recorder("aotgrad_bw"), recorder("aotgrad_inf"))),
+             "torch": lambda: aot_function(attend, recorder("torch"), recorder("torch_bw"))}
+    for door, make in doors.items():
+        try:
+            with torch.autocast("cuda", torch.bfloat16):
+                out = make()(*tensors, mask)
+            out.backward()
+        except Exception as e:  # noqa: BLE001  (a tool: report and go on)
+            seen[door] = f"failed: {str(e)[:200]}"
+    return {d: seen.get(d) for d in doors}
+
+
 def main():
     spec = bench_run.MODELS[sys.argv[1]]
     torch.manual_seed(0)
@@ -78,6 +113,7 @@ def main():
     masked = {**kwargs, "attn_mask": mask}
     print("with a mask, real choice:", torch._fused_sdp_choice(*args, **masked),
           "a fake trace holds:", traced_choice(args, masked))
+    print("traced by each door (autocast, the mask, dropout):", compiled_choices(args, masked))
     names = {}
     for e in prof.key_averages():
         if any(m in e.key.lower() for m in ("fmha", "flash", "attention", "efficient", "cutlass")):
