@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+import aotgrad.cache
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402  (bench/run.py: models, modes, the step)
 
@@ -114,13 +116,18 @@ def measure_together(model_name: str, modes: list[str], args) -> dict:
     config = torch._dynamo.config  # each mode compiles the same code once more
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), 8 * len(modes)))
-    rows = {mode: bench.warmed_up(bench.Job(model_name, mode.split("#")[0], None, args.small,
-                                            args.device, 5, args.steps)) for mode in modes}
+    rows, caches = {}, {}
+    for mode in modes:  # and how aotgrad's cache served each (loaded by Inductor's key?)
+        aotgrad.cache.reset_stats()
+        rows[mode] = bench.warmed_up(bench.Job(model_name, mode.split("#")[0], None, args.small,
+                                               args.device, 5, args.steps))
+        caches[mode] = {k: v for k, v in aotgrad.cache.stats().items() if v}
     timed = {mode: [] for mode in modes}
     for turn in range(args.rounds):
         for mode in (modes if turn % 2 == 0 else modes[::-1]):
             timed[mode] += [split_step(rows[mode]) for _ in range(args.steps)]
     return {mode: {"steps": medians(timed[mode]), "rounds": args.rounds,
+                   "aotgrad_cache": caches[mode],
                    "host_profile": host_profile(rows[mode], args.profile_steps)}
             for mode in modes}
 
@@ -141,7 +148,8 @@ def host_profile(row: bench.Warmed, steps: int, top: int = 40) -> list[dict]:
 
 def print_together(model_name: str, result: dict) -> None:
     for mode, r in result.items():
-        print(f"{model_name}/{mode}: " + " ".join(f"{k} {v:.2f}" for k, v in r["steps"].items()))
+        print(f"{model_name}/{mode}: " + " ".join(f"{k} {v:.2f}" for k, v in r["steps"].items())
+              + f" (aotgrad cache: {r['aotgrad_cache']})")
     for mode, r in result.items():
         print(f"  {mode}: host calls by own time, us a step (calls)")
         for c in r["host_profile"][:12]:

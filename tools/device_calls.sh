@@ -29,7 +29,10 @@ spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) a
 harness31)  # next session, first: DeBERTa-v2's step is 1.136x torch's by models.py and 0.90x
   # by step_split --together, same machine, minutes apart (session 30, h200-2026-12-01-session30
   # /deberta). Which difference between the two harnesses moves it: steps per turn (models.py
-  # 3, step_split 6), zero_grad inside the timed step (models.py), or the harness itself
+  # 3, step_split 6), zero_grad inside the timed step (models.py), or how our graphs were
+  # loaded: models.py's interleaved process loads them by Inductor's key from aotgrad's cache,
+  # and its cold processes (fresh compiles) had ours at 1.05x; split6 compiles, split3 and
+  # split_zg should load by key (each prints aotgrad's cache stats per mode)
   S="python bench/step_split.py --models deberta_v2 --together --modes torch_compile,aotgrad_dynamo --profile-steps 1"
   TAIL=2 step split6 200 $S --rounds 8 --steps 48
   TAIL=2 step split3 60 $S --rounds 10 --steps 30
