@@ -114,6 +114,8 @@ def main():
     print("with a mask, real choice:", torch._fused_sdp_choice(*args, **masked),
           "a fake trace holds:", traced_choice(args, masked))
     print("traced by each door (autocast, the mask, dropout):", compiled_choices(args, masked))
+    print("... and without dropout:", compiled_choices(args, {**masked, "dropout_p": 0.0}))
+    print("... nor the mask:", compiled_choices(args, {**kwargs, "dropout_p": 0.0}))
     names = {}
     for e in prof.key_averages():
         if any(m in e.key.lower() for m in ("fmha", "flash", "attention", "efficient", "cutlass")):
