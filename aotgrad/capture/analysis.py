@@ -88,7 +88,7 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
         info,
         differentiable=tuple(_requires_grad(v) and not h for v, h in zip(values, hidden)),
         graph_output_metas=tuple(_tensor_meta(v) for v in values),
-        fed_outputs=fed_outputs(values, _hookable_outputs(info)),
+        fed_outputs=fed_outputs(values, _written_inputs(info) + _hookable_outputs(info)),
     )
     _check_leaf_mutations(info)
     return info
@@ -99,6 +99,13 @@ def _hookable_outputs(info: FunctionInfo) -> list[int]:
     outputs or views the runtime rebuilds (each a tensor the caller may put a hook on)."""
     first = info.first_user_output
     return [first + i for i, o in enumerate(info.outputs) if o.kind in _HOOKABLE and _graded(o)]
+
+
+def _written_inputs(info: FunctionInfo) -> list[int]:
+    """Graph outputs of the inputs written in place where autograd sees it: the caller's
+    tensor gets a new node, on which it may put a hook after the call."""
+    return [k for k, i in enumerate(info.data_mutated_inputs)
+            if not info.inputs[i].mutation_hidden_from_autograd]
 
 
 def _graded(o: OutputInfo) -> bool:

@@ -304,6 +304,7 @@ class CompiledCall:
         self.stale = parts.stale
         self.saved_outputs = SavedOutputs.of(plan.info) if backward is not None else None
         self.fed_outputs = FedOutputs.of(plan.info) if backward is not None else None
+        self._fed_written = self.fed_outputs is not None and bool(self.fed_outputs.written)
         self.compiled_autograd_ids: dict[tuple, int] = {}  # _region_key's, per saved sizes
         self._call_backward_directly_once_compiled()
         self._mutations = mutation_steps(plan.info, plan.copied_in_graph, plan.sizes)
@@ -375,6 +376,8 @@ class CompiledCall:
             raw = self._run_graphs(inputs)
         for step in self._mutations:
             step(inputs, raw)
+        if self._fed_written:  # the caller's tensors, which the steps gave new nodes
+            self.fed_outputs.hold_written(raw, inputs)
         if self._plain_outputs is not None:
             return list(raw[self._plain_outputs])
         return self._user_outputs(inputs, raw)
