@@ -195,14 +195,16 @@ class CompiledFunction(torch.autograd.Function):
 
 def _sharing_counters(outs: Sequence[Any], pairs: tuple[tuple[int, int], ...]) -> list:
     """`outs`, each alias k over output m's memory sharing m's version counter (where the
-    backend left it over that memory, in m's dtype)."""
+    backend left it over that memory, in m's dtype), a view where the graph's was one."""
     outs = list(outs)
     for k, m in pairs:
         out, source = outs[k], outs[m]
         if type(out) is torch.Tensor and type(source) is torch.Tensor \
                 and out.dtype == source.dtype and out.untyped_storage().data_ptr() \
                 == source.untyped_storage().data_ptr():
-            outs[k] = detached_alias(source, (out.size(), out.stride(), out.storage_offset()))
+            geometry = (out.size(), out.stride(), out.storage_offset())
+            outs[k] = (source.detach().as_strided(*geometry) if out._is_view()
+                       else detached_alias(source, geometry))
     return outs
 
 
