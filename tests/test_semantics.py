@@ -2478,6 +2478,73 @@ def test_the_gradient_with_respect_to_a_written_input_other_outputs_read(door):
     torch.testing.assert_close(grads(door(_scales_x_and_reads_it)),
                                grads(_scales_x_and_reads_it))
 
+
+# ---- a hook the function puts on a tensor it returns, and the caller's hooks on it --------
+
+def _doubles_its_output_gradient(x):
+    h = x.sin()
+    h.register_hook(lambda g: g * 2)
+    return h
+
+
+@DOORS
+@pytest.mark.parametrize("hooked", list(HOOK_ON_OUTPUT))
+def test_a_hook_on_an_output_the_function_hooked_itself_is_refused(door, hooked):
+    """Eager runs the function's hook (registered first) before the caller's: h.grad was 1
+    where eager's is 2, an observing hook saw 1, and `g + 1` after it gave x a gradient of
+    (g + 1) * 2 where eager's is g * 2 + 1, silently: the compiled node runs the function's
+    hook inside its backward, after the hooks on its outputs."""
+    x = torch.randn(3, requires_grad=True)
+    h = door(_doubles_its_output_gradient)(x)
+    HOOK_ON_OUTPUT[hooked](h)
+    with pytest.raises(NotImplementedError, match="registered a tensor hook on that output"):
+        h.sum().backward()
+
+
+@DOORS
+def test_an_output_the_function_hooked_itself_trains_as_eager(door):
+    def run(f):
+        torch.manual_seed(0)
+        x = torch.randn(3, requires_grad=True)
+        (f(x) * 3).sum().backward()
+        return x.grad
+
+    torch.testing.assert_close(run(door(_doubles_its_output_gradient)),
+                               run(_doubles_its_output_gradient))
+
+
+def _hooks_a_view_of_an_intermediate(x):
+    v = x.sin().view(-1)
+    v.register_hook(lambda g: g * 2)
+    return v
+
+
+def _hooks_a_view_of_an_input(x):
+    v = x.view(-1)
+    v.register_hook(lambda g: g * 2)
+    return v
+
+
+def _hooks_a_view_of_an_output(x):
+    h = x.sin()
+    v = h.view(-1)
+    v.register_hook(lambda g: g * 2)
+    return h, v
+
+
+@DOORS
+@pytest.mark.parametrize("fn", [_hooks_a_view_of_an_intermediate, _hooks_a_view_of_an_input,
+                                _hooks_a_view_of_an_output],
+                         ids=["of an intermediate", "of an input", "of an output"])
+def test_a_hook_the_function_puts_on_a_view_it_returns_is_refused(door, fn):
+    """The runtime rebuilds such an output as a view after the graph; its gradient reaches
+    the base through the rebuilt view's node, and the hook traced into the graph never ran:
+    x.grad was half of eager's, silently, with no hook of the caller's."""
+    x = torch.randn(2, 3, requires_grad=True)
+    errors = (NotImplementedError, torch._dynamo.exc.BackendCompilerFailed)
+    with pytest.raises(errors, match="rebuilds after its graph"):
+        door(fn)(x)
+
 class _GroupedExperts(torch.nn.Module):
     """transformers' MoE experts on CPU: `grouped_mm` of float32 tokens sorted by expert."""
 

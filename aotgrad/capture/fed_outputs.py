@@ -12,6 +12,10 @@ An input the function writes in place is such a tensor too, where other outputs 
 from its new value (`x.mul_(w); return x.sin()`): eager's in-place op gives the caller's `x`
 a new node, which `retain_grad()` moves to and a hook registered after the call sits on; the
 runtime's copy into `x` makes a node that sees only the gradient from outside.
+
+An output the function put a hook on itself (`h.register_hook(f); return h`) is checked too:
+its hook runs inside the backward graph, after the caller's hooks on the output, where eager
+runs it before them.
 """
 
 from __future__ import annotations
@@ -74,17 +78,23 @@ class FedOutputs:
     first_user_output: int
     rebuilt: tuple[int, ...]  # positions in `fed` of views the runtime makes after the node
     written: tuple[tuple[int, int], ...]  # (position in `fed`, input) of inputs written
+    hooked: tuple[int, ...] = ()  # positions in `fed` of outputs hooked inside, read by none
 
     @staticmethod
     def of(info: FunctionInfo) -> "FedOutputs | None":
-        if not info.fed_outputs:
+        fed_keys = {k for k, _ in info.fed_outputs}
+        # An output the function hooked is checked as one read by itself: its gradient.
+        hooked = tuple((k, (k,)) for k in info.hooked_outputs if k not in fed_keys)
+        fed = info.fed_outputs + hooked
+        if not fed:
             return None
         first = info.first_user_output
-        rebuilt = tuple(j for j, (k, _) in enumerate(info.fed_outputs)
+        rebuilt = tuple(j for j, (k, _) in enumerate(fed)
                         if k >= first and info.outputs[k - first].kind is not OutputKind.PLAIN)
         written = tuple((j, info.data_mutated_inputs[k])
-                        for j, (k, _) in enumerate(info.fed_outputs) if k < first)
-        return FedOutputs(info.fed_outputs, first, rebuilt, written)
+                        for j, (k, _) in enumerate(fed) if k < first)
+        return FedOutputs(fed, first, rebuilt, written,
+                          tuple(range(len(info.fed_outputs), len(fed))))
 
     def hold(self, ctx, outs: Sequence[Any]) -> None:
         """At the forward, the node's own outputs (`outs`: the graph's); weakly: the
@@ -124,7 +134,10 @@ class FedOutputs:
             if j in written:
                 self._check_written(out, written[j])
             elif out.retains_grad or out._backward_hooks:
-                raise self._error(k - self.first_user_output, out.retains_grad)
+                i = k - self.first_user_output
+                if j in self.hooked:
+                    raise self._hooked_error(i, out.retains_grad)
+                raise self._error(i, out.retains_grad)
 
     @staticmethod
     def _check_written(x: torch.Tensor, i: int) -> None:
@@ -147,6 +160,17 @@ class FedOutputs:
             "gradient from outside (a partial .grad, or None). Register the hook before the "
             "call (on the value passed in), or return the new value as an output instead of "
             "writing it into the input.")
+
+    @staticmethod
+    def _hooked_error(i: int, retained: bool) -> NotImplementedError:
+        what = "retain_grad()" if retained else "a tensor hook (register_hook)"
+        return NotImplementedError(
+            f"aotgrad: output {i} of the compiled function has {what}, and the function "
+            "registered a tensor hook on that output itself: eager runs the function's hook "
+            "first, so the caller's hook and .grad see the gradient it returns, but the "
+            "compiled call runs it inside its backward, after the hooks on its outputs (they "
+            "would see the gradient before it, and their order would differ). Register both "
+            "hooks on one side: inside the function, or on the output after the call.")
 
     @staticmethod
     def _error(i: int, retained: bool) -> NotImplementedError:
