@@ -342,7 +342,7 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
     restride_saved(p)
     plan = dataclasses.replace(
         _plan(info, c, info.num_graph_outputs, copied_in_graph=info.mutations_in_graph),
-        repeated_outputs=repeated)
+        repeated_outputs=repeated, shared_counters=aliasing.counter_sharing_outputs(fw, info))
     grads = edge.grads_per_input(bw.graph.output_node().args[0])  # plain grads per input
     plan = dataclasses.replace(
         plan,

@@ -267,6 +267,10 @@ class FunctionInfo:
     # (plain graph output k, the graph outputs whose autograd history reads it): a hook on
     # k would see their gradients in eager, not in the one compiled node (fed_outputs.py).
     fed_outputs: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # Plain graph outputs the function registered a tensor hook on (`h.register_hook(f);
+    # return h`): the compiled node runs it inside its backward, after the caller's hooks on
+    # the output, where eager runs it before them (fed_outputs.py).
+    hooked_outputs: tuple[int, ...] = ()
 
     @property
     def data_mutated_inputs(self) -> tuple[int, ...]:

@@ -5,6 +5,7 @@ import torch
 from torch import fx
 
 import aotgrad
+from aotgrad.compat import aot_function, nop
 from aotgrad.partition.split import default_partition, joint_of, split_joint
 from aotgrad.verify import GraphInvariantError, verify, verify_partition
 
@@ -63,6 +64,28 @@ def test_default_partition_recomputes_nothing(fn):
     bw_ops = {n.name for n in a.backward_graph.graph.nodes if n.op == "call_function"}
     assert not fw_ops & bw_ops
 
+
+
+def _einsum(x, w):
+    return torch.einsum("bij,jk->bik", x, w).pow(2).sum()
+
+
+@pytest.mark.parametrize("door", ["compile", "compat"])
+def test_default_partition_saves_nothing_a_dead_op_alone_reads(door):
+    """einsum's trace leaves a `permute` of an input's view that nothing reads; the default
+    partition counted it as a backward op and saved that view, which the pruned backward
+    never reads: GraphInvariantError at the first call, where eager runs (found through
+    `compat.aot_function(fn, nop)`)."""
+    x, w = torch.randn(2, 3, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    compiled = (aotgrad.compile(_einsum, backend="eager", partitioner=default_partition)
+                if door == "compile" else aot_function(_einsum, nop))
+    out = compiled(x2, w2)
+    out.backward()
+    expected = _einsum(x, w)
+    expected.backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close((x2.grad, w2.grad), (x.grad, w.grad))
 
 def test_tuple_results_are_saved_by_element():
     a = artifact(layer_norm_attention)

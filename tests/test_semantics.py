@@ -2382,6 +2382,169 @@ def test_a_hook_on_an_output_outside_the_loss_is_not_called(door):
     assert seen == []
 
 
+
+# ---- hooks on an input the function writes in place, whose new value other outputs read ----
+
+def _scales_x_and_reads_it(x, w):
+    x.mul_(w)
+    return x.sin()
+
+
+def _scales_a_view_and_reads_it(x, w):
+    x[1:].mul_(w[1:])
+    return x.cos()
+
+
+def _retain_before(x):
+    x.retain_grad()  # eager moves it to the node of x's new value
+
+
+def _base_retains(x):
+    x._base.retain_grad()
+
+
+HOOK_ON_WRITTEN_INPUT = {  # (what the caller does before the call, after it)
+    "retain_grad before the call": (_retain_before, None),
+    "retain_grad after the call": (None, lambda x: x.retain_grad()),
+    "hook after the call": (None, lambda x: x.register_hook(lambda g: g * 2)),
+    "retain_grad on the input's base": (_base_retains, None),
+}
+
+
+@DOORS
+@pytest.mark.parametrize("hooked", list(HOOK_ON_WRITTEN_INPUT))
+def test_a_hook_on_a_written_input_other_outputs_read_is_refused(door, hooked):
+    """Eager's in-place op gives x a new node; `x.grad` (and a hook registered after the call)
+    sees x's whole new gradient, the part `o = x.sin()` sends back included. The runtime's
+    copy into x made a node that saw only (x * 3)'s part: x.grad was 3 where eager's is
+    3 + cos(x), and a hook doubling it left the leaf's gradient wrong, silently."""
+    before, after = HOOK_ON_WRITTEN_INPUT[hooked]
+    a, w = torch.randn(4, requires_grad=True), torch.randn(3, requires_grad=True)
+    x = (a * 1)[1:]
+    if before is not None:
+        before(x)
+    o = door(_scales_x_and_reads_it)(x, w)
+    if after is not None:
+        after(x)
+    with pytest.raises(NotImplementedError, match="writes into input 0 in place"):
+        (o.sum() + (x * 3).sum()).backward()
+
+
+@DOORS
+def test_retain_grad_on_a_view_input_written_through_a_view_inside_is_refused(door):
+    """Eager's x.grad holds o's part (x.cos() of x's new value); the compiled one was None."""
+    a, w = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    x = a * 1
+    x.retain_grad()
+    o = door(_scales_a_view_and_reads_it)(x, w)
+    with pytest.raises(NotImplementedError, match="writes into input 0 in place"):
+        o.sum().backward()
+
+
+@DOORS
+@pytest.mark.parametrize("hooked", [False, True], ids=["no hook", "hook before the call"])
+def test_a_written_input_other_outputs_read_trains_as_eager(door, hooked):
+    """A hook registered before the call stays on x's old node, which sees the whole
+    gradient in both; without hooks nothing is refused."""
+    def run(f):
+        torch.manual_seed(0)
+        a, w = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        x, seen = a * 1, []
+        if hooked:
+            x.register_hook(lambda g: (seen.append(g.clone()), g * 2)[1])
+        o = f(x, w)
+        (o.sum() + (x * 3).sum()).backward()
+        return a.grad, w.grad, x.detach(), seen
+
+    for eager, compiled in zip(run(_scales_x_and_reads_it), run(door(_scales_x_and_reads_it))):
+        torch.testing.assert_close(compiled, eager)
+
+
+@DOORS
+@pytest.mark.xfail(strict=True, reason=(
+    "torch.autograd.grad (or backward(inputs=)) with respect to an input the function wrote "
+    "in place and computed another output from: the engine captures the gradient at the node "
+    "of the runtime's copy into the input and never runs the compiled node below it, so it "
+    "gets only the gradient from outside (3 where eager's is 3 + cos(x)); no hook of the "
+    "runtime runs, so it cannot refuse it either"))
+def test_the_gradient_with_respect_to_a_written_input_other_outputs_read(door):
+    def grads(f):
+        torch.manual_seed(0)
+        a, w = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        x = a * 1
+        o = f(x, w)
+        return torch.autograd.grad(o.sum() + (x * 3).sum(), [x])
+
+    torch.testing.assert_close(grads(door(_scales_x_and_reads_it)),
+                               grads(_scales_x_and_reads_it))
+
+
+# ---- a hook the function puts on a tensor it returns, and the caller's hooks on it --------
+
+def _doubles_its_output_gradient(x):
+    h = x.sin()
+    h.register_hook(lambda g: g * 2)
+    return h
+
+
+@DOORS
+@pytest.mark.parametrize("hooked", list(HOOK_ON_OUTPUT))
+def test_a_hook_on_an_output_the_function_hooked_itself_is_refused(door, hooked):
+    """Eager runs the function's hook (registered first) before the caller's: h.grad was 1
+    where eager's is 2, an observing hook saw 1, and `g + 1` after it gave x a gradient of
+    (g + 1) * 2 where eager's is g * 2 + 1, silently: the compiled node runs the function's
+    hook inside its backward, after the hooks on its outputs."""
+    x = torch.randn(3, requires_grad=True)
+    h = door(_doubles_its_output_gradient)(x)
+    HOOK_ON_OUTPUT[hooked](h)
+    with pytest.raises(NotImplementedError, match="registered a tensor hook on that output"):
+        h.sum().backward()
+
+
+@DOORS
+def test_an_output_the_function_hooked_itself_trains_as_eager(door):
+    def run(f):
+        torch.manual_seed(0)
+        x = torch.randn(3, requires_grad=True)
+        (f(x) * 3).sum().backward()
+        return x.grad
+
+    torch.testing.assert_close(run(door(_doubles_its_output_gradient)),
+                               run(_doubles_its_output_gradient))
+
+
+def _hooks_a_view_of_an_intermediate(x):
+    v = x.sin().view(-1)
+    v.register_hook(lambda g: g * 2)
+    return v
+
+
+def _hooks_a_view_of_an_input(x):
+    v = x.view(-1)
+    v.register_hook(lambda g: g * 2)
+    return v
+
+
+def _hooks_a_view_of_an_output(x):
+    h = x.sin()
+    v = h.view(-1)
+    v.register_hook(lambda g: g * 2)
+    return h, v
+
+
+@DOORS
+@pytest.mark.parametrize("fn", [_hooks_a_view_of_an_intermediate, _hooks_a_view_of_an_input,
+                                _hooks_a_view_of_an_output],
+                         ids=["of an intermediate", "of an input", "of an output"])
+def test_a_hook_the_function_puts_on_a_view_it_returns_is_refused(door, fn):
+    """The runtime rebuilds such an output as a view after the graph; its gradient reaches
+    the base through the rebuilt view's node, and the hook traced into the graph never ran:
+    x.grad was half of eager's, silently, with no hook of the caller's."""
+    x = torch.randn(2, 3, requires_grad=True)
+    errors = (NotImplementedError, torch._dynamo.exc.BackendCompilerFailed)
+    with pytest.raises(errors, match="rebuilds after its graph"):
+        door(fn)(x)
+
 class _GroupedExperts(torch.nn.Module):
     """transformers' MoE experts on CPU: `grouped_mm` of float32 tokens sorted by expert."""
 

@@ -77,6 +77,7 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
     values = graph_outputs(info, args, outs)
     _refuse_history_under_inference_mode(
         [v for v, o in zip(outs, outputs) if o.kind is OutputKind.PLAIN])
+    _refuse_hooked_views(outputs, outs)
     # Not differentiable: mutations autograd did not see, and leaves (their gradient is
     # their own .grad, autograd's business once the runtime sets requires_grad).
     hidden = [x.mutation_hidden_from_autograd for x in inputs if x.mutates_data]
@@ -88,7 +89,8 @@ def describe(inputs: tuple[InputInfo, ...], args: Sequence[Any], outs: Sequence[
         info,
         differentiable=tuple(_requires_grad(v) and not h for v, h in zip(values, hidden)),
         graph_output_metas=tuple(_tensor_meta(v) for v in values),
-        fed_outputs=fed_outputs(values, _hookable_outputs(info)),
+        fed_outputs=fed_outputs(values, _written_inputs(info) + _hookable_outputs(info)),
+        hooked_outputs=_hooked_inside(info, outs),
     )
     _check_leaf_mutations(info)
     return info
@@ -99,6 +101,21 @@ def _hookable_outputs(info: FunctionInfo) -> list[int]:
     outputs or views the runtime rebuilds (each a tensor the caller may put a hook on)."""
     first = info.first_user_output
     return [first + i for i, o in enumerate(info.outputs) if o.kind in _HOOKABLE and _graded(o)]
+
+
+def _hooked_inside(info: FunctionInfo, outs: Sequence[Any]) -> tuple[int, ...]:
+    """Graph outputs of the user outputs the function put a tensor hook on itself."""
+    first = info.first_user_output
+    return tuple(first + i for i, (o, out) in enumerate(zip(info.outputs, outs))
+                 if o.kind is OutputKind.PLAIN and _graded(o)
+                 and isinstance(out, torch.Tensor) and out._backward_hooks)
+
+
+def _written_inputs(info: FunctionInfo) -> list[int]:
+    """Graph outputs of the inputs written in place where autograd sees it: the caller's
+    tensor gets a new node, on which it may put a hook after the call."""
+    return [k for k, i in enumerate(info.data_mutated_inputs)
+            if not info.inputs[i].mutation_hidden_from_autograd]
 
 
 def _graded(o: OutputInfo) -> bool:
@@ -115,6 +132,23 @@ _HOOKABLE = (OutputKind.PLAIN, OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTE
 def _with_saver(info: OutputInfo, saved: tuple[str | None, int, int] | None) -> OutputInfo:
     plain = info.kind is OutputKind.PLAIN and _graded(info)
     return dataclasses.replace(info, saved_by_node=saved) if plain and saved else info
+
+
+def _refuse_hooked_views(outputs: Sequence[OutputInfo], outs: Sequence[Any]) -> None:
+    """An output the runtime rebuilds as a view, after the graph, that the function put a
+    tensor hook on: its gradient flows through the rebuilt view's node, outside the graph,
+    and the hook traced into the graph never ran (x.grad was half of eager's, silently)."""
+    for i, (o, out) in enumerate(zip(outputs, outs)):
+        if o.kind in _REBUILT_VIEWS and isinstance(out, torch.Tensor) and out._backward_hooks:
+            raise NotImplementedError(
+                f"aotgrad: the function registers a tensor hook on output {i}, a view (of an "
+                "input, an intermediate or another output) that the compiled call rebuilds "
+                "after its graph, so the hook would never run. Return a copy (`v.clone()`) "
+                "or register the hook on the output after the call.")
+
+
+_REBUILT_VIEWS = (OutputKind.VIEW_OF_INPUT, OutputKind.VIEW_OF_INTERMEDIATE,
+                  OutputKind.VIEW_OF_OUTPUT)
 
 
 def _refuse_history_under_inference_mode(computed: Sequence[Any]) -> None:

@@ -240,8 +240,12 @@ def default_partition(joint_module: fx.GraphModule, _joint_inputs=None, *, num_f
     """
     j = joint_of(joint_module, num_fwd_outputs)
     forward = j.computed_forward
+    # Only the backward ops the gradients need: a dead op outside the forward (einsum's
+    # trace leaves an unused `permute` of an input's view) would get a value saved that the
+    # backward graph, pruned, never reads.
+    needed = ancestors([*j.grads, *j.bw_checks], stop=forward)
     read_by_backward = {
-        inp for node in joint_module.graph.nodes
+        inp for node in needed
         if node.op == "call_function" and node not in forward
         for inp in node.all_input_nodes if inp in forward
     }

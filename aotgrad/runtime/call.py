@@ -26,7 +26,7 @@ from ..semantics.subclasses import is_subclass
 from ..capture.stale import SavedOutputs, StaleBackward
 from ..capture.fed_outputs import FedOutputs
 from ..autograd import state as _compiled_autograd
-from .outputs import output_order
+from .outputs import detached_alias, output_order
 from .mutations import BackwardWrites, mutation_steps, set_versions, version_or_none
 from .lean import held_inputs, lean_function, left_to_python, none_where_unreached, \
     undetached, tangent as _tangent
@@ -63,6 +63,9 @@ class RuntimePlan:
     # User outputs computed by the graph whose value it returns for an earlier user output
     # too: the runtime returns a tensor of their own over that memory, as eager's `detach()`.
     repeated_outputs: tuple[int, ...] = ()
+    # (k, m): forward output k, an alias of output m's memory that needs no gradient, is
+    # handed out sharing m's version counter, as eager's `h.detach()` (aliasing.py).
+    shared_counters: tuple[tuple[int, int], ...] = ()
 
     @functools.cached_property  # read on every call
     def mutated_inputs(self) -> tuple[int, ...]:
@@ -99,6 +102,8 @@ class CompiledFunction(torch.autograd.Function):
         if call.stale is not None:
             call.stale.hold_output(ctx, outs)
         plan = call.plan
+        if plan.shared_counters:
+            outs = _sharing_counters(outs, plan.shared_counters)
         ctx.call = call
         if call.backward_keeping_saved is not None:  # the backward may write into saved values
             # which a saved-tensor hook (checkpoint's, the caller's own) may still hold
@@ -186,6 +191,21 @@ class CompiledFunction(torch.autograd.Function):
         if call.backward_writes is not None:
             outs = call.backward_writes.apply(ctx, outs)
         return (None, *none_where_unreached(unreached, grads, outs))
+
+
+def _sharing_counters(outs: Sequence[Any], pairs: tuple[tuple[int, int], ...]) -> list:
+    """`outs`, each alias k over output m's memory sharing m's version counter (where the
+    backend left it over that memory, in m's dtype), a view where the graph's was one."""
+    outs = list(outs)
+    for k, m in pairs:
+        out, source = outs[k], outs[m]
+        if type(out) is torch.Tensor and type(source) is torch.Tensor \
+                and out.dtype == source.dtype and out.untyped_storage().data_ptr() \
+                == source.untyped_storage().data_ptr():
+            geometry = (out.size(), out.stride(), out.storage_offset())
+            outs[k] = (source.detach().as_strided(*geometry) if out._is_view()
+                       else detached_alias(source, geometry))
+    return outs
 
 
 def _non_differentiable_apart(outs: Sequence[Any], non_differentiable: tuple[int, ...],
@@ -304,6 +324,7 @@ class CompiledCall:
         self.stale = parts.stale
         self.saved_outputs = SavedOutputs.of(plan.info) if backward is not None else None
         self.fed_outputs = FedOutputs.of(plan.info) if backward is not None else None
+        self._fed_written = self.fed_outputs is not None and bool(self.fed_outputs.written)
         self.compiled_autograd_ids: dict[tuple, int] = {}  # _region_key's, per saved sizes
         self._call_backward_directly_once_compiled()
         self._mutations = mutation_steps(plan.info, plan.copied_in_graph, plan.sizes)
@@ -375,6 +396,8 @@ class CompiledCall:
             raw = self._run_graphs(inputs)
         for step in self._mutations:
             step(inputs, raw)
+        if self._fed_written:  # the caller's tensors, which the steps gave new nodes
+            self.fed_outputs.hold_written(raw, inputs)
         if self._plain_outputs is not None:
             return list(raw[self._plain_outputs])
         return self._user_outputs(inputs, raw)
@@ -443,7 +466,7 @@ def _is_lean(call: CompiledCall) -> bool:
     return (call.stale is None and call.backward_writes is None and
             call.backward_keeping_saved is None and not call.symbolic_tangents and
             call.plan.num_saved_sizes == 0 and not call.unread_outputs and
-            not call.non_differentiable and
+            not call.non_differentiable and not call.plan.shared_counters and
             all(metas[i].subclass is None for i in call.plan.tangent_outputs))
 
 

@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..capture import analysis
 from . import subclasses
+from .. import tables
 from ..schema import OVERWRITTEN, FunctionInfo, Geometry, OutputKind, primals_of
 from .dynamic import geometry, is_size
 
@@ -382,6 +383,45 @@ def repeated_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> tuple[int,
         repeated += gradless if len(gradless) < len(group) else group[1:]
     return tuple(sorted(repeated))
 
+
+
+def counter_sharing_outputs(gm: fx.GraphModule, info: FunctionInfo
+                            ) -> tuple[tuple[int, int], ...]:
+    """(k, m) for each forward output k that needs no gradient and is an alias, through view
+    ops, of the memory of another output m the forward returns (a value saved for the
+    backward, another output): eager's `h.detach()` shares h's version counter, so that an
+    in-place change through it makes a backward that saved h raise. The graph's alias has a
+    counter of its own: the change reached the saved value silently, and so the gradient.
+    The runtime hands out k over m's memory with m's counter instead."""
+    outputs = gm.graph.output_node().args[0]
+    first = info.first_user_output
+    aliases = [first + i for i, o in enumerate(info.outputs) if o.kind is OutputKind.PLAIN
+               and not o.requires_grad and not o.made_leaf and o.detached_from is None]
+    bases = range(first + len(info.outputs), first + len(info.outputs)
+                  + info.num_intermediate_bases)
+    aliases += [k for k in bases if not info.differentiable[k]]
+    aliases = [k for k in aliases if _is_alias_op(outputs[k])]
+    if not aliases:  # most graphs
+        return ()
+    roots: dict[fx.Node, int] = {}
+    for m, node in enumerate(outputs):
+        if m not in aliases and isinstance(node, fx.Node) \
+                and isinstance(node.meta.get("val"), torch.Tensor):
+            roots.setdefault(_alias_root(node), m)
+    found = ((k, roots.get(_alias_root(outputs[k]))) for k in aliases)
+    return tuple((k, m) for k, m in found if m is not None)
+
+
+def _is_alias_op(node: Any) -> bool:
+    return _is_view_op(node) or (isinstance(node, fx.Node)
+                                 and node.target in tables.VIEWS_IN_PRACTICE)
+
+
+def _alias_root(node: fx.Node) -> fx.Node:
+    """The node whose memory `node` reads through view ops."""
+    while _is_alias_op(node) and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
 
 def _size_args(graph: fx.Graph, node: fx.Node) -> list:
     """`node`'s sizes as graph arguments: a symbolic one is read from `node` itself (a
