@@ -384,7 +384,6 @@ def repeated_plain_outputs(gm: fx.GraphModule, info: FunctionInfo) -> tuple[int,
     return tuple(sorted(repeated))
 
 
-
 def counter_sharing_outputs(gm: fx.GraphModule, info: FunctionInfo
                             ) -> tuple[tuple[int, int], ...]:
     """(k, m) for each forward output k that needs no gradient and is an alias, through view
@@ -422,6 +421,7 @@ def _alias_root(node: fx.Node) -> fx.Node:
     while _is_alias_op(node) and isinstance(node.args[0], fx.Node):
         node = node.args[0]
     return node
+
 
 def _size_args(graph: fx.Graph, node: fx.Node) -> list:
     """`node`'s sizes as graph arguments: a symbolic one is read from `node` itself (a
