@@ -554,14 +554,14 @@ def _plan(info: FunctionInfo, c: Captured, num_fw_outputs: int,
 
 def _static_saved_values(p: Partition, fw: fx.GraphModule, cudagraphs) -> tuple[int, ...]:
     """The backward's inputs static to its compiler, as torch's: under CUDA graphs all saved
-    values (where the forward's replay left them). Else those the forward computes (at the
-    offsets traced) and its parameters and buffers: Inductor skips its per-call alignment
-    check of hundreds of inputs. A saved input of the call's own may come misaligned."""
+    values; else what the forward computes (at offsets traced) and saved parameters and
+    buffers, not checked for alignment per call. A call's own input, or its view, may move."""
     if cudagraphs is not None:
         return tuple(range(len(p.saved)))
     position = {n: i for i, n in enumerate(fw.graph.find_nodes(op="placeholder"))}
+    static = fw.meta[GRAPH_INFO].static_inputs
     return tuple(k for k, n in enumerate(p.saved)
-                 if n not in position or position[n] in fw.meta[GRAPH_INFO].static_inputs)
+                 if (root := aliasing.alias_root(n)) not in position or position[root] in static)
 
 
 def _cudagraphs(options: Options):

@@ -176,6 +176,27 @@ def test_the_backward_takes_the_values_its_forward_computes_as_static_inputs():
     assert static == ["primals_1", "tanh"]
 
 
+def test_a_saved_view_of_the_calls_own_input_stays_checked():
+    """A view of the call's input sits at the input's offset plus the traced one, which the
+    trace cannot know: Inductor keeps checking its alignment. A view of a parameter (static)
+    or of a computed value does not move."""
+    from torch import fx
+    from aotgrad.pipeline import _static_saved_values
+    from aotgrad.schema import GRAPH_INFO, GraphInfo, Partition
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    x1 = g.call_function(torch.ops.aten.slice.Tensor, (x, 0, 1))
+    w1 = g.call_function(torch.ops.aten.slice.Tensor, (w, 0, 1))
+    m = g.call_function(torch.ops.aten.mul.Tensor, (x1, w1))
+    mt = g.call_function(torch.ops.aten.t.default, (m,))
+    g.output((m, x1, w1, mt, x))
+    for node in (x, w, x1, w1, m, mt):
+        node.meta["val"] = torch.empty(2, 2)
+    fw = fx.GraphModule({}, g)
+    fw.meta[GRAPH_INFO] = GraphInfo("forward", (1,), range(1))  # w is a parameter
+    assert _static_saved_values(Partition(fw, fw, 1), fw, None) == (1, 2)  # w1, mt
+
+
 def test_inductor_compiles_outside_the_calls_autocast():
     """The graph holds autocast's casts; Inductor retraces its attention-with-dropout pattern,
     and under the caller's autocast that retrace would cast against the graph's dtypes."""

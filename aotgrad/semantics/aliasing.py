@@ -406,8 +406,8 @@ def counter_sharing_outputs(gm: fx.GraphModule, info: FunctionInfo
     for m, node in enumerate(outputs):
         if m not in aliases and isinstance(node, fx.Node) \
                 and isinstance(node.meta.get("val"), torch.Tensor):
-            roots.setdefault(_alias_root(node), m)
-    found = ((k, roots.get(_alias_root(outputs[k]))) for k in aliases)
+            roots.setdefault(alias_root(node), m)
+    found = ((k, roots.get(alias_root(outputs[k]))) for k in aliases)
     return tuple((k, m) for k, m in found if m is not None)
 
 
@@ -416,7 +416,7 @@ def _is_alias_op(node: Any) -> bool:
                                  and node.target in tables.VIEWS_IN_PRACTICE)
 
 
-def _alias_root(node: fx.Node) -> fx.Node:
+def alias_root(node: fx.Node) -> fx.Node:
     """The node whose memory `node` reads through view ops."""
     while _is_alias_op(node) and isinstance(node.args[0], fx.Node):
         node = node.args[0]
