@@ -124,7 +124,6 @@ DIFFERENT = {
     "dynamic_saved_sizes": "saved sizes: torch's backward takes them before the tensors",
     # The runtime restores an input's geometry from the trace; torch returns the new view.
     "metadata_mutation": "torch's forward returns a metadata-mutated input; aotgrad's not",
-    "mutation_kept_in_graph": "aotgrad's forward returns an input it copied into itself",
     "output_returned_twice": "torch's backward takes a tangent per copy, aotgrad's one",
     # Torch makes every argument a placeholder and bakes a number's value into the graph
     # anyway (a later call with another number reuses it); aotgrad bakes it and compiles
@@ -484,3 +483,66 @@ def test_inference_export_names_inputs_as_torch():
     ours = compat.aot_export_joint_simple(f, args, trace_joint=False)
     theirs = torch_export(f, args, trace_joint=False)
     assert ours.code == theirs.code
+
+
+def _output_counts(api, fn, args, grad: bool) -> dict[str, int]:
+    counts = {}
+
+    def recorder(role):
+        def compiler(gm, example_inputs):
+            counts[role] = len(gm.graph.output_node().args[0])
+            return api.make_boxed_func(gm.forward)
+        return compiler
+    f = api.aot_function(fn, recorder("forward"), recorder("backward"),
+                         inference_compiler=recorder("inference"),
+                         keep_inference_input_mutations=True)
+    with torch.set_grad_enabled(grad):
+        out = f(*args)
+    if grad:
+        out.sum().backward()
+    return counts
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
+def test_kept_mutations_are_no_outputs_as_in_torch(grad):
+    """With keep_inference_input_mutations, compat's forward and inference graphs returned the
+    input they copy into (`(copy_, mul_1)` where torch's return `(mul_1,)`): a compiler
+    indexing the outputs read the mutated input as the user's output."""
+    def f(x, y):
+        y.mul_(2)
+        return x * y
+    x, y = leaf(4), buffer(4)
+    x2, y2 = x.detach().clone().requires_grad_(), y.clone()
+    ours = _output_counts(compat, f, [x, y], grad)
+    assert ours == _output_counts(torch_compile_api, f, [leaf(4), buffer(4)], grad)
+    expected = f(x2, y2)
+    torch.testing.assert_close(y, y2)  # the runtime still sees the mutation done
+    if grad:
+        expected.sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+
+
+def _batch_norm_forward_outputs(api) -> list:
+    counts = []
+
+    def compiler(gm, example_inputs):
+        counts.append(len(gm.graph.output_node().args[0]))
+        return api.make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):  # as Inductor calls it
+        return api.aot_module_simplified(gm, example_inputs, compiler,
+                                         keep_inference_input_mutations=True)
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    torch._dynamo.reset()
+    out = torch.compile(mod, backend=backend)(torch.randn(5, 3))
+    out.sum().backward()
+    torch._dynamo.reset()
+    return [counts, out, mod[1].running_mean, mod[0].weight.grad]
+
+
+def test_running_stats_kept_in_graph_through_dynamo_as_in_torch():
+    ours, theirs = (_batch_norm_forward_outputs(api) for api in (compat, torch_compile_api))
+    assert ours[0][0] == theirs[0][0]  # the forward: the stats are written, not returned
+    for mine, other in zip(ours[1:], theirs[1:]):
+        torch.testing.assert_close(mine, other)

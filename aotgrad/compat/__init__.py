@@ -30,6 +30,7 @@ from ..semantics.aliasing import AliasingChanged
 from ..pipeline import Options
 from .config import config
 from .export import ExportGraphSignature, aot_export_joint_simple
+from .kept_mutations import torch_outputs
 from . import tools
 from .tools import (debug_compile, draw_graph, draw_graph_compile, print_compile,
                     pythonkey_decompose, simple_ts_compile, ts_compile)
@@ -67,8 +68,9 @@ def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompo
     check.count(where, "num_params_buffers", num_params_buffers)
     check.flag(where, "keep_inference_input_mutations", keep_inference_input_mutations)
     check.flag(where, "dynamic", dynamic)
-    backend = Backend(_fast(fw_compiler), _fast(bw_compiler or fw_compiler),
-                      _fast(inference_compiler or fw_compiler), decompositions)
+    forward = _kept_mutations if keep_inference_input_mutations else _fast
+    backend = Backend(forward(fw_compiler), _fast(bw_compiler or fw_compiler),
+                      forward(inference_compiler or fw_compiler), decompositions)
     return Options(backend, config.partitioner(partition_fn), keep_inference_input_mutations,
                    dynamic=dynamic, static_inputs=tuple(range(num_params_buffers)),
                    compile_backward=compile_backward)
@@ -79,6 +81,13 @@ def _fast(compiler: Callable) -> Callable:
     without FX's per-op dispatch (codegen.py), so that this door's per-call overhead is the
     native door's. Any other compiler (one wrapping `nop` too) gets the graph itself."""
     return eager_compiler if compiler is nop else compiler
+
+
+def _kept_mutations(compiler: Callable) -> Callable:
+    """A forward compiler handed graphs that return no input they copied into, as torch's
+    do (kept_mutations.py); `nop` sees no graph, and runs it as the runtime lays it out."""
+    fast = _fast(compiler)
+    return fast if fast is eager_compiler else torch_outputs(compiler)
 
 
 def check_compilers(where: str, fw_compiler, bw_compiler=None, inference_compiler=None,
