@@ -473,3 +473,24 @@ def test_joint_graph_replaced_after_export_compiles():
         jd = compat.aot_export_joint_with_descriptors(stack, mod, (x,), {"scale": 2.0})
         jd.graph_module = torch.fx.GraphModule(jd.graph_module, jd.graph_module.graph)
         compat.aot_compile_joint_with_descriptors(jd)
+
+
+class _ListInput(torch.nn.Module):
+    def forward(self, xs, y):
+        return (xs[0] * y + xs[1],)
+
+
+@pytest.mark.parametrize("api", [torch_compile, compat], ids=["functorch", "compat"])
+def test_simplified_compiles_a_graph_flattened_by_dynamo(api):
+    """A backend written for torch compiles a graph with nested inputs through Dynamo's
+    `flatten_graph_inputs`, which hands aot_module_simplified a GmWrapper and calls the
+    result with one list: compat's took the list as the only input and raised InputsChanged."""
+    from torch._dynamo.utils import flatten_graph_inputs
+    gm = torch.fx.symbolic_trace(_ListInput())
+    xs, y = [torch.randn(3, requires_grad=True), torch.randn(3)], torch.randn(3)
+    compiled = flatten_graph_inputs(
+        gm, [xs, y], lambda mod, flat: api.aot_module_simplified(mod, flat, api.nop))
+    out = compiled([xs[0], xs[1]], y)
+    out[0].sum().backward()
+    torch.testing.assert_close(out[0], xs[0] * y + xs[1])
+    torch.testing.assert_close(xs[0].grad, y)

@@ -8,6 +8,7 @@ graph traced with symbolic sizes serves every call its shape guard accepts.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -212,10 +213,30 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
         forward = _fixed_inputs_forward(call, state, example, compile_for_new_aliasing(
             flat_forward, gm, [*state, *example], options))
 
+    if _is_flattening_wrapper(mod):
+        forward = _boxed_forward(forward)
     forward.zero_grad = mod.zero_grad
     forward.named_parameters = mod.named_parameters
     forward.named_buffers = mod.named_buffers
     return forward
+
+
+def _is_flattening_wrapper(mod: torch.nn.Module) -> bool:
+    """Dynamo's `GmWrapper`: a graph taking nested inputs (lists), wrapped by torch's
+    `flatten_graph_inputs` to take them flat, which then calls the compiled function with
+    one list of them (a backend written for torch's aot_autograd does so)."""
+    utils = sys.modules.get("torch._dynamo.utils")  # not loaded: no Dynamo graph either
+    return utils is not None and isinstance(mod, utils.GmWrapper)
+
+
+def _boxed_forward(forward: Callable) -> Callable:
+    """`forward` called as torch calls a GmWrapper's: with one list, which it empties so that
+    the caller's references do not keep the inputs alive through the call."""
+    def boxed(runtime_args: list):
+        args = list(runtime_args)
+        runtime_args.clear()
+        return forward(*args)
+    return boxed
 
 
 def _fixed_inputs_forward(call, state: Sequence[torch.Tensor], example: Sequence[Any],
