@@ -546,3 +546,33 @@ def test_running_stats_kept_in_graph_through_dynamo_as_in_torch():
     assert ours[0][0] == theirs[0][0]  # the forward: the stats are written, not returned
     for mine, other in zip(ours[1:], theirs[1:]):
         torch.testing.assert_close(mine, other)
+
+
+def _module_backward_inputs(api) -> tuple[list, list[str]]:
+    told, names = [], []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices):
+        told.append(static_lifetime_input_indices)
+        return torch_compile_api.min_cut_rematerialization_partition(
+            joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=static_lifetime_input_indices)
+
+    def compiler(gm, example_inputs):
+        names.append([n.name for n in gm.graph.find_nodes(op="placeholder")])
+        return api.make_boxed_func(gm.forward)
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    out = api.aot_module(mod, compiler, partition_fn=partition)(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, mod(x))
+    return told, names[1]
+
+
+def test_aot_module_tells_a_partition_fn_no_static_inputs_as_torch():
+    """functorch's aot_module (and aot_function) tells a partition_fn of no static inputs;
+    compat told it the parameters, and torch's min-cut then saved a weight where torch's
+    door saves its transpose: the backward compiler got another graph."""
+    ours, theirs = _module_backward_inputs(compat), _module_backward_inputs(torch_compile_api)
+    assert ours == theirs
+    assert ours[0] == [[]]

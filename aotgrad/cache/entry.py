@@ -181,6 +181,7 @@ def _key(kind: str, graph: fx.GraphModule, c: Any, options: Any) -> keys.Key:
         parts += partitioner_components(options.partition_fn)
     parts += keys.backend_components(options.backend)
     parts += [("static inputs", str(options.static_inputs)),
+              ("partitioner static inputs", str(options.partitioner_static_inputs)),
               ("keep_inference_input_mutations", str(options.keep_inference_input_mutations))]
     parts += keys.versions(f.device for f in c.fakes if isinstance(f, torch.Tensor))
     return keys.Key(tuple(parts))

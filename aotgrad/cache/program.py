@@ -227,6 +227,7 @@ def _key(program: str, c: Any, options: Any, found: list | None = None) -> keys.
     parts += keys.backend_components(options.backend)
     parts += [("decompositions", decompositions(options.backend.decompositions)),
               ("static inputs", str(options.static_inputs)),
+              ("partitioner static inputs", str(options.partitioner_static_inputs)),
               ("keep_inference_input_mutations", str(options.keep_inference_input_mutations))]
     parts += keys.versions(t.device for t in inputs if isinstance(t, torch.Tensor))
     return keys.Key(tuple(parts))

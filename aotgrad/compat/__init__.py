@@ -74,6 +74,7 @@ def _options(fw_compiler, bw_compiler, inference_compiler, partition_fn, decompo
                       forward(inference_compiler or fw_compiler), decompositions)
     return Options(backend, config.partitioner(partition_fn), keep_inference_input_mutations,
                    dynamic=dynamic, static_inputs=tuple(range(num_params_buffers)),
+                   partitioner_static_inputs=(),  # functorch tells a partition_fn none
                    compile_backward=compile_backward)
 
 
@@ -198,6 +199,8 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     if isinstance(mod, fx.GraphModule):  # Dynamo's parameters and buffers are its inputs
         options = replace(options, static_inputs=options.static_inputs + tuple(
             len(state) + i for i in dynamo_static_inputs(mod, args)))
+    if _from_dynamo(mod):  # torch tells a partition_fn of static inputs in Dynamo's graphs only
+        options = replace(options, partitioner_static_inputs=None)
     # From Dynamo with dynamic shapes: its fakes, with symbolic sizes, for one graph.
     symbolic = isinstance(mod, fx.GraphModule) and not ignore_shape_env
     example = dynamo_fakes(mod, args) if symbolic else list(args)
@@ -219,6 +222,10 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     forward.named_parameters = mod.named_parameters
     forward.named_buffers = mod.named_buffers
     return forward
+
+
+def _from_dynamo(mod: torch.nn.Module) -> bool:
+    return isinstance(mod, fx.GraphModule) and "dynamo_compile_id" in mod.meta
 
 
 def _is_flattening_wrapper(mod: torch.nn.Module) -> bool:
