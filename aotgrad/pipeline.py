@@ -62,9 +62,8 @@ class Options:
     # come first (functorch's `num_params_buffers`); Dynamo interleaves them as modules use
     # them.
     static_inputs: tuple[int, ...] = ()
-    # The static inputs a partition_fn is told of (`static_lifetime_input_indices`), where
-    # they are not `static_inputs`: functorch's aot_function and aot_module tell torch's
-    # partitioners none, and their min-cut saves otherwise when told.
+    # The static inputs a partition_fn is told of, if not those: functorch's aot_function
+    # tells none, and torch's min-cut saves otherwise when told.
     partitioner_static_inputs: tuple[int, ...] | None = None
     # When the backward compiler runs: "lazy" at the first backward (as torch's AOTAutograd),
     # "ahead" with the forward, at the first call. Graphs of symbolic sizes compile it ahead
@@ -319,7 +318,8 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
         else:
             # Found once, after the last pass: every partitioner (and explain) reads it here.
             joint_gm.meta[JOINT] = find_joint(joint_gm, n)
-            static = c.layout.graph_positions(_partitioner_static_inputs(options))
+            told = options.partitioner_static_inputs
+            static = c.layout.graph_positions(options.static_inputs if told is None else told)
             p = Partition(*call_partitioner(options.partition_fn, joint_gm, n, static), n)
         fw, bw = p.forward, p.backward
         tag_backward(bw)
@@ -566,11 +566,6 @@ def _static_saved_values(p: Partition, fw: fx.GraphModule, cudagraphs) -> tuple[
     static = fw.meta[GRAPH_INFO].static_inputs
     return tuple(k for k, n in enumerate(p.saved)
                  if (root := aliasing.alias_root(n)) not in position or position[root] in static)
-
-
-def _partitioner_static_inputs(options: Options) -> tuple[int, ...]:
-    told = options.partitioner_static_inputs
-    return options.static_inputs if told is None else told
 
 
 def _cudagraphs(options: Options):
