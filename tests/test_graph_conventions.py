@@ -576,3 +576,24 @@ def test_aot_module_tells_a_partition_fn_no_static_inputs_as_torch():
     ours, theirs = _module_backward_inputs(compat), _module_backward_inputs(torch_compile_api)
     assert ours == theirs
     assert ours[0] == [[]]
+
+
+def _tangent_strides(api) -> list[tuple]:
+    strides = []
+
+    def compiler(gm, example_inputs):
+        strides.append([tuple(x.stride()) for x in example_inputs])
+        return api.make_boxed_func(gm.forward)
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last).requires_grad_()
+    w = leaf(4, 3, 3, 3)
+    f = api.aot_function(lambda x, w: torch.nn.functional.conv2d(x, w).relu(), compiler)
+    f(x, w).sum().backward()
+    return strides[1][-1]  # the backward's tangent
+
+
+@pytest.mark.xfail(strict=True, reason="aotgrad's backward takes contiguous tangents (the "
+                   "runtime calls .contiguous() on each gradient); torch's takes them in the "
+                   "output's memory format (channels_last here: strides (64, 1, 16, 4)) and "
+                   "coerces the gradient to it, so a backend sees other tangent strides")
+def test_tangents_have_the_outputs_memory_format_as_in_torch():
+    assert _tangent_strides(compat) == _tangent_strides(torch_compile_api) == (64, 1, 16, 4)
