@@ -494,3 +494,14 @@ def test_simplified_compiles_a_graph_flattened_by_dynamo(api):
     out[0].sum().backward()
     torch.testing.assert_close(out[0], xs[0] * y + xs[1])
     torch.testing.assert_close(xs[0].grad, y)
+
+
+@pytest.mark.parametrize("api", [torch_compile, compat], ids=["functorch", "compat"])
+def test_simplified_forward_has_torchs_attributes(api):
+    """Code written for torch reads `forward.serialize` (None: nothing to serialize)."""
+    gm = torch.fx.symbolic_trace(_Linear())
+    x = torch.randn(2, 3)
+    forward = api.aot_module_simplified(gm, [x], api.nop)
+    assert forward.serialize is None
+    assert dict(forward.named_parameters()) == dict(gm.named_parameters())
+    torch.testing.assert_close(forward(x)[0], gm(x)[0])

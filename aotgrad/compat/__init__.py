@@ -221,6 +221,7 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     forward.zero_grad = mod.zero_grad
     forward.named_parameters = mod.named_parameters
     forward.named_buffers = mod.named_buffers
+    forward.serialize = None  # torch's, where the compile cannot be serialized (aotgrad's not)
     return forward
 
 
