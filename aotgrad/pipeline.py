@@ -62,8 +62,7 @@ class Options:
     # come first (functorch's `num_params_buffers`); Dynamo interleaves them as modules use
     # them.
     static_inputs: tuple[int, ...] = ()
-    # The static inputs a partition_fn is told of, if not those: functorch's aot_function
-    # tells none, and torch's min-cut saves otherwise when told.
+    # Told to a partition_fn, if not those: functorch's aot_function tells none.
     partitioner_static_inputs: tuple[int, ...] | None = None
     # When the backward compiler runs: "lazy" at the first backward (as torch's AOTAutograd),
     # "ahead" with the forward, at the first call. Graphs of symbolic sizes compile it ahead
@@ -320,7 +319,8 @@ def _compile_training(c: Captured, options: Options, timer: _Timer,
             joint_gm.meta[JOINT] = find_joint(joint_gm, n)
             told = options.partitioner_static_inputs
             static = c.layout.graph_positions(options.static_inputs if told is None else told)
-            p = Partition(*call_partitioner(options.partition_fn, joint_gm, n, static), n)
+            with graph_being_compiled("joint"):  # functorch's name for it, in a partition_fn
+                p = Partition(*call_partitioner(options.partition_fn, joint_gm, n, static), n)
         fw, bw = p.forward, p.backward
         tag_backward(bw)
         edge = subclasses.bind_grad_sizes(edge, bw)

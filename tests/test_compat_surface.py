@@ -505,3 +505,20 @@ def test_simplified_forward_has_torchs_attributes(api):
     assert forward.serialize is None
     assert dict(forward.named_parameters()) == dict(gm.named_parameters())
     torch.testing.assert_close(forward(x)[0], gm(x)[0])
+
+
+@pytest.mark.parametrize("api", [torch_compile, compat], ids=["functorch", "compat"])
+def test_a_partition_fn_sees_the_joint_named_as_torch_names_it(api):
+    """torch's min-cut names its debug dumps after the graph being compiled; inside a
+    partition_fn compat named none (`model___0`, context `[]`)."""
+    seen = []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        seen.append((api.get_aot_graph_name(), api.get_aot_compilation_context()))
+        return api.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+    x = torch.randn(3, requires_grad=True)
+    api.aot_function(lambda x: x.sin(), api.nop, partition_fn=partition)(x).sum().backward()
+    (name, context), = seen
+    compile_id, role, nth = _name_parts(name, context)
+    assert role == "joint"
+    torch.testing.assert_close(x.grad, x.cos())
