@@ -413,3 +413,29 @@ def test_an_output_its_node_saved_unchanged_keeps_the_backward_inlined():
         compare_values(x.grad, 2 * (x * 2).exp(), "gradient")
     check_backward_inlined(recorder, torch.ops.aten.exp.default)
     assert len(recorder.graphs) == 1
+
+
+def test_compat_backend_written_for_torch():
+    """A backend written for torch's aot_autograd flattens compiled autograd's list input
+    with `flatten_graph_inputs`, which hands aot_module_simplified a GmWrapper and calls the
+    result with one list: compat's took the list as the only input (InputsChanged)."""
+    from torch._dynamo.utils import flatten_graph_inputs
+    from aotgrad import compat
+    wrapped = []
+
+    def backend(gm, example_inputs):
+        if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
+            return flatten_graph_inputs(gm, example_inputs, backend)
+        wrapped.append(type(gm).__name__)
+        return compat.aot_module_simplified(gm, example_inputs, compat.nop)
+    torch.manual_seed(0)
+    model, x = mlp(), torch.randn(5, 6)
+    reference = copy.deepcopy(model)
+    for _ in range(2):
+        loss = model(x).sum()
+        with compiled_autograd._enable(torch.compile(backend=backend)):
+            loss.backward()
+        reference(x).sum().backward()
+    assert "GmWrapper" in wrapped
+    torch.testing.assert_close([p.grad for p in model.parameters()],
+                               [p.grad for p in reference.parameters()])
