@@ -21,9 +21,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
-from .semantics import aliasing, subclasses
+from .semantics import aliasing, regions, subclasses
 from .semantics.autocast import autocast_cache
-from .semantics import regions
 from .capture.region_graphs import build_region
 from .capture import analysis, inputs as capture, joint, oplog, pure
 from .replay import random_values
@@ -59,14 +58,11 @@ class Options:
     dynamic: bool = False  # symbolic sizes for real inputs, checked by a guard per call
     # Flat argument positions of the inputs that live across calls (parameters, buffers):
     # their sizes stay static, and Inductor skips its per-call checks of them. A module's
-    # come first (functorch's `num_params_buffers`); Dynamo interleaves them as modules use
-    # them.
+    # come first (functorch's `num_params_buffers`); Dynamo's, as its modules use them.
     static_inputs: tuple[int, ...] = ()
-    # Told to a partition_fn, if not those: functorch's aot_function tells none.
-    partitioner_static_inputs: tuple[int, ...] | None = None
-    # When the backward compiler runs: "lazy" at the first backward (as torch's AOTAutograd),
-    # "ahead" with the forward, at the first call. Graphs of symbolic sizes compile it ahead
-    # always: its compiler may add to the shape guard, which the first call already uses.
+    partitioner_static_inputs: tuple[int, ...] | None = None  # told a partition_fn; None: those
+    # When the backward compiles: "lazy" at the first backward (as torch's AOTAutograd), "ahead"
+    # at the first call; always ahead for symbolic sizes (its compiler may add to the guard).
     compile_backward: str = "lazy"
     # For reports only: the names of the leading flat arguments (a module's state, as in
     # `named_parameters`), and the function whose parameters name the others (default: the
