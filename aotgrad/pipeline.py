@@ -58,9 +58,10 @@ class Options:
     dynamic: bool = False  # symbolic sizes for real inputs, checked by a guard per call
     # Flat argument positions of the inputs that live across calls (parameters, buffers):
     # their sizes stay static, and Inductor skips its per-call checks of them. A module's
-    # come first (functorch's `num_params_buffers`); Dynamo's, as its modules use them.
+    # come first (functorch's `num_params_buffers`); Dynamo's, as its modules use them. A
+    # partition_fn is told `partitioner_static_inputs` (None: the same; functorch's: none).
     static_inputs: tuple[int, ...] = ()
-    partitioner_static_inputs: tuple[int, ...] | None = None  # told a partition_fn; None: those
+    partitioner_static_inputs: tuple[int, ...] | None = None
     # When the backward compiles: "lazy" at the first backward (as torch's AOTAutograd), "ahead"
     # at the first call; always ahead for symbolic sizes (its compiler may add to the guard).
     compile_backward: str = "lazy"
@@ -574,9 +575,8 @@ def _cudagraphs(options: Options):
 
 def _static_graph_inputs(gm: fx.GraphModule, options: Options,
                          layout: capture.CallLayout) -> tuple[int, ...]:
-    """The graph inputs that live across calls. Inductor skips its per-call checks (address
-    alignment) for them. Where the graph does not take the call's inputs one for one (a
-    subclass split, a synthetic base), only the leading ones are mapped: a module's state."""
+    """The graph inputs that live across calls (no per-call alignment check). A graph not
+    taking the call's inputs one for one (subclasses split, a synthetic base) maps the first."""
     static = layout.graph_positions(options.static_inputs)
     if len(gm.graph.find_nodes(op="placeholder")) != layout.num_graph_inputs:
         return tuple(itertools.takewhile(lambda k: static[k] == k, range(len(static))))
