@@ -562,7 +562,7 @@ def _static_saved_values(p: Partition, fw: fx.GraphModule, cudagraphs) -> tuple[
     position = {n: i for i, n in enumerate(fw.graph.find_nodes(op="placeholder"))}
     static = fw.meta[GRAPH_INFO].static_inputs
     return tuple(k for k, n in enumerate(p.saved)
-                 if (root := aliasing.alias_root(n)) not in position or position[root] in static)
+                 if (root := aliasing.memory_root(n)) not in position or position[root] in static)
 
 
 def _cudagraphs(options: Options):

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import enum
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -406,8 +407,8 @@ def counter_sharing_outputs(gm: fx.GraphModule, info: FunctionInfo
     for m, node in enumerate(outputs):
         if m not in aliases and isinstance(node, fx.Node) \
                 and isinstance(node.meta.get("val"), torch.Tensor):
-            roots.setdefault(alias_root(node), m)
-    found = ((k, roots.get(alias_root(outputs[k]))) for k in aliases)
+            roots.setdefault(_alias_root(node), m)
+    found = ((k, roots.get(_alias_root(outputs[k]))) for k in aliases)
     return tuple((k, m) for k, m in found if m is not None)
 
 
@@ -416,9 +417,19 @@ def _is_alias_op(node: Any) -> bool:
                                  and node.target in tables.VIEWS_IN_PRACTICE)
 
 
-def alias_root(node: fx.Node) -> fx.Node:
+def _alias_root(node: fx.Node) -> fx.Node:
     """The node whose memory `node` reads through view ops."""
     while _is_alias_op(node) and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def memory_root(node: Any) -> Any:
+    """As `_alias_root`, items of a view op's list included, read from the graph alone: a
+    graph loaded from aotgrad's cache by Inductor's key may hold no fake values."""
+    while isinstance(node, fx.Node) and node.args and isinstance(node.args[0], fx.Node) and (
+            node.target is operator.getitem or node.target in tables.VIEWS_IN_PRACTICE
+            or isinstance(node.target, torch._ops.OpOverload) and node.target.is_view):
         node = node.args[0]
     return node
 
