@@ -579,15 +579,23 @@ def test_a_decomposition_keeps_eagers_layout(fn, door, grad):
     expected = fn(_channels_last(grad))
     x = _channels_last(grad)
     got = _compiled(fn, door)(x)
-    for e, g in zip(torch.utils._pytree.tree_leaves(expected), torch.utils._pytree.tree_leaves(got)):
+    for e, g in zip(_leaves(expected), _leaves(got)):
         assert (g.stride(), g.storage_offset(), g._is_view()) == \
             (e.stride(), e.storage_offset(), e._is_view())
         assert torch.equal(g, e)
     if grad:
         x_e = _channels_last(True)
-        sum(o.sum() * k for k, o in enumerate(torch.utils._pytree.tree_leaves(fn(x_e)), 1)).backward()
-        sum(o.sum() * k for k, o in enumerate(torch.utils._pytree.tree_leaves(got), 1)).backward()
+        _weighted_sum(fn(x_e)).backward()
+        _weighted_sum(got).backward()
         assert torch.equal(x.grad, x_e.grad)
+
+
+def _leaves(outputs) -> list:
+    return torch.utils._pytree.tree_leaves(outputs)
+
+
+def _weighted_sum(outputs) -> torch.Tensor:
+    return sum(o.sum() * k for k, o in enumerate(_leaves(outputs), 1))
 
 
 @pytest.mark.xfail(strict=True, reason="torch's meta kernels of channel_shuffle and "

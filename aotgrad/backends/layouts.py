@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..semantics.dynamic import hint
+from ..semantics.inplace_layouts import contiguous_strides, significant_strides
 
 
 def keeping_layout(op: torch._ops.OpOverload, decomposition: Callable) -> Callable:
@@ -51,18 +52,8 @@ def _returns_new_tensors(op: Any) -> bool:
 
 def _has_strided_arguments(args, kwargs) -> bool:
     tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    return any(t.layout is torch.strided and _significant(t) != _contiguous(t) for t in tensors)
-
-
-def _contiguous(t: torch.Tensor) -> tuple:
-    """`_significant` of a contiguous tensor of `t`'s shape (computed: a tensor made here
-    would be a node of the trace)."""
-    strides, step = [], 1
-    for n in reversed(_hints(t.shape)):
-        if n > 1:
-            strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
+    return any(t.layout is torch.strided and
+               significant_strides(t) != contiguous_strides(t.shape) for t in tensors)
 
 
 def _eager_layouts(op: torch._ops.OpOverload, args, kwargs) -> list | None:
@@ -82,7 +73,7 @@ def _layout(t: Any) -> tuple | None:
             not torch._prims_common.is_non_overlapping_and_dense_or_false(t):
         return None
     order = sorted(range(t.dim()), key=lambda d: (-hint(t.stride(d)), d))  # outer first
-    return _hints(t.shape), _significant(t), order
+    return _hints(t.shape), significant_strides(t), order
 
 
 def _in_layouts(out: Any, layouts: list | None) -> Any:
@@ -98,17 +89,12 @@ def _restrided(t: Any, layout: tuple | None) -> Any:
     if layout is None or not isinstance(t, torch.Tensor):
         return t
     sizes, significant, order = layout
-    if _hints(t.shape) != sizes or _significant(t) == significant:
+    if _hints(t.shape) != sizes or significant_strides(t) == significant:
         return t
     inverse = sorted(range(t.dim()), key=order.__getitem__)
     # clone, not contiguous(): asking whether a symbolic tensor is contiguous adds guards
     dense = t.permute(order).clone(memory_format=torch.contiguous_format)
     return dense.permute(inverse)
-
-
-def _significant(t: torch.Tensor) -> tuple:
-    """The strides that make a layout: those of dimensions longer than one."""
-    return tuple(hint(s) for n, s in zip(t.shape, t.stride()) if hint(n) > 1)
 
 
 def _hints(sizes) -> tuple:
