@@ -2634,6 +2634,29 @@ def test_an_inplace_op_keeps_its_targets_layout(door, make, op):
     assert x_c.grad.stride() == x_e.grad.stride() and torch.equal(x_c.grad, x_e.grad)
 
 
+_OUT_INTO_STRIDED = {
+    "cumsum": lambda z, y: torch.cumsum(z, 1, out=y),
+    "add": lambda z, y: torch.add(z, 1, out=y),
+    "clamp": lambda z, y: torch.clamp(z, 0, out=y),
+    "sort": lambda z, y: torch.sort(z, 1, out=(y, torch.empty(0, dtype=torch.long)))[0],
+}
+
+
+@DOORS
+@pytest.mark.parametrize("make", [_transposed, _channels_last], ids=["transposed", "channels_last"])
+@pytest.mark.parametrize("op", list(_OUT_INTO_STRIDED.values()), ids=list(_OUT_INTO_STRIDED))
+def test_an_out_op_keeps_its_out_tensors_layout(door, make, op):
+    """Eager's out= kernels write into the out tensor in its strides; functionalized, the
+    out tensor took the functional op's contiguous result."""
+    def fn(x, z):
+        return op(z, x * 2)
+
+    x = make()
+    z = torch.randn(x.shape)
+    expected, got = fn(x, z), door(fn)(x, z)
+    assert got.stride() == expected.stride() and torch.equal(got, expected)
+
+
 def _leaf_pair(t):
     return t.clone().requires_grad_(), t.clone().requires_grad_()
 
