@@ -598,19 +598,33 @@ def _weighted_sum(outputs) -> torch.Tensor:
     return sum(o.sum() * k for k, o in enumerate(_leaves(outputs), 1))
 
 
+def _transposed() -> torch.Tensor:
+    return torch.randn(6, 5).t()
+
+
+def _permuted() -> torch.Tensor:
+    return torch.randn(5, 5, 5).permute(0, 2, 1)
+
+
 @pytest.mark.xfail(strict=True, reason="torch's meta kernels of channel_shuffle and "
-                   "max_unpool2d return contiguous strides for a channels-last input, where "
-                   "eager's CPU kernels return channels-last: every trace (aotgrad's and "
-                   "torch's) says contiguous, so the compiled output is contiguous")
-@pytest.mark.parametrize("fn", [
-    lambda x: torch.nn.functional.channel_shuffle(torch.cat([x, x[:, :1]], 1), 2),
-    lambda x: torch.nn.functional.max_unpool2d(*torch.nn.functional.max_pool2d(
-        x, 2, return_indices=True), 2)], ids=["channel_shuffle", "max_unpool2d"])
-def test_an_op_whose_meta_strides_differ_from_eagers_cpu_kernel(fn):
-    expected = fn(_channels_last(False))
-    assert expected.is_contiguous(memory_format=torch.channels_last)
-    got = aotgrad.compile(fn, backend="inductor")(_channels_last(False))
-    assert torch.equal(got, expected)
+                   "max_unpool2d keep no channels-last layout, and those of log_sigmoid_forward "
+                   "and native_batch_norm keep the input's transposed layout, where eager's CPU "
+                   "kernels do the opposite: every trace (aotgrad's and torch's) takes the meta "
+                   "kernel's strides, so the compiled output has them")
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: torch.nn.functional.channel_shuffle(torch.cat([x, x[:, :1]], 1), 2),
+     lambda: _channels_last(False)),
+    (lambda x: torch.nn.functional.max_unpool2d(*torch.nn.functional.max_pool2d(
+        x, 2, return_indices=True), 2), lambda: _channels_last(False)),
+    (torch.nn.functional.logsigmoid, _transposed),
+    (lambda x: torch.nn.functional.batch_norm(x, None, None, training=True), _permuted),
+], ids=["channel_shuffle", "max_unpool2d", "logsigmoid", "batch_norm"])
+def test_an_op_whose_meta_strides_differ_from_eagers_cpu_kernel(fn, make):
+    torch.manual_seed(0)
+    x = make()
+    expected = fn(x)
+    got = aotgrad.compile(fn, backend="inductor")(x)
+    torch.testing.assert_close(got, expected)
     assert got.stride() == expected.stride()
 
 
