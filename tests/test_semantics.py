@@ -2634,6 +2634,25 @@ def test_an_inplace_op_keeps_its_targets_layout(door, make, op):
     assert x_c.grad.stride() == x_e.grad.stride() and torch.equal(x_c.grad, x_e.grad)
 
 
+@DOORS
+def test_a_strided_view_after_an_inplace_op_reads_eagers_elements(door):
+    """`as_strided` of a channels-last `y` after `y.masked_fill_`: the functionalized `y` was
+    contiguous, so the view the runtime rebuilds read other elements (values and x.grad
+    silently wrong)."""
+    def fn(x):
+        y = x * 2
+        y.masked_fill_(y > 0, 0.0)
+        return y.as_strided((4,), (1,), 0)
+
+    torch.manual_seed(0)
+    x_e, x_c = _leaf_pair(_channels_last())
+    expected, got = fn(x_e), door(fn)(x_c)
+    assert torch.equal(got, expected)
+    (expected * torch.arange(4.0)).sum().backward()
+    (got * torch.arange(4.0)).sum().backward()
+    assert torch.equal(x_c.grad, x_e.grad)
+
+
 _OUT_INTO_STRIDED = {
     "cumsum": lambda z, y: torch.cumsum(z, 1, out=y),
     "add": lambda z, y: torch.add(z, 1, out=y),
