@@ -3,6 +3,7 @@
 import copy
 import math
 import os
+import warnings
 import weakref
 
 import pytest
@@ -539,3 +540,108 @@ def test_an_output_and_its_detach_inductor_returns_as_one_tensor_are_two_tensors
     assert h is not detached and detached.data_ptr() == h.data_ptr()
     detached.requires_grad_()
     assert not h.requires_grad
+
+
+def _channels_last(requires_grad: bool) -> torch.Tensor:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    return x.requires_grad_(requires_grad)
+
+
+def _repeated_cat(x):
+    return torch.cat([x, x], 1)
+
+
+def _repeated_cat_and_a_strided_view(x):
+    y = torch.cat([x, x], 1)
+    return y, y.as_strided((4,), (1,), 0)  # reads y's memory in eager's (channels-last) order
+
+
+def _repeated_stack_flattened(x):
+    return torch.stack([x, x], 1).permute(0, 3, 4, 1, 2).reshape(-1)  # a view in eager
+
+
+def _compiled(fn, door):
+    torch._dynamo.reset()
+    return (aotgrad.compile(fn, backend="inductor") if door == "compile"
+            else torch.compile(fn, backend=aotgrad.backend()))
+
+
+@pytest.mark.parametrize("fn", [_repeated_cat, _repeated_cat_and_a_strided_view,
+                                _repeated_stack_flattened])
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "requires_grad"])
+def test_a_decomposition_keeps_eagers_layout(fn, door, grad):
+    """Inductor decomposes `cat` of one tensor repeated into expand/flatten/clone, contiguous:
+    the output lost eager's channels-last strides; a view eager makes of it by `as_strided`
+    read other elements (values and x.grad silently wrong); and a reshape that is a view in
+    eager was a copy in the trace (an AttributeError, or 'view size is not compatible')."""
+    expected = fn(_channels_last(grad))
+    x = _channels_last(grad)
+    got = _compiled(fn, door)(x)
+    for e, g in zip(_leaves(expected), _leaves(got)):
+        assert (g.stride(), g.storage_offset(), g._is_view()) == \
+            (e.stride(), e.storage_offset(), e._is_view())
+        assert torch.equal(g, e)
+    if grad:
+        x_e = _channels_last(True)
+        _weighted_sum(fn(x_e)).backward()
+        _weighted_sum(got).backward()
+        assert torch.equal(x.grad, x_e.grad)
+
+
+def _leaves(outputs) -> list:
+    return torch.utils._pytree.tree_leaves(outputs)
+
+
+def _weighted_sum(outputs) -> torch.Tensor:
+    return sum(o.sum() * k for k, o in enumerate(_leaves(outputs), 1))
+
+
+def _transposed() -> torch.Tensor:
+    return torch.randn(6, 5).t()
+
+
+def _permuted() -> torch.Tensor:
+    return torch.randn(5, 5, 5).permute(0, 2, 1)
+
+
+@pytest.mark.xfail(strict=True, reason="torch's meta kernels of channel_shuffle and "
+                   "max_unpool2d keep no channels-last layout, and those of log_sigmoid_forward "
+                   "and native_batch_norm keep the input's transposed layout, where eager's CPU "
+                   "kernels do the opposite: every trace (aotgrad's and torch's) takes the meta "
+                   "kernel's strides, so the compiled output has them")
+@pytest.mark.parametrize("fn, make", [
+    (lambda x: torch.nn.functional.channel_shuffle(torch.cat([x, x[:, :1]], 1), 2),
+     lambda: _channels_last(False)),
+    (lambda x: torch.nn.functional.max_unpool2d(*torch.nn.functional.max_pool2d(
+        x, 2, return_indices=True), 2), lambda: _channels_last(False)),
+    (torch.nn.functional.logsigmoid, _transposed),
+    (lambda x: torch.nn.functional.batch_norm(x, None, None, training=True), _permuted),
+], ids=["channel_shuffle", "max_unpool2d", "logsigmoid", "batch_norm"])
+def test_an_op_whose_meta_strides_differ_from_eagers_cpu_kernel(fn, make):
+    torch.manual_seed(0)
+    x = make()
+    expected = fn(x)
+    got = aotgrad.compile(fn, backend="inductor")(x)
+    torch.testing.assert_close(got, expected)
+    assert got.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+def test_a_decomposition_keeps_eagers_layout_at_symbolic_sizes(door):
+    """The same with dynamic shapes: one graph serves both sizes, channels-last at each (the
+    meta kernel's symbolic strides are read outside the trace: arithmetic on them inside
+    failed as 'not tracked with proxy', and Dynamo's graph fell back to static shapes)."""
+    torch._dynamo.reset()
+    fn = _repeated_cat_and_a_strided_view
+    compiled = (aotgrad.compile(fn, backend="inductor", dynamic=True) if door == "compile"
+                else torch.compile(fn, backend=aotgrad.backend(), dynamic=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for shape in [(2, 3, 4, 4), (3, 3, 5, 5)]:
+            x = torch.randn(*shape).to(memory_format=torch.channels_last)
+            (y, v), (ey, ev) = compiled(x), fn(x)
+            assert y.stride() == ey.stride() and torch.equal(v, ev)
+    if door == "compile":
+        assert len(compiled.artifacts) == 1

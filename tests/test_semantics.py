@@ -2598,3 +2598,99 @@ def test_dropout_dropping_nothing_returns_its_input_as_eager(p, train):
     torch.testing.assert_close(actual, expected)
     for mine, theirs in zip(copies, args):
         torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+def _transposed():
+    return torch.randn(6, 5).t()
+
+
+def _channels_last():
+    return torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+
+
+_INPLACE_ON_STRIDED = {
+    "masked_fill_": lambda y: y.masked_fill_(y > 0, 0.0),
+    "triu_": lambda y: y.triu_(),
+    "cumsum_": lambda y: y.cumsum_(1),
+    "scatter_": lambda y: y.scatter_(1, torch.zeros_like(y, dtype=torch.long), 3.0),
+}
+
+
+@DOORS
+@pytest.mark.parametrize("make", [_transposed, _channels_last], ids=["transposed", "channels_last"])
+@pytest.mark.parametrize("op", list(_INPLACE_ON_STRIDED.values()), ids=list(_INPLACE_ON_STRIDED))
+def test_an_inplace_op_keeps_its_targets_layout(door, make, op):
+    """Functionalized, `y.masked_fill_(m, 0)` became `masked_fill(y, m, 0)`, whose result is
+    contiguous: a transposed or channels-last `y` came out contiguous (and x.grad too)."""
+    def fn(x):
+        return op(x * 2)
+
+    torch.manual_seed(0)
+    x_e, x_c = _leaf_pair(make())
+    expected, got = fn(x_e), door(fn)(x_c)
+    assert got.stride() == expected.stride() and torch.equal(got, expected)
+    (expected * torch.arange(expected.numel()).view(expected.shape)).sum().backward()
+    (got * torch.arange(got.numel()).view(got.shape)).sum().backward()
+    assert x_c.grad.stride() == x_e.grad.stride() and torch.equal(x_c.grad, x_e.grad)
+
+
+@DOORS
+def test_a_strided_view_after_an_inplace_op_reads_eagers_elements(door):
+    """`as_strided` of a channels-last `y` after `y.masked_fill_`: the functionalized `y` was
+    contiguous, so the view the runtime rebuilds read other elements (values and x.grad
+    silently wrong)."""
+    def fn(x):
+        y = x * 2
+        y.masked_fill_(y > 0, 0.0)
+        return y.as_strided((4,), (1,), 0)
+
+    torch.manual_seed(0)
+    x_e, x_c = _leaf_pair(_channels_last())
+    expected, got = fn(x_e), door(fn)(x_c)
+    assert torch.equal(got, expected)
+    (expected * torch.arange(4.0)).sum().backward()
+    (got * torch.arange(4.0)).sum().backward()
+    assert torch.equal(x_c.grad, x_e.grad)
+
+
+_OUT_INTO_STRIDED = {
+    "cumsum": lambda z, y: torch.cumsum(z, 1, out=y),
+    "add": lambda z, y: torch.add(z, 1, out=y),
+    "clamp": lambda z, y: torch.clamp(z, 0, out=y),
+    "sort": lambda z, y: torch.sort(z, 1, out=(y, torch.empty(0, dtype=torch.long)))[0],
+}
+
+
+@DOORS
+@pytest.mark.parametrize("make", [_transposed, _channels_last], ids=["transposed", "channels_last"])
+@pytest.mark.parametrize("op", list(_OUT_INTO_STRIDED.values()), ids=list(_OUT_INTO_STRIDED))
+def test_an_out_op_keeps_its_out_tensors_layout(door, make, op):
+    """Eager's out= kernels write into the out tensor in its strides; functionalized, the
+    out tensor took the functional op's contiguous result."""
+    def fn(x, z):
+        return op(z, x * 2)
+
+    x = make()
+    z = torch.randn(x.shape)
+    expected, got = fn(x, z), door(fn)(x, z)
+    assert got.stride() == expected.stride() and torch.equal(got, expected)
+
+
+def _leaf_pair(t):
+    return t.clone().requires_grad_(), t.clone().requires_grad_()
+
+
+def test_a_view_eager_refuses_after_an_inplace_op_is_refused_under_inductor():
+    """`y.view(-1)` of a channels-last `y` after `masked_fill_`: eager refuses it; the
+    functionalized `y` was contiguous, so the compiled function returned a view. (Dynamo's
+    own fake run refuses it before aotgrad sees a graph.)"""
+    def fn(x):
+        y = x * 2
+        y.masked_fill_(y > 0, 0.0)
+        return y.view(-1)
+
+    compiled = aotgrad.compile(fn, backend="inductor")
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        fn(_channels_last())
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        compiled(_channels_last())

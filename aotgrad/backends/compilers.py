@@ -25,6 +25,7 @@ from torch import fx
 
 from ..semantics.effects import run_checks_after, split_checks
 from . import cudagraphs, fxcache
+from .layouts import keeping_layout
 from ..schema import (DONATED, GRAPH_INFO, INDUCTOR_FX_KEY, OUTPUT_STRIDES, Backend,
                       GraphInfo, is_tangent)
 
@@ -498,7 +499,7 @@ class InductorDecompositions(Mapping):
     def _table(self) -> Mapping:
         import torch._inductor.lowering  # noqa: F401  (some decompositions consult it)
         from torch._inductor.decomposition import select_decomp_table
-        return select_decomp_table()
+        return {op: keeping_layout(op, fn) for op, fn in select_decomp_table().items()}
 
     def __getitem__(self, op):
         return self._table[op]

@@ -38,6 +38,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from . import regions
 from .hops import functionalize_hop
 from .inference import decompose_tracking_views, normal_views
+from .inplace_layouts import inplace_keeping_layout, out_keeping_layout
 from .swaps import SET_FROM_TENSOR, SetCalls, mirror_set_on_wrapper
 from ..tables import (CHECKED_CONDITIONS, ERROR_CHECKS, KERNEL_RESIZES, OUT_DTYPE_INPUTS,
                       OUT_DTYPE_PARTLY, OUT_DTYPE_REDUCTIONS, STORAGE_RESIZES, UNMARKED_MUTATIONS,
@@ -144,6 +145,9 @@ class CheckingFunctionalMode(FunctionalTensorMode):
                 return declared(*args, **(kwargs or {}))
         if differentiated_by_its_kernel(func) and torch.is_grad_enabled():
             _refuse_writes_that_require_grad(func, written_arguments(func, args, kwargs or {}))
+        kept = _keeping_layout(self, func, args, kwargs or {})
+        if kept is not NotImplemented:
+            return kept
         if func not in ERROR_CHECKS:
             out = normal_views(func, args, super().__torch_dispatch__(func, types, args, kwargs),
                                self)
@@ -236,6 +240,13 @@ def _refuse_writes_that_require_grad(func, written) -> None:
             "through its fake kernel. Define it with torch.library.custom_op (with "
             "register_autograd on a functional form), or write a tensor that does not require "
             "grad (under torch.no_grad(), or a detached one).")
+
+
+def _keeping_layout(mode: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """An in-place or out= op whose target keeps its strides in eager (inplace_layouts.py)."""
+    if _out_names(func):
+        return out_keeping_layout(mode, func, args, kwargs)
+    return inplace_keeping_layout(mode, func, args, kwargs)
 
 
 @functools.cache
