@@ -213,6 +213,25 @@ def test_dynamo_and_compat_front_doors_hit():
     assert [e for e, _ in cache.events()][2:] == ["miss", "hit"]
 
 
+def test_a_hits_graphs_carry_the_users_lines_as_a_cold_compiles_do():
+    """A compiler reading `stack_trace` (Inductor's kernel comments, provenance) got none on
+    a hit: the stored graphs kept no traces. Each is stored once per graph, shared by row."""
+    seen = []
+
+    def recording(gm, example_inputs):
+        seen.append({n.name: n.meta.get("stack_trace") for n in gm.graph.nodes
+                     if n.op == "call_function"})
+        return gm
+    x = torch.randn(4, 6, requires_grad=True)
+    for _ in range(2):
+        torch._dynamo.reset()
+        torch.compile(f, backend=aotgrad.backend(backend=aotgrad.Backend(
+            recording, recording, recording)))(x, x.detach()).sum().backward()
+    assert [e for e, _ in cache.events()] == ["miss", "hit"]
+    cold, warm = seen[:2], seen[2:]
+    assert cold == warm and all(any(t for t in g.values()) for g in cold)
+
+
 def test_warm_dynamo_compile_skips_analysis_and_trace(monkeypatch):
     from aotgrad.capture import analysis, pure
     calls = []

@@ -203,7 +203,15 @@ def partitioner_components(fn: Callable) -> list[tuple[str, str]]:
 # ---- graphs ------------------------------------------------------------------------------
 
 def encode(gm: fx.GraphModule) -> list:
-    return codec.encode_graph(gm, _stored_meta)
+    rows = codec.encode_graph(gm, _stored_meta)
+    first: dict[str, int] = {}  # a trace many nodes share is stored once, then by its row
+    for i, meta in enumerate(row[5] for row in rows):
+        trace = meta.get("trace")
+        if trace in first:
+            meta["trace"] = first[trace]
+        elif trace is not None:
+            first[trace] = i
+    return rows
 
 
 def _stored_meta(node: fx.Node) -> dict:
@@ -220,6 +228,8 @@ def _stored_meta(node: fx.Node) -> dict:
     aten = node.meta.get("original_aten")  # the op Inductor names a kernel after
     if isinstance(aten, torch._ops.OpOverload):
         meta["aten"] = codec.encode_target(aten)
+    if isinstance(node.meta.get("stack_trace"), str):  # the user's line, for a compiler that
+        meta["trace"] = node.meta["stack_trace"]  # reads it (a hit's graphs had none)
     return meta
 
 
@@ -244,6 +254,10 @@ def decode(rows: list, fake_mode, fake_values: bool = True) -> fx.GraphModule:
             node.meta[RANDOM_VALUE] = tuple(meta["random"])
         if "aten" in meta:
             node.meta["original_aten"] = codec.decode_target(meta["aten"])
+        if "trace" in meta:  # or the row that holds it
+            trace = meta["trace"]
+            node.meta["stack_trace"] = rows[trace][5]["trace"] if isinstance(trace, int) \
+                else trace
     if fake_values:
         fill_fake_values(gm, fake_mode)
     return gm
