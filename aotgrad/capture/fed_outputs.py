@@ -20,6 +20,7 @@ runs it before them.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -100,9 +101,17 @@ class FedOutputs:
         """At the forward, the node's own outputs (`outs`: the graph's); weakly: the
         output's grad_fn is this ctx, a strong reference would be a cycle. The others, the
         runtime's tensors, are held after the call (`hold_rebuilt`, `hold_written`)."""
-        later = {*self.rebuilt, *(j for j, _ in self.written)}
+        later = self._held_later
         ctx.fed_outputs = [None if j in later else weakref.ref(outs[k])
                            for j, (k, _) in enumerate(self.fed)]
+
+    @functools.cached_property  # read on every call
+    def _held_later(self) -> frozenset[int]:
+        return frozenset((*self.rebuilt, *(j for j, _ in self.written)))
+
+    @functools.cached_property  # read at every backward
+    def _written_input(self) -> dict[int, int]:
+        return dict(self.written)
 
     def hold_rebuilt(self, raw: Sequence[Any], user_outs: Sequence[Any]) -> None:
         """After the call, the views the runtime rebuilt, on the node (the grad_fn of an
@@ -126,7 +135,7 @@ class FedOutputs:
         held = getattr(ctx, "fed_outputs", None)
         if held is None:  # a tracer's stand-in ctx
             return
-        written = dict(self.written)
+        written = self._written_input
         for j, ((k, readers), ref) in enumerate(zip(self.fed, held)):
             out = ref() if ref is not None else None
             if out is None or all(grads[c] is None for c in readers):
