@@ -43,12 +43,19 @@ def compiled_step(job: bench.Job):
 
 
 def measure(model: str, modes: list[str], budget: float | None, small: bool, device: str,
-            rounds: int, steps: int) -> dict:
-    stepping = {m: compiled_step(bench.Job(model, m, budget, small, device, 5, steps))
+            rounds: int, turns: list[int]) -> list[dict]:
+    """A row per turn length, all timed on the same compiled steps: whether a ratio moves
+    with how many steps a mode runs before the other takes over (issue 20: DeBERTa-v2's
+    ratio differed between harnesses of 3 and of 30-48 steps a turn)."""
+    stepping = {m: compiled_step(bench.Job(model, m, budget, small, device, 5, turns[0]))
                 for m in modes}
-    times = take_turns(stepping, rounds, steps, device.startswith("cuda"))
-    return {m: {key: statistics.median(t[key] for t in ts) * 1e3 for key in ("host", "step")}
-            for m, ts in times.items()}
+    rows = []
+    for steps in turns:
+        times = take_turns(stepping, rounds, steps, device.startswith("cuda"))
+        rows.append({"steps": steps, **{
+            m: {key: statistics.median(t[key] for t in ts) * 1e3 for key in ("host", "step")}
+            for m, ts in times.items()}})
+    return rows
 
 
 def take_turns(stepping: dict, rounds: int, steps: int, cuda: bool) -> dict[str, list[dict]]:
@@ -76,11 +83,11 @@ def _turn(step, steps: int, cuda: bool) -> list[dict]:
 def table(rows: list[dict], modes: list[str]) -> str:
     """The second mode against the first."""
     first, second = modes
-    lines = [f"| model | budget | {first} step ms | {second} step ms | ratio | {first} host ms "
-             f"| {second} host ms |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [f"| model | budget | steps a turn | {first} step ms | {second} step ms | ratio | {first} host ms "
+             f"| {second} host ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         a, b = row[first], row[second]
-        lines.append(f"| {row['model']} | {row['budget']} | {a['step']:.2f} | {b['step']:.2f} | "
+        lines.append(f"| {row['model']} | {row['budget']} | {row['steps']} | {a['step']:.2f} | {b['step']:.2f} | "
                      f"{b['step'] / a['step']:.3f} | {a['host']:.2f} | {b['host']:.2f} |")
     return "\n".join(lines)
 
@@ -94,18 +101,20 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="the CPU-sized models")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", default="3",
+                        help="steps a turn; a comma list times each on the same compiles")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     modes = args.modes.split(",")
     assert len(modes) == 2, "--modes takes two modes"
-    rows = [{"model": name, "budget": 1.0 if args.budget is None else args.budget,
-             **measure(name, modes, args.budget, args.small, args.device, args.rounds,
-                       args.steps)}
-            for name in args.models.split(",")]
+    turns = [int(s) for s in args.steps.split(",")]
+    rows = [{"model": name, "budget": 1.0 if args.budget is None else args.budget, **row}
+            for name in args.models.split(",")
+            for row in measure(name, modes, args.budget, args.small, args.device, args.rounds,
+                               turns)]
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     text = (f"# Interleaved step time ({datetime.date.today()}, torch {torch.__version__}, "
-            f"{device})\n\nMedians of {args.rounds} x {args.steps} synced steps per mode, both "
+            f"{device})\n\nMedians of {args.rounds} turns of synced steps per mode, both "
             f"modes in one process, taking turns.\n\n{table(rows, modes)}")
     if args.out:
         out = Path(args.out)

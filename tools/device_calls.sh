@@ -49,6 +49,17 @@ sdpa31)  # BERT's compiled graphs (both doors) hold SDPA's math path, with a bf1
   # dropout, where eager and a plain fake trace of the same call take cuDNN's (session 30,
   # sdpa/). Which trace step leaves cuDNN: each door's joint trace of that call, printed
   TAIL=20 step sdpa 120 python tools/gpu_sdpa_choice.py bert ;;
+turns32)  # session 31: harness31 had our DeBERTa-v2 step at 0.81-0.89x torch's in step_split
+  # (turns of 30-48 steps) where models.py (turns of 3) had 1.136x; the cold processes, now
+  # 1.29x. One process, the same compiles timed in turns of 3 then 48 steps; and each mode's
+  # GPU kernel time by kind (session 18: our backward's Triton kernels 1.8 ms slower)
+  TAIL=8 step turns 300 python bench/interleaved.py --models deberta_v2 --rounds 8 \
+    --steps 3,48,3 --out $OUT/turns
+  TAIL=12 step gap 280 python bench/profile_gap.py --models deberta_v2 --steps 5 --timeout 135 \
+    --out $OUT/gap ;;
+host32)  # session 31: the same DeBERTa-v2 kernels, but our step's host time 43-46 ms to
+  # torch's 29-32 and the GPU idle 21.6 ms a step: where the host's time goes (C++ too)
+  TAIL=70 step host 400 python tools/host_probe.py deberta_v2 --steps 3 --out $OUT/host ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \
