@@ -75,6 +75,92 @@ def compiled_choices(args, kwargs) -> dict:
     return {d: seen.get(d) for d in doors}
 
 
+def dynamo_choices(args, kwargs) -> dict:
+    """The same call through Dynamo: the attention ops each door's forward graph holds, with
+    torch.compile(backend=aotgrad's, eager compilers) and torch's AOTAutograd (session 31:
+    the whole model's Dynamo graphs hold the math path in both doors, where each door's joint
+    trace of the call alone holds cuDNN's kernel). `model`: with the mask built in the
+    compiled code as transformers builds it under Dynamo (a bf16 `where` of an expanded
+    `q_idx >= 0`), not passed in."""
+    import aotgrad
+    from torch._dynamo.backends.common import aot_autograd  # torch's, to compare
+    tensors = [a.detach().requires_grad_() for a in args if isinstance(a, torch.Tensor)]
+    rest = {k: v for k, v in kwargs.items() if k != "attn_mask"}
+    seen = {}
+
+    def recorder(door):
+        def compiler(gm, example_inputs):
+            seen.setdefault(door, sorted({str(n.target) for n in gm.graph.nodes
+                                          if n.op == "call_function" and any(
+                                              w in str(n.target) for w in ("attention", "bmm"))}))
+            return gm
+        return compiler
+
+    def attend_masked(q, k, v):
+        b, t = q.shape[0], q.shape[2]
+        keep = (torch.arange(t, device=q.device)[None, None, :, None] >= 0).expand(b, -1, t, t)
+        mask = torch.where(keep, torch.tensor(0.0, dtype=q.dtype, device=q.device),
+                           torch.tensor(float("-inf"), dtype=q.dtype, device=q.device))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **rest).float().sum()
+
+    def attend_plain(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **rest).float().sum()
+    backends = {
+        "aotgrad": lambda d: aotgrad.backend(backend=aotgrad.Backend(
+            recorder(d), recorder(d + "_bw"), recorder(d + "_inf"))),
+        "torch": lambda d: aot_autograd(fw_compiler=recorder(d), bw_compiler=recorder(d + "_bw"))}
+    for fn in (attend_plain, attend_masked):
+        for door, make in backends.items():
+            name = f"{door} {fn.__name__}"
+            torch._dynamo.reset()
+            try:
+                with torch.autocast("cuda", torch.bfloat16):
+                    out = torch.compile(fn, backend=make(name))(*tensors)
+                out.backward()
+            except Exception as e:  # noqa: BLE001  (a tool: report and go on)
+                seen[name] = f"failed: {str(e)[:200]}"
+    return {d: v for d, v in seen.items() if not d.endswith(("_bw", "_inf"))}
+
+
+def decomposed_choices(args, kwargs) -> dict:
+    """The joint trace of the call (autocast, the mask, dropout) with Inductor's
+    decompositions, each door: SDPA's is its CompositeImplicitAutograd kernel run from
+    Python, where the plain traces above run it from C++."""
+    import aotgrad
+    from torch._decomp import core_aten_decompositions  # noqa: F401  (import order)
+    from torch._inductor.decomposition import select_decomp_table
+    from functorch.compile import aot_function  # torch's, to compare
+    from aotgrad.backends.compilers import _inductor_decompositions
+    tensors = [a.detach().requires_grad_() for a in args if isinstance(a, torch.Tensor)]
+    mask = kwargs.get("attn_mask")
+    rest = {k: v for k, v in kwargs.items() if k != "attn_mask"}
+    seen = {}
+
+    def recorder(door):
+        def compiler(gm, example_inputs):
+            seen.setdefault(door, sorted({str(n.target) for n in gm.graph.nodes
+                                          if n.op == "call_function" and any(
+                                              w in str(n.target) for w in ("attention", "bmm"))}))
+            return gm
+        return compiler
+
+    def attend(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **rest).float().sum()
+    doors = {"aotgrad": lambda: aotgrad.compile(attend, backend=aotgrad.Backend(
+                 recorder("aotgrad"), recorder("aotgrad_bw"), recorder("aotgrad_inf"),
+                 _inductor_decompositions())),
+             "torch": lambda: aot_function(attend, recorder("torch"), recorder("torch_bw"),
+                                           decompositions=select_decomp_table())}
+    for door, make in doors.items():
+        try:
+            with torch.autocast("cuda", torch.bfloat16):
+                out = make()(*tensors, mask)
+            out.backward()
+        except Exception as e:  # noqa: BLE001  (a tool: report and go on)
+            seen[door] = f"failed: {str(e)[:200]}"
+    return {d: seen.get(d) for d in doors}
+
+
 def main():
     spec = bench_run.MODELS[sys.argv[1]]
     torch.manual_seed(0)
@@ -116,6 +202,8 @@ def main():
     print("traced by each door (autocast, the mask, dropout):", compiled_choices(args, masked))
     print("... and without dropout:", compiled_choices(args, {**masked, "dropout_p": 0.0}))
     print("... nor the mask:", compiled_choices(args, {**kwargs, "dropout_p": 0.0}))
+    print("through Dynamo:", dynamo_choices(args, kwargs))
+    print("with Inductor's decompositions:", decomposed_choices(args, masked))
     names = {}
     for e in prof.key_averages():
         if any(m in e.key.lower() for m in ("fmha", "flash", "attention", "efficient", "cutlass")):
