@@ -49,7 +49,8 @@ sdpa31)  # BERT's compiled graphs (both doors) hold SDPA's math path, with a bf1
   # dropout, where eager and a plain fake trace of the same call take cuDNN's (session 30,
   # sdpa/). Which trace step leaves cuDNN: each door's joint trace of that call, printed
   TAIL=20 step sdpa 120 python tools/gpu_sdpa_choice.py bert ;;  # session 31: + through Dynamo,
-  # + with Inductor's decompositions (not yet run)
+  # + with Inductor's decompositions, + the whole model's Dynamo graph's SDPA arguments and
+  # switches, with `_fused_sdp_choice` of them (not yet run)
 turns32)  # session 31: harness31 had our DeBERTa-v2 step at 0.81-0.89x torch's in step_split
   # (turns of 30-48 steps) where models.py (turns of 3) had 1.136x; the cold processes, now
   # 1.29x. One process, the same compiles timed in turns of 3 then 48 steps; and each mode's

@@ -161,6 +161,53 @@ def decomposed_choices(args, kwargs) -> dict:
     return {d: seen.get(d) for d in doors}
 
 
+def model_choice(model, batch) -> list[str]:
+    """What the whole model's Dynamo graph hands SDPA (session 31: its compiled graphs hold
+    the math path, where the call alone takes cuDNN however it is traced): each SDPA node's
+    fake arguments as Dynamo recorded them, `_fused_sdp_choice` of them, and the global
+    switches it reads. Traced by aotgrad with Inductor's decompositions and eager compilers."""
+    import aotgrad
+    from aotgrad.backends.compilers import _inductor_decompositions, eager_compiler
+    lines = []
+
+    def describe(v):
+        if isinstance(v, torch.Tensor):
+            return (f"{v.dtype} {list(v.shape)} stride {v.stride()} offset "
+                    f"{v.storage_offset()} grad {v.requires_grad} {v.device}")
+        return repr(v)
+
+    def inspecting(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and "scaled_dot_product" in str(node.target):
+                args, kwargs = torch.fx.node.map_aggregate(
+                    (node.args, node.kwargs),
+                    lambda a: a.meta.get("example_value") if isinstance(a, torch.fx.Node)
+                    else a)
+                lines.append(f"{node.name}: " + "; ".join(map(describe, args)) + " | " + str(
+                    {k: describe(v) for k, v in kwargs.items()}))
+                fake = args[0].fake_mode  # Dynamo's own, not the tracing context's
+                try:
+                    with fake:
+                        lines.append(f"  choice {torch._fused_sdp_choice(*args, **kwargs)}")
+                except Exception as e:  # noqa: BLE001
+                    lines.append(f"  choice failed: {str(e)[:200]}")
+                if len(lines) >= 4:
+                    break
+        lines.append("switches: flash %s efficient %s cudnn %s math %s deterministic %s" % (
+            torch.backends.cuda.flash_sdp_enabled(),
+            torch.backends.cuda.mem_efficient_sdp_enabled(),
+            torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.math_sdp_enabled(),
+            torch.are_deterministic_algorithms_enabled()))
+        backend = aotgrad.Backend(eager_compiler, eager_compiler, eager_compiler,
+                                  _inductor_decompositions())
+        return aotgrad.backend(backend=backend)(gm, example_inputs)
+    torch._dynamo.reset()
+    with torch.autocast("cuda", torch.bfloat16):
+        loss = torch.compile(model, backend=inspecting)(*batch)
+    loss.backward()
+    return lines
+
+
 def main():
     spec = bench_run.MODELS[sys.argv[1]]
     torch.manual_seed(0)
@@ -202,6 +249,7 @@ def main():
     print("traced by each door (autocast, the mask, dropout):", compiled_choices(args, masked))
     print("... and without dropout:", compiled_choices(args, {**masked, "dropout_p": 0.0}))
     print("... nor the mask:", compiled_choices(args, {**kwargs, "dropout_p": 0.0}))
+    print("the model's Dynamo graph:", *model_choice(model, batch), sep="\n  ")
     print("through Dynamo:", dynamo_choices(args, kwargs))
     print("with Inductor's decompositions:", decomposed_choices(args, masked))
     names = {}
