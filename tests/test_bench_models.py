@@ -90,3 +90,22 @@ def test_svg_is_well_formed_with_a_bar_per_measured_ratio(report):
     assert "gpt2 aotgrad: 0.900" in titles and "resnet50 inductor_ro: 0.500" in titles
     labels = {t.text for t in svg.iter(f"{ns}text")}
     assert {"gpt2", "resnet50", "aotgrad_ro"} <= labels and "bert" not in labels
+
+
+def test_several_interleaved_processes_merge_into_each_modes_medians():
+    import models  # bench/models.py (imports torch and aotgrad)
+
+    def run(inductor, aotgrad):
+        return {"status": "ok", "elapsed_s": 10.0, "modes": {
+            "inductor": {"status": "ok", "step_ms": inductor, "host_ms": 1.0,
+                         "min_ms": inductor - 1, "samples_ms": [[inductor, 1.0]]},
+            "aotgrad": {"status": "ok", "step_ms": aotgrad, "host_ms": 2.0,
+                        "min_ms": aotgrad - 1, "samples_ms": [[aotgrad, 2.0]]}}}
+    runs = [run(40.0, 50.0), run(38.0, 33.0), run(39.0, 36.0), {"status": "timeout"}]
+    merged = models.merge_processes(runs)
+    assert merged["modes"]["inductor"]["step_ms"] == 39.0
+    assert merged["modes"]["aotgrad"]["step_ms"] == 36.0
+    assert merged["modes"]["aotgrad"]["min_ms"] == 32.0
+    assert [p["aotgrad"]["step_ms"] for p in merged["processes"]] == [50.0, 33.0, 36.0]
+    assert "samples_ms" not in merged["modes"]["aotgrad"] and merged["elapsed_s"] == 30.0
+    assert models.merge_processes(runs[:1]) == runs[0]  # one process: its own row

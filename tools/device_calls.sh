@@ -62,6 +62,10 @@ turns32)  # session 31: harness31 had our DeBERTa-v2 step at 0.81-0.89x torch's 
 host32)  # session 31: the same DeBERTa-v2 kernels, but our step's host time 43-46 ms to
   # torch's 29-32 and the GPU idle 21.6 ms a step: where the host's time goes (C++ too)
   TAIL=70 step host 400 python tools/host_probe.py deberta_v2 --steps 3 --out $OUT/host ;;
+processes32)  # DeBERTa-v2's step in four interleaved processes (session 31: a host-bound
+  # step's ratio is drawn per process, 0.81x to 1.29x in nine): each mode's median of theirs
+  TAIL=14 step models 575 python bench/models.py --models deberta_v2 --modes inductor,aotgrad \
+    --jobs 2 --budget 200 --timeout 560 --processes 4 --out $OUT/models ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \
