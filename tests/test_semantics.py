@@ -1086,6 +1086,67 @@ def test_saved_tensor_hooks_see_what_the_compiled_forward_saves(door):
     torch.testing.assert_close(x.grad, x.cos())
 
 
+def _bf16_hooks(counts):
+    """Activation quantization: what autograd saves is kept in bfloat16."""
+    def pack(t):
+        counts.append("pack")
+        return t.to(torch.bfloat16)
+
+    def unpack(t):
+        counts.append("unpack")
+        return t.float()
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def _exp_exp(x):
+    return x.exp().exp().sum()
+
+
+class ExpExp(torch.nn.Module):
+    def forward(self, x):
+        return _exp_exp(x)
+
+
+@pytest.mark.parametrize("door", [compile_eager, compat, dynamo,
+                                  lambda f: aotgrad.compile(ExpExp(), backend="eager")],
+                         ids=["compile", "compat", "dynamo", "module"])
+def test_a_saved_tensor_hook_that_changes_values_is_refused(door):
+    """Eager's gradient goes through the bfloat16 copies of what exp saves (its results); the
+    compiled node saved other values, quantized the same way, and its gradient was another,
+    silently (2.7 apart here). Now the unpack that changes a value raises."""
+    x = torch.randn(8, requires_grad=True)
+    with _bf16_hooks([]):
+        loss = _exp_exp(x)
+    (expected,) = torch.autograd.grad(loss, x)
+    assert not torch.allclose(expected, torch.autograd.grad(_exp_exp(x), x)[0])
+    compiled = door(_exp_exp)
+    compiled(x)  # compile outside the hooks
+    counts = []
+    with _bf16_hooks(counts):
+        loss = compiled(x)
+    assert counts and set(counts) == {"pack"}
+    with pytest.raises(RuntimeError, match="aotgrad: the saved-tensor unpack hook .*unpack "
+                                           "returned another value than its pack hook"):
+        loss.backward()
+
+
+@DOORS
+def test_a_saved_tensor_hook_that_keeps_values_runs_once_per_saved_value(door):
+    """A hook moving values elsewhere and back (a user's own offloading) gives eager's
+    gradients, with its pack and unpack each run once per value the compiled node saves."""
+    seen = []
+    hooks = torch.autograd.graph.saved_tensors_hooks(
+        lambda t: seen.append("pack") or t.clone(), lambda t: seen.append("unpack") or t)
+    x = torch.randn(8, requires_grad=True)
+    compiled = door(_exp_exp)
+    compiled(x)
+    with hooks:
+        loss = compiled(x)
+    loss.backward()
+    torch.testing.assert_close(x.grad, torch.autograd.grad(_exp_exp(x), x)[0])
+    assert seen and seen.count("pack") == seen.count("unpack")
+
+
 def test_save_on_cpu_keeps_gradients_right():
     x = torch.randn(5, requires_grad=True)
     compiled = compile_eager(lambda x: (x.exp() * x).sum())
