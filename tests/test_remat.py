@@ -402,6 +402,71 @@ def test_checkpoint_writing_batch_norm_statistics_is_refused_unless_no_backward_
             torch.testing.assert_close(b, e)
 
 
+def _dropout_block(x, w):
+    return F.dropout((x @ w).sin(), 0.5, training=True) @ w
+
+
+def _save_mm(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op is aten.mm.default else \
+        CheckpointPolicy.PREFER_RECOMPUTE
+
+
+UNPRESERVED = {  # checkpoints whose recompute draws with the generator as the backward finds it
+    "plain": dict(use_reentrant=False),
+    "reentrant": dict(use_reentrant=True),
+    "selective": dict(use_reentrant=False, context_fn=functools.partial(
+        create_selective_checkpoint_contexts, _save_mm)),
+}
+
+
+def _unpreserved_step(fn, kind, x, w):
+    torch.manual_seed(0)
+    out = fn(x, w, kind)
+    out.sum().backward()
+    return out, x.grad
+
+
+def _unpreserved(x, w, kind):
+    return checkpoint(_dropout_block, x, w, preserve_rng_state=False, **UNPRESERVED[kind])
+
+
+@pytest.mark.parametrize("kind", UNPRESERVED)
+@pytest.mark.parametrize("door", [
+    lambda f: aotgrad.compile(f, backend="eager"),
+    lambda f: torch.compile(f, backend=aotgrad.backend(backend="eager"))],
+    ids=["compile", "dynamo"])
+def test_checkpoint_not_preserving_rng_state_around_dropout_is_refused(door, kind):
+    """Eager's backward recomputes the region with fresh draws: another mask than the
+    forward's (and the generator moved on). The compiled backward used the forward's mask:
+    gradients 8 apart from eager's, silently. Refused, where a backward may recompute; under
+    no_grad, and without random ops, the function runs as eager."""
+    torch._dynamo.reset()
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    _, expected = _unpreserved_step(_unpreserved, kind, x, w)
+    x.grad = w.grad = None
+    _, as_if_preserved = _unpreserved_step(lambda x, w, kind: checkpoint(
+        _dropout_block, x, w, **UNPRESERVED[kind]), kind, x, w)
+    assert not torch.allclose(expected, as_if_preserved)
+    compiled = door(_unpreserved)
+    with pytest.raises(Exception, match="aotgrad: a torch.utils.checkpoint region with "
+                                        "preserve_rng_state=False draws random numbers"):
+        _unpreserved_step(compiled, kind, x, w)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        out = compiled(x, w, kind)
+        torch.manual_seed(0)
+        torch.testing.assert_close(out, _unpreserved(x, w, kind))
+
+    def no_draws(x, w, kind):
+        return checkpoint(lambda x, w: (x @ w).sin() @ w, x, w, preserve_rng_state=False,
+                          **UNPRESERVED[kind])
+    torch._dynamo.reset()
+    x.grad = None
+    _, got = _unpreserved_step(door(no_draws), kind, x, w)
+    x.grad = None
+    torch.testing.assert_close(got, _unpreserved_step(no_draws, kind, x, w)[1])
+
+
 def test_a_selective_checkpoints_policy_does_not_tag_later_traces():
     """torch's selective checkpoint, traced, leaves each op's policy in the tracer's current
     metadata: an analysis or a double backward's replay of one left it there, and every

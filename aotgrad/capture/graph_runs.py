@@ -78,7 +78,12 @@ class _NodeByNode(torch.fx.Interpreter):
             # Not told reentrant: Dynamo lifts the parameters the body reads into its
             # operands, so eager's rule (no gradient unless an input requires grad) cannot
             # be applied to the user's inputs alone (tests/test_remat.py, xfail).
-            return checkpoints.run_region(interpreted(body), operands, reentrant=False)
+            return checkpoints.run_region(interpreted(body), operands, reentrant=False,
+                                          preserve_rng_state=kwargs.get(
+                                              "preserve_rng_state", True))
+        elif target is regions.CHECKPOINT and not kwargs.get("preserve_rng_state", True):
+            with checkpoints.FreshDrawsRefused():  # a selective one, to torch's op
+                return super().call_function(target, args, kwargs)
         return super().call_function(target, args, kwargs)
 
 

@@ -58,10 +58,12 @@ def run_once():
     def generator(fn, preserve_rng_state=True, context_fn=checkpoint_module.noop_context_fn,
                   *args, **kwargs):
         if context_fn is checkpoint_module.noop_context_fn:
-            with PlainRegion():
+            with PlainRegion(fresh_draws=not preserve_rng_state):
                 yield
             return
-        with _policies_confined():  # past the region its policy must not tag the ops after
+        with _policies_confined(), \
+                contextlib.nullcontext() if preserve_rng_state else FreshDrawsRefused():
+            # past the region its policy must not tag the ops after
             yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
 
     ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
@@ -80,7 +82,7 @@ def run_once():
         _IDS.reset(ids)
 
 
-def run_region(fn, args, reentrant: bool):
+def run_region(fn, args, reentrant: bool, preserve_rng_state: bool = True):
     """A plain region's call: once, tagged. A reentrant one (`use_reentrant=True`, which
     eager runs under no_grad in the forward) passes no gradient back, to its inputs or to
     the parameters it uses, unless an input of it requires grad: so here too."""
@@ -89,7 +91,8 @@ def run_region(fn, args, reentrant: bool):
             return fn(*args)
     # Eager's gradients through a reentrant region come from its rerun in the backward,
     # whose casts are its own: a leaf used in and around it adds those gradients apart.
-    with PlainRegion(), autocast_cache(False) if reentrant else contextlib.nullcontext():
+    with PlainRegion(fresh_draws=not preserve_rng_state), \
+            autocast_cache(False) if reentrant else contextlib.nullcontext():
         return fn(*args)
 
 
@@ -100,7 +103,8 @@ class _ReentrantRegion:
 
     @staticmethod
     def apply(run_function, preserve_rng_state, *args):
-        return run_region(run_function, args, reentrant=True)
+        return run_region(run_function, args, reentrant=True,
+                          preserve_rng_state=preserve_rng_state)
 
 
 @contextlib.contextmanager
@@ -144,10 +148,12 @@ def _next_id() -> int:
 class PlainRegion(TorchDispatchMode):
     """The ops of one plain checkpoint's region, run once: each node they record is
     tagged; an in-place write to a tensor the region did not make is refused where a
-    backward may recompute the region."""
+    backward may recompute the region, and so is a random op where the recompute would
+    draw afresh (`fresh_draws`: preserve_rng_state=False)."""
 
-    def __init__(self):
+    def __init__(self, fresh_draws: bool = False):
         super().__init__()
+        self.fresh_draws = fresh_draws
         self.graph_id = _next_id()
         self.made = WeakTensorKeyDictionary()  # by identity: `==` on tensors is theirs
         self.open = False
@@ -167,6 +173,8 @@ class PlainRegion(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self._refuse_outer_writes(func, args, kwargs)
+        if self.fresh_draws:
+            refuse_fresh_draws(func)
         proxy_mode = get_proxy_mode()
         graph = proxy_mode.tracer.graph if proxy_mode is not None else None
         before = len(graph.nodes) if graph is not None else 0
@@ -198,6 +206,29 @@ class PlainRegion(TorchDispatchMode):
                     "backward recomputes the region, which a compiled backward does not. "
                     "Move the write out of the checkpointed region, or compile the "
                     "function without the checkpoint.")
+
+
+def refuse_fresh_draws(func) -> None:
+    """In a region whose recompute draws afresh (preserve_rng_state=False), a random op is
+    refused where a backward may recompute it (under no_grad eager draws once, as here).
+    A selective region's too, whatever its policy says of the op (aotgrad never recomputes
+    a random op)."""
+    if torch.is_grad_enabled() and torch.Tag.nondeterministic_seeded in getattr(
+            func, "tags", ()):
+        raise NotImplementedError(
+            f"aotgrad: a torch.utils.checkpoint region with preserve_rng_state=False draws "
+            f"random numbers ({func}): eager's backward recomputes the region with fresh "
+            "draws (another dropout mask than the forward's, and the global generator moved "
+            "on), which a compiled backward does not repeat. Pass preserve_rng_state=True "
+            "(the default), or compile the function without the checkpoint.")
+
+
+class FreshDrawsRefused(TorchDispatchMode):
+    """Around a selective region with preserve_rng_state=False: `refuse_fresh_draws`."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        refuse_fresh_draws(func)
+        return func(*args, **(kwargs or {}))
 
 
 def is_plain(body: torch.fx.GraphModule) -> bool:
