@@ -14,6 +14,10 @@ import torch
 from torch.fx.experimental import _config as fx_config
 
 from ..semantics import checkpoints, mends, regions
+from .own_saves import check_saves_at_backward
+
+# Dynamo's call of a custom autograd.Function (absent from older torch)
+_FUNCTION_APPLY = getattr(torch.ops.higher_order, "autograd_function_apply", None)
 
 
 def node_by_node(fn: Callable) -> Callable:
@@ -81,6 +85,10 @@ class _NodeByNode(torch.fx.Interpreter):
             return checkpoints.run_region(interpreted(body), operands, reentrant=False,
                                           preserve_rng_state=kwargs.get(
                                               "preserve_rng_state", True))
+        elif target is _FUNCTION_APPLY and target is not None:
+            out = super().call_function(target, args, kwargs)
+            check_saves_at_backward(out)
+            return out
         elif target is regions.CHECKPOINT and not kwargs.get("preserve_rng_state", True):
             with checkpoints.FreshDrawsRefused():  # a selective one, to torch's op
                 return super().call_function(target, args, kwargs)

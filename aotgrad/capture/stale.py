@@ -33,6 +33,7 @@ from ..schema import FunctionInfo, OutputKind
 from .inputs import (StaleSavedValue, compiled_autograd_off, differentiating, functional_mode,
                      to_functional)
 from .joint import mutable_copies, traced_grad
+from .own_saves import eager_name
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def _describe(e: StaleSavedValue, args: Sequence[Any], outs: dict[int, Any]) -> 
     as_passed = i is not None and t is base and node == "CloneBackward0"  # mutable_copies
     output_nr = t.output_nr
     if i is None:  # made inside: eager names its node when saved, not the op that changed it
-        node = None if e.node is None else e.node.name()
+        node = None if e.node is None else eager_name(e.node)  # a Function Dynamo captured too
         output_nr = e.output_nr
     return StaleSaved(tuple(t.shape), t.dtype, t.device, i, as_passed, node, output_nr,
                       e.saved_version, t._version, output if i is None else None)
