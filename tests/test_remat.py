@@ -467,6 +467,26 @@ def test_checkpoint_not_preserving_rng_state_around_dropout_is_refused(door, kin
     torch.testing.assert_close(got, _unpreserved_step(no_draws, kind, x, w)[1])
 
 
+@pytest.mark.parametrize("door", [
+    lambda f: aotgrad.compile(f, backend="eager"),
+    lambda f: torch.compile(f, backend=aotgrad.backend(backend="eager"))],
+    ids=["compile", "dynamo"])
+def test_a_context_fn_of_other_contexts_is_refused_by_aotgrad(door):
+    """Torch's assertion spoke of "torch.compile mode" to an aotgrad.compile user."""
+    torch._dynamo.reset()
+
+    def contexts():
+        return contextlib.nullcontext(), contextlib.nullcontext()
+
+    def fn(x, w):
+        return checkpoint(lambda x: (x @ w).sin(), x, use_reentrant=False, context_fn=contexts)
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    fn(x, w).sum().backward()  # eager runs it
+    with pytest.raises(Exception, match="aotgrad: a torch.utils.checkpoint context_fn is "
+                                        "traced by torch's selective checkpointing"):
+        door(fn)(x, w)
+
+
 def test_a_selective_checkpoints_policy_does_not_tag_later_traces():
     """torch's selective checkpoint, traced, leaves each op's policy in the tracer's current
     metadata: an analysis or a double backward's replay of one left it there, and every

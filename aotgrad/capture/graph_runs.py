@@ -89,8 +89,8 @@ class _NodeByNode(torch.fx.Interpreter):
             out = super().call_function(target, args, kwargs)
             check_saves_at_backward(out)
             return out
-        elif target is regions.CHECKPOINT and not kwargs.get("preserve_rng_state", True):
-            with checkpoints.FreshDrawsRefused():  # a selective one, to torch's op
+        elif target is regions.CHECKPOINT:  # a selective one, to torch's op
+            with checkpoints.selective_region(kwargs.get("preserve_rng_state", True)):
                 return super().call_function(target, args, kwargs)
         return super().call_function(target, args, kwargs)
 

@@ -61,9 +61,8 @@ def run_once():
             with PlainRegion(fresh_draws=not preserve_rng_state):
                 yield
             return
-        with _policies_confined(), \
-                contextlib.nullcontext() if preserve_rng_state else FreshDrawsRefused():
-            # past the region its policy must not tag the ops after
+        # past the region its policy must not tag the ops after
+        with _policies_confined(), selective_region(preserve_rng_state):
             yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
 
     ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
@@ -221,6 +220,23 @@ def refuse_fresh_draws(func) -> None:
             "draws (another dropout mask than the forward's, and the global generator moved "
             "on), which a compiled backward does not repeat. Pass preserve_rng_state=True "
             "(the default), or compile the function without the checkpoint.")
+
+
+@contextlib.contextmanager
+def selective_region(preserve_rng_state: bool):
+    """Around a selective region, run by torch's machinery: random ops refused where its
+    recompute would draw afresh, and torch's assertion on the contexts made aotgrad's."""
+    try:
+        with contextlib.nullcontext() if preserve_rng_state else FreshDrawsRefused():
+            yield
+    except AssertionError as e:
+        if "`context_fn`" not in str(e):
+            raise
+        raise NotImplementedError(
+            "aotgrad: a torch.utils.checkpoint context_fn is traced by torch's selective "
+            "checkpointing (as under torch.compile), which takes only two TorchDispatchModes; "
+            "this one returns other contexts. Use create_selective_checkpoint_contexts, or "
+            "compile the function without the checkpoint.") from e
 
 
 class FreshDrawsRefused(TorchDispatchMode):
