@@ -379,6 +379,28 @@ def test_reentrant_checkpoint_of_an_input_without_grad_passes_no_gradient(door):
         [p.grad is None for p in eager.parameters()] == [True, True, False, False]
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_checkpoint_closing_over_a_tensor_changed_after_the_region_is_refused(reentrant):
+    """Eager's backward recomputes the region with the closed-over tensor's new value and
+    raises nothing; aotgrad's stale-value analysis ran the checkpoint as torch does (a
+    reentrant one raising torch's `.grad()` error at the compile) or found nothing and
+    asked for a bug report. Through Dynamo the tensor is an operand of the region: the
+    backward raises eager's error for a changed argument."""
+    def fn(x, w0):
+        w = w0 * 1
+        y = checkpoint(lambda x: (x @ w).sin(), x, use_reentrant=reentrant)
+        w.mul_(2)
+        return y.sum()
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    fn(x, w).backward()  # eager runs it
+    with pytest.raises(NotImplementedError, match="aotgrad: a torch.utils.checkpoint region "
+                                                  "reads a tensor of shape .4, 4. from outside"):
+        aotgrad.compile(fn, backend="eager")(x, w)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.compile(fn, backend=aotgrad.backend(backend="eager"))(x, w).backward()
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "eager's reentrant checkpoint raises at torch.autograd.grad (its backward finds "
     "_is_checkpoint_valid() False); the compiled node, which holds the region, gives the "

@@ -42,6 +42,10 @@ from .mends import patched
 
 _IDS: contextvars.ContextVar[Iterator[int] | None] = contextvars.ContextVar(
     "aotgrad_checkpoint_ids", default=None)
+# Tensors plain regions read from outside them but not as arguments (closed over), while
+# `noting_closed_over()` is on: eager's recompute reads such a tensor anew.
+_CLOSED_OVER: contextvars.ContextVar[WeakTensorKeyDictionary | None] = contextvars.ContextVar(
+    "aotgrad_checkpoint_closed_over", default=None)
 # The regions entered inside `run_once()`, closed by it if an error left them open.
 _OPEN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "aotgrad_open_checkpoints", default=None)
@@ -58,7 +62,7 @@ def run_once():
     def generator(fn, preserve_rng_state=True, context_fn=checkpoint_module.noop_context_fn,
                   *args, **kwargs):
         if context_fn is checkpoint_module.noop_context_fn:
-            with PlainRegion(fresh_draws=not preserve_rng_state):
+            with PlainRegion(args, fresh_draws=not preserve_rng_state):
                 yield
             return
         # past the region its policy must not tag the ops after
@@ -90,7 +94,7 @@ def run_region(fn, args, reentrant: bool, preserve_rng_state: bool = True):
             return fn(*args)
     # Eager's gradients through a reentrant region come from its rerun in the backward,
     # whose casts are its own: a leaf used in and around it adds those gradients apart.
-    with PlainRegion(fresh_draws=not preserve_rng_state), \
+    with PlainRegion(args, fresh_draws=not preserve_rng_state), \
             autocast_cache(False) if reentrant else contextlib.nullcontext():
         return fn(*args)
 
@@ -150,11 +154,15 @@ class PlainRegion(TorchDispatchMode):
     backward may recompute the region, and so is a random op where the recompute would
     draw afresh (`fresh_draws`: preserve_rng_state=False)."""
 
-    def __init__(self, fresh_draws: bool = False):
+    def __init__(self, args: tuple = (), fresh_draws: bool = False):
         super().__init__()
         self.fresh_draws = fresh_draws
+        self.closed_over = _CLOSED_OVER.get()
         self.graph_id = _next_id()
         self.made = WeakTensorKeyDictionary()  # by identity: `==` on tensors is theirs
+        self.given = WeakTensorKeyDictionary()  # its arguments: read, not closed over
+        self.given.update((t, True) for t in pytree.tree_leaves(args)
+                          if isinstance(t, torch.Tensor))
         self.open = False
 
     def __enter__(self):
@@ -174,6 +182,8 @@ class PlainRegion(TorchDispatchMode):
         self._refuse_outer_writes(func, args, kwargs)
         if self.fresh_draws:
             refuse_fresh_draws(func)
+        if self.closed_over is not None:
+            self._note_closed_over(args, kwargs)
         proxy_mode = get_proxy_mode()
         graph = proxy_mode.tracer.graph if proxy_mode is not None else None
         before = len(graph.nodes) if graph is not None else 0
@@ -185,6 +195,11 @@ class PlainRegion(TorchDispatchMode):
         self.made.update((t, True) for t in pytree.tree_leaves(out)
                          if isinstance(t, torch.Tensor))
         return out
+
+    def _note_closed_over(self, args, kwargs) -> None:
+        self.closed_over.update((t, True) for t in pytree.tree_leaves((args, kwargs))
+                                if isinstance(t, torch.Tensor) and t not in self.made
+                                and t not in self.given)
 
     def _refuse_outer_writes(self, func, args, kwargs) -> None:
         """Under no_grad no backward recomputes the region: eager writes once, as here."""
@@ -205,6 +220,31 @@ class PlainRegion(TorchDispatchMode):
                     "backward recomputes the region, which a compiled backward does not. "
                     "Move the write out of the checkpointed region, or compile the "
                     "function without the checkpoint.")
+
+
+@contextlib.contextmanager
+def noting_closed_over():
+    """Plain regions note the tensors they read from outside them, not as arguments."""
+    token = _CLOSED_OVER.set(WeakTensorKeyDictionary())
+    try:
+        yield
+    finally:
+        _CLOSED_OVER.reset(token)
+
+
+def refuse_closed_over_write(t: torch.Tensor) -> None:
+    """`t`, saved for the backward, was changed in place later: if a plain region read it
+    closed over, eager's backward recomputes the region with its new value (no error),
+    which the values a compiled forward saves cannot give."""
+    closed_over = _CLOSED_OVER.get()
+    if closed_over is not None and t in closed_over:
+        raise NotImplementedError(
+            f"aotgrad: a torch.utils.checkpoint region reads a tensor of shape "
+            f"{list(t.shape)} from outside it (closed over, not passed as an argument) that "
+            "is changed in place after the region: eager's backward recomputes the region "
+            "with the new value, which a compiled backward does not. Pass the tensor to "
+            "checkpoint() as an argument (eager then raises at the backward, as aotgrad "
+            "does), or change a copy of it.")
 
 
 def refuse_fresh_draws(func) -> None:
