@@ -1147,6 +1147,18 @@ def test_a_saved_tensor_hook_that_keeps_values_runs_once_per_saved_value(door):
     assert seen and seen.count("pack") == seen.count("unpack")
 
 
+def test_a_saved_values_fingerprint_sees_a_rounding_not_a_copy():
+    """What the check keeps of a saved value instead of the value (which an offloading hook
+    is there to free): equal for a copy of another layout, not for a bfloat16 round trip."""
+    from aotgrad.runtime.saved_hooks import _fingerprint
+    x = torch.randn(16, 8)
+    for t in (x, x.t(), x.double(), x.half(), x > 0, torch.arange(5), x.to(torch.complex64)):
+        assert _fingerprint(t) == _fingerprint(t.clone(memory_format=torch.contiguous_format))
+        assert _fingerprint(t) == _fingerprint(t.t().contiguous().t() if t.dim() == 2 else t)
+    assert _fingerprint(x) != _fingerprint(x.bfloat16().float())
+    assert _fingerprint(x) != _fingerprint(x.double())
+
+
 def test_save_on_cpu_keeps_gradients_right():
     x = torch.randn(5, requires_grad=True)
     compiled = compile_eager(lambda x: (x.exp() * x).sum())
