@@ -466,6 +466,35 @@ def _unpreserved(x, w, kind):
     return checkpoint(_dropout_block, x, w, preserve_rng_state=False, **UNPRESERVED[kind])
 
 
+def _must_recompute(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_RECOMPUTE
+
+
+PRESERVED = {**UNPRESERVED, "recompute everything": dict(
+    use_reentrant=False, context_fn=functools.partial(
+        create_selective_checkpoint_contexts, _must_recompute))}
+
+
+@pytest.mark.parametrize("kind", PRESERVED)
+@pytest.mark.parametrize("door", [
+    lambda f: aotgrad.compile(f, backend="eager"),
+    lambda f: torch.compile(f, backend=aotgrad.backend(backend="eager"))],
+    ids=["compile", "dynamo"])
+def test_checkpoint_preserving_rng_state_around_dropout_matches_eager(door, kind):
+    """Dynamo's op for a selective region calls checkpoint() with preserve_rng_state=False
+    itself: that is not the user's, whose own (the default here) is the op's kwarg."""
+    torch._dynamo.reset()
+
+    def fn(x, w, kind):
+        return checkpoint(_dropout_block, x, w, **PRESERVED[kind])
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    out, grad = _unpreserved_step(fn, kind, x, w)
+    x.grad = None
+    got_out, got_grad = _unpreserved_step(door(fn), kind, x, w)
+    torch.testing.assert_close(got_out, out)
+    torch.testing.assert_close(got_grad, grad)
+
+
 @pytest.mark.parametrize("kind", UNPRESERVED)
 @pytest.mark.parametrize("door", [
     lambda f: aotgrad.compile(f, backend="eager"),

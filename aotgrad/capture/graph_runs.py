@@ -90,7 +90,7 @@ class _NodeByNode(torch.fx.Interpreter):
             check_saves_at_backward(out)
             return out
         elif target is regions.CHECKPOINT:  # a selective one, to torch's op
-            with checkpoints.selective_region(kwargs.get("preserve_rng_state", True)):
+            with checkpoints.dynamo_selective_region(kwargs.get("preserve_rng_state", True)):
                 return super().call_function(target, args, kwargs)
         return super().call_function(target, args, kwargs)
 

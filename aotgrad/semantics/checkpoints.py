@@ -46,6 +46,10 @@ _IDS: contextvars.ContextVar[Iterator[int] | None] = contextvars.ContextVar(
 # `noting_closed_over()` is on: eager's recompute reads such a tensor anew.
 _CLOSED_OVER: contextvars.ContextVar[WeakTensorKeyDictionary | None] = contextvars.ContextVar(
     "aotgrad_checkpoint_closed_over", default=None)
+# Inside Dynamo's selective region, whose op calls checkpoint() with preserve_rng_state=False
+# whatever the user passed (torch keeps the RNG state its own way): the user's is its kwarg.
+_IN_DYNAMO_OP: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "aotgrad_checkpoint_in_dynamo_op", default=False)
 # The regions entered inside `run_once()`, closed by it if an error left them open.
 _OPEN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "aotgrad_open_checkpoints", default=None)
@@ -66,7 +70,8 @@ def run_once():
                 yield
             return
         # past the region its policy must not tag the ops after
-        with _policies_confined(), selective_region(preserve_rng_state):
+        with _policies_confined(), \
+                selective_region(preserve_rng_state or _IN_DYNAMO_OP.get()):
             yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
 
     ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
@@ -277,6 +282,17 @@ def selective_region(preserve_rng_state: bool):
             "checkpointing (as under torch.compile), which takes only two TorchDispatchModes; "
             "this one returns other contexts. Use create_selective_checkpoint_contexts, or "
             "compile the function without the checkpoint.") from e
+
+
+@contextlib.contextmanager
+def dynamo_selective_region(preserve_rng_state: bool):
+    """Around Dynamo's op for a selective region, the user's `preserve_rng_state` its kwarg."""
+    token = _IN_DYNAMO_OP.set(True)
+    try:
+        with selective_region(preserve_rng_state):
+            yield
+    finally:
+        _IN_DYNAMO_OP.reset(token)
 
 
 class FreshDrawsRefused(TorchDispatchMode):
