@@ -379,6 +379,42 @@ def test_reentrant_checkpoint_of_an_input_without_grad_passes_no_gradient(door):
         [p.grad is None for p in eager.parameters()] == [True, True, False, False]
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_checkpoint_closing_over_a_tensor_changed_after_the_region_is_refused(reentrant):
+    """Eager's backward recomputes the region with the closed-over tensor's new value and
+    raises nothing; aotgrad's stale-value analysis ran the checkpoint as torch does (a
+    reentrant one raising torch's `.grad()` error at the compile) or found nothing and
+    asked for a bug report. Through Dynamo the tensor is an operand of the region: the
+    backward raises eager's error for a changed argument."""
+    def fn(x, w0):
+        w = w0 * 1
+        y = checkpoint(lambda x: (x @ w).sin(), x, use_reentrant=reentrant)
+        w.mul_(2)
+        return y.sum()
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    fn(x, w).backward()  # eager runs it
+    with pytest.raises(NotImplementedError, match="aotgrad: a torch.utils.checkpoint region "
+                                                  "reads a tensor of shape .4, 4. from outside"):
+        aotgrad.compile(fn, backend="eager")(x, w)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.compile(fn, backend=aotgrad.backend(backend="eager"))(x, w).backward()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "eager's reentrant checkpoint raises at torch.autograd.grad (its backward finds "
+    "_is_checkpoint_valid() False); the compiled node, which holds the region, gives the "
+    "gradient: whether eager's engine would reach the region depends on the inputs asked for"))
+def test_reentrant_checkpoint_under_autograd_grad_raises_as_eager():
+    def fn(x, w):
+        return checkpoint(lambda x: (x @ w).sin(), x, use_reentrant=True).sum()
+    x, w = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="incompatible with .grad()"):
+        torch.autograd.grad(fn(x, w), x)
+    with pytest.raises(RuntimeError, match="incompatible with .grad()"):
+        torch.autograd.grad(aotgrad.compile(fn, backend="eager")(x, w), x)
+
+
 @CHECKPOINT_DOORS
 def test_checkpoint_writing_batch_norm_statistics_is_refused_unless_no_backward_can(door):
     """Eager writes BatchNorm's running statistics again when the backward recomputes the
@@ -400,6 +436,120 @@ def test_checkpoint_writing_batch_norm_statistics_is_refused_unless_no_backward_
             torch.testing.assert_close(door(model)(x), eager(x))
         for b, e in zip(model.buffers(), eager.buffers()):
             torch.testing.assert_close(b, e)
+
+
+def _dropout_block(x, w):
+    return F.dropout((x @ w).sin(), 0.5, training=True) @ w
+
+
+def _save_mm(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op is aten.mm.default else \
+        CheckpointPolicy.PREFER_RECOMPUTE
+
+
+UNPRESERVED = {  # checkpoints whose recompute draws with the generator as the backward finds it
+    "plain": dict(use_reentrant=False),
+    "reentrant": dict(use_reentrant=True),
+    "selective": dict(use_reentrant=False, context_fn=functools.partial(
+        create_selective_checkpoint_contexts, _save_mm)),
+}
+
+
+def _unpreserved_step(fn, kind, x, w):
+    torch.manual_seed(0)
+    out = fn(x, w, kind)
+    out.sum().backward()
+    return out, x.grad
+
+
+def _unpreserved(x, w, kind):
+    return checkpoint(_dropout_block, x, w, preserve_rng_state=False, **UNPRESERVED[kind])
+
+
+def _must_recompute(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_RECOMPUTE
+
+
+PRESERVED = {**UNPRESERVED, "recompute everything": dict(
+    use_reentrant=False, context_fn=functools.partial(
+        create_selective_checkpoint_contexts, _must_recompute))}
+
+
+@pytest.mark.parametrize("kind", PRESERVED)
+@pytest.mark.parametrize("door", [
+    lambda f: aotgrad.compile(f, backend="eager"),
+    lambda f: torch.compile(f, backend=aotgrad.backend(backend="eager"))],
+    ids=["compile", "dynamo"])
+def test_checkpoint_preserving_rng_state_around_dropout_matches_eager(door, kind):
+    """Dynamo's op for a selective region calls checkpoint() with preserve_rng_state=False
+    itself: that is not the user's, whose own (the default here) is the op's kwarg."""
+    torch._dynamo.reset()
+
+    def fn(x, w, kind):
+        return checkpoint(_dropout_block, x, w, **PRESERVED[kind])
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    out, grad = _unpreserved_step(fn, kind, x, w)
+    x.grad = None
+    got_out, got_grad = _unpreserved_step(door(fn), kind, x, w)
+    torch.testing.assert_close(got_out, out)
+    torch.testing.assert_close(got_grad, grad)
+
+
+@pytest.mark.parametrize("kind", UNPRESERVED)
+@pytest.mark.parametrize("door", [
+    lambda f: aotgrad.compile(f, backend="eager"),
+    lambda f: torch.compile(f, backend=aotgrad.backend(backend="eager"))],
+    ids=["compile", "dynamo"])
+def test_checkpoint_not_preserving_rng_state_around_dropout_is_refused(door, kind):
+    """Eager's backward recomputes the region with fresh draws: another mask than the
+    forward's (and the generator moved on). The compiled backward used the forward's mask:
+    gradients 8 apart from eager's, silently. Refused, where a backward may recompute; under
+    no_grad, and without random ops, the function runs as eager."""
+    torch._dynamo.reset()
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    _, expected = _unpreserved_step(_unpreserved, kind, x, w)
+    x.grad = w.grad = None
+    _, as_if_preserved = _unpreserved_step(lambda x, w, kind: checkpoint(
+        _dropout_block, x, w, **UNPRESERVED[kind]), kind, x, w)
+    assert not torch.allclose(expected, as_if_preserved)
+    compiled = door(_unpreserved)
+    with pytest.raises(Exception, match="aotgrad: a torch.utils.checkpoint region with "
+                                        "preserve_rng_state=False draws random numbers"):
+        _unpreserved_step(compiled, kind, x, w)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        out = compiled(x, w, kind)
+        torch.manual_seed(0)
+        torch.testing.assert_close(out, _unpreserved(x, w, kind))
+
+    def no_draws(x, w, kind):
+        return checkpoint(lambda x, w: (x @ w).sin() @ w, x, w, preserve_rng_state=False,
+                          **UNPRESERVED[kind])
+    torch._dynamo.reset()
+    x.grad = None
+    _, got = _unpreserved_step(door(no_draws), kind, x, w)
+    x.grad = None
+    torch.testing.assert_close(got, _unpreserved_step(no_draws, kind, x, w)[1])
+
+
+@pytest.mark.parametrize("door", [
+    lambda f: aotgrad.compile(f, backend="eager"),
+    lambda f: torch.compile(f, backend=aotgrad.backend(backend="eager"))],
+    ids=["compile", "dynamo"])
+def test_a_context_fn_of_other_contexts_is_refused_by_aotgrad(door):
+    """Torch's assertion spoke of "torch.compile mode" to an aotgrad.compile user."""
+    torch._dynamo.reset()
+
+    def contexts():
+        return contextlib.nullcontext(), contextlib.nullcontext()
+
+    def fn(x, w):
+        return checkpoint(lambda x: (x @ w).sin(), x, use_reentrant=False, context_fn=contexts)
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    fn(x, w).sum().backward()  # eager runs it
+    with pytest.raises(Exception, match="aotgrad: a torch.utils.checkpoint context_fn is "
+                                        "traced by torch's selective checkpointing"):
+        door(fn)(x, w)
 
 
 def test_a_selective_checkpoints_policy_does_not_tag_later_traces():

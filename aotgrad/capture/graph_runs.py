@@ -14,6 +14,10 @@ import torch
 from torch.fx.experimental import _config as fx_config
 
 from ..semantics import checkpoints, mends, regions
+from .own_saves import check_saves_at_backward
+
+# Dynamo's call of a custom autograd.Function (absent from older torch)
+_FUNCTION_APPLY = getattr(torch.ops.higher_order, "autograd_function_apply", None)
 
 
 def node_by_node(fn: Callable) -> Callable:
@@ -78,7 +82,16 @@ class _NodeByNode(torch.fx.Interpreter):
             # Not told reentrant: Dynamo lifts the parameters the body reads into its
             # operands, so eager's rule (no gradient unless an input requires grad) cannot
             # be applied to the user's inputs alone (tests/test_remat.py, xfail).
-            return checkpoints.run_region(interpreted(body), operands, reentrant=False)
+            return checkpoints.run_region(interpreted(body), operands, reentrant=False,
+                                          preserve_rng_state=kwargs.get(
+                                              "preserve_rng_state", True))
+        elif target is _FUNCTION_APPLY and target is not None:
+            out = super().call_function(target, args, kwargs)
+            check_saves_at_backward(out)
+            return out
+        elif target is regions.CHECKPOINT:  # a selective one, to torch's op
+            with checkpoints.dynamo_selective_region(kwargs.get("preserve_rng_state", True)):
+                return super().call_function(target, args, kwargs)
         return super().call_function(target, args, kwargs)
 
 

@@ -34,7 +34,7 @@ def saved_by_own_node(o: Any) -> tuple[str | None, int, int] | None:
         return None
     for v in _saved_values(node):
         if isinstance(v, torch.Tensor) and v.grad_fn is node and v.output_nr == o.output_nr:
-            return _eager_name(node), o.output_nr, o._version
+            return eager_name(node), o.output_nr, o._version
     return None
 
 
@@ -66,6 +66,30 @@ def _captured_function_saves(node: Any) -> list[Any] | None:
     return [values[i] for i in cells["saved_for_backward_idx"].cell_contents]
 
 
+def check_saves_at_backward(out: Any) -> None:
+    """Where the trace runs Dynamo's `autograd_function_apply`: what the user's
+    `ctx.save_for_backward` got is packed by the trace's saved-tensor hooks (which check
+    versions as eager's node does) and unpacked before the node's backward runs. Its
+    closure kept them unchecked: a saved input written in place later in the function ran
+    on, where eager's backward raises."""
+    node = next((t.grad_fn for t in out if isinstance(t, torch.Tensor)
+                 and t.grad_fn is not None), None) if isinstance(out, (tuple, list)) else None
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    saves = _captured_function_saves(node) if node is not None else None
+    # only the trace's own hooks: the user's run at the compiled call, on its saved values
+    if not saves or hooks is None or hooks[0].__module__ != "aotgrad.capture.inputs":
+        return
+    pack, unpack = hooks
+    packed = [pack(v) for v in saves if isinstance(v, torch.Tensor)]
+    backward = node._forward_cls.backward
+
+    def checked_backward(ctx, *grads):
+        for p in packed:
+            unpack(p)
+        return backward(ctx, *grads)
+    node._forward_cls.backward = staticmethod(checked_backward)
+
+
 def _forward_closure(node: Any) -> dict[str, Any] | None:
     forward_cls = getattr(node, "_forward_cls", None)
     if forward_cls is None or forward_cls.__name__ != "ApplyTemplate":
@@ -74,7 +98,7 @@ def _forward_closure(node: Any) -> dict[str, Any] | None:
     return dict(zip(forward.__code__.co_freevars, forward.__closure__ or ()))
 
 
-def _eager_name(node: Any) -> str | None:
+def eager_name(node: Any) -> str | None:
     """Eager names a custom Function's node after its class; the class Dynamo captured is
     named where the graph's stack traces show one `Name.apply(` call or else a frame of one
     Function's `forward` (None: not named, which eager's error then leaves out)."""

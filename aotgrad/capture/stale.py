@@ -33,6 +33,8 @@ from ..schema import FunctionInfo, OutputKind
 from .inputs import (StaleSavedValue, compiled_autograd_off, differentiating, functional_mode,
                      to_functional)
 from .joint import mutable_copies, traced_grad
+from .own_saves import eager_name
+from ..semantics import checkpoints
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,9 @@ def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[A
     """Run the function functionalized and differentiate each differentiable graph output
     alone; those whose backward reads a value modified in place are stale."""
     found: dict[int, StaleSaved | FreedGraph] = {}
-    with fake_mode, enable_python_dispatcher(), functional_mode(), differentiating():
+    # Checkpoints as the joint trace runs them: once, noting what their regions close over
+    with fake_mode, enable_python_dispatcher(), functional_mode(), differentiating(), \
+            checkpoints.run_once(), checkpoints.noting_closed_over():
         primals = to_functional(fakes)
         args = mutable_copies(info, primals)
         outs = graph_outputs(info, args, graph_fn(*args))
@@ -178,6 +182,7 @@ def find_stale_outputs(graph_fn: Callable, info: FunctionInfo, fakes: Sequence[A
                 traced_grad(outs[k], wrt, torch.ones_like(outs[k]), retain_graph=True,
                             allow_unused=True)
             except StaleSavedValue as e:
+                checkpoints.refuse_closed_over_write(e.tensor)
                 found[k] = _describe(e, args, _plain_outputs(info, outs))
             except RuntimeError as e:
                 if not freed_graph(e):
@@ -211,7 +216,7 @@ def _describe(e: StaleSavedValue, args: Sequence[Any], outs: dict[int, Any]) -> 
     as_passed = i is not None and t is base and node == "CloneBackward0"  # mutable_copies
     output_nr = t.output_nr
     if i is None:  # made inside: eager names its node when saved, not the op that changed it
-        node = None if e.node is None else e.node.name()
+        node = None if e.node is None else eager_name(e.node)  # a Function Dynamo captured too
         output_nr = e.output_nr
     return StaleSaved(tuple(t.shape), t.dtype, t.device, i, as_passed, node, output_nr,
                       e.saved_version, t._version, output if i is None else None)

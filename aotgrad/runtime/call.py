@@ -28,6 +28,7 @@ from ..capture.fed_outputs import FedOutputs
 from ..autograd import state as _compiled_autograd
 from .outputs import detached_alias, output_order
 from .mutations import BackwardWrites, mutation_steps, set_versions, version_or_none
+from . import saved_hooks
 from .lean import held_inputs, lean_function, left_to_python, none_where_unreached, \
     undetached, tangent as _tangent
 
@@ -275,6 +276,10 @@ def fast_apply(function: type) -> Callable:
 
 
 def apply_compiled(call: "CompiledCall", args: list):
+    hooks = saved_hooks.users_hooks()
+    if hooks is not None:  # the values it saves, checked as the user's hooks unpack them
+        with saved_hooks.checked(hooks):
+            return call.function.apply(call, *args)
     if torch._C._are_functorch_transforms_active():
         return call.function.apply(call, *args)
     return call.apply_fast(call, *args)
@@ -498,6 +503,7 @@ def runner_body(call: CompiledCall, grad: bool | None = None) -> tuple[str, dict
     scope = {"_grad": torch.is_grad_enabled, "_no_grad": torch.no_grad, "_call": call,
              "_forward": call.forward, "_apply": call.apply_fast,
              "_transforms": torch._C._are_functorch_transforms_active,
+             "_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
              "_finish": lambda raw: unflatten(list(raw[outputs])),
              "_general": lambda a: unflatten(list(call._run_training(gather(a))[outputs]))}
     args = ", ".join(f"a[{p}]" for p in plan.graph_input_positions)
@@ -509,7 +515,9 @@ def runner_body(call: CompiledCall, grad: bool | None = None) -> tuple[str, dict
     applied = _picked(call, f"_apply(_call, {args})", True)
     if grad is False:  # _run_training turns grad mode on, as the trace had it
         return "    return _general(a)\n", scope
-    check = "not _transforms()" if grad else "_grad() and not _transforms()"
+    # a saved-tensor hook: the general path checks what the user's unpacks (saved_hooks.py)
+    check = "not _transforms() and _hooks(False) is None"
+    check = check if grad else f"_grad() and {check}"
     return (f"    if {check}{gradless}:\n        return {applied}\n"
             "    return _general(a)\n"), scope
 

@@ -42,6 +42,14 @@ from .mends import patched
 
 _IDS: contextvars.ContextVar[Iterator[int] | None] = contextvars.ContextVar(
     "aotgrad_checkpoint_ids", default=None)
+# Tensors plain regions read from outside them but not as arguments (closed over), while
+# `noting_closed_over()` is on: eager's recompute reads such a tensor anew.
+_CLOSED_OVER: contextvars.ContextVar[WeakTensorKeyDictionary | None] = contextvars.ContextVar(
+    "aotgrad_checkpoint_closed_over", default=None)
+# Inside Dynamo's selective region, whose op calls checkpoint() with preserve_rng_state=False
+# whatever the user passed (torch keeps the RNG state its own way): the user's is its kwarg.
+_IN_DYNAMO_OP: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "aotgrad_checkpoint_in_dynamo_op", default=False)
 # The regions entered inside `run_once()`, closed by it if an error left them open.
 _OPEN: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "aotgrad_open_checkpoints", default=None)
@@ -58,10 +66,12 @@ def run_once():
     def generator(fn, preserve_rng_state=True, context_fn=checkpoint_module.noop_context_fn,
                   *args, **kwargs):
         if context_fn is checkpoint_module.noop_context_fn:
-            with PlainRegion():
+            with PlainRegion(args, fresh_draws=not preserve_rng_state):
                 yield
             return
-        with _policies_confined():  # past the region its policy must not tag the ops after
+        # past the region its policy must not tag the ops after
+        with _policies_confined(), \
+                selective_region(preserve_rng_state or _IN_DYNAMO_OP.get()):
             yield from original(fn, preserve_rng_state, context_fn, *args, **kwargs)
 
     ids, opened = _IDS.set(itertools.count(1)), _OPEN.set([])
@@ -80,7 +90,7 @@ def run_once():
         _IDS.reset(ids)
 
 
-def run_region(fn, args, reentrant: bool):
+def run_region(fn, args, reentrant: bool, preserve_rng_state: bool = True):
     """A plain region's call: once, tagged. A reentrant one (`use_reentrant=True`, which
     eager runs under no_grad in the forward) passes no gradient back, to its inputs or to
     the parameters it uses, unless an input of it requires grad: so here too."""
@@ -89,7 +99,8 @@ def run_region(fn, args, reentrant: bool):
             return fn(*args)
     # Eager's gradients through a reentrant region come from its rerun in the backward,
     # whose casts are its own: a leaf used in and around it adds those gradients apart.
-    with PlainRegion(), autocast_cache(False) if reentrant else contextlib.nullcontext():
+    with PlainRegion(args, fresh_draws=not preserve_rng_state), \
+            autocast_cache(False) if reentrant else contextlib.nullcontext():
         return fn(*args)
 
 
@@ -100,7 +111,8 @@ class _ReentrantRegion:
 
     @staticmethod
     def apply(run_function, preserve_rng_state, *args):
-        return run_region(run_function, args, reentrant=True)
+        return run_region(run_function, args, reentrant=True,
+                          preserve_rng_state=preserve_rng_state)
 
 
 @contextlib.contextmanager
@@ -144,12 +156,18 @@ def _next_id() -> int:
 class PlainRegion(TorchDispatchMode):
     """The ops of one plain checkpoint's region, run once: each node they record is
     tagged; an in-place write to a tensor the region did not make is refused where a
-    backward may recompute the region."""
+    backward may recompute the region, and so is a random op where the recompute would
+    draw afresh (`fresh_draws`: preserve_rng_state=False)."""
 
-    def __init__(self):
+    def __init__(self, args: tuple = (), fresh_draws: bool = False):
         super().__init__()
+        self.fresh_draws = fresh_draws
+        self.closed_over = _CLOSED_OVER.get()
         self.graph_id = _next_id()
         self.made = WeakTensorKeyDictionary()  # by identity: `==` on tensors is theirs
+        self.given = WeakTensorKeyDictionary()  # its arguments: read, not closed over
+        self.given.update((t, True) for t in pytree.tree_leaves(args)
+                          if isinstance(t, torch.Tensor))
         self.open = False
 
     def __enter__(self):
@@ -167,6 +185,10 @@ class PlainRegion(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self._refuse_outer_writes(func, args, kwargs)
+        if self.fresh_draws:
+            refuse_fresh_draws(func)
+        if self.closed_over is not None:
+            self._note_closed_over(args, kwargs)
         proxy_mode = get_proxy_mode()
         graph = proxy_mode.tracer.graph if proxy_mode is not None else None
         before = len(graph.nodes) if graph is not None else 0
@@ -178,6 +200,11 @@ class PlainRegion(TorchDispatchMode):
         self.made.update((t, True) for t in pytree.tree_leaves(out)
                          if isinstance(t, torch.Tensor))
         return out
+
+    def _note_closed_over(self, args, kwargs) -> None:
+        self.closed_over.update((t, True) for t in pytree.tree_leaves((args, kwargs))
+                                if isinstance(t, torch.Tensor) and t not in self.made
+                                and t not in self.given)
 
     def _refuse_outer_writes(self, func, args, kwargs) -> None:
         """Under no_grad no backward recomputes the region: eager writes once, as here."""
@@ -198,6 +225,82 @@ class PlainRegion(TorchDispatchMode):
                     "backward recomputes the region, which a compiled backward does not. "
                     "Move the write out of the checkpointed region, or compile the "
                     "function without the checkpoint.")
+
+
+@contextlib.contextmanager
+def noting_closed_over():
+    """Plain regions note the tensors they read from outside them, not as arguments."""
+    token = _CLOSED_OVER.set(WeakTensorKeyDictionary())
+    try:
+        yield
+    finally:
+        _CLOSED_OVER.reset(token)
+
+
+def refuse_closed_over_write(t: torch.Tensor) -> None:
+    """`t`, saved for the backward, was changed in place later: if a plain region read it
+    closed over, eager's backward recomputes the region with its new value (no error),
+    which the values a compiled forward saves cannot give."""
+    closed_over = _CLOSED_OVER.get()
+    if closed_over is not None and t in closed_over:
+        raise NotImplementedError(
+            f"aotgrad: a torch.utils.checkpoint region reads a tensor of shape "
+            f"{list(t.shape)} from outside it (closed over, not passed as an argument) that "
+            "is changed in place after the region: eager's backward recomputes the region "
+            "with the new value, which a compiled backward does not. Pass the tensor to "
+            "checkpoint() as an argument (eager then raises at the backward, as aotgrad "
+            "does), or change a copy of it.")
+
+
+def refuse_fresh_draws(func) -> None:
+    """In a region whose recompute draws afresh (preserve_rng_state=False), a random op is
+    refused where a backward may recompute it (under no_grad eager draws once, as here).
+    A selective region's too, whatever its policy says of the op (aotgrad never recomputes
+    a random op)."""
+    if torch.is_grad_enabled() and torch.Tag.nondeterministic_seeded in getattr(
+            func, "tags", ()):
+        raise NotImplementedError(
+            f"aotgrad: a torch.utils.checkpoint region with preserve_rng_state=False draws "
+            f"random numbers ({func}): eager's backward recomputes the region with fresh "
+            "draws (another dropout mask than the forward's, and the global generator moved "
+            "on), which a compiled backward does not repeat. Pass preserve_rng_state=True "
+            "(the default), or compile the function without the checkpoint.")
+
+
+@contextlib.contextmanager
+def selective_region(preserve_rng_state: bool):
+    """Around a selective region, run by torch's machinery: random ops refused where its
+    recompute would draw afresh, and torch's assertion on the contexts made aotgrad's."""
+    try:
+        with contextlib.nullcontext() if preserve_rng_state else FreshDrawsRefused():
+            yield
+    except AssertionError as e:
+        if "`context_fn`" not in str(e):
+            raise
+        raise NotImplementedError(
+            "aotgrad: a torch.utils.checkpoint context_fn is traced by torch's selective "
+            "checkpointing (as under torch.compile), which takes only two TorchDispatchModes; "
+            "this one returns other contexts. Use create_selective_checkpoint_contexts, or "
+            "compile the function without the checkpoint.") from e
+
+
+@contextlib.contextmanager
+def dynamo_selective_region(preserve_rng_state: bool):
+    """Around Dynamo's op for a selective region, the user's `preserve_rng_state` its kwarg."""
+    token = _IN_DYNAMO_OP.set(True)
+    try:
+        with selective_region(preserve_rng_state):
+            yield
+    finally:
+        _IN_DYNAMO_OP.reset(token)
+
+
+class FreshDrawsRefused(TorchDispatchMode):
+    """Around a selective region with preserve_rng_state=False: `refuse_fresh_draws`."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        refuse_fresh_draws(func)
+        return func(*args, **(kwargs or {}))
 
 
 def is_plain(body: torch.fx.GraphModule) -> bool:
