@@ -1197,3 +1197,66 @@ def test_inductor_reads_negative_lifted_tensors_by_their_values(saved):
     expected, actual, stats = eager_and_compiled(step, "inductor")
     torch.testing.assert_close(actual, expected)
     assert stats.captures == 1 and stats.fallbacks == []
+
+
+class Transposing(torch.autograd.Function):
+    """Returns its gradient with the strides of a transpose: legal in eager."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g * 2).t().contiguous().t()
+
+
+def _transposed(g):
+    return (g * 2).t().contiguous().t()
+
+
+def hook_before_a_view(kind):
+    def step():
+        x = torch.randn(4, 3, requires_grad=True)
+        if kind == "custom backward":
+            y = Transposing.apply(x.reshape(3, 4) * 1)
+        else:
+            y = x.reshape(3, 4) * 1
+            if kind == "tensor hook":
+                y.register_hook(_transposed)
+            else:
+                y.grad_fn.register_prehook(lambda grads: (_transposed(grads[0]),))
+        (y * torch.arange(12.).reshape(3, 4)).sum().backward()
+        return x.grad
+    return step
+
+
+@pytest.mark.parametrize("kind", ["tensor hook", "grad_fn pre-hook", "custom backward"])
+def test_a_non_contiguous_gradient_from_python_reaches_a_traced_view_as_eager(kind):
+    # Was: "view size is not compatible with input tensor's size and stride": the reshape
+    # after the hook was traced as a view of the contiguous stand-in of its result.
+    expected, actual, stats = eager_and_compiled(hook_before_a_view(kind))
+    torch.testing.assert_close(actual, expected)
+    assert stats.fallbacks == []
+
+
+@pytest.mark.parametrize("hook", [lambda g: g * 10, lambda g: g.mul_(10), "retain_grad"],
+                         ids=["new", "in place", "retain_grad"])
+@pytest.mark.parametrize("order", ["m, a", "a, m", "m"])
+def test_autograd_grad_of_a_hooked_non_leaf_returns_eagers_gradient(hook, order):
+    # Eager captures a non-leaf input's gradient before its tensor hooks where its node runs
+    # as well (a later input needs it), after them where it does not. Was: always after
+    # (60 where eager returns 6).
+    def step():
+        a = torch.ones(3, requires_grad=True)
+        m = a * 3
+        y = (m * m).sum()
+        if hook == "retain_grad":
+            m.retain_grad()
+            m.register_hook(lambda g: g * 10)
+        else:
+            m.register_hook(hook)
+        return torch.autograd.grad(y, {"m, a": [m, a], "a, m": [a, m], "m": [m]}[order])
+    expected, actual, stats = eager_and_compiled(step)
+    same(list(expected), list(actual), "autograd.grad")
+    assert stats.fallbacks == []

@@ -247,6 +247,23 @@ def accumulate_into(variable: torch.Tensor, grad: torch.Tensor, has_post_hooks: 
     variable.grad = fn([grad], variable, variable.grad, has_post_hooks)[0]
 
 
+def in_layout(grad: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """A hook's gradient in the layout that the compiled code after it was traced with:
+    dense, its dims in memory in `order` (outermost first)."""
+    if list(grad.stride()) == dense_strides(grad.shape, order):
+        return grad
+    out = torch.empty_permuted(grad.shape, order, dtype=grad.dtype, device=grad.device)
+    return out.copy_(grad)
+
+
+def dense_strides(sizes: Any, order: tuple[int, ...]) -> list[int]:
+    stride, strides = 1, [0] * len(sizes)
+    for d in reversed(order):
+        strides[d] = stride
+        stride *= sizes[d]
+    return strides
+
+
 def _like(t: Any) -> Any:
     if t is None:
         return None
@@ -276,24 +293,7 @@ RESULT_LIKE: dict[Callable, Callable[..., Any]] = {
     run_post_accumulate_hook: lambda hook, param: _like(param),
     run_python_backward: lambda ctx, saved, metas, *grads: tuple(_empty(m) for m in metas),
 }
-# Run for their effects (or, the replay, for what they read at run time; `none_as_zeros`,
-# for a value only the run knows): never dropped, never traced into. The replay's results
-# are stood in for by the region's traced backward.
-EFFECTS = frozenset(RESULT_LIKE) | {replay_region_backward, none_as_zeros}
-
-
-def in_layout(grad: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
-    """A hook's gradient in the layout that the compiled code after it was traced with:
-    dense, its dims in memory in `order` (outermost first)."""
-    if list(grad.stride()) == dense_strides(grad.shape, order):
-        return grad
-    out = torch.empty_permuted(grad.shape, order, dtype=grad.dtype, device=grad.device)
-    return out.copy_(grad)
-
-
-def dense_strides(sizes: Any, order: tuple[int, ...]) -> list[int]:
-    stride, strides = 1, [0] * len(sizes)
-    for d in reversed(order):
-        strides[d] = stride
-        stride *= sizes[d]
-    return strides
+# Run for their effects (or, the replay, for what they read at run time; `none_as_zeros`
+# and `in_layout`, for a value or layout only the run knows): never dropped, never traced
+# into. The replay's results are stood in for by the region's traced backward.
+EFFECTS = frozenset(RESULT_LIKE) | {replay_region_backward, none_as_zeros, in_layout}

@@ -30,6 +30,7 @@ from torch.fx.experimental.proxy_tensor import (
 
 from . import hooks, state
 from .guard import Guard, exact_guard
+from .layouts import restride_effect_results
 from ..schema import ENGINE_NODE, READY
 from ..tables import written_arguments
 
@@ -305,6 +306,7 @@ def _traced(trace: Specialization, program: fx.GraphModule, args: Sequence,
     order_like_eager(graph)
     drop_unused(graph)
     zeros_for_none(graph)
+    restride_effect_results(graph)
     return fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
 
 
