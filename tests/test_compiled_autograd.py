@@ -1260,3 +1260,40 @@ def test_autograd_grad_of_a_hooked_non_leaf_returns_eagers_gradient(hook, order)
     expected, actual, stats = eager_and_compiled(step)
     same(list(expected), list(actual), "autograd.grad")
     assert stats.fallbacks == []
+
+
+@pytest.mark.xfail(strict=True, reason="eager's ready queue is a binary heap: AccumulateGrad "
+                   "tasks all have the top priority, so 4 or more leaves readied by one node "
+                   "(cat's backward, an aotgrad region's) run their accumulations and hooks in "
+                   "heap order ([0, 2, 1, 3]); the capture orders them by the node's outputs "
+                   "([0, 1, 2, 3]). Gradients are the same; only hook order differs")
+def test_four_leaves_readied_by_one_node_run_their_hooks_in_eagers_order():
+    def step(calls):
+        xs = [torch.ones(2, requires_grad=True) for _ in range(4)]
+        for k, x in enumerate(xs):
+            x.register_post_accumulate_grad_hook(lambda p, k=k: calls.append(k))
+        torch.cat(xs).sum().backward()
+    eager_calls, compiled_calls = [], []
+    step(eager_calls)
+    with compiled_autograd.enable("eager"):
+        step(compiled_calls)
+    assert compiled_calls == eager_calls
+
+
+@pytest.mark.xfail(strict=True, reason="eager's AccumulateGrad takes a fresh gradient as "
+                   ".grad without a copy where nothing else holds it; the captured graph "
+                   "calls the engine's AccumulateGrad from Python, whose reference makes it "
+                   "copy: .grad never shares memory with the gradient computed for it (a "
+                   "view of the caller's grad_output, a hook's result), and each first "
+                   "accumulation costs a copy")
+def test_a_first_gradient_becomes_grad_without_a_copy_as_eager():
+    def step():
+        a = torch.ones(100, requires_grad=True)
+        y = a * torch.ones(100)
+        computed = []
+        y.grad_fn.register_hook(lambda grad_inputs, _: computed.append(grad_inputs[0].data_ptr()))
+        y.backward(torch.ones(100))
+        return a.grad.data_ptr() == computed[0]
+    assert step()
+    with compiled_autograd.enable("eager"):
+        assert step()
