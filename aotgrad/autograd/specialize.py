@@ -28,7 +28,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.fx.experimental.proxy_tensor import (
     PythonKeyTracer, ProxyTorchDispatchMode, fetch_object_proxy, track_tensor_tree)
 
-from . import hooks, state
+from . import hooks, state, undefined
 from .guard import Guard, exact_guard
 from .layouts import restride_effect_results
 from ..schema import ENGINE_NODE, READY
@@ -123,6 +123,8 @@ class Specialization(Trace):
         values = dict(zip(PLACEHOLDERS, (*opened, hook_list, packed)))
         self.values: dict[fx.Node, Any] = {}
         self.graph_args: dict[fx.Node, Any] = {}  # a hook's read of the graph's inputs
+        self.sources = undefined.gradient_sources(program)
+        self.maybe_undefined: list[tuple[fx.Node, int, Any]] = []  # see undefined.py
         try:
             # Grad mode off whatever the run's: a region's backward then traces as its
             # backward graph's ops, on the lifted saved values (grad mode on, it would replay
@@ -142,7 +144,9 @@ class Specialization(Trace):
             self.graph_args[node] = self.proxies[node.target]
         elif node.op == "output":
             outputs = self.to_proxy(self._load(node.args[0]))
-            self.tracer.create_node("output", "output", (self.tracer.create_arg(outputs),), {})
+            out = self.tracer.create_node("output", "output",
+                                          (self.tracer.create_arg(outputs),), {})
+            self.maybe_undefined.append((out, 0, undefined.defining_nodes(self, node.args[0])))
         elif node.target in hooks.EFFECTS:
             self.values[node] = self._effect(node)
         elif node.target is hooks.run_region_backward and self.create_graph:
@@ -171,6 +175,9 @@ class Specialization(Trace):
         graph_args = fx.node.map_arg(node.args, lambda n: self.graph_args[n] if n in
                                      self.graph_args else self.to_proxy(self.values[n]))
         proxy = self.tracer.create_proxy("call_function", target, graph_args, {})
+        for i in undefined.GRADIENT_ARGS.get(target, ()):
+            self.maybe_undefined.append((proxy.node, i,
+                                         undefined.defining_nodes(self, node.args[i])))
         if READY in node.meta:
             proxy.node.meta[READY] = node.meta[READY]
         track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
@@ -304,7 +311,9 @@ def _traced(trace: Specialization, program: fx.GraphModule, args: Sequence,
             dynamic: bool) -> fx.GraphModule:
     graph = trace.run(program.graph, args, dynamic)
     order_like_eager(graph)
+    undefined.wrap_undefined(graph, trace.maybe_undefined)
     drop_unused(graph)
+    undefined.zeros_after_hooks(graph)
     zeros_for_none(graph)
     restride_effect_results(graph)
     return fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
@@ -450,7 +459,9 @@ def zeros_for_none(graph: fx.Graph) -> None:
     for call in graph.find_nodes(op="call_function", target=hooks.run_python_backward):
         metas = call.args[2]
         for read in [u for u in call.users if u.target is operator.getitem]:
-            traced = [u for u in read.users if u.target not in hooks.EFFECTS]
+            # (`or_else`: a hook's None read as the zeros made for this None)
+            traced = [u for u in read.users
+                      if u.target not in hooks.EFFECTS or u.target is hooks.or_else]
             if not traced:
                 continue
             with graph.inserting_after(read):
