@@ -134,6 +134,8 @@ def run_post_accumulate_hook(hook: Callable, param: torch.Tensor) -> torch.Tenso
 
 def run_cpp_tensor_hooks(hook_id: int, grad: torch.Tensor) -> torch.Tensor:
     """C++ tensor pre-hooks (`retain_grad`), which the engine keeps and runs by id."""
+    if grad is None:  # an undefined gradient (undefined.py): retain_grad keeps nothing, as
+        return None   # eager; the engine's binding would crash on None
     return torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks(hook_id, grad)
 
 
