@@ -14,6 +14,7 @@ itself, on real tensors: each formula then runs as the eager engine runs it.
 from __future__ import annotations
 
 import bisect
+import itertools
 import contextlib
 import logging
 import math
@@ -31,6 +32,7 @@ from torch.fx.experimental.proxy_tensor import (
 from . import hooks, state, undefined
 from .guard import Guard, exact_guard
 from .layouts import restride_effect_results
+from .ready import pop_order
 from ..schema import ENGINE_NODE, READY
 from ..tables import written_arguments
 
@@ -349,7 +351,7 @@ def order_like_eager(graph: fx.Graph) -> None:
     accs = [n for n in graph.nodes if n.target is hooks.accumulate_into]
     ends = _block_ends(graph, accs)
     placed: dict[fx.Node, fx.Node] = {}  # an anchor -> the last group placed after it
-    for acc in sorted(accs, key=lambda a: _ready_key(a, order)):
+    for acc in _in_eager_order(accs, order):
         group = [*_pre_accumulate_hooks(acc), acc, *_post_accumulate_hooks(acc)]
         # The inputs are all read up front: one point, where ties keep eager's order.
         needs = {reads[-1] if a in read else a
@@ -388,6 +390,16 @@ def _block_end(ends: list[tuple[int, fx.Node]], engine_node: int | None) -> fx.N
         return None
     i = bisect.bisect_right(ends, engine_node, key=operator.itemgetter(0))
     return ends[i - 1][1] if i else None
+
+
+def _in_eager_order(accs: list[fx.Node], order: dict) -> list[fx.Node]:
+    """By the node that readied them; those one node readied, in its ready queue's order."""
+    ranked = sorted(accs, key=lambda a: _ready_key(a, order))
+    result = []
+    for ready, group in itertools.groupby(ranked, key=lambda a: a.meta.get(READY)):
+        group = list(group)
+        result += group if ready is None else [group[i] for i in pop_order(len(group))]
+    return result
 
 
 def _ready_key(acc: fx.Node, order: dict) -> tuple:
