@@ -1300,15 +1300,22 @@ def test_autograd_grad_of_a_hooked_non_leaf_returns_eagers_gradient(hook, order)
     assert stats.fallbacks == []
 
 
-@pytest.mark.parametrize("leaves", [4, 5, 7])
-def test_leaves_readied_by_one_node_run_their_hooks_in_eagers_order(leaves):
+@pytest.mark.parametrize("leaves, other", [(4, None), (5, None), (7, None), (3, 3), (4, 0),
+                                           (4, 2), (5, 5)])
+def test_leaves_readied_by_one_node_run_their_hooks_in_eagers_order(leaves, other):
     # Were: in the node's output order ([0, 1, 2, 3]); eager's ready queue, a binary heap,
-    # runs equal-priority AccumulateGrad tasks as [0, 2, 1, 3] (ready.py).
+    # runs equal-priority AccumulateGrad tasks as [0, 2, 1, 3], and another node's task
+    # pushed between them changes that order (ready.py).
     def step(calls):
         xs = [torch.ones(2, requires_grad=True) for _ in range(leaves)]
         for k, x in enumerate(xs):
             x.register_post_accumulate_grad_hook(lambda p, k=k: calls.append(k))
-        torch.cat(xs).sum().backward()
+        parts = list(xs)
+        if other is not None:
+            z = torch.ones(2, requires_grad=True)
+            z.register_post_accumulate_grad_hook(lambda p: calls.append("z"))
+            parts.insert(other, z.exp())
+        torch.cat(parts).sum().backward()
     eager_calls, compiled_calls = [], []
     step(eager_calls)
     with compiled_autograd.enable("eager"):

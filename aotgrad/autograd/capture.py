@@ -29,6 +29,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, trac
 from . import hooks
 from .cache import CaptureKey, Lifted
 from ..schema import ENGINE_NODE
+from .ready import mark_pushes
 from .specialize import Trace, mark_readiness
 
 log = logging.getLogger("aotgrad.autograd")
@@ -87,6 +88,7 @@ class BackwardCapture(Trace):
                                 (self.tracer.create_arg(self.to_proxy(outputs)),), {})
         self.close()
         mark_readiness(self.tracer.graph)
+        mark_pushes(self.tracer.graph)
         program = fx.GraphModule(self.tracer.root, self.tracer.graph, "BackwardProgram")
         captured = self.session.captured(program, CaptureKey(tuple(self.walk), self.key_parts))
         return run_captured, captured

@@ -32,7 +32,7 @@ from torch.fx.experimental.proxy_tensor import (
 from . import hooks, state, undefined
 from .guard import Guard, exact_guard
 from .layouts import restride_effect_results
-from .ready import pop_order
+from .ready import GRADIENT_ARG, QUEUE, eager_order
 from ..schema import ENGINE_NODE, READY
 from ..tables import written_arguments
 
@@ -180,8 +180,9 @@ class Specialization(Trace):
         for i in undefined.GRADIENT_ARGS.get(target, ()):
             self.maybe_undefined.append((proxy.node, i,
                                          undefined.defining_nodes(self, node.args[i])))
-        if READY in node.meta:
-            proxy.node.meta[READY] = node.meta[READY]
+        for key in (READY, QUEUE):
+            if key in node.meta:
+                proxy.node.meta[key] = node.meta[key]
         track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
         return result
 
@@ -398,7 +399,7 @@ def _in_eager_order(accs: list[fx.Node], order: dict) -> list[fx.Node]:
     result = []
     for ready, group in itertools.groupby(ranked, key=lambda a: a.meta.get(READY)):
         group = list(group)
-        result += group if ready is None else [group[i] for i in pop_order(len(group))]
+        result += group if ready is None else eager_order(group)
     return result
 
 
@@ -428,8 +429,8 @@ def _producer(node: Any) -> int | None:
             if source.target is hooks.call_formula and source.args[0] == "validate_outputs":
                 return source.meta.get(ENGINE_NODE)
             node = source
-        elif node.target in _GRADIENT_ARG:
-            node = _GRADIENT_ARG[node.target](node.args)
+        elif node.target in GRADIENT_ARG:
+            node = GRADIENT_ARG[node.target](node.args)
         else:
             return None
     return None
@@ -503,12 +504,6 @@ def _hoist_input_reads(graph: fx.Graph) -> list[fx.Node]:
 
 # The hooks an AccumulateGrad node runs on its gradient before accumulating it.
 _PRE_HOOKS = (hooks.run_tensor_hook, hooks.run_cpp_tensor_hooks, hooks.run_node_pre_hook)
-# The gradient an AccumulateGrad node's hook passes on.
-_GRADIENT_ARG: dict[Callable, Callable[[tuple], Any]] = {
-    hooks.run_tensor_hook: lambda args: args[1],
-    hooks.run_cpp_tensor_hooks: lambda args: args[1],
-    hooks.run_node_pre_hook: lambda args: args[1][0],
-}
 
 
 def _pre_accumulate_hooks(acc: fx.Node) -> list[fx.Node]:
