@@ -100,10 +100,12 @@ class BackwardCapture(Trace):
         return [self._before_node_hooks(out) for out in outputs]
 
     def _before_node_hooks(self, grad: Any) -> Any:
+        hooked = self._hooked(grad)
+        return grad if hooked is None or hooked[0] not in self.ran else hooked[1]
+
+    def _hooked(self, grad: Any) -> tuple[int, Any, Any] | None:
         hooked = self.hooked.get(id(grad))
-        if hooked is None or hooked[2] is not grad or hooked[0] not in self.ran:
-            return grad
-        return hooked[1]
+        return hooked if hooked is not None and hooked[2] is grad else None
 
     # -- the engine's calls, in the order it walks -----------------------------------
     def set_node_origin(self, name: str, index: int, pyobj: Any = None) -> None:
@@ -183,8 +185,8 @@ class BackwardCapture(Trace):
 
     def _tensor_hook(self, inputs: list, i: int, what: str, run: Callable, hook: Any) -> list:
         self.walk.append(f"{what} on input {i} of {self.node}")
-        before = self.hooked.get(id(inputs[i]), (None, inputs[i], inputs[i]))
-        first = before[1] if before[2] is inputs[i] else inputs[i]
+        hooked = self._hooked(inputs[i])  # an earlier hook's result: its gradient before
+        first = inputs[i] if hooked is None else hooked[1]
         inputs[i] = self._effect(run, hook, inputs[i])
         self.hooked[id(inputs[i])] = (self.node_index, first, inputs[i])
         return inputs

@@ -14,8 +14,8 @@ itself, on real tensors: each formula then runs as the eager engine runs it.
 from __future__ import annotations
 
 import bisect
-import itertools
 import contextlib
+import itertools
 import logging
 import math
 import operator
