@@ -6,7 +6,8 @@
 
 Modules: `api.py` (enable, the session, the eager fallback), `capture.py` (the instance the
 engine calls: it records the backward as a program), `specialize.py` (the program traced
-for a run's sizes, guarded), `inductor.py` (`enable("inductor")`: its ATen segments
+for a run's sizes, guarded; `layouts.py` and `undefined.py`: passes over that graph, a
+Python call's result in the traced layout, eager's None gradients), `inductor.py` (`enable("inductor")`: its ATen segments
 compiled), `hooks.py` (what the graph calls at run time), `cache.py`
 (keys, miss reasons), `state.py` (the flag call.py reads, importable alone: this package
 loads the rest on first use).

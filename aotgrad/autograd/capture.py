@@ -29,6 +29,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, trac
 from . import hooks
 from .cache import CaptureKey, Lifted
 from ..schema import ENGINE_NODE
+from .ready import mark_pushes
 from .specialize import Trace, mark_readiness
 
 log = logging.getLogger("aotgrad.autograd")
@@ -58,6 +59,10 @@ class BackwardCapture(Trace):
         self.node = "the root"
         self.node_index = -1  # the engine node whose calls are being recorded
         self.failure: str | None = None  # raised at end_capture (see `_deferred`)
+        # id(a tensor hook's result) -> (its node, the gradient before that node's tensor
+        # hooks, the result); and the nodes whose backward ran (see `_as_eager_captures`).
+        self.hooked: dict[int, tuple[int, Any, Any]] = {}
+        self.ran: set[int] = set()
 
     # -- setup and teardown -------------------------------------------------------------
     def begin_capture(self, inputs: list, sizes: list, scalars: list, origins=None,
@@ -78,13 +83,29 @@ class BackwardCapture(Trace):
     def end_capture(self, outputs: Sequence[Any]):
         if self.failure is not None:
             raise Uncapturable(self.failure)
+        outputs = self._as_eager_captures(outputs)
         self.tracer.create_node("output", "output",
-                                (self.tracer.create_arg(self.to_proxy(list(outputs))),), {})
+                                (self.tracer.create_arg(self.to_proxy(outputs)),), {})
         self.close()
         mark_readiness(self.tracer.graph)
+        mark_pushes(self.tracer.graph)
         program = fx.GraphModule(self.tracer.root, self.tracer.graph, "BackwardProgram")
         captured = self.session.captured(program, CaptureKey(tuple(self.walk), self.key_parts))
         return run_captured, captured
+
+    def _as_eager_captures(self, outputs: Sequence[Any]) -> list:
+        """`autograd.grad`'s results. Where a non-leaf input's node runs too (a later input
+        needs it), eager takes its gradient before the tensor's hooks, which then run with
+        the node; the engine's walk hands over the hooks' result: take the one before."""
+        return [self._before_node_hooks(out) for out in outputs]
+
+    def _before_node_hooks(self, grad: Any) -> Any:
+        hooked = self._hooked(grad)
+        return grad if hooked is None or hooked[0] not in self.ran else hooked[1]
+
+    def _hooked(self, grad: Any) -> tuple[int, Any, Any] | None:
+        hooked = self.hooked.get(id(grad))
+        return hooked if hooked is not None and hooked[2] is grad else None
 
     # -- the engine's calls, in the order it walks -----------------------------------
     def set_node_origin(self, name: str, index: int, pyobj: Any = None) -> None:
@@ -106,6 +127,7 @@ class BackwardCapture(Trace):
 
     def _formula(self, name: str, grads: Sequence, args: Any, metas: Sequence) -> list:
         _, traceable = _bound(name)
+        self.ran.add(self.node_index)
         if not traceable:
             raise Uncapturable(f"{self.node}: its C++ backward is not marked traceable")
         call = (name, list(grads), *args)
@@ -163,11 +185,15 @@ class BackwardCapture(Trace):
 
     def _tensor_hook(self, inputs: list, i: int, what: str, run: Callable, hook: Any) -> list:
         self.walk.append(f"{what} on input {i} of {self.node}")
+        hooked = self._hooked(inputs[i])  # an earlier hook's result: its gradient before
+        first = inputs[i] if hooked is None else hooked[1]
         inputs[i] = self._effect(run, hook, inputs[i])
+        self.hooked[id(inputs[i])] = (self.node_index, first, inputs[i])
         return inputs
 
     def pre_hook(self, inputs: Sequence, hook_id: int) -> list:
         self.walk.append(f"pre-hook of {self.node}")
+        self.ran.add(self.node_index)
         return self._effect(hooks.run_node_pre_hook, self.proxies["hooks"][hook_id],
                             list(inputs))
 
@@ -198,6 +224,7 @@ class BackwardCapture(Trace):
         from ..runtime.call import CompiledFunction
         if backward_state_idx is not None:
             raise Uncapturable(f"{self.node}: a backward holding Dynamo's BackwardState")
+        self.ran.add(self.node_index)
         ctx_proxy = self.proxies["hooks"][backward_idx]
         if issubclass(ctx._forward_cls, CompiledFunction):  # aotgrad's region: inline its ops
             # Recorded, not run: its results stand in from the engine's metadata. Run here, on
@@ -217,6 +244,7 @@ class BackwardCapture(Trace):
     # CopySlices (an in-place op on a view of a leaf-less base): its own prologue and
     # epilogue around the view's formula, recorded like the formula.
     def call_copy_slices_prologue(self, *args):
+        self.ran.add(self.node_index)
         return self._record(hooks.copy_slices_prologue, args)
 
     def call_copy_slices_epilogue(self, *args):

@@ -74,13 +74,13 @@ def run_tensor_hook(hook: Callable, grad: torch.Tensor) -> torch.Tensor:
 
 def run_node_pre_hook(hook: Callable, grads: list) -> list:
     """`grad_fn.register_prehook(hook)`: hook(grad_outputs) -> new grad_outputs or None."""
-    result = hook(grads)
+    result = hook(tuple(grads))  # a tuple, as eager passes it
     return grads if result is None else check_hook_results(hook, grads, result)
 
 
 def run_node_post_hook(hook: Callable, grad_inputs: list, grad_outputs: list) -> list:
     """`grad_fn.register_hook(hook)`: hook(grad_inputs, grad_outputs) -> new or None."""
-    result = hook(grad_inputs, grad_outputs)
+    result = hook(tuple(grad_inputs), tuple(grad_outputs))
     return grad_inputs if result is None else check_hook_results(hook, grad_inputs, result)
 
 
@@ -134,6 +134,8 @@ def run_post_accumulate_hook(hook: Callable, param: torch.Tensor) -> torch.Tenso
 
 def run_cpp_tensor_hooks(hook_id: int, grad: torch.Tensor) -> torch.Tensor:
     """C++ tensor pre-hooks (`retain_grad`), which the engine keeps and runs by id."""
+    if grad is None:  # an undefined gradient (undefined.py): retain_grad keeps nothing, as
+        return None   # eager; the engine's binding would crash on None
     return torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks(hook_id, grad)
 
 
@@ -232,6 +234,18 @@ def none_as_zeros(grad: Any, meta: Any) -> Any:
     return torch.zeros(size, dtype=dtype, layout=layout, device=device)
 
 
+def undefined_if_none(grad: Any, *defining: Any) -> Any:
+    """A gradient as eager has it: undefined (None) where every custom backward result it
+    is made of is None (undefined.py; the traced ops made it of zeros instead)."""
+    return None if all(d is None for d in defining) else grad
+
+
+def or_else(grad: Any, fallback: Any) -> Any:
+    """What the traced ops after a hook read: its result, or where it was given None and
+    returned None, the zeros the traced ops had made for that None."""
+    return fallback if grad is None else grad
+
+
 def add_gradients(old: Any, new: Any) -> Any:
     """Two contributions to one gradient, summed; None (a custom backward's "no
     gradient") contributes nothing, as in eager's input buffers."""
@@ -245,6 +259,23 @@ def accumulate_into(variable: torch.Tensor, grad: torch.Tensor, has_post_hooks: 
     sum, the gradient layout contract: the engine's own function, so each is eager's."""
     fn, _ = BOUND["AccumulateGrad"]
     variable.grad = fn([grad], variable, variable.grad, has_post_hooks)[0]
+
+
+def in_layout(grad: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """A hook's gradient in the layout that the compiled code after it was traced with:
+    dense, its dims in memory in `order` (outermost first)."""
+    if grad is None or list(grad.stride()) == dense_strides(grad.shape, order):
+        return grad
+    out = torch.empty_permuted(grad.shape, order, dtype=grad.dtype, device=grad.device)
+    return out.copy_(grad)
+
+
+def dense_strides(sizes: Any, order: tuple[int, ...]) -> list[int]:
+    stride, strides = 1, [0] * len(sizes)
+    for d in reversed(order):
+        strides[d] = stride
+        stride *= sizes[d]
+    return strides
 
 
 def _like(t: Any) -> Any:
@@ -276,24 +307,8 @@ RESULT_LIKE: dict[Callable, Callable[..., Any]] = {
     run_post_accumulate_hook: lambda hook, param: _like(param),
     run_python_backward: lambda ctx, saved, metas, *grads: tuple(_empty(m) for m in metas),
 }
-# Run for their effects (or, the replay, for what they read at run time; `none_as_zeros`,
-# for a value only the run knows): never dropped, never traced into. The replay's results
-# are stood in for by the region's traced backward.
-EFFECTS = frozenset(RESULT_LIKE) | {replay_region_backward, none_as_zeros}
-
-
-def in_layout(grad: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
-    """A hook's gradient in the layout that the compiled code after it was traced with:
-    dense, its dims in memory in `order` (outermost first)."""
-    if list(grad.stride()) == dense_strides(grad.shape, order):
-        return grad
-    out = torch.empty_permuted(grad.shape, order, dtype=grad.dtype, device=grad.device)
-    return out.copy_(grad)
-
-
-def dense_strides(sizes: Any, order: tuple[int, ...]) -> list[int]:
-    stride, strides = 1, [0] * len(sizes)
-    for d in reversed(order):
-        strides[d] = stride
-        stride *= sizes[d]
-    return strides
+# Run for their effects (or, the replay, for what they read at run time; `none_as_zeros`
+# and `in_layout`, for a value or layout only the run knows): never dropped, never traced
+# into. The replay's results are stood in for by the region's traced backward.
+EFFECTS = frozenset(RESULT_LIKE) | {replay_region_backward, none_as_zeros, in_layout,
+                                    undefined_if_none, or_else}

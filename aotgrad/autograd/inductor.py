@@ -20,6 +20,7 @@ import torch
 from torch import fx
 
 from . import hooks
+from .layouts import dims_outer_to_inner, from_effect
 from .specialize import mutates, storage_of
 
 log = logging.getLogger("aotgrad.autograd")
@@ -170,38 +171,15 @@ def _segment_input(arg: fx.Node, sub: fx.Graph, reads: list[fx.Node]) -> Any:
 
 
 def _as_traced(node: fx.Node, outer: fx.Graph) -> fx.Node:
-    """A hook's (or opaque backward's) result, in the layout its stand-in was traced with:
-    Inductor's code assumes the traced strides, and a hook may return any."""
+    """A Python call's result that `layouts.restride_effect_results` left as it is (its
+    stand-in not dense): Inductor's code assumes the traced strides, and no copy gives them."""
     value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or not _from_effect(node):
-        return node  # a graph input's strides are guarded; a segment's are Inductor's own
-    restrided = outer.call_function(hooks.in_layout, (node, _dims_outer_to_inner(value)))
-    restrided.meta = dict(node.meta)
-    return restrided
-
-
-def _dims_outer_to_inner(value: torch.Tensor) -> tuple[int, ...]:
-    """The order of the stand-in's dims in memory. Read from its sizes' hints: the order
-    only decides how a hook's gradient is copied (its values are kept), and Inductor's own
-    input checks catch strides that still differ."""
-    sizes, strides = _hints(value.shape), _hints(value.stride())
-    order = tuple(sorted(range(value.dim()), key=lambda d: -strides[d]))
-    if [s for s, n in zip(strides, sizes) if n > 1] != \
-            [s for s, n in zip(hooks.dense_strides(sizes, order), sizes) if n > 1]:
+    if isinstance(value, torch.Tensor) and from_effect(node) and \
+            dims_outer_to_inner(value) is None:
         raise NotImplementedError("aotgrad: compiled autograd with 'inductor' cannot compile "
                                   "a backward that feeds a hook's overlapping or non-dense "
                                   "gradient to compiled code; use 'eager'")
-    return order
-
-
-def _hints(values: Any) -> list[int]:
-    return [v.node.hint if isinstance(v, torch.SymInt) else v for v in values]
-
-
-def _from_effect(node: fx.Node) -> bool:
-    if node.target in hooks.EFFECTS:
-        return True
-    return node.target is operator.getitem and _from_effect(node.args[0])
+    return node
 
 
 # -- compiling -------------------------------------------------------------------------------

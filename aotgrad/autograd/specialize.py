@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import logging
 import math
 import operator
@@ -28,8 +29,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.fx.experimental.proxy_tensor import (
     PythonKeyTracer, ProxyTorchDispatchMode, fetch_object_proxy, track_tensor_tree)
 
-from . import hooks, state
+from . import hooks, state, undefined
 from .guard import Guard, exact_guard
+from .layouts import restride_effect_results
+from .ready import GRADIENT_ARG, QUEUE, eager_order
 from ..schema import ENGINE_NODE, READY
 from ..tables import written_arguments
 
@@ -122,6 +125,8 @@ class Specialization(Trace):
         values = dict(zip(PLACEHOLDERS, (*opened, hook_list, packed)))
         self.values: dict[fx.Node, Any] = {}
         self.graph_args: dict[fx.Node, Any] = {}  # a hook's read of the graph's inputs
+        self.sources = undefined.gradient_sources(program)
+        self.maybe_undefined: list[tuple[fx.Node, int, Any]] = []  # see undefined.py
         try:
             # Grad mode off whatever the run's: a region's backward then traces as its
             # backward graph's ops, on the lifted saved values (grad mode on, it would replay
@@ -141,7 +146,9 @@ class Specialization(Trace):
             self.graph_args[node] = self.proxies[node.target]
         elif node.op == "output":
             outputs = self.to_proxy(self._load(node.args[0]))
-            self.tracer.create_node("output", "output", (self.tracer.create_arg(outputs),), {})
+            out = self.tracer.create_node("output", "output",
+                                          (self.tracer.create_arg(outputs),), {})
+            self.maybe_undefined.append((out, 0, undefined.defining_nodes(self, node.args[0])))
         elif node.target in hooks.EFFECTS:
             self.values[node] = self._effect(node)
         elif node.target is hooks.run_region_backward and self.create_graph:
@@ -170,8 +177,12 @@ class Specialization(Trace):
         graph_args = fx.node.map_arg(node.args, lambda n: self.graph_args[n] if n in
                                      self.graph_args else self.to_proxy(self.values[n]))
         proxy = self.tracer.create_proxy("call_function", target, graph_args, {})
-        if READY in node.meta:
-            proxy.node.meta[READY] = node.meta[READY]
+        for i in undefined.GRADIENT_ARGS.get(target, ()):
+            self.maybe_undefined.append((proxy.node, i,
+                                         undefined.defining_nodes(self, node.args[i])))
+        for key in (READY, QUEUE):
+            if key in node.meta:
+                proxy.node.meta[key] = node.meta[key]
         track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
         return result
 
@@ -303,8 +314,11 @@ def _traced(trace: Specialization, program: fx.GraphModule, args: Sequence,
             dynamic: bool) -> fx.GraphModule:
     graph = trace.run(program.graph, args, dynamic)
     order_like_eager(graph)
+    undefined.wrap_undefined(graph, trace.maybe_undefined)
     drop_unused(graph)
+    undefined.zeros_after_hooks(graph)
     zeros_for_none(graph)
+    restride_effect_results(graph)
     return fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
 
 
@@ -338,7 +352,7 @@ def order_like_eager(graph: fx.Graph) -> None:
     accs = [n for n in graph.nodes if n.target is hooks.accumulate_into]
     ends = _block_ends(graph, accs)
     placed: dict[fx.Node, fx.Node] = {}  # an anchor -> the last group placed after it
-    for acc in sorted(accs, key=lambda a: _ready_key(a, order)):
+    for acc in _in_eager_order(accs, order):
         group = [*_pre_accumulate_hooks(acc), acc, *_post_accumulate_hooks(acc)]
         # The inputs are all read up front: one point, where ties keep eager's order.
         needs = {reads[-1] if a in read else a
@@ -379,6 +393,16 @@ def _block_end(ends: list[tuple[int, fx.Node]], engine_node: int | None) -> fx.N
     return ends[i - 1][1] if i else None
 
 
+def _in_eager_order(accs: list[fx.Node], order: dict) -> list[fx.Node]:
+    """By the node that readied them; those one node readied, in its ready queue's order."""
+    ranked = sorted(accs, key=lambda a: _ready_key(a, order))
+    result = []
+    for ready, group in itertools.groupby(ranked, key=lambda a: a.meta.get(READY)):
+        group = list(group)
+        result += group if ready is None else eager_order(group)
+    return result
+
+
 def _ready_key(acc: fx.Node, order: dict) -> tuple:
     """Eager's order among accumulations: by the node that readied them, then by that
     node's outputs. Eager pops those in the order its engine pushed them, the outputs'; the
@@ -405,8 +429,8 @@ def _producer(node: Any) -> int | None:
             if source.target is hooks.call_formula and source.args[0] == "validate_outputs":
                 return source.meta.get(ENGINE_NODE)
             node = source
-        elif node.target in _GRADIENT_ARG:
-            node = _GRADIENT_ARG[node.target](node.args)
+        elif node.target in GRADIENT_ARG:
+            node = GRADIENT_ARG[node.target](node.args)
         else:
             return None
     return None
@@ -448,7 +472,9 @@ def zeros_for_none(graph: fx.Graph) -> None:
     for call in graph.find_nodes(op="call_function", target=hooks.run_python_backward):
         metas = call.args[2]
         for read in [u for u in call.users if u.target is operator.getitem]:
-            traced = [u for u in read.users if u.target not in hooks.EFFECTS]
+            # (`or_else`: a hook's None read as the zeros made for this None)
+            traced = [u for u in read.users
+                      if u.target not in hooks.EFFECTS or u.target is hooks.or_else]
             if not traced:
                 continue
             with graph.inserting_after(read):
@@ -478,12 +504,6 @@ def _hoist_input_reads(graph: fx.Graph) -> list[fx.Node]:
 
 # The hooks an AccumulateGrad node runs on its gradient before accumulating it.
 _PRE_HOOKS = (hooks.run_tensor_hook, hooks.run_cpp_tensor_hooks, hooks.run_node_pre_hook)
-# The gradient an AccumulateGrad node's hook passes on.
-_GRADIENT_ARG: dict[Callable, Callable[[tuple], Any]] = {
-    hooks.run_tensor_hook: lambda args: args[1],
-    hooks.run_cpp_tensor_hooks: lambda args: args[1],
-    hooks.run_node_pre_hook: lambda args: args[1][0],
-}
 
 
 def _pre_accumulate_hooks(acc: fx.Node) -> list[fx.Node]:
