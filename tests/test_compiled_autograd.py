@@ -1379,3 +1379,24 @@ def test_a_none_reaching_a_materializing_custom_backward_is_zeros_as_eager():
         return x.grad, w0.grad
     expected, actual, _ = eager_and_compiled(step)
     same(expected, actual, "grads")
+
+
+def test_a_backward_that_cannot_be_captured_is_not_captured_again_at_every_call(caplog):
+    # Was: each backward of a graph whose capture had failed (a sparse embedding gradient)
+    # was captured again, traced up to its failure and logged, before running eagerly.
+    torch.manual_seed(0)
+    emb, lin = torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 1)
+    idx = torch.tensor([1, 2, 3, 1])
+
+    def step():
+        emb.weight.grad, lin.weight.grad, lin.bias.grad = None, None, None
+        lin(emb(idx)).sum().backward()
+        return emb.weight.grad.to_dense(), lin.weight.grad
+    expected = step()
+    with caplog.at_level(logging.WARNING, logger="aotgrad.autograd"), \
+            aotgrad.compiled_autograd.enable("eager") as stats:
+        for _ in range(3):
+            got = step()
+            assert all(torch.equal(g, e) for g, e in zip(got, expected))
+    assert stats.captures == 1 and len(stats.fallbacks) == 3
+    assert len([r for r in caplog.records if "could not capture" in r.message]) == 1

@@ -47,6 +47,10 @@ class Session:
         self.keys = CaptureLog()
         self.open_capture: BackwardCapture | None = None
         self.running = False  # a backward is under way (api's wrapper of the engine's run)
+        # Graphs whose capture failed, by their nodes' kinds (`_signature`): run eagerly
+        # at once, not captured (and logged) again at every backward. Eager is always
+        # right, so a graph of the same kinds that could be captured only runs slower.
+        self.uncapturable: dict[tuple, str] = {}
 
     def begin(self, capture: BackwardCapture) -> None:
         self.open_capture = capture
@@ -203,6 +207,10 @@ def _eager_fallback(session: Session) -> Iterator[None]:
             # calling autograd.grad): the engine refuses to nest compiled autograd, and
             # eager runs it as a plain backward of its own.
             return _engine_off(run, args, kwargs)
+        known = _signature(args[0]) if session.uncapturable else None
+        if known in session.uncapturable:
+            session.stats.fallbacks.append(session.uncapturable[known])
+            return _engine_off(run, args, kwargs)
         session.running = True
         try:
             return run(*args, **kwargs)
@@ -256,9 +264,26 @@ def _final_callbacks() -> Iterator[None]:
         variable._execution_engine = engine
 
 
+def _signature(roots: Any) -> tuple:
+    """The kinds of the graph's nodes from `roots` (tensors or gradient edges), depth first:
+    what a failed capture is remembered by."""
+    stack = [getattr(r, "grad_fn", None) if isinstance(r, torch.Tensor) else r.node
+             for r in roots]
+    seen, kinds = set(), []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        kinds.append(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return tuple(kinds)
+
+
 def _run_eagerly(session: Session, run: Callable, error: Exception, args, kwargs) -> Any:
     reason = f"{type(error).__name__}: {error}".splitlines()[0]
     session.stats.fallbacks.append(reason)
+    session.uncapturable[_signature(args[0])] = reason  # the graph is intact: walk it again
     log.warning("aotgrad: compiled autograd could not capture this backward; the eager "
                 "engine runs it (%s)", reason, exc_info=log.isEnabledFor(logging.DEBUG))
     return _engine_off(run, args, kwargs)
