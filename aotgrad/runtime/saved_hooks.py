@@ -64,8 +64,10 @@ def _fingerprint(t: torch.Tensor) -> tuple:
     bits = _bits(t.detach())
     if bits.numel() == 0:
         return t.dtype, t.shape, t.device
-    wide = bits.to(torch.int64)
-    sums = torch.stack([wide.sum(), (wide ^ (wide >> 3)).sum()]).tolist()
+    # Summed in int64 as read: no int64 copy of a large activation. (On a GPU, `tolist`
+    # waits for the device, once per saved value: the price of a hook of the user's.)
+    sums = torch.stack([bits.sum(dtype=torch.int64),
+                        (bits ^ (bits >> 3)).sum(dtype=torch.int64)]).tolist()
     return t.dtype, t.shape, t.device, *sums
 
 
