@@ -74,6 +74,9 @@ ENGINE_NODE = "aotgrad_engine_node"
 # node.meta key on a capture's accumulate_into: the engine node whose output made its
 # gradient whole (its last contribution), where eager's engine pushes the AccumulateGrad.
 READY = "aotgrad_ready"
+# node.meta key on such an accumulation (autograd.ready): what the node that readied it
+# pushed onto the engine's ready queue, in its outputs' order, and which push it was.
+READY_QUEUE = "aotgrad_ready_queue"
 
 # ---- fx meta keys: torch's, read or written by aotgrad -------------------------------------
 # "val" (node): the fake value; set by make_fx, copied by every pass that makes nodes

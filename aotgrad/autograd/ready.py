@@ -19,7 +19,7 @@ from typing import Any
 from torch import fx
 
 from . import hooks
-from ..schema import ENGINE_NODE, READY
+from ..schema import ENGINE_NODE, READY, READY_QUEUE
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,19 +48,13 @@ def _fill_root(heap: list, last: int) -> None:
     heap[hole] = last
 
 
-# On an accumulation of the program and its specializations: (what the node that readied
-# it pushed onto the ready queue, in the order of its outputs, True for an AccumulateGrad
-# task; which of those this one is).
-QUEUE = "aotgrad_ready_queue"
-
-
 def eager_order(group: list) -> list:
     """The accumulations one node readied (in its outputs' order), in eager's order."""
-    pushes = {acc.meta.get(QUEUE, (None,))[0] for acc in group}
+    pushes = {acc.meta.get(READY_QUEUE, (None,))[0] for acc in group}
     if len(pushes) != 1 or None in pushes:
         return [group[i] for i in pop_order(len(group))]
     kinds = pushes.pop()
-    at = {acc.meta[QUEUE][1]: acc for acc in group}
+    at = {acc.meta[READY_QUEUE][1]: acc for acc in group}
     # Another node's task ranks below any AccumulateGrad; among them (rarely compared),
     # a later output is taken as a later-made node (a higher sequence number).
     ranks = [math.inf if kind else k for k, kind in enumerate(kinds)]
@@ -107,14 +101,14 @@ def _hole_down(heap: list) -> int:
 
 
 def mark_pushes(program: fx.Graph) -> None:
-    """QUEUE on each accumulation whose gradient is one output of a node (not a sum)."""
+    """READY_QUEUE on each accumulation whose gradient is one output of a node (not a sum)."""
     found = {acc: _output_of(acc.args[1]) for acc in
              program.find_nodes(op="call_function", target=hooks.accumulate_into)}
     taken = {where: acc for acc, where in found.items() if where is not None and
              acc.meta.get(READY) == where[0].meta.get(ENGINE_NODE)}
     for (validated, index), acc in taken.items():
         kinds = tuple(_pushed(validated, k, taken) for k in range(len(validated.args[1])))
-        acc.meta[QUEUE] = (tuple(k for k in kinds if k is not None),
+        acc.meta[READY_QUEUE] = (tuple(k for k in kinds if k is not None),
                            sum(k is not None for k in kinds[:index]))
 
 

@@ -32,8 +32,8 @@ from torch.fx.experimental.proxy_tensor import (
 from . import hooks, state, undefined
 from .guard import Guard, exact_guard
 from .layouts import restride_effect_results
-from .ready import GRADIENT_ARG, QUEUE, eager_order
-from ..schema import ENGINE_NODE, READY
+from .ready import GRADIENT_ARG, eager_order
+from ..schema import ENGINE_NODE, READY, READY_QUEUE
 from ..tables import written_arguments
 
 log = logging.getLogger("aotgrad.autograd")
@@ -180,7 +180,7 @@ class Specialization(Trace):
         for i in undefined.GRADIENT_ARGS.get(target, ()):
             self.maybe_undefined.append((proxy.node, i,
                                          undefined.defining_nodes(self, node.args[i])))
-        for key in (READY, QUEUE):
+        for key in (READY, READY_QUEUE):
             if key in node.meta:
                 proxy.node.meta[key] = node.meta[key]
         track_tensor_tree(result, proxy, constant=None, tracer=self.tracer)
