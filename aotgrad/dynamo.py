@@ -196,10 +196,23 @@ class _Backend:
         self._compiler, self._made_with = compiler, made_with
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):
+        guard_module_hooks()
         return self._compiler(gm, example_inputs, **kwargs)
 
     def __reduce__(self):
         return _remake_backend, (self._made_with,)
+
+
+def guard_module_hooks() -> None:
+    """Have Dynamo guard the module hook dicts it finds empty, unless the user chose
+    otherwise. By default it skips those guards, so a hook registered after the compile
+    (`register_forward_hook`, a full backward hook) never ran: the graph held the modules as
+    they were, silently. Dynamo reads the option when it builds the guards of the frame it
+    is compiling, after this backend returns, so the first graph is guarded too; the guards
+    are a length check per hook dict."""
+    config = torch._dynamo.config
+    if config.skip_nnmodule_hook_guards and config._is_default("skip_nnmodule_hook_guards"):
+        config.skip_nnmodule_hook_guards = False
 
 
 def _remake_backend(made_with: dict) -> Callable:

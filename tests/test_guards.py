@@ -629,6 +629,25 @@ def test_a_hook_removed_after_the_compile_compiles_again():
     assert compiled._rebinds == 1
 
 
+@pytest.mark.parametrize("register", [
+    lambda m: m.fc.register_forward_hook(lambda mod, args, out: out * 10),
+    lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0] + 1,)),
+    lambda m: m.fc.register_full_backward_pre_hook(lambda mod, gout: (gout[0] * 5,)),
+], ids=["forward", "forward pre", "full backward pre"])
+def test_a_hook_registered_after_a_dynamo_compile_runs_as_in_eager(register):
+    """Dynamo skips its guards on the module hook dicts it finds empty by default: a hook
+    registered after the first call never ran, silently (the training-loop hunt)."""
+    torch._dynamo.reset()
+    model = Scaled()
+    step = torch.compile(model, backend=aotgrad.backend(backend="eager"))
+    x = torch.randn(2, 4)
+    step_matches_eager(model, step, x)
+    handle = register(model)
+    step_matches_eager(model, step, x)
+    handle.remove()
+    step_matches_eager(model, step, x)
+
+
 HOOK_COEF = {"forward": 1.0}  # a global a forward hook reads: a schedule's value
 
 
