@@ -204,16 +204,17 @@ class _Backend:
 
 
 def guard_module_hooks(gm: torch.fx.GraphModule) -> None:
-    """Have Dynamo guard the module hook dicts it finds empty, unless the user chose
-    otherwise. By default it skips those guards, so a hook registered after the compile
-    (`register_forward_hook`, a full backward hook) never ran: the graph held the modules as
-    they were, silently. Dynamo reads the option when it builds the guards of the frame it
-    is compiling, after this backend returns, so the first graph is guarded too; the guards
-    are a length check per hook dict."""
+    """Have Dynamo guard the module hook dicts it finds empty, the global ones included,
+    unless the user set `skip_nnmodule_hook_guards`. By default it skips those guards, so a
+    hook registered after the compile (`register_forward_hook`, a full backward hook) never
+    ran: the graph held the modules as they were, silently. Dynamo reads the option when it
+    builds the guards of the frame it is compiling, after this backend returns, so the first
+    graph is guarded too; the guards are a length check per hook dict."""
     config = torch._dynamo.config
     if config.skip_nnmodule_hook_guards and config._is_default("skip_nnmodule_hook_guards"):
         config.skip_nnmodule_hook_guards = False
-    if any("nn_module_stack" in n.meta for n in gm.graph.nodes):
+    if not config.skip_nnmodule_hook_guards and \
+            any("nn_module_stack" in n.meta for n in gm.graph.nodes):
         _guard_global_hooks_empty()
 
 

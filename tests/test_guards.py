@@ -651,6 +651,14 @@ def test_a_hook_registered_after_a_dynamo_compile_runs_as_in_eager(register):
     step_matches_eager(model, step, x)
 
 
+def test_a_users_skip_nnmodule_hook_guards_is_kept():
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=True):
+        model = Scaled()
+        step_matches_eager(model, torch.compile(model, backend="aotgrad"), torch.randn(2, 4))
+        assert torch._dynamo.config.skip_nnmodule_hook_guards
+
+
 HOOK_COEF = {"forward": 1.0}  # a global a forward hook reads: a schedule's value
 
 
