@@ -2,6 +2,7 @@
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
 import contextlib
+import contextvars
 import copy
 import enum
 import logging
@@ -652,11 +653,15 @@ def test_a_hook_registered_after_a_dynamo_compile_runs_as_in_eager(register):
 
 
 def test_a_users_skip_nnmodule_hook_guards_is_kept():
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=True):
+    def compile_under_the_users_choice():
+        torch._dynamo.config.skip_nnmodule_hook_guards = True
         model = Scaled()
         step_matches_eager(model, torch.compile(model, backend="aotgrad"), torch.randn(2, 4))
         assert torch._dynamo.config.skip_nnmodule_hook_guards
+
+    torch._dynamo.reset()
+    # Dynamo's settings are context variables: the choice ends with this context.
+    contextvars.copy_context().run(compile_under_the_users_choice)
 
 
 HOOK_COEF = {"forward": 1.0}  # a global a forward hook reads: a schedule's value
