@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch import nn
 
 import aotgrad
+import aotgrad.compat as compat
 from aotgrad import api
 from aotgrad.runtime import guards
 from aotgrad.runtime.module_guard import ModuleAttributes
@@ -637,19 +638,26 @@ def test_a_hook_removed_after_the_compile_compiles_again():
     lambda m: nn.modules.module.register_module_forward_hook(
         lambda mod, args, out: out * 3 if mod is m.fc else None),
 ], ids=["forward", "forward pre", "full backward pre", "global forward"])
-def test_a_hook_registered_after_a_dynamo_compile_runs_as_in_eager(register):
+@pytest.mark.parametrize("door", ["backend", "aot_module_simplified"])
+def test_a_hook_registered_after_a_dynamo_compile_runs_as_in_eager(register, door):
     """Dynamo skips its guards on the module hook dicts it finds empty by default, and checks
     only the type of the global ones: a hook registered after the first call never ran,
-    silently (the training-loop hunt)."""
+    silently (the training-loop hunt). A user's backend built on the compat door alike."""
+    def steps():
+        model = Scaled()
+        step = torch.compile(model, backend=aotgrad.backend(backend="eager")
+                             if door == "backend" else lambda gm, example:
+                             compat.aot_module_simplified(gm, example, compat.nop))
+        x = torch.randn(2, 4)
+        step_matches_eager(model, step, x)
+        handle = register(model)
+        step_matches_eager(model, step, x)
+        handle.remove()
+        step_matches_eager(model, step, x)
+
     torch._dynamo.reset()
-    model = Scaled()
-    step = torch.compile(model, backend=aotgrad.backend(backend="eager"))
-    x = torch.randn(2, 4)
-    step_matches_eager(model, step, x)
-    handle = register(model)
-    step_matches_eager(model, step, x)
-    handle.remove()
-    step_matches_eager(model, step, x)
+    # In a context of its own: Dynamo's settings, which the door changes, start as torch's.
+    contextvars.copy_context().run(steps)
 
 
 def test_a_users_skip_nnmodule_hook_guards_is_kept():
