@@ -196,10 +196,47 @@ class _Backend:
         self._compiler, self._made_with = compiler, made_with
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, **kwargs):
+        guard_module_hooks(gm)
         return self._compiler(gm, example_inputs, **kwargs)
 
     def __reduce__(self):
         return _remake_backend, (self._made_with,)
+
+
+def guard_module_hooks(gm: torch.fx.GraphModule) -> None:
+    """Have Dynamo guard the module hook dicts it finds empty, the global ones included,
+    unless the user set `skip_nnmodule_hook_guards`. By default it skips those guards, so a
+    hook registered after the compile (`register_forward_hook`, a full backward hook) never
+    ran: the graph held the modules as they were, silently. Dynamo reads the option when it
+    builds the guards of the frame it is compiling, after this backend returns, so the first
+    graph is guarded too; the guards are a length check per hook dict."""
+    config = torch._dynamo.config
+    if config.skip_nnmodule_hook_guards and config._is_default("skip_nnmodule_hook_guards"):
+        config.skip_nnmodule_hook_guards = False
+    if not config.skip_nnmodule_hook_guards and \
+            any("nn_module_stack" in n.meta for n in gm.graph.nodes):
+        _guard_global_hooks_empty()
+
+
+_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks",
+                 "_global_backward_pre_hooks", "_global_backward_hooks")
+
+
+def _guard_global_hooks_empty() -> None:
+    """Guard that the global module hooks Dynamo found empty stay so: it checks only their
+    type, and a `register_module_forward_hook` after the compile (`ModuleTracker`, a
+    profiler's) never ran for the graph's modules. The guard goes into the frame's guards
+    (Dynamo builds them after this backend returns)."""
+    from torch._dynamo.guards import GuardBuilder, install_guard
+    from torch._dynamo.source import AttrSource
+    from torch._dynamo import symbolic_convert
+    tx = getattr(symbolic_convert.tls, "current_tx", None)
+    if tx is None:  # the backend called outside a Dynamo compile
+        return
+    module = tx.nn_modules_globals_vt.source
+    hooks = torch.nn.modules.module
+    install_guard(*(AttrSource(module, name).make_guard(GuardBuilder.SEQUENCE_LENGTH)
+                    for name in _GLOBAL_HOOKS if not getattr(hooks, name)))
 
 
 def _remake_backend(made_with: dict) -> Callable:

@@ -2,6 +2,7 @@
 that changes anything an entry depends on must not reach that entry, and must match eager."""
 
 import contextlib
+import contextvars
 import copy
 import enum
 import logging
@@ -12,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch import nn
 
 import aotgrad
+import aotgrad.compat as compat
 from aotgrad import api
 from aotgrad.runtime import guards
 from aotgrad.runtime.module_guard import ModuleAttributes
@@ -627,6 +629,47 @@ def test_a_hook_removed_after_the_compile_compiles_again():
     torch.ones(1, requires_grad=True).register_hook(lambda g: g)  # another's: no compile
     step_matches_eager(model, compiled, x)
     assert compiled._rebinds == 1
+
+
+@pytest.mark.parametrize("register", [
+    lambda m: m.fc.register_forward_hook(lambda mod, args, out: out * 10),
+    lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0] + 1,)),
+    lambda m: m.fc.register_full_backward_pre_hook(lambda mod, gout: (gout[0] * 5,)),
+    lambda m: nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: out * 3 if mod is m.fc else None),
+], ids=["forward", "forward pre", "full backward pre", "global forward"])
+@pytest.mark.parametrize("door", ["backend", "aot_module_simplified"])
+def test_a_hook_registered_after_a_dynamo_compile_runs_as_in_eager(register, door):
+    """Dynamo skips its guards on the module hook dicts it finds empty by default, and checks
+    only the type of the global ones: a hook registered after the first call never ran,
+    silently (the training-loop hunt). A user's backend built on the compat door alike."""
+    def steps():
+        model = Scaled()
+        step = torch.compile(model, backend=aotgrad.backend(backend="eager")
+                             if door == "backend" else lambda gm, example:
+                             compat.aot_module_simplified(gm, example, compat.nop))
+        x = torch.randn(2, 4)
+        step_matches_eager(model, step, x)
+        handle = register(model)
+        step_matches_eager(model, step, x)
+        handle.remove()
+        step_matches_eager(model, step, x)
+
+    torch._dynamo.reset()
+    # In a context of its own: Dynamo's settings, which the door changes, start as torch's.
+    contextvars.copy_context().run(steps)
+
+
+def test_a_users_skip_nnmodule_hook_guards_is_kept():
+    def compile_under_the_users_choice():
+        torch._dynamo.config.skip_nnmodule_hook_guards = True
+        model = Scaled()
+        step_matches_eager(model, torch.compile(model, backend="aotgrad"), torch.randn(2, 4))
+        assert torch._dynamo.config.skip_nnmodule_hook_guards
+
+    torch._dynamo.reset()
+    # Dynamo's settings are context variables: the choice ends with this context.
+    contextvars.copy_context().run(compile_under_the_users_choice)
 
 
 HOOK_COEF = {"forward": 1.0}  # a global a forward hook reads: a schedule's value

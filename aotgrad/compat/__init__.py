@@ -25,7 +25,7 @@ from ..backends.compilers import (compilation_context, eager_compiler, make_boxe
 from ..partition.split import default_partition
 from ..partition.remat import min_cut_rematerialization_partition
 from ..dynamo import (compile_dynamo_graph, compile_for_new_aliasing, dynamo_fakes,
-                      dynamo_static_inputs)
+                      dynamo_static_inputs, guard_module_hooks)
 from ..runtime.guards import fixed_inputs_check
 from ..semantics.aliasing import AliasingChanged
 from ..pipeline import Options
@@ -182,6 +182,8 @@ def aot_module_simplified(mod: torch.nn.Module, args: Sequence[Any], fw_compiler
     check.function("aot_module_simplified", "pre_grad_passes", pre_grad_passes, optional=True)
     if pre_grad_passes is not None and isinstance(mod, fx.GraphModule):
         mod = pre_grad_passes(mod, args)
+    if isinstance(mod, fx.GraphModule):  # a Dynamo graph: hooks added later must be seen
+        guard_module_hooks(mod)
     refuse_fake_state(mod)
     lifted = lift_state(mod)
     state, names = lifted.tensors, lifted.names
