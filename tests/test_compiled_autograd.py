@@ -475,6 +475,35 @@ def test_gradient_penalty_with_create_graph(front_door):
     assert stats.fallbacks == []
 
 
+
+class GradModeFormulas(torch.nn.Module):
+    """Formulas that branch on grad mode: silu's, mish's and logit's no-grad kernels have
+    no derivative, dropout's differs from its grad-mode one."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.SiLU(),
+                                         torch.nn.Mish(), torch.nn.Dropout(0.3))
+
+    def forward(self, x):
+        return torch.logit(self.inner(x).sigmoid(), eps=1e-3).sum()
+
+
+@pytest.mark.parametrize("front_door", ["eager", "aotgrad"])
+def test_create_graph_runs_the_formulas_grad_mode_chooses(front_door):
+    # The create_graph run reused the graph traced under no_grad: silu_backward, which
+    # has no derivative ("derivative for aten::silu_backward is not implemented").
+    def step(m):
+        f = aotgrad.compile(m, backend="eager") if front_door == "aotgrad" else m
+        x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        gx, = torch.autograd.grad(f(x), [x], create_graph=True)
+        assert gx.requires_grad and gx.grad_fn is not None
+        gx.pow(2).sum().backward()
+        return [gx.detach(), x.grad]
+    expected, actual, stats = twice(step, GradModeFormulas())
+    same(expected, actual, "input gradient and its gradient")
+    assert stats.fallbacks == []
+
 # -- sizes: a graph traced for some sizes serves others only where its guards hold ---------------
 
 def shape_steps(loss, shapes, front_door, compiler="eager"):
