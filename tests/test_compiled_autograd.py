@@ -823,6 +823,27 @@ def test_inductor_gradient_penalty_runs_compiled_and_hits_the_cache(front_door, 
     assert third == second  # every backward of the third step: cached
 
 
+
+def test_inductor_backward_through_layer_norms_double_backward_matches_eager():
+    # The second backward runs layer_norm's double-backward formula, traced with grad mode
+    # off: in-place ops on its temporaries, which Inductor computed wrong (every element
+    # of x.grad) until the segment was functionalized.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
+                                torch.nn.Linear(8, 1)).double()
+
+    def step(m):
+        f = aotgrad.compile(m, backend="eager")
+        x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0),
+                        requires_grad=True)
+        y = f(x)
+        gx, = torch.autograd.grad(y.sum(), x, create_graph=True)
+        (((gx.norm(2, dim=1) - 1) ** 2).mean() + y.mean()).backward()
+        return [gx.detach(), x.grad]
+    expected, actual, stats = twice(step, model, "inductor")
+    same(expected, actual, "input gradient and its gradient")  # and twice(): the parameters'
+    assert stats.fallbacks == []
+
 # -- what eager's engine checks and fixes between nodes -----------------------------------------
 def eager_and_compiled(step, compiler="eager"):
     """`step()` run eagerly and under compiled autograd: both results, and the stats."""
