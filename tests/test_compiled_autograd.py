@@ -824,25 +824,29 @@ def test_inductor_gradient_penalty_runs_compiled_and_hits_the_cache(front_door, 
 
 
 
-def test_inductor_backward_through_layer_norms_double_backward_matches_eager():
-    # The second backward runs layer_norm's double-backward formula, traced with grad mode
-    # off: in-place ops on its temporaries, which Inductor computed wrong (every element
-    # of x.grad) until the segment was functionalized.
+@pytest.mark.parametrize("front_door", ["eager", "aotgrad"])
+def test_inductor_backward_through_layer_norms_double_backward_matches_eager(front_door):
+    # The second backward runs layer_norm's double-backward formula (recorded by an eager
+    # create_graph backward), traced with grad mode off: in-place ops on its temporaries,
+    # which Inductor computed wrong (every element of x.grad) until the segment was
+    # functionalized.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
                                 torch.nn.Linear(8, 1)).double()
 
-    def step(m):
-        f = aotgrad.compile(m, backend="eager")
+    def step(m, compiled_backward):
+        f = aotgrad.compile(m, backend="eager") if front_door == "aotgrad" else m
         x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0),
                         requires_grad=True)
         y = f(x)
         gx, = torch.autograd.grad(y.sum(), x, create_graph=True)
-        (((gx.norm(2, dim=1) - 1) ** 2).mean() + y.mean()).backward()
-        return [gx.detach(), x.grad]
-    expected, actual, stats = twice(step, model, "inductor")
-    same(expected, actual, "input gradient and its gradient")  # and twice(): the parameters'
-    assert stats.fallbacks == []
+        with compiled_backward as stats:
+            (((gx.norm(2, dim=1) - 1) ** 2).mean() + y.mean()).backward()
+        return [gx.detach(), x.grad, *grads(m)], stats
+    expected, _ = step(copy.deepcopy(model), contextlib.nullcontext())
+    actual, stats = step(model, compiled_autograd.enable("inductor"))
+    same(expected, actual, "input gradient, its gradient, the parameters'")
+    assert stats.fallbacks == [] and stats.compiles > 0
 
 # -- what eager's engine checks and fixes between nodes -----------------------------------------
 def eager_and_compiled(step, compiler="eager"):
