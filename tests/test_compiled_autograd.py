@@ -848,6 +848,36 @@ def test_inductor_backward_through_layer_norms_double_backward_matches_eager(fro
     same(expected, actual, "input gradient, its gradient, the parameters'")
     assert stats.fallbacks == [] and stats.compiles > 0
 
+
+def _setitem_into_a_clone(x, w):
+    y = x.clone()
+    y[0] = w * 2
+    y[:, 1] *= w[1]
+    return y.sin().sum()
+
+
+def _cumprod_prod_masked_fill(x, w):
+    return (x.cumprod(1) * w).sum() + x.prod(1).sum() + x.masked_fill(x > 0, 0.5).pow(2).sum()
+
+
+@pytest.mark.parametrize("loss", [_setitem_into_a_clone, _cumprod_prod_masked_fill],
+                         ids=["setitem", "cumprod-prod-masked_fill"])
+def test_inductor_backward_through_in_place_double_backward_formulas_matches_eager(loss):
+    # Eager's create_graph backward records double-backward formulas that write into their
+    # temporaries (CopySlices, cumprod's and prod's backward); Inductor gave wrong values.
+    def step(compiled_backward):
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(4, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+        w = torch.randn(3, dtype=torch.float64, generator=gen, requires_grad=True)
+        gx, gw = torch.autograd.grad(loss(x, w), (x, w), create_graph=True)
+        with compiled_backward as stats:
+            (gx.pow(2).sum() + gw.sin().sum()).backward()
+        return [gx.detach(), gw.detach(), x.grad, w.grad], stats
+    expected, _ = step(contextlib.nullcontext())
+    actual, stats = step(compiled_autograd.enable("inductor"))
+    same(expected, actual, "gradients and their gradients")
+    assert stats.fallbacks == [] and stats.compiles > 0
+
 # -- what eager's engine checks and fixes between nodes -----------------------------------------
 def eager_and_compiled(step, compiler="eager"):
     """`step()` run eagerly and under compiled autograd: both results, and the stats."""
