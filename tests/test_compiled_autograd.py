@@ -477,13 +477,14 @@ def test_gradient_penalty_with_create_graph(front_door):
 
 
 class GradModeFormulas(torch.nn.Module):
-    """Formulas that branch on grad mode: silu's, mish's and logit's no-grad kernels have
-    no derivative, dropout's differs from its grad-mode one."""
+    """Formulas that branch on grad mode: silu's, mish's, logit's and group_norm's no-grad
+    kernels have no derivative, dropout's differs from its grad-mode one."""
 
     def __init__(self):
         super().__init__()
         self.inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.SiLU(),
-                                         torch.nn.Mish(), torch.nn.Dropout(0.3))
+                                         torch.nn.Mish(), torch.nn.GroupNorm(2, 8),
+                                         torch.nn.Dropout(0.3))
 
     def forward(self, x):
         return torch.logit(self.inner(x).sigmoid(), eps=1e-3).sum()
