@@ -475,6 +475,36 @@ def test_gradient_penalty_with_create_graph(front_door):
     assert stats.fallbacks == []
 
 
+
+class GradModeFormulas(torch.nn.Module):
+    """Formulas that branch on grad mode: silu's, mish's, logit's and group_norm's no-grad
+    kernels have no derivative, dropout's differs from its grad-mode one."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.SiLU(),
+                                         torch.nn.Mish(), torch.nn.GroupNorm(2, 8),
+                                         torch.nn.Dropout(0.3))
+
+    def forward(self, x):
+        return torch.logit(self.inner(x).sigmoid(), eps=1e-3).sum()
+
+
+@pytest.mark.parametrize("front_door", ["eager", "aotgrad"])
+def test_create_graph_runs_the_formulas_grad_mode_chooses(front_door):
+    # The create_graph run reused the graph traced under no_grad: silu_backward, which
+    # has no derivative ("derivative for aten::silu_backward is not implemented").
+    def step(m):
+        f = aotgrad.compile(m, backend="eager") if front_door == "aotgrad" else m
+        x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        gx, = torch.autograd.grad(f(x), [x], create_graph=True)
+        assert gx.requires_grad and gx.grad_fn is not None
+        gx.pow(2).sum().backward()
+        return [gx.detach(), x.grad]
+    expected, actual, stats = twice(step, GradModeFormulas())
+    same(expected, actual, "input gradient and its gradient")
+    assert stats.fallbacks == []
+
 # -- sizes: a graph traced for some sizes serves others only where its guards hold ---------------
 
 def shape_steps(loss, shapes, front_door, compiler="eager"):
@@ -793,6 +823,67 @@ def test_inductor_gradient_penalty_runs_compiled_and_hits_the_cache(front_door, 
     assert [r for r in second if r != "backward"] == fresh  # the create_graph graph: cached
     assert third == second  # every backward of the third step: cached
 
+
+
+@pytest.mark.parametrize("front_door", ["eager", "aotgrad"])
+def test_inductor_backward_through_layer_norms_double_backward_matches_eager(front_door):
+    # The second backward runs layer_norm's double-backward formula (recorded by an eager
+    # create_graph backward), traced with grad mode off: in-place ops on its temporaries,
+    # which Inductor computed wrong (every element of x.grad) until the segment was
+    # functionalized.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
+                                torch.nn.Linear(8, 1)).double()
+
+    def step(m, compiled_backward):
+        f = aotgrad.compile(m, backend="eager") if front_door == "aotgrad" else m
+        x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0),
+                        requires_grad=True)
+        y = f(x)
+        gx, = torch.autograd.grad(y.sum(), x, create_graph=True)
+        with compiled_backward as stats:
+            (((gx.norm(2, dim=1) - 1) ** 2).mean() + y.mean()).backward()
+        return [gx.detach(), x.grad, *grads(m)], stats
+    expected, _ = step(copy.deepcopy(model), contextlib.nullcontext())
+    actual, stats = step(model, compiled_autograd.enable("inductor"))
+    same(expected, actual, "input gradient, its gradient, the parameters'")
+    assert stats.fallbacks == [] and stats.compiles > 0
+
+
+def _setitem_into_a_clone(x, w):
+    y = x.clone()
+    y[0] = w * 2
+    y[:, 1] *= w[1]
+    return y.sin().sum()
+
+
+def _cumprod_prod_masked_fill(x, w):
+    return (x.cumprod(1) * w).sum() + x.prod(1).sum() + x.masked_fill(x > 0, 0.5).pow(2).sum()
+
+
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("loss", [_setitem_into_a_clone, _cumprod_prod_masked_fill],
+                         ids=["setitem", "cumprod-prod-masked_fill"])
+def test_inductor_backward_through_in_place_formulas_matches_eager(loss, order):
+    # Formulas that write into their temporaries (CopySlices, cumprod's and prod's backward,
+    # and the double-backward formulas eager's create_graph backward records): Inductor
+    # gave wrong gradients, even of a first-order backward.
+    def step(compiled_backward):
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(4, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+        w = torch.randn(3, dtype=torch.float64, generator=gen, requires_grad=True)
+        if order == 1:
+            with compiled_backward as stats:
+                loss(x, w).backward()
+            return [x.grad, w.grad], stats
+        gx, gw = torch.autograd.grad(loss(x, w), (x, w), create_graph=True)
+        with compiled_backward as stats:
+            (gx.pow(2).sum() + gw.sin().sum()).backward()
+        return [gx.detach(), gw.detach(), x.grad, w.grad], stats
+    expected, _ = step(contextlib.nullcontext())
+    actual, stats = step(compiled_autograd.enable("inductor"))
+    same(expected, actual, "gradients and their gradients")
+    assert stats.fallbacks == [] and stats.compiles > 0
 
 # -- what eager's engine checks and fixes between nodes -----------------------------------------
 def eager_and_compiled(step, compiler="eager"):

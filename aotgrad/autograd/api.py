@@ -21,7 +21,7 @@ from ..cache import autograd as persistent
 from . import hooks
 from .cache import CaptureKey, CaptureLog
 from .capture import BackwardCapture
-from .specialize import (Captured, CompiledOnFirstRun, Variant, calls_region, specialize,
+from .specialize import (Captured, CompiledOnFirstRun, Variant, specialize,
                          specialize_create_graph, unspecialized)
 
 log = logging.getLogger("aotgrad.autograd")
@@ -92,7 +92,7 @@ class Session:
                      "symbolic trace failed (%s)", captured.index, reason)
         self.stats.compiles += 1
         return dataclasses.replace(variant, differentiable=self._for_create_graph(
-            captured, variant.graph, attempt))
+            captured, attempt))
 
     def _trace(self, captured: Captured, args: tuple, dynamic: bool) -> Variant:
         # Through the persistent cache: another process may have traced it already.
@@ -100,19 +100,15 @@ class Session:
         return persistent.specialize(captured.program, args,
                                      self._compiler_now(captured.index), trace)
 
-    def _for_create_graph(self, captured: Captured, graph: fx.GraphModule,
-                          dynamic: bool) -> Callable:
+    def _for_create_graph(self, captured: Captured, dynamic: bool) -> Callable:
         """What a run with grad mode on (create_graph=True) runs: code autograd records.
-        Built at the first such run (a graph of its own where an aotgrad region's backward
-        must replay; compiled differentiably where the compiler can); where that fails,
+        Built at the first such run (a graph of its own, compiled differentiably where the
+        compiler can); where that fails,
         the program, each formula as the eager engine runs it with grad mode on."""
-        region = calls_region(captured.program)
-        if not region and self.differentiable is None:
-            return graph  # its ops, recorded by autograd
-
         def build(args: Sequence) -> Callable:
-            code = specialize_create_graph(captured.program, args, dynamic) if region \
-                else graph
+            # Traced again with grad mode on, as eager runs the formulas (`graph` took
+            # their no-grad branches); an aotgrad region's backward stays a call.
+            code = specialize_create_graph(captured.program, args, dynamic)
             return code if self.differentiable is None else self.differentiable(code)
         return CompiledOnFirstRun(build, unspecialized(captured.program).graph,
                                   self._failed(captured.index, True))

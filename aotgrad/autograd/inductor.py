@@ -273,7 +273,17 @@ def decompose(segment: fx.GraphModule, example: list, fake_mode: Any) -> fx.Grap
     # The segment holds the casts its kernels were called with: a backward run under autocast
     # must not cast them again.
     with fake_mode, enable_python_dispatcher(), torch._C._DisableAutocast():
-        return make_fx(segment, decomposition_table=dict(INDUCTOR_DECOMPOSITIONS))(*example)
+        return make_fx(_functional(segment), decomposition_table=dict(INDUCTOR_DECOMPOSITIONS))(*example)
+
+
+def _functional(segment: fx.GraphModule) -> Callable:
+    """The segment without in-place ops on its intermediates: a formula traced with grad
+    mode off writes into its temporaries (layer_norm's double backward: `div_`, `sub_`,
+    `add_`), and Inductor, which expects a functional graph, computed some of those
+    wrong. A write into an input stays one, as a copy at the end."""
+    if not any(mutates(n.target) for n in segment.graph.nodes):
+        return segment
+    return torch.func.functionalize(segment)
 
 
 class _Compiled(torch.nn.Module):

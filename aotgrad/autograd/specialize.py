@@ -128,10 +128,9 @@ class Specialization(Trace):
         self.sources = undefined.gradient_sources(program)
         self.maybe_undefined: list[tuple[fx.Node, int, Any]] = []  # see undefined.py
         try:
-            # Grad mode off whatever the run's: a region's backward then traces as its
-            # backward graph's ops, on the lifted saved values (grad mode on, it would replay
-            # its forward from the inputs its ctx holds, baked into the graph as constants).
-            with torch.no_grad():
+            # Grad mode as the run's: formulas branch on it (silu's, logit's, mish's
+            # no-grad kernels have no derivative; create_graph needs eager's grad-mode ones).
+            with torch.set_grad_enabled(self.create_graph):
                 for node in program.nodes:
                     last = self.tracer.graph._root.prev
                     self._step(node, values)
@@ -169,7 +168,11 @@ class Specialization(Trace):
         """create_graph: the region's backward replays its forward from this run's inputs,
         so it runs at each backward, a call. Its ops are traced too, for the sizes of its
         gradients and the guards they assume (drop_unused drops the ops)."""
-        inlined = node.target(*self._load(node.args))
+        # Grad mode off: the region's backward traces as its backward graph's ops, on the
+        # lifted saved values (grad mode on, it would replay its forward from the inputs
+        # its ctx holds, baked into the graph as constants).
+        with torch.no_grad():
+            inlined = node.target(*self._load(node.args))
         return self._keep_call(node, hooks.replay_region_backward,
                                tuple(hooks._like(g) for g in inlined))
 
@@ -320,11 +323,6 @@ def _traced(trace: Specialization, program: fx.GraphModule, args: Sequence,
     zeros_for_none(graph)
     restride_effect_results(graph)
     return fx.GraphModule(trace.tracer.root, graph, "CompiledAutograd")
-
-
-def calls_region(program: fx.GraphModule) -> bool:
-    """Inlines an aotgrad region's backward: then create_graph needs a graph of its own."""
-    return any(n.target is hooks.run_region_backward for n in program.graph.nodes)
 
 
 def unspecialized(program: fx.GraphModule) -> Variant:
