@@ -83,12 +83,13 @@ def _turn(step, steps: int, cuda: bool) -> list[dict]:
 def table(rows: list[dict], modes: list[str]) -> str:
     """The second mode against the first."""
     first, second = modes
-    lines = [f"| model | budget | steps a turn | {first} step ms | {second} step ms | ratio | {first} host ms "
-             f"| {second} host ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| model | budget | steps a turn | {first} step ms | {second} step ms | ratio "
+             f"| {first} host ms | {second} host ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         a, b = row[first], row[second]
-        lines.append(f"| {row['model']} | {row['budget']} | {row['steps']} | {a['step']:.2f} | {b['step']:.2f} | "
-                     f"{b['step'] / a['step']:.3f} | {a['host']:.2f} | {b['host']:.2f} |")
+        lines.append(f"| {row['model']} | {row['budget']} | {row['steps']} | {a['step']:.2f} "
+                     f"| {b['step']:.2f} | {b['step'] / a['step']:.3f} | {a['host']:.2f} "
+                     f"| {b['host']:.2f} |")
     return "\n".join(lines)
 
 

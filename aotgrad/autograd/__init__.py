@@ -6,11 +6,12 @@
 
 Modules: `api.py` (enable, the session, the eager fallback), `capture.py` (the instance the
 engine calls: it records the backward as a program), `specialize.py` (the program traced
-for a run's sizes, guarded; `layouts.py` and `undefined.py`: passes over that graph, a
-Python call's result in the traced layout, eager's None gradients), `inductor.py` (`enable("inductor")`: its ATen segments
-compiled), `hooks.py` (what the graph calls at run time), `cache.py`
-(keys, miss reasons), `state.py` (the flag call.py reads, importable alone: this package
-loads the rest on first use).
+for a run's sizes, guarded; `layouts.py`, `undefined.py` and `ready.py`: passes over that
+graph, a Python call's result in the traced layout, eager's None gradients, eager's order
+of the accumulations one node readies), `inductor.py` (`enable("inductor")`: its ATen
+segments compiled), `hooks.py` (what the graph calls at run time), `cache.py` (keys, miss
+reasons), `state.py` (the flag call.py reads, importable alone: this package loads the
+rest on first use).
 """
 
 import importlib

@@ -273,7 +273,8 @@ def decompose(segment: fx.GraphModule, example: list, fake_mode: Any) -> fx.Grap
     # The segment holds the casts its kernels were called with: a backward run under autocast
     # must not cast them again.
     with fake_mode, enable_python_dispatcher(), torch._C._DisableAutocast():
-        return make_fx(_functional(segment), decomposition_table=dict(INDUCTOR_DECOMPOSITIONS))(*example)
+        return make_fx(_functional(segment),
+                       decomposition_table=dict(INDUCTOR_DECOMPOSITIONS))(*example)
 
 
 def _functional(segment: fx.GraphModule) -> Callable:
