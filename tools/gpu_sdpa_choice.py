@@ -11,6 +11,7 @@ BERT's compiled graphs (both doors) hold the math path in float32, where eager's
 suggests a fused kernel.
 """
 
+import functools
 import pathlib
 import sys
 
@@ -21,6 +22,19 @@ import torch.nn.functional as F  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import run as bench_run  # noqa: E402
+
+
+def _attention_ops(gm) -> list[str]:
+    return sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+                   and any(w in str(n.target) for w in ("attention", "bmm"))})
+
+
+def _recorder(seen: dict, door: str):
+    """A compiler that notes, once per door, the attention ops of the graph it is given."""
+    def compiler(gm, example_inputs):
+        seen.setdefault(door, _attention_ops(gm))
+        return gm
+    return compiler
 
 
 def traced_choice(args, kwargs) -> list[str]:
@@ -35,36 +49,34 @@ def traced_choice(args, kwargs) -> list[str]:
 
     def attend(q, k, v, m):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **rest)
-    graph = make_fx(attend, tracing_mode="fake")(*tensors, mask)
-    return sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"
-                   and any(w in str(n.target) for w in ("attention", "bmm"))})
+    return _attention_ops(make_fx(attend, tracing_mode="fake")(*tensors, mask))
 
 
-def compiled_choices(args, kwargs) -> dict:
+def compiled_choices(args, kwargs, decomposed: bool = False) -> dict:
     """The attention ops in the forward graph each door traces from the same call, under bf16
     autocast with gradients on (session 30: BERT's compiled graphs hold the math path, with
     a bf16 mask [16, 1, 512, 512] and dropout 0.1, where a plain fake trace of that call
-    holds cuDNN's kernel): aotgrad's joint trace, and torch's AOTAutograd (aot_eager)."""
+    holds cuDNN's kernel): aotgrad's joint trace, and torch's AOTAutograd (aot_eager).
+    `decomposed`: with Inductor's decompositions, whose SDPA entry runs its
+    CompositeImplicitAutograd kernel from Python, where the plain traces run it from C++."""
     import aotgrad
+    from aotgrad.backends.compilers import _inductor_decompositions
+    from functorch.compile import aot_function  # torch's, to compare; tools may import it
+    from torch._inductor.decomposition import select_decomp_table
     tensors = [a.detach().requires_grad_() for a in args if isinstance(a, torch.Tensor)]
     mask = kwargs.get("attn_mask")
     rest = {k: v for k, v in kwargs.items() if k != "attn_mask"}
     seen = {}
-
-    def recorder(door):
-        def compiler(gm, example_inputs):
-            seen.setdefault(door, sorted({str(n.target) for n in gm.graph.nodes
-                                          if n.op == "call_function" and any(
-                                              w in str(n.target) for w in ("attention", "bmm"))}))
-            return gm
-        return compiler
+    recorder = functools.partial(_recorder, seen)
 
     def attend(q, k, v, m):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **rest).float().sum()
-    from functorch.compile import aot_function  # torch's, to compare; tools may import it
+    ours = _inductor_decompositions() if decomposed else None
+    theirs = select_decomp_table() if decomposed else None
     doors = {"aotgrad": lambda: aotgrad.compile(attend, backend=aotgrad.Backend(
-                 recorder("aotgrad"), recorder("aotgrad_bw"), recorder("aotgrad_inf"))),
-             "torch": lambda: aot_function(attend, recorder("torch"), recorder("torch_bw"))}
+                 recorder("aotgrad"), recorder("aotgrad_bw"), recorder("aotgrad_inf"), ours)),
+             "torch": lambda: aot_function(attend, recorder("torch"), recorder("torch_bw"),
+                                           decompositions=theirs)}
     for door, make in doors.items():
         try:
             with torch.autocast("cuda", torch.bfloat16):
@@ -88,13 +100,7 @@ def dynamo_choices(args, kwargs) -> dict:
     rest = {k: v for k, v in kwargs.items() if k != "attn_mask"}
     seen = {}
 
-    def recorder(door):
-        def compiler(gm, example_inputs):
-            seen.setdefault(door, sorted({str(n.target) for n in gm.graph.nodes
-                                          if n.op == "call_function" and any(
-                                              w in str(n.target) for w in ("attention", "bmm"))}))
-            return gm
-        return compiler
+    recorder = functools.partial(_recorder, seen)
 
     def attend_masked(q, k, v):
         b, t = q.shape[0], q.shape[2]
@@ -120,45 +126,6 @@ def dynamo_choices(args, kwargs) -> dict:
             except Exception as e:  # noqa: BLE001  (a tool: report and go on)
                 seen[name] = f"failed: {str(e)[:200]}"
     return {d: v for d, v in seen.items() if not d.endswith(("_bw", "_inf"))}
-
-
-def decomposed_choices(args, kwargs) -> dict:
-    """The joint trace of the call (autocast, the mask, dropout) with Inductor's
-    decompositions, each door: SDPA's is its CompositeImplicitAutograd kernel run from
-    Python, where the plain traces above run it from C++."""
-    import aotgrad
-    from torch._decomp import core_aten_decompositions  # noqa: F401  (import order)
-    from torch._inductor.decomposition import select_decomp_table
-    from functorch.compile import aot_function  # torch's, to compare
-    from aotgrad.backends.compilers import _inductor_decompositions
-    tensors = [a.detach().requires_grad_() for a in args if isinstance(a, torch.Tensor)]
-    mask = kwargs.get("attn_mask")
-    rest = {k: v for k, v in kwargs.items() if k != "attn_mask"}
-    seen = {}
-
-    def recorder(door):
-        def compiler(gm, example_inputs):
-            seen.setdefault(door, sorted({str(n.target) for n in gm.graph.nodes
-                                          if n.op == "call_function" and any(
-                                              w in str(n.target) for w in ("attention", "bmm"))}))
-            return gm
-        return compiler
-
-    def attend(q, k, v, m):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, **rest).float().sum()
-    doors = {"aotgrad": lambda: aotgrad.compile(attend, backend=aotgrad.Backend(
-                 recorder("aotgrad"), recorder("aotgrad_bw"), recorder("aotgrad_inf"),
-                 _inductor_decompositions())),
-             "torch": lambda: aot_function(attend, recorder("torch"), recorder("torch_bw"),
-                                           decompositions=select_decomp_table())}
-    for door, make in doors.items():
-        try:
-            with torch.autocast("cuda", torch.bfloat16):
-                out = make()(*tensors, mask)
-            out.backward()
-        except Exception as e:  # noqa: BLE001  (a tool: report and go on)
-            seen[door] = f"failed: {str(e)[:200]}"
-    return {d: seen.get(d) for d in doors}
 
 
 def model_choice(model, batch) -> list[str]:
@@ -251,7 +218,7 @@ def main():
     print("... nor the mask:", compiled_choices(args, {**kwargs, "dropout_p": 0.0}))
     print("the model's Dynamo graph:", *model_choice(model, batch), sep="\n  ")
     print("through Dynamo:", dynamo_choices(args, kwargs))
-    print("with Inductor's decompositions:", decomposed_choices(args, masked))
+    print("with Inductor's decompositions:", compiled_choices(args, masked, decomposed=True))
     names = {}
     for e in prof.key_averages():
         if any(m in e.key.lower() for m in ("fmha", "flash", "attention", "efficient", "cutlass")):

@@ -114,7 +114,16 @@ def mark_pushes(program: fx.Graph) -> None:
 
 def _output_of(grad: Any) -> tuple[fx.Node, int] | None:
     """(the node's `validate_outputs` call, the output) a gradient is, through hooks."""
-    while isinstance(grad, fx.Node) and grad.target is not hooks.add_gradients:
+    found = made_by(grad)
+    return found if found is not None and found[1] is not None else None
+
+
+def made_by(grad: Any) -> tuple[fx.Node, int | None] | None:
+    """What made a gradient whole, through the hooks on its way: (a node's
+    `validate_outputs` call, its output), or (the sum of two contributions, None)."""
+    while isinstance(grad, fx.Node):
+        if grad.target is hooks.add_gradients:
+            return grad, None
         if grad.target is operator.getitem:
             source = grad.args[0]
             if source.target is hooks.call_formula and source.args[0] == "validate_outputs":

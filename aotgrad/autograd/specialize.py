@@ -32,7 +32,7 @@ from torch.fx.experimental.proxy_tensor import (
 from . import hooks, state, undefined
 from .guard import Guard, exact_guard
 from .layouts import restride_effect_results
-from .ready import GRADIENT_ARG, eager_order
+from .ready import eager_order, made_by
 from ..schema import ENGINE_NODE, READY, READY_QUEUE
 from ..tables import written_arguments
 
@@ -419,19 +419,9 @@ def mark_readiness(program: fx.Graph) -> None:
 
 
 def _producer(node: Any) -> int | None:
-    while isinstance(node, fx.Node):
-        if node.target is hooks.add_gradients:  # the sum of the last contribution's node
-            return node.meta.get(ENGINE_NODE)
-        if node.target is operator.getitem:
-            source = node.args[0]
-            if source.target is hooks.call_formula and source.args[0] == "validate_outputs":
-                return source.meta.get(ENGINE_NODE)
-            node = source
-        elif node.target in GRADIENT_ARG:
-            node = GRADIENT_ARG[node.target](node.args)
-        else:
-            return None
-    return None
+    """The engine node that made a gradient whole: its last contribution's."""
+    found = made_by(node)
+    return None if found is None else found[0].meta.get(ENGINE_NODE)
 
 
 def _in_place_writes(graph: fx.Graph) -> dict[StorageWeakRef, list[fx.Node]]:
