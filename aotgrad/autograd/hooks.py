@@ -13,6 +13,7 @@ per process; `BOUND` keeps them by name.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable
 
 import torch
@@ -312,3 +313,13 @@ RESULT_LIKE: dict[Callable, Callable[..., Any]] = {
 # into. The replay's results are stood in for by the region's traced backward.
 EFFECTS = frozenset(RESULT_LIKE) | {replay_region_backward, none_as_zeros, in_layout,
                                     undefined_if_none, or_else}
+
+# A tensor's hooks (given one gradient) and a node's (given its list of gradients).
+TENSOR_HOOKS = (run_tensor_hook, run_cpp_tensor_hooks)
+NODE_HOOKS = (run_node_pre_hook, run_node_post_hook)
+
+
+def traced_users(node: Any) -> list:
+    """The ATen ops that read a graph node (not a Python call, nor an item of one)."""
+    return [u for u in node.users if u.op == "call_function" and u.target not in EFFECTS
+            and u.target is not operator.getitem]

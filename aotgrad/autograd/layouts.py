@@ -26,8 +26,7 @@ def restride_effect_results(graph: fx.Graph) -> None:
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor) or not from_effect(node):
             continue
-        traced = [u for u in node.users if u.op == "call_function" and
-                  u.target not in hooks.EFFECTS and u.target is not operator.getitem]
+        traced = hooks.traced_users(node)
         order = dims_outer_to_inner(value)
         if not traced or order is None:
             continue

@@ -78,9 +78,9 @@ def _sources(node: fx.Node, found: dict[fx.Node, Sources]) -> Sources:
         return items if node.args[0] == "validate_outputs" else _union(items)
     if target is hooks.run_python_backward:
         return [frozenset({(node, k)}) for k in range(len(node.args[2]))]
-    if target in (hooks.run_tensor_hook, hooks.run_cpp_tensor_hooks):
+    if target in hooks.TENSOR_HOOKS:
         return _item(found, node.args[1])
-    if target in (hooks.run_node_pre_hook, hooks.run_node_post_hook):
+    if target in hooks.NODE_HOOKS:
         return [_item(found, g) for g in node.args[1]]
     if target is hooks.add_gradients:
         return _union([_item(found, g) for g in node.args])
@@ -123,9 +123,9 @@ def zeros_after_hooks(graph: fx.Graph) -> None:
     """A hook given None returns None: the traced ops after it read the zeros they had
     made for that None instead (`hooks.or_else`)."""
     for node in list(graph.nodes):
-        if node.target in (hooks.run_tensor_hook, hooks.run_cpp_tensor_hooks):
+        if node.target in hooks.TENSOR_HOOKS:
             _read_or_else(graph, node, node.args[1])
-        elif node.target in (hooks.run_node_pre_hook, hooks.run_node_post_hook):
+        elif node.target in hooks.NODE_HOOKS:
             for read in [u for u in node.users if u.target is operator.getitem]:
                 _read_or_else(graph, read, node.args[1][read.args[1]])
 
@@ -133,8 +133,7 @@ def zeros_after_hooks(graph: fx.Graph) -> None:
 def _read_or_else(graph: fx.Graph, read: fx.Node, given: Any) -> None:
     if not isinstance(given, fx.Node) or given.target is not hooks.undefined_if_none:
         return
-    traced = [u for u in read.users if u.op == "call_function" and
-              u.target not in hooks.EFFECTS and u.target is not operator.getitem]
+    traced = hooks.traced_users(read)
     if not traced:
         return
     with graph.inserting_after(read):
@@ -144,18 +143,15 @@ def _read_or_else(graph: fx.Graph, read: fx.Node, given: Any) -> None:
         user.replace_input_with(read, value)
 
 
-_HOOKS = (hooks.run_node_pre_hook, hooks.run_node_post_hook)
-
-
 def _made(node: fx.Node) -> fx.Node:
     """The value the traced ops made for a gradient that wrappers and hooks pass on (a
     tensor; or a custom backward's result, which zeros_for_none makes zeros)."""
     while True:
         if node.target is hooks.undefined_if_none:
             node = node.args[0]
-        elif node.target in (hooks.run_tensor_hook, hooks.run_cpp_tensor_hooks):
+        elif node.target in hooks.TENSOR_HOOKS:
             node = node.args[1]
-        elif node.target is operator.getitem and node.args[0].target in _HOOKS:
+        elif node.target is operator.getitem and node.args[0].target in hooks.NODE_HOOKS:
             node = node.args[0].args[1][node.args[1]]
         else:
             return node
