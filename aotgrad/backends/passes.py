@@ -42,12 +42,13 @@ def with_code(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def joint_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, copying reshapes made explicit, permute pairs undone, masks and
-    casts the forward may save moved next to what they read, then one node per repeated pure
-    computation (cse.py)."""
+    """The backend's passes, copying reshapes made explicit, permute pairs undone, cuDNN
+    attention's gradients laid out as it needs, masks and casts the forward may save moved
+    next to what they read, then one node per repeated pure computation (cse.py)."""
     gm = backend_passes(backend, scalars_as_tensors(gm))
     split_copying_reshapes(gm)
     undo_permute_pairs(gm)
+    attention_grads_laid_like_outputs(gm)
     j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
     hoist_narrow_copies(j)
     return eliminate_common_subexpressions(gm, j.forward)
@@ -163,6 +164,29 @@ def undo_permute_pairs(gm: fx.GraphModule) -> None:
         if all(first[d] == i for i, d in enumerate(second)):
             node.replace_all_uses_with(inner.args[0])
             gm.graph.erase_node(node)
+    gm.recompile()
+
+
+def attention_grads_laid_like_outputs(gm: fx.GraphModule) -> None:
+    """cuDNN's attention backward takes the output's gradient in the output's own layout.
+    torch 2.11 (cuDNN 9.19, H200) caches the kernel it builds per shape without the
+    gradient's strides: a later call whose gradient comes in another layout reuses it and
+    returns wrong gradients, silently (a contiguous gradient after one laid out like the
+    output: errors of 2 on values of 1). Eager's gradient is the output's layout wherever it
+    flows back through a transpose and reshape, as in every transformer block; ours is too,
+    copied into it where the graph made it otherwise."""
+    backward = torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default
+    aten = torch.ops.aten
+    for node in gm.graph.find_nodes(op="call_function", target=backward):
+        grad, out = node.args[0], node.args[4]
+        if grad.meta["val"].stride() == out.meta["val"].stride():
+            continue
+        with gm.graph.inserting_before(node):
+            like = gm.graph.call_function(aten.empty_like.default, (out,))
+            laid = gm.graph.call_function(aten.copy.default, (like, grad))
+        for new in (like, laid):
+            new.meta = {**node.meta, "val": fake_value(new)}
+        node.replace_input_with(grad, laid)
     gm.recompile()
 
 

@@ -24,6 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..semantics import checkpoints, mends, subclasses
 from . import oplog
 from .analysis import graph_outputs, unseen_writes
+from .kernel_choice import attention_masks_dense
 from ..schema import (BACKWARD_WRITES, JOINT_FW_OUTPUTS, JOINT_ROLE, OVERWRITTEN, PRIMAL, TANGENT,
                       TORCH_PARTITIONER_TAG, TRACED_OUTPUTS, FunctionInfo, InputInfo, primals_of)
 from .inputs import (differentiating, from_functional, functional_mode, to_functional,
@@ -447,6 +448,7 @@ def trace(fn: Callable, args: tuple, fake_mode: FakeTensorMode, decompositions: 
     with fake_mode, enable_python_dispatcher(), checkpoints.run_once(), \
             fx_traceback.preserve_node_meta(), _lazy_graph_modules(), \
             mends.grouped_mm_as_cpu_kernel(), mends.dropout_returns_input_as_eager(), \
+            attention_masks_dense(), \
             differentiating() if differentiates else mends.rnns_mended():
         gm = make_fx(plain_fn, decomposition_table=dict(decompositions or {}))(*plain_args)
     mark_valueless(gm.graph)

@@ -67,7 +67,7 @@ from ..semantics.dynamic import no_new_guards
 from ..capture.joint import fake_tangents, input_grads, mutable_copies
 from ..capture.oplog import autograd_nodes
 from .old_values import refuse_old_values_of_mutated_inputs, with_old_values
-from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, is_random
+from .random_values import ForwardRandomValues, NotTakenFromForward, draw_from_forward, draws
 from ..tables import ERROR_CHECKS
 
 _DEVICES = ("cpu", "cuda")
@@ -289,7 +289,7 @@ class _GradModeTags(TorchDispatchMode):
         enabled = torch.is_grad_enabled()
         copy = func is aten.detach.default and self._autograd_copy()
         out = self.conditions.run(func, args, kwargs or {})
-        numbered = self.random_ops is not None and is_random(func)
+        numbered = self.random_ops is not None and draws(func, args, kwargs or {})
         for node in reversed(self.graph.nodes):  # the nodes this op added, newest first
             if GRAD_ENABLED in node.meta:
                 break

@@ -49,6 +49,21 @@ def is_random(target) -> bool:
             and torch.Tag.nondeterministic_seeded in target.tags)
 
 
+def draws(target, args: Sequence, kwargs: dict) -> bool:
+    """A random op that draws at these arguments. Fused attention kernels are tagged random
+    but draw only for dropout: without it, a replay that takes SDPA's math path where the
+    compiled forward took a fused kernel (capture/kernel_choice.py) calls the same random
+    ops, none."""
+    if not is_random(target):
+        return False
+    schema = target._schema.arguments
+    at = next((i for i, a in enumerate(schema) if a.name == "dropout_p"), None)
+    if at is None:
+        return True
+    p = kwargs.get("dropout_p", args[at] if at < len(args) else schema[at].default_value)
+    return p != 0
+
+
 # ---- per op: which outputs are drawn, and how a replay computes the others ------------------
 
 def _dropout_outputs(x: torch.Tensor, p: float, train: bool | None, *, drawn) -> tuple:
@@ -107,7 +122,7 @@ class RandomValueTags(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if is_random(func):
+        if draws(func, args, kwargs or {}):
             self._tag(func, out)
         return out
 
@@ -236,7 +251,7 @@ def draw_from_forward(graph: fx.Graph, forward: ForwardRandomValues) -> tuple[in
     drawn values from new placeholders, after the others; returns the position of each
     among the forward's saved tensors. Raises NotTakenFromForward naming the op."""
     positions = []
-    for node in [n for n in graph.nodes if is_random(n.target)]:
+    for node in [n for n in graph.nodes if draws(n.target, n.args, n.kwargs)]:
         positions += _take_values(graph, node, forward)
     return tuple(positions)
 

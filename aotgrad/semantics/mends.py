@@ -404,25 +404,32 @@ def _on_cpu(t) -> bool:
 
 
 @contextlib.contextmanager
-def dropout_returns_input_as_eager():
-    """`aten.dropout`'s Python kernels, which the python dispatcher runs, return the input
-    itself where eager's kernel does; they decompose as before where it draws a mask."""
-    op = torch.ops.aten.dropout.default
-    keys = [k for k in (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
-            if k in op.py_kernels]
-    originals = {k: op.py_kernels[k] for k in keys}
+def python_kernels(op: torch._ops.OpOverload, kernels: dict):
+    """`op`'s Python kernels for these dispatch keys (which the python dispatcher runs, as
+    our traces do) replaced meanwhile."""
+    originals = dict(op.py_kernels)
 
-    def swap(kernels):
-        op.py_kernels.update(kernels)
+    def swap(table):
+        op.py_kernels.clear()
+        op.py_kernels.update(table)
         op._dispatch_cache.clear()  # it holds the kernel chosen per key
+
+    swap({**originals, **kernels})
+    try:
+        yield
+    finally:
+        swap(originals)
+
+
+def dropout_returns_input_as_eager():
+    """`aten.dropout`'s Python kernels return the input itself where eager's kernel does;
+    they decompose as before where it draws a mask."""
+    op = torch.ops.aten.dropout.default
 
     def dropout(original, input, p, train):
         if train and p != 0 and input.numel() != 0:
             return original(input, p, train)
         return input
 
-    swap({k: functools.partial(dropout, fn) for k, fn in originals.items()})
-    try:
-        yield
-    finally:
-        swap(originals)
+    return python_kernels(op, {k: functools.partial(dropout, op.py_kernels[k]) for k in (
+        DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd) if k in op.py_kernels})

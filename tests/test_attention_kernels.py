@@ -1,0 +1,188 @@
+"""SDPA with a mask that is not dense in its last dimension (transformers' padding mask under
+Dynamo: an expanded boolean, stride 0 along the keys) takes a fused kernel in our traces,
+where such a call in eager falls back to the float32 math path (capture/kernel_choice.py).
+Differential: against eager on the same mask (math path), on the same mask made dense (the
+fused kernel eager's unmasked model takes), and against the float64 math path. The CUDA
+tests ran on the GPU machine (bench/results/h200-2026-12-01-session32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import aotgrad
+from aotgrad.capture.kernel_choice import _sparse_last_dimension
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only: the kernel choice")
+FUSED = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_efficient_attention",
+         "_scaled_dot_product_flash_attention")
+
+
+def padding_mask(b: int, t: int, device) -> torch.Tensor:
+    """As transformers builds it under Dynamo: a comparison, expanded over batch and keys."""
+    return (torch.arange(t, device=device)[None, None, :, None] >= 0).expand(b, 1, t, t)
+
+
+def attend(q, k, v, mask, p: float = 0.0):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+
+
+def recording_backend(graphs: list) -> aotgrad.Backend:
+    """The graphs kept, and run as they are."""
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+    return aotgrad.Backend(record, record, record)
+
+
+def attention_ops(gm) -> set[str]:
+    return {n.target.__name__.split(".")[0] for n in gm.graph.nodes
+            if n.op == "call_function" and "attention" in str(n.target)}
+
+
+def qkv(device, dtype, b=2, h=4, t=64, d=32):
+    torch.manual_seed(0)
+    # [b, t, h, d] transposed to [b, h, t, d], as a model's projections give them
+    return [torch.randn(b, t, h, d, device=device, dtype=dtype).transpose(1, 2)
+            .requires_grad_() for _ in range(3)]
+
+
+@pytest.mark.parametrize("mask", [
+    (torch.ones(4, 1, 8, 8, dtype=torch.bool).expand(4, 1, 8, 8), False),
+    (torch.ones(4, 1, 8, 1, dtype=torch.bool).expand(4, 1, 8, 8), True),
+    (torch.ones(4, 1, 8, 8).transpose(-1, -2), True),
+    (torch.ones(4, 1, 8, 1), False),
+    (None, False),
+], ids=["dense", "expanded-keys", "transposed", "one-key", "none"])
+def test_which_masks_are_made_dense(mask):
+    mask, sparse = mask
+    assert _sparse_last_dimension(mask) is sparse
+
+
+def test_cpu_trace_keeps_the_mask_as_it_is():
+    """The CPU kernels choose by other rules: the trace holds no copy of the mask."""
+    graphs = []
+    q, k, v = qkv("cpu", torch.float32)
+    mask = padding_mask(2, 64, "cpu")
+    out = aotgrad.compile(attend, backend=recording_backend(graphs))(q, k, v, mask)
+    expected = attend(*(t.detach() for t in (q, k, v)), mask)
+    torch.testing.assert_close(out, expected)
+    copies = [n for n in graphs[0].graph.nodes if "clone" in str(n.target)]
+    assert not copies, graphs[0].code
+
+
+@CUDA
+def test_expanded_mask_takes_a_fused_kernel_with_eager_values():
+    graphs = []
+    q, k, v = qkv("cuda", torch.bfloat16)
+    mask = padding_mask(2, 64, "cuda")
+    assert torch._fused_sdp_choice(q, k, v, attn_mask=mask) == 0  # eager: the math path
+    compiled = aotgrad.compile(attend, backend=recording_backend(graphs))
+    out = compiled(q, k, v, mask)
+    out.float().square().sum().backward()
+    grads = [t.grad for t in (q, k, v)]
+    assert attention_ops(graphs[0]) & set(FUSED), graphs[0].code
+    for t in (q, k, v):
+        t.grad = None
+    dense = mask.contiguous()
+    expected = attend(q, k, v, dense)  # the fused kernel, as eager takes it for this mask
+    expected.float().square().sum().backward()
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, want)
+    math = attend(*(t.detach() for t in (q, k, v)), mask)  # eager on the mask as given
+    torch.testing.assert_close(out, math, atol=2e-2, rtol=2e-2)
+
+
+@CUDA
+def test_dropout_in_the_fused_kernel_trains_and_refuses_double_backward():
+    """Dropout draws inside the fused kernel; a double backward, which replays eager's math
+    path, is refused by name rather than drawing other numbers."""
+    q, k, v = qkv("cuda", torch.bfloat16)
+    mask = padding_mask(2, 64, "cuda")
+    compiled = aotgrad.compile(lambda q, k, v, m: attend(q, k, v, m, 0.5))
+    out = compiled(q, k, v, mask)
+    assert not torch.allclose(out, attend(q, k, v, mask))  # dropped out
+    (g,) = torch.autograd.grad(out.float().sum(), q)
+    assert torch.isfinite(g).all() and g.abs().sum() > 0
+    with pytest.raises(NotImplementedError, match="aotgrad: double backward"):
+        torch.autograd.grad(compiled(q, k, v, mask).float().sum(), q, create_graph=True)
+
+
+@CUDA
+def test_torch_compile_of_a_padded_attention_block_matches_eager():
+    """Through Dynamo, with the mask built inside the compiled code, as transformers does."""
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(64, 192, device="cuda")
+
+    def block(x):
+        b, t, _ = x.shape
+        q, k, v = proj(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        out = attend(q, k, v, padding_mask(b, t, x.device))
+        return out.transpose(1, 2).reshape(b, t, 64)
+
+    x = torch.randn(2, 128, 64, device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        out = torch.compile(block, backend="aotgrad")(x)
+    out.float().sum().backward()
+    grad = proj.weight.grad.clone()
+    proj.weight.grad = None
+    with torch.autocast("cuda", torch.bfloat16):
+        expected = block(x)
+    expected.float().sum().backward()
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(grad, proj.weight.grad, atol=5e-2, rtol=5e-2)
+
+
+@CUDA
+def test_double_backward_without_dropout_replays_the_math_path_as_eager():
+    """The replay runs eager's kernels (the math path, differentiable twice) where the
+    forward ran the fused kernel; without dropout neither draws."""
+    q, k, v = qkv("cuda", torch.float32)
+    mask = padding_mask(2, 64, "cuda")
+
+    def penalty(fn):
+        (g,) = torch.autograd.grad(fn(q, k, v, mask).square().sum(), q, create_graph=True)
+        (gg,) = torch.autograd.grad(g.square().sum(), k)
+        return g, gg
+    got = penalty(aotgrad.compile(attend))
+    want = penalty(attend)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+
+
+def reference_grads(q, k, v, go, mask=None):
+    """float64 math path: the gradients every kernel approximates."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return torch.autograd.grad(out, (q, k, v), go.double())
+
+
+@CUDA
+def test_cudnn_backward_is_right_whatever_the_gradients_layout_before_it():
+    """torch 2.11's cuDNN attention backward keys its cached kernel without the gradient's
+    strides: after one call, a gradient in another layout got wrong values. Our backward
+    hands it the gradient in the output's layout (backends/passes.py), as eager's
+    transformer blocks do; an eager call after ours, with that layout, stays right."""
+    q, k, v = qkv("cuda", torch.bfloat16, b=3, h=2, t=96, d=64)  # shapes no other test uses
+    if torch._fused_sdp_choice(q, k, v) != 3:
+        pytest.skip("cuDNN attention is not SDPA's choice on this GPU")
+    graphs = []
+    compiled = aotgrad.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+                               backend=recording_backend(graphs))
+    out = compiled(q, k, v)
+    torch.manual_seed(1)
+    base = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16)
+    layouts = {"contiguous": base.contiguous(),
+               "like the output": torch.empty_like(out).copy_(base)}
+    runs = [("aotgrad", compiled, "contiguous"), ("eager", None, "like the output"),
+            ("aotgrad", compiled, "like the output"), ("eager", None, "like the output")]
+    for name, fn, layout in runs:
+        go = layouts[layout]
+        out = (fn or (lambda q, k, v: F.scaled_dot_product_attention(q, k, v)))(q, k, v)
+        got = torch.autograd.grad(out, (q, k, v), go)
+        for g, want in zip(got, reference_grads(q, k, v, go)):
+            torch.testing.assert_close(g.double(), want, atol=3e-2, rtol=3e-2,
+                                       msg=f"{name}, gradient {layout}")
