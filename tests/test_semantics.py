@@ -7,6 +7,7 @@ import functools
 import inspect
 import re
 import warnings
+from typing import Callable
 
 import pytest
 import torch
@@ -2632,18 +2633,51 @@ def _doubles_its_output_gradient(x):
     return h
 
 
-@DOORS
-@pytest.mark.parametrize("hooked", list(HOOK_ON_OUTPUT))
+def refused_or_as_eager(door, compiled: Callable, eager: Callable, match: str) -> None:
+    """Refused by name; through Dynamo, refused or run as eager. torch 2.11's Dynamo keeps
+    a hook the function registers on a tensor it returns out of the graph, and registers
+    it after the graph on the returned tensor: then nothing reaches aotgrad to refuse, and
+    the hook runs where eager's does."""
+    errors = (NotImplementedError, torch._dynamo.exc.BackendCompilerFailed)
+    if door is not dynamo:
+        with pytest.raises(errors, match=match):
+            compiled()
+        return
+    try:
+        got = compiled()
+    except errors as e:
+        assert re.search(match, str(e)), e
+        return
+    torch.testing.assert_close(got, eager())
+
+
+_DYNAMO_211_RETAIN_GRAD = pytest.mark.xfail(
+    torch.__version__ < "2.12", strict=True, raises=AssertionError,
+    reason="torch 2.11's Dynamo: h.grad is 1 where eager's is 2 (the function's hook doubles "
+           "it) with every backend, backend='eager' too, so before aotgrad sees a graph "
+           "(GPU machine, session 32: bench/results/h200-2026-12-01-session32)")
+
+
+@pytest.mark.parametrize("door, hooked", [
+    pytest.param(door, hooked, id=f"{hooked}-{name}", marks=_DYNAMO_211_RETAIN_GRAD
+                 if (door, hooked) == (dynamo, "retain_grad") else ())
+    for hooked in HOOK_ON_OUTPUT
+    for door, name in ((compile_eager, "compile"), (compat, "compat"), (dynamo, "dynamo"))])
 def test_a_hook_on_an_output_the_function_hooked_itself_is_refused(door, hooked):
     """Eager runs the function's hook (registered first) before the caller's: h.grad was 1
     where eager's is 2, an observing hook saw 1, and `g + 1` after it gave x a gradient of
     (g + 1) * 2 where eager's is g * 2 + 1, silently: the compiled node runs the function's
     hook inside its backward, after the hooks on its outputs."""
-    x = torch.randn(3, requires_grad=True)
-    h = door(_doubles_its_output_gradient)(x)
-    HOOK_ON_OUTPUT[hooked](h)
-    with pytest.raises(NotImplementedError, match="registered a tensor hook on that output"):
+    def run(f):
+        x = torch.arange(3.0, requires_grad=True)
+        h = f(x)
+        HOOK_ON_OUTPUT[hooked](h)
         h.sum().backward()
+        return x.grad, h.grad
+
+    refused_or_as_eager(door, lambda: run(door(_doubles_its_output_gradient)),
+                        lambda: run(_doubles_its_output_gradient),
+                        "registered a tensor hook on that output")
 
 
 @DOORS
@@ -2685,10 +2719,12 @@ def test_a_hook_the_function_puts_on_a_view_it_returns_is_refused(door, fn):
     """The runtime rebuilds such an output as a view after the graph; its gradient reaches
     the base through the rebuilt view's node, and the hook traced into the graph never ran:
     x.grad was half of eager's, silently, with no hook of the caller's."""
-    x = torch.randn(2, 3, requires_grad=True)
-    errors = (NotImplementedError, torch._dynamo.exc.BackendCompilerFailed)
-    with pytest.raises(errors, match="rebuilds after its graph"):
-        door(fn)(x)
+    def run(f):
+        x = torch.arange(6.0).view(2, 3).requires_grad_()
+        sum(o.sum() for o in pytree.tree_leaves(f(x))).backward()
+        return x.grad
+
+    refused_or_as_eager(door, lambda: run(door(fn)), lambda: run(fn), "rebuilds after its graph")
 
 class _GroupedExperts(torch.nn.Module):
     """transformers' MoE experts on CPU: `grouped_mm` of float32 tokens sorted by expert."""
