@@ -1,6 +1,6 @@
 """Which attention kernel SDPA takes for a bench model, in eager and in a trace's fake tensors.
 
-    python tools/gpu_sdpa_choice.py bert
+    python tools/gpu_sdpa_choice.py bert [--model]
 
 Runs one bf16-autocast training step of `bench/run.py`'s model in eager, recording the first
 `scaled_dot_product_attention` call's arguments, and prints `torch._fused_sdp_choice` (the
@@ -8,7 +8,8 @@ backend index: 0 math, 1 flash, 2 efficient, 3 cudnn, ...) for them, the attenti
 fake-tensor trace of the same call holds, the same two with an explicit mask (as transformers
 builds under Dynamo), and the attention kernels the eager step ran. Issue 20:
 BERT's compiled graphs (both doors) hold the math path in float32, where eager's peak memory
-suggests a fused kernel.
+suggests a fused kernel. `--model`: only what the model's Dynamo graph hands SDPA, and the
+choice for it (`model_choice`).
 """
 
 import functools
@@ -18,6 +19,7 @@ import sys
 sys.modules.setdefault("torchvision", None)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.utils import _pytree as pytree  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -128,11 +130,18 @@ def dynamo_choices(args, kwargs) -> dict:
     return {d: v for d, v in seen.items() if not d.endswith(("_bw", "_inf"))}
 
 
+def _real(fake: torch.Tensor) -> torch.Tensor:
+    real = torch.empty_strided([int(n) for n in fake.shape], [int(n) for n in fake.stride()],
+                               dtype=fake.dtype, device=fake.device)
+    return real.requires_grad_(fake.requires_grad)
+
+
 def model_choice(model, batch) -> list[str]:
     """What the whole model's Dynamo graph hands SDPA (session 31: its compiled graphs hold
     the math path, where the call alone takes cuDNN however it is traced): each SDPA node's
-    fake arguments as Dynamo recorded them, `_fused_sdp_choice` of them, and the global
-    switches it reads. Traced by aotgrad with Inductor's decompositions and eager compilers."""
+    fake arguments as Dynamo recorded them, `_fused_sdp_choice` of real ones laid out alike
+    (and with the mask made dense), and the global switches it reads. Traced by aotgrad
+    with Inductor's decompositions and eager compilers."""
     import aotgrad
     from aotgrad.backends.compilers import _inductor_decompositions, eager_compiler
     lines = []
@@ -152,12 +161,13 @@ def model_choice(model, batch) -> list[str]:
                     else a)
                 lines.append(f"{node.name}: " + "; ".join(map(describe, args)) + " | " + str(
                     {k: describe(v) for k, v in kwargs.items()}))
-                fake = args[0].fake_mode  # Dynamo's own, not the tracing context's
-                try:
-                    with fake:
-                        lines.append(f"  choice {torch._fused_sdp_choice(*args, **kwargs)}")
-                except Exception as e:  # noqa: BLE001
-                    lines.append(f"  choice failed: {str(e)[:200]}")
+                # Asked of fake tensors the choice is always math (its meta kernel): asked
+                # of real ones laid out alike (their values do not matter to it).
+                args, kwargs = pytree.tree_map_only(torch.Tensor, _real, (args, kwargs))
+                dense = {**kwargs, "attn_mask": kwargs["attn_mask"].contiguous()} \
+                    if kwargs.get("attn_mask") is not None else kwargs
+                lines.append(f"  choice {torch._fused_sdp_choice(*args, **kwargs)}, "
+                             f"the mask dense {torch._fused_sdp_choice(*args, **dense)}")
                 if len(lines) >= 4:
                     break
         lines.append("switches: flash %s efficient %s cudnn %s math %s deterministic %s" % (
@@ -181,6 +191,9 @@ def main():
     model, batch = spec.build(False)
     model = model.cuda().train()
     batch = tuple(b.cuda() for b in batch)
+    if sys.argv[2:] == ["--model"]:  # the model's Dynamo graph alone
+        print(sys.argv[1], "Dynamo graph:", *model_choice(model, batch), sep="\n  ")
+        return
     calls = []
     original = F.scaled_dot_product_attention
 
