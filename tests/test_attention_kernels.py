@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import aotgrad
+from aotgrad.backends.passes import attention_grads_laid_like_outputs
 from aotgrad.capture.kernel_choice import _sparse_last_dimension
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only: the kernel choice")
@@ -186,3 +187,38 @@ def test_cudnn_backward_is_right_whatever_the_gradients_layout_before_it():
         for g, want in zip(got, reference_grads(q, k, v, go)):
             torch.testing.assert_close(g.double(), want, atol=3e-2, rtol=3e-2,
                                        msg=f"{name}, gradient {layout}")
+
+
+def _cudnn_backward_graph(grad_strides) -> torch.fx.GraphModule:
+    """cuDNN attention's backward alone, on fake CUDA values (no GPU needed to rewrite it)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    shape, like_out = (2, 4, 64, 32), (8192, 32, 128, 1)
+    with FakeTensorMode():
+        def t(strides=like_out, size=shape, dtype=torch.bfloat16):
+            return torch.empty_strided(size, strides, device="cuda", dtype=dtype)
+        vals = {"grad": t(grad_strides), "q": t(), "k": t(), "v": t(), "out": t(),
+                "lse": t((256, 64, 1), (2, 4, 64), torch.float32),
+                "seed": torch.empty((), device="cuda", dtype=torch.int64),
+                "offset": torch.empty((), device="cuda", dtype=torch.int64)}
+    graph = torch.fx.Graph()
+    nodes = {}
+    for name, val in vals.items():
+        nodes[name] = graph.placeholder(name)
+        nodes[name].meta["val"] = val
+    op = torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default
+    args = [nodes[n] for n in ("grad", "q", "k", "v", "out", "lse", "seed", "offset")]
+    backward = graph.call_function(op, (*args, None, None, None, 64, 64, 0.0, False))
+    graph.output((backward,))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize("strides, copied", [((8192, 2048, 32, 1), True),
+                                             ((8192, 32, 128, 1), False)],
+                         ids=["contiguous gradient", "gradient like the output"])
+def test_cudnn_backward_gets_its_gradient_laid_out_like_its_output(strides, copied):
+    gm = _cudnn_backward_graph(strides)
+    attention_grads_laid_like_outputs(gm)
+    backward = next(n for n in gm.graph.nodes if "cudnn" in str(n.target))
+    grad, out = backward.args[0], backward.args[4]
+    assert (grad.op == "call_function") is copied, gm.code
+    assert grad.meta["val"].stride() == out.meta["val"].stride()

@@ -179,7 +179,7 @@ def attention_grads_laid_like_outputs(gm: fx.GraphModule) -> None:
     aten = torch.ops.aten
     for node in gm.graph.find_nodes(op="call_function", target=backward):
         grad, out = node.args[0], node.args[4]
-        if grad.meta["val"].stride() == out.meta["val"].stride():
+        if _strides(grad) == _strides(out):
             continue
         with gm.graph.inserting_before(node):
             like = gm.graph.call_function(aten.empty_like.default, (out,))
@@ -188,6 +188,12 @@ def attention_grads_laid_like_outputs(gm: fx.GraphModule) -> None:
             new.meta = {**node.meta, "val": fake_value(new)}
         node.replace_input_with(grad, laid)
     gm.recompile()
+
+
+def _strides(node: fx.Node) -> list:
+    """A value's strides as expressions: equal ones are equal at every size, and comparing
+    them adds no guard."""
+    return [s.node.expr if isinstance(s, torch.SymInt) else s for s in node.meta["val"].stride()]
 
 
 def keep_outputs_fresh(gm: fx.GraphModule, fresh: Sequence[bool]) -> None:
