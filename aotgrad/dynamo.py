@@ -21,6 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import check
+from .capture.kernel_choice import fold_constant_masks
 from .semantics import hops
 from .semantics.aliasing import AliasingChanged
 from .api import CompiledFunction, checked_options
@@ -51,6 +52,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
             return lift_held_tensors(gm, held, example_inputs, functools.partial(
                 aotgrad_dynamo_backend, mode=mode, options=options))
         hops.refuse_in_graph(gm.graph)
+        fold_constant_masks(gm)
         graph_options = replace(base, static_inputs=dynamo_static_inputs(gm, example_inputs),
                                 input_names=_user_names(gm),
                                 cudagraphs=wants_cudagraphs(mode, options, base.cudagraphs))

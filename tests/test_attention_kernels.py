@@ -222,3 +222,99 @@ def test_cudnn_backward_gets_its_gradient_laid_out_like_its_output(strides, copi
     grad, out = backward.args[0], backward.args[4]
     assert (grad.op == "call_function") is copied, gm.code
     assert grad.meta["val"].stride() == out.meta["val"].stride()
+
+
+# ---- constant masks folded in Dynamo's graph (kernel_choice.fold_constant_masks) -------------
+
+def attention_calls(gm) -> list[tuple[bool, bool]]:
+    """(is_causal, has a mask) of each fused attention op of an ATen graph."""
+    calls = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "_scaled_dot_product" in str(node.target):
+            names = [a.name for a in node.target._schema.arguments]
+            bound = {**dict(zip(names, node.args)), **node.kwargs}
+            mask = bound.get("attn_mask", bound.get("attn_bias"))
+            calls.append((bool(bound.get("is_causal", False)), mask is not None))
+    return calls
+
+
+def through_dynamo(fn, *args, dynamic=False):
+    """fn's outputs and the gradients of their sum, compiled, with the forward graph."""
+    graphs = []
+    compiled = torch.compile(fn, backend=aotgrad.backend(backend=recording_backend(graphs)),
+                             dynamic=dynamic)
+    torch._dynamo.reset()
+    return run_and_grads(compiled, *args), graphs[0]
+
+
+def run_and_grads(fn, *args):
+    outs = fn(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    grads = torch.autograd.grad(sum(o.sum() for o in outs), args)
+    return [o.detach() for o in outs], grads
+
+
+def attend_with(make_mask, q_len=None):
+    """Self-attention over x's projection with the mask `make_mask(i_q, i_k, x)` built from
+    positions, as transformers builds its masks under Dynamo."""
+    def block(x, w):
+        b, t, _ = x.shape
+        q, k, v = (x @ w).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        q = q if q_len is None else q[:, :, -q_len:]
+        i_q = torch.arange(t - q.shape[2], t, device=x.device)[:, None]
+        i_k = torch.arange(t, device=x.device)[None, :]
+        mask = make_mask(i_q, i_k, x)[None, None].expand(b, 1, q.shape[2], t)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return block
+
+
+def block_inputs():
+    torch.manual_seed(0)
+    return torch.randn(2, 16, 16, requires_grad=True), torch.randn(16, 48, requires_grad=True)
+
+
+CONSTANT_MASKS = {  # name: (mask, the call's (is_causal, has a mask) once compiled)
+    "causal": (lambda i, j, x: j <= i, (True, False)),
+    "all true": (lambda i, j, x: (j >= 0) & (i >= 0), (False, False)),
+    "sliding window": (lambda i, j, x: (j <= i) & (i - j < 4), (False, True)),
+    "from an input": (lambda i, j, x: (j <= i) & (x[0, :, :1] > -10).T, (False, True)),
+    "drawn": (lambda i, j, x: (j <= i) & (torch.rand(16, device=x.device) >= 0), (False, True)),
+    "float": (lambda i, j, x: torch.zeros(i.shape[0], j.shape[1], device=x.device), (False, True)),
+    "through floats": (lambda i, j, x: j.float() * 0.5 <= i.float() * 0.5, (False, True)),
+}
+
+
+@pytest.mark.parametrize("name", list(CONSTANT_MASKS))
+def test_a_constant_mask_is_folded_into_the_call_and_nothing_else(name):
+    """All true: no mask; SDPA's own causal mask: is_causal=True. Not a mask read from an
+    input, drawn at random (folding it away would move the generator), of other values, a
+    float one or one computed through floats (autocast could round them otherwise). Values
+    and gradients as eager's either way."""
+    make_mask, expected = CONSTANT_MASKS[name]
+    block = attend_with(make_mask)
+    torch.manual_seed(1)
+    (outs, grads), graph = through_dynamo(block, *block_inputs())
+    torch.manual_seed(1)
+    want_outs, want_grads = run_and_grads(block, *block_inputs())
+    assert attention_calls(graph) == [expected], graph.code
+    for got, want in zip((*outs, *grads), (*want_outs, *want_grads)):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_causal_mask_aligned_bottom_right_stays():
+    """Fewer queries than keys, each query the last positions (a cache's): the mask is
+    aligned bottom right, SDPA's is_causal top left. Not folded."""
+    block = attend_with(lambda i, j, x: j <= i, q_len=4)
+    (outs, grads), graph = through_dynamo(block, *block_inputs())
+    assert attention_calls(graph) == [(False, True)], graph.code
+    want_outs, want_grads = run_and_grads(block, *block_inputs())
+    for got, want in zip((*outs, *grads), (*want_outs, *want_grads)):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_mask_of_symbolic_shape_stays():
+    block = attend_with(lambda i, j, x: j <= i)
+    (outs, grads), graph = through_dynamo(block, *block_inputs(), dynamic=True)
+    assert attention_calls(graph) == [(False, True)], graph.code
+    want_outs, _ = run_and_grads(block, *block_inputs())
+    torch.testing.assert_close(outs[0], want_outs[0])

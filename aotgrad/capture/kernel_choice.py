@@ -21,16 +21,36 @@ twice: without dropout it runs as eager's; with dropout the replay would draw wh
 forward's kernel drew, and is refused by name.
 
 Only CUDA: the CPU kernels choose by other rules, which a mask's layout does not move.
+
+Better still, a mask that is a constant: transformers builds, under Dynamo, the mask eager
+would have dropped (BERT's padding mask with no padding: all true) or replaced by
+`is_causal=True` (GPT-2's and Llama's causal mask) from `arange`s alone. Such a mask is
+evaluated when the Dynamo graph arrives (`fold_constant_masks`); all true, the call gets no
+mask; equal to SDPA's own causal mask, `is_causal=True`. The values are the same by
+definition; the kernels differ as eager's: no bias to read, and a causal kernel skips the
+blocks above the diagonal. Only boolean masks of static shape built from no input by
+integer and boolean ops (exact everywhere), none of which draws or writes.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+import torch.nn.functional as F
+from torch import fx
 from torch._C import DispatchKey
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..semantics.mends import python_kernels
 
+log = logging.getLogger("aotgrad")
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                   "enable_gqa")
+# A mask of more elements than this, intermediates included, is not evaluated.
+_MAX_FOLDED_ELEMENTS = 2**26
 
 
 def attention_masks_dense():
@@ -52,3 +72,113 @@ def _sparse_last_dimension(mask) -> bool:
         return False
     size, stride = mask.size(-1), mask.stride(-1)
     return isinstance(stride, int) and stride != 1 and not (isinstance(size, int) and size <= 1)
+
+
+# ---- constant masks, in Dynamo's graph --------------------------------------------------------
+
+def fold_constant_masks(gm: fx.GraphModule) -> None:
+    """Each SDPA call of Dynamo's graph whose mask is a constant all-true or causal boolean
+    gets no mask, or `is_causal=True` instead; what built the mask goes if nothing else
+    reads it."""
+    calls = gm.graph.find_nodes(op="call_function", target=F.scaled_dot_product_attention)
+    for node in calls:
+        arguments = {**dict(zip(_SDPA_ARGUMENTS, node.args)), **node.kwargs}
+        mask = arguments.get("attn_mask")
+        if not isinstance(mask, fx.Node) or arguments.get("is_causal", False) is not False:
+            continue
+        kind = _constant_kind(mask, arguments["query"], arguments["key"])
+        if kind is None:
+            continue
+        arguments.update(attn_mask=None, is_causal=kind == "causal")
+        node.args, node.kwargs = (), arguments
+        _erase_unread(mask, gm.graph)
+        log.debug("aotgrad: SDPA call %s: its constant mask is %s", node.name, kind)
+    gm.recompile()
+
+
+def _constant_kind(mask: fx.Node, query: fx.Node, key: fx.Node) -> str | None:
+    """'all true' or 'causal' (SDPA's own, aligned top left) for a boolean mask computed
+    from constants alone; None for any other."""
+    nodes = _builders(mask)
+    if nodes is None:
+        return None
+    value = _evaluate(nodes, mask)
+    if value is None or value.dtype != torch.bool:
+        return None
+    if value.all():
+        return "all true"
+    length, keys = query.meta["example_value"].size(-2), key.meta["example_value"].size(-2)
+    causal = torch.ones(length, keys, dtype=torch.bool, device=value.device).tril()
+    try:
+        return "causal" if (value == causal).all() else None
+    except RuntimeError:  # its last dimensions do not broadcast against (queries, keys)
+        return None
+
+
+def _builders(mask: fx.Node) -> list[fx.Node] | None:
+    """The nodes that compute `mask`, in graph order; None where one reads an input, a
+    module or an attribute, calls into functorch (vmap's levels live outside the graph),
+    or computes a value not `_exact_small_static`."""
+    seen, stack = set(), [mask]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op not in ("call_function", "call_method") or "example_value" not in node.meta \
+                or "functorch" in getattr(node.target, "__module__", "") \
+                or not _exact_small_static(node.meta["example_value"]):
+            return None
+        stack.extend(node.all_input_nodes)
+    return [n for n in mask.graph.nodes if n in seen]
+
+
+def _exact_small_static(value) -> bool:
+    """A Python number, or a tensor of integers or booleans (whose arithmetic is exact on
+    every device and under autocast), of static shape and not large."""
+    if isinstance(value, (int, float, bool)):
+        return True
+    return isinstance(value, torch.Tensor) and not value.is_floating_point() \
+        and not value.is_complex() and value.numel() <= _MAX_FOLDED_ELEMENTS \
+        and not any(isinstance(n, torch.SymInt) for n in (*value.shape, *value.stride()))
+
+
+def _evaluate(nodes: list[fx.Node], mask: fx.Node) -> torch.Tensor | None:
+    """`mask`'s value, from a copy of the nodes run on real tensors; None where an op draws
+    random numbers or writes (folding it away would change the generator or a value read
+    elsewhere) or where the copy cannot run."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    graph.output(env[mask])
+    try:
+        with unset_fake_temporarily(), torch.no_grad(), _PureOps() as ops:
+            value = fx.GraphModule(torch.nn.Module(), graph)()
+    except Exception as e:  # noqa: BLE001  (an optimization: a mask it cannot run stays)
+        log.debug("aotgrad: a constant SDPA mask not evaluated: %s", e)
+        return None
+    return value if ops.pure and isinstance(value, torch.Tensor) else None
+
+
+class _PureOps(TorchDispatchMode):
+    """Notes whether every ATen op run draws nothing and writes nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.pure = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.nondeterministic_seeded in func.tags or func._schema.is_mutable:
+            self.pure = False
+        return func(*args, **(kwargs or {}))
+
+
+def _erase_unread(node: fx.Node, graph: fx.Graph) -> None:
+    """`node` and what computed it, where nothing else reads them (all pure: _evaluate)."""
+    if node.users or node.op not in ("call_function", "call_method"):
+        return
+    inputs = node.all_input_nodes
+    graph.erase_node(node)
+    for source in inputs:
+        _erase_unread(source, graph)
