@@ -301,6 +301,13 @@ def test_a_constant_mask_is_folded_into_the_call_and_nothing_else(name):
         torch.testing.assert_close(got, want)
 
 
+def test_a_mask_read_from_uninitialized_memory_stays():
+    """Its values are whatever `empty` left: not the same two runs apart (eager's neither)."""
+    block = attend_with(lambda i, j, x: (j <= i) | torch.empty_like(j <= i))
+    _, graph = through_dynamo(block, *block_inputs())
+    assert attention_calls(graph) == [(False, True)], graph.code
+
+
 def test_a_causal_mask_aligned_bottom_right_stays():
     """Fewer queries than keys, each query the last positions (a cache's): the mask is
     aligned bottom right, SDPA's is_causal top left. Not folded."""

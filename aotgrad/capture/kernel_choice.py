@@ -29,7 +29,8 @@ evaluated when the Dynamo graph arrives (`fold_constant_masks`); all true, the c
 mask; equal to SDPA's own causal mask, `is_causal=True`. The values are the same by
 definition; the kernels differ as eager's: no bias to read, and a causal kernel skips the
 blocks above the diagonal. Only boolean masks of static shape built from no input by
-integer and boolean ops (exact everywhere), none of which draws or writes.
+integer and boolean ops (exact everywhere), none of which draws, writes or allocates
+without filling.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..semantics.mends import python_kernels
+from ..tables import UNINITIALIZED
 
 log = logging.getLogger("aotgrad")
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
@@ -162,14 +164,16 @@ def _evaluate(nodes: list[fx.Node], mask: fx.Node) -> torch.Tensor | None:
 
 
 class _PureOps(TorchDispatchMode):
-    """Notes whether every ATen op run draws nothing and writes nothing."""
+    """Notes whether every ATen op run draws nothing, writes nothing and reads no memory
+    left uninitialized (`empty`: its contents differ from run to run)."""
 
     def __init__(self):
         super().__init__()
         self.pure = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if torch.Tag.nondeterministic_seeded in func.tags or func._schema.is_mutable:
+        if torch.Tag.nondeterministic_seeded in func.tags or func._schema.is_mutable \
+                or func in UNINITIALIZED:
             self.pure = False
         return func(*args, **(kwargs or {}))
 
