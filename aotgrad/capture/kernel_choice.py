@@ -1,4 +1,5 @@
-"""Composite ops whose kernel choice hangs on a layout that a trace can put right.
+"""SDPA's mask as its fast kernels take it: made dense in our traces, folded into the call
+in Dynamo's graph where it is a constant.
 
 `scaled_dot_product_attention` picks its kernel from its arguments. On CUDA every fused
 kernel (flash, memory-efficient, cuDNN) refuses a mask whose last dimension is not dense
@@ -47,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..semantics.mends import python_kernels
 from ..tables import UNINITIALIZED
 
-log = logging.getLogger("aotgrad")
+log = logging.getLogger(__name__)
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
                    "enable_gqa")
@@ -94,7 +95,7 @@ def fold_constant_masks(gm: fx.GraphModule) -> None:
         arguments.update(attn_mask=None, is_causal=kind == "causal")
         node.args, node.kwargs = (), arguments
         _erase_unread(mask, gm.graph)
-        log.debug("aotgrad: SDPA call %s: its constant mask is %s", node.name, kind)
+        log.debug("SDPA call %s: its constant mask is %s", node.name, kind)
     gm.recompile()
 
 
@@ -158,7 +159,7 @@ def _evaluate(nodes: list[fx.Node], mask: fx.Node) -> torch.Tensor | None:
         with unset_fake_temporarily(), torch.no_grad(), _PureOps() as ops:
             value = fx.GraphModule(torch.nn.Module(), graph)()
     except Exception as e:  # noqa: BLE001  (an optimization: a mask it cannot run stays)
-        log.debug("aotgrad: a constant SDPA mask not evaluated: %s", e)
+        log.debug("a constant SDPA mask not evaluated: %s", e)
         return None
     return value if ops.pure and isinstance(value, torch.Tensor) else None
 
