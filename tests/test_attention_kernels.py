@@ -1,9 +1,16 @@
-"""SDPA with a mask that is not dense in its last dimension (transformers' padding mask under
-Dynamo: an expanded boolean, stride 0 along the keys) takes a fused kernel in our traces,
-where such a call in eager falls back to the float32 math path (capture/kernel_choice.py).
-Differential: against eager on the same mask (math path), on the same mask made dense (the
-fused kernel eager's unmasked model takes), and against the float64 math path. The CUDA
-tests ran on the GPU machine (bench/results/h200-2026-12-01-session32).
+"""SDPA's kernel choice (capture/kernel_choice.py, backends/passes.py).
+
+- A mask that is not dense in its last dimension (transformers' padding mask under Dynamo:
+  an expanded boolean, stride 0 along the keys) takes a fused kernel in our traces, where
+  eager falls back to the float32 math path. Against eager on the same mask (math path), on
+  the mask made dense (the fused kernel), and against float64.
+- cuDNN's backward gets its gradient laid out like its output (torch 2.11's caches its
+  kernel without the gradient's strides).
+- Through Dynamo, a constant all-true or causal boolean mask is folded into the call; every
+  other mask stays. Against eager.
+
+The CUDA tests ran on the GPU machine (bench/results/h200-2026-12-01-session32), before the
+folding, which the CPU tests cover.
 """
 
 from __future__ import annotations
