@@ -24,13 +24,19 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from .dynamic import hint
 
+COPY_ = torch.ops.aten.copy_.default
+
 
 def inplace_keeping_layout(mode: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """Inside `mode.__torch_dispatch__`: `func`, an in-place op, traced as its functional
     form and a copy into its target where that form would change the target's layout, or
     NotImplemented where nothing needs doing."""
     functional = functional_form(func)
-    if functional is None or not args or not isinstance(args[0], FunctionalTensor) or \
+    # `copy_` is this rewrite's own write-back: rewritten in turn, it recursed without end
+    # where the target's value had another layout than its wrapper (a random fill such as
+    # dropout's `bernoulli_` into a transposed tensor, which functionalization draws
+    # contiguous: TransformerEncoderLayer(batch_first=True) in training).
+    if func is COPY_ or functional is None or not args or not isinstance(args[0], FunctionalTensor) or \
             significant_strides(args[0]) == contiguous_strides(args[0].shape):
         return NotImplemented
     probe = _probe(functional, args, kwargs)
