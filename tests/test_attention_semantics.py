@@ -241,6 +241,33 @@ def test_dropout_of_a_non_contiguous_tensor_in_training_matches_eager(view, door
     check_case(case, door)
 
 
+BERNOULLI_FILLS = {  # dropout written by hand, as attention code often does
+    "noise_of_a_transposed_input": lambda x: x.t() * torch.empty_like(x.t()).bernoulli_(0.7)
+    .div_(0.7),
+    "returned_after_an_in_place_op": lambda x: (x.t() * 1).bernoulli_(0.5).div_(0.3),
+    "default_p": lambda x: (x.t() * 1).bernoulli_(),
+    "permuted": lambda x: x.view(2, 2, 3).permute(2, 0, 1)
+    * torch.empty(2, 2, 3).permute(2, 0, 1).bernoulli_(0.3),
+}
+
+
+@pytest.mark.parametrize("door", [compat, compile_eager, dynamo, dynamo_dynamic],
+                         ids=["compat", "compile", "dynamo", "dynamo-dynamic"])
+@pytest.mark.parametrize("name", list(BERNOULLI_FILLS))
+def test_bernoulli_fill_of_a_non_contiguous_tensor_draws_eagers_numbers(name, door):
+    """Eager's `t.bernoulli_(p)` draws in `t`'s memory order, in place; functionalization
+    drew `bernoulli.p`, contiguous, in logical order: with the eager backend another mask
+    than eager's at each position (which the docs promise to match), and a returned `t`
+    came out contiguous (strides (3, 1) where eager's are (1, 4)). Now drawn in memory
+    order and permuted back (inplace_layouts.bernoulli_in_memory_order)."""
+    fn = BERNOULLI_FILLS[name]
+    case = Case(name, lambda: ((torch.randn(3 + call_index(), 4, requires_grad=True),), {}),
+                fn=fn, tags=frozenset({"double_backward"}))
+    if name == "permuted":  # its shape is fixed by the view
+        case = Case(name, lambda: ((torch.randn(4, 3, requires_grad=True),), {}), fn=fn)
+    check_case(case, door)
+
+
 # ---- nn.MultiheadAttention -----------------------------------------------------------------
 
 def x(b=2, t=5, e=E, batch_first=True, requires_grad=True):
