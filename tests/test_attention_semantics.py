@@ -550,3 +550,65 @@ ERROR_CASES = [
 @pytest.mark.parametrize("case", ERROR_CASES, ids=lambda c: c.name)
 def test_sdpa_edge_cases_and_errors_match_eager(case, door):
     check_case(case, door)
+
+
+# ---- a learned bias held by the module (T5's relative bias, ALiBi) ---------------------------
+
+class BiasedAttention(nn.Module):
+    """A parameter bias expanded over the batch, ALiBi's slopes (a buffer), a padding mask
+    filled in: the mask SDPA gets requires grad, is expanded (stride 0) and computed inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(E, 3 * E)
+        self.bias = nn.Parameter(torch.randn(H, 5, 5))
+        self.register_buffer("slopes", torch.tensor([0.5, 0.25]))
+
+    def forward(self, inp, pad):
+        b, t, _ = inp.shape
+        q, k, v = self.qkv(inp).view(b, t, 3, H, E // H).permute(2, 0, 3, 1, 4)
+        pos = torch.arange(t)
+        mask = self.bias[None].expand(b, H, t, t) \
+            - self.slopes[:, None, None] * (pos[None, :] - pos[:, None]).abs()
+        mask = mask.masked_fill(pad[:, None, None, :], float("-inf"))
+        out = SDPA(q, k, v, attn_mask=mask, dropout_p=0.2 if self.training else 0.0)
+        return out.transpose(1, 2).reshape(b, t, E)
+
+
+@DOORS
+@pytest.mark.parametrize("tags", [(), ("double_backward",)], ids=["backward", "double_backward"])
+def test_a_modules_learned_attention_bias_gets_eagers_gradient(door, tags):
+    case = Case("biased_attention", lambda: ((x(), padding()), {}), factory=BiasedAttention,
+                tags=frozenset(tags))
+    check_case(case, door)
+
+
+# ---- a kernel chosen by the caller (sdpa_kernel) --------------------------------------------
+
+def _under_kernel(backend, **options):
+    def fn(q, k, v):
+        with torch.nn.attention.sdpa_kernel(backend):
+            return SDPA(q, k, v, **options)
+    return fn
+
+
+_KERNELS = torch.nn.attention.SDPBackend
+KERNEL_CASES = [
+    Case("flash_causal_double_backward", lambda: (qkv(), {}),
+         fn=_under_kernel(_KERNELS.FLASH_ATTENTION, is_causal=True),
+         tags=frozenset({"double_backward"})),
+    Case("math_double_backward", lambda: (qkv(), {}), fn=_under_kernel(_KERNELS.MATH),
+         tags=frozenset({"double_backward"})),
+    Case("flash_dropout", lambda: (qkv(), {}),
+         fn=_under_kernel(_KERNELS.FLASH_ATTENTION, dropout_p=0.3)),
+    Case("flash_autocast_bf16", lambda: (qkv(), {}), fn=_under_kernel(_KERNELS.FLASH_ATTENTION),
+         context="autocast_bf16"),
+    Case("efficient_on_cpu_raises", lambda: (qkv(), {}),
+         fn=_under_kernel(_KERNELS.EFFICIENT_ATTENTION)),
+]
+
+
+@DOORS
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c.name)
+def test_sdpa_under_a_chosen_kernel_matches_eager(case, door):
+    check_case(case, door)
