@@ -612,3 +612,35 @@ KERNEL_CASES = [
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c.name)
 def test_sdpa_under_a_chosen_kernel_matches_eager(case, door):
     check_case(case, door)
+
+
+def _all_padded_second_row():
+    return torch.tensor([[False] * 5, [True] * 5])
+
+
+MORE_MHA_CASES = [
+    module_case("learned_attn_mask", lambda: nn.MultiheadAttention(E, H, batch_first=True),
+                lambda: ((x(),) * 3, {"attn_mask": learned_bias(5, 5)}), True),
+    module_case("learned_per_head_mask_transposed",
+                lambda: nn.MultiheadAttention(E, H, batch_first=True),
+                lambda: ((x(),) * 3, {"attn_mask": learned_bias(4, 5, 5).transpose(1, 2)}), True),
+    module_case("learned_key_padding", lambda: nn.MultiheadAttention(E, H, batch_first=True),
+                lambda: ((x(),) * 3, {"key_padding_mask": learned_bias(2, 5)}), True),
+    module_case("all_keys_padded", lambda: nn.MultiheadAttention(E, H, batch_first=True),
+                lambda: ((x(),) * 3, {"key_padding_mask": _all_padded_second_row()}), True),
+    module_case("all_keys_padded_fast_path", lambda: nn.MultiheadAttention(E, H, batch_first=True),
+                lambda: ((x(requires_grad=False),) * 3,
+                         {"key_padding_mask": _all_padded_second_row()}), False, "no_grad"),
+    module_case("transposed_input_fast_path",
+                lambda: nn.MultiheadAttention(E, H, batch_first=True),
+                lambda: ((x(batch_first=False, requires_grad=False).transpose(0, 1),) * 3,
+                         {"key_padding_mask": padding()}), False, "no_grad"),
+]
+
+
+@DOORS
+@pytest.mark.parametrize("case", MORE_MHA_CASES, ids=lambda c: c.name)
+def test_multihead_attention_learned_masks_and_empty_rows_match_eager(case, door):
+    """Masks that require grad get eager's gradients; a sequence whose keys are all padded
+    gives eager's NaN rows (output and weights), on the slow path and the fast one."""
+    check_case(case, door)
