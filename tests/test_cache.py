@@ -71,6 +71,27 @@ def test_second_compile_hits_and_matches_cold():
         assert torch.equal(a, b)
 
 
+def _attention_block_output(x):
+    """An attention's output laid out as its query ([b, t, h, d]), returned as a view."""
+    q = x.transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    return out.transpose(1, 2).view(2, 5, 8)
+
+
+def test_an_attention_output_view_is_cached_without_a_warning(caplog):
+    """Keying before the trace replayed the output's view chain on a contiguous stand-in for
+    the attention's output, which `.view` after the transpose refuses: a 'could not key this
+    compile' WARNING at every compile of such a block. Now a quiet reason, keyed after the
+    trace (a hit the second time, as before)."""
+    x = torch.randn(2, 5, 2, 4, requires_grad=True)
+    with caplog.at_level("WARNING", logger="aotgrad"):
+        outs = [aotgrad.compile(_attention_block_output, backend="eager")(x) for _ in range(2)]
+    assert not [r for r in caplog.records if "could not" in r.getMessage()], caplog.text
+    assert [e for e, _ in cache.events()] == ["miss", "hit"]
+    assert "needs its base's layout" in cache.events()[0][1]
+    assert outs[1]._base is not None and torch.equal(outs[0], outs[1])
+
+
 def test_inference_graph_hits():
     x = torch.randn(5, 8)
     with torch.no_grad():

@@ -24,13 +24,22 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from .dynamic import hint
 
+COPY_ = torch.ops.aten.copy_.default
+BERNOULLI_ = torch.ops.aten.bernoulli_.float
+
 
 def inplace_keeping_layout(mode: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """Inside `mode.__torch_dispatch__`: `func`, an in-place op, traced as its functional
     form and a copy into its target where that form would change the target's layout, or
     NotImplemented where nothing needs doing."""
+    if func is BERNOULLI_:
+        return bernoulli_in_memory_order(mode, args, kwargs)
     functional = functional_form(func)
-    if functional is None or not args or not isinstance(args[0], FunctionalTensor) or \
+    # `copy_` is this rewrite's own write-back: rewritten in turn, it recursed without end
+    # where the target's value had another layout than its wrapper (a random fill such as
+    # dropout's `bernoulli_` into a transposed tensor, which functionalization draws
+    # contiguous: TransformerEncoderLayer(batch_first=True) in training).
+    if func is COPY_ or functional is None or not args or not isinstance(args[0], FunctionalTensor) or \
             significant_strides(args[0]) == contiguous_strides(args[0].shape):
         return NotImplemented
     probe = _probe(functional, args, kwargs)
@@ -38,6 +47,40 @@ def inplace_keeping_layout(mode: Any, func: Any, args: tuple, kwargs: dict) -> A
         return NotImplemented
     with mode:  # both ops functionalized in turn
         return args[0].copy_(functional(*args, **kwargs))
+
+
+def bernoulli_in_memory_order(mode: Any, args: tuple, kwargs: dict) -> Any:
+    """`t.bernoulli_(p)` on a dense, non-contiguous `t` (dropout's noise, `empty_like` of a
+    transposed input): eager's kernel draws in memory order, in place. Functionalization
+    draws `bernoulli.p`, which fills a contiguous tensor in logical order: other numbers at
+    each position, and `t` came out contiguous. Traced as a draw of `t`'s memory order (the
+    permuted shape, contiguous), permuted back and copied into `t`; NotImplemented where
+    nothing needs doing (contiguous or overlapping)."""
+    target = args[0]
+    order = _memory_order(target) if isinstance(target, FunctionalTensor) else None
+    if order is None:
+        return NotImplemented
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    with mode:  # the draw and the copy functionalized in turn
+        drawn = torch.ops.aten.bernoulli.p(target.permute(order), p,
+                                           generator=kwargs.get("generator"))
+        return target.copy_(drawn.permute(inverse))
+
+
+def _memory_order(t: torch.Tensor) -> list[int] | None:
+    """The dimensions of a dense, non-overlapping `t` from outermost to innermost in memory,
+    where that is not their order; None otherwise. Symbolic sizes and strides are read by
+    their example values (no guard), as `significant_strides` reads them."""
+    strides, shape = [hint(s) for s in t.stride()], [hint(n) for n in t.shape]
+    order = sorted(range(len(shape)), key=lambda d: (-strides[d], -shape[d]))
+    step = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != step:
+            return None
+        step *= shape[d]
+    layout_differs = significant_strides(t) != contiguous_strides(t.shape)
+    return order if step and layout_differs else None
 
 
 def out_keeping_layout(mode: Any, func: Any, args: tuple, kwargs: dict) -> Any:
