@@ -39,7 +39,8 @@ def inplace_keeping_layout(mode: Any, func: Any, args: tuple, kwargs: dict) -> A
     # where the target's value had another layout than its wrapper (a random fill such as
     # dropout's `bernoulli_` into a transposed tensor, which functionalization draws
     # contiguous: TransformerEncoderLayer(batch_first=True) in training).
-    if func is COPY_ or functional is None or not args or not isinstance(args[0], FunctionalTensor) or \
+    if func is COPY_ or functional is None or not args or \
+            not isinstance(args[0], FunctionalTensor) or \
             significant_strides(args[0]) == contiguous_strides(args[0].shape):
         return NotImplemented
     probe = _probe(functional, args, kwargs)
