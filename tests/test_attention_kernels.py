@@ -315,6 +315,21 @@ def test_a_mask_read_from_uninitialized_memory_stays():
     assert attention_calls(graph) == [(False, True)], graph.code
 
 
+@pytest.mark.parametrize("empty", [
+    lambda: torch.empty(6, 6, dtype=torch.bool),
+    lambda: torch.empty_like(torch.ones(6, 6, dtype=torch.bool)),
+    lambda: torch.empty_permuted((6, 6), (1, 0), dtype=torch.bool),  # was taken as pure
+])
+def test_every_uninitialized_allocation_is_impure(empty):
+    """`empty_permuted` reaches the mode as itself: a mask read from it was evaluated (its
+    garbage at compile time folded in, when all set or causal). The garbage is not
+    reproducible, so the check itself is tested."""
+    from aotgrad.capture.kernel_choice import _PureOps
+    with _PureOps() as ops:
+        empty()
+    assert not ops.pure
+
+
 def test_a_causal_mask_aligned_bottom_right_stays():
     """Fewer queries than keys, each query the last positions (a cache's): the mask is
     aligned bottom right, SDPA's is_causal top left. Not folded."""
