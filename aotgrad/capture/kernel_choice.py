@@ -54,6 +54,8 @@ _SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal
                    "enable_gqa")
 # A mask of more elements than this, intermediates included, is not evaluated.
 _MAX_FOLDED_ELEMENTS = 2**26
+# `empty_permuted` reaches the mode as itself, not as the `empty_strided` it calls.
+_UNINITIALIZED = UNINITIALIZED | {torch.ops.aten.empty_permuted.default}
 
 
 def attention_masks_dense():
@@ -105,17 +107,38 @@ def _constant_kind(mask: fx.Node, query: fx.Node, key: fx.Node) -> str | None:
     nodes = _builders(mask)
     if nodes is None:
         return None
+    q, k = query.meta["example_value"], key.meta["example_value"]
+    if not _broadcasts_within(mask.meta["example_value"].shape, (*q.shape[:-1], k.shape[-2])):
+        return None
     value = _evaluate(nodes, mask)
     if value is None or value.dtype != torch.bool:
         return None
     if value.all():
         return "all true"
-    length, keys = query.meta["example_value"].size(-2), key.meta["example_value"].size(-2)
+    length, keys = q.size(-2), k.size(-2)
+    if not (isinstance(length, int) and isinstance(keys, int)):
+        # a symbolic length (dynamic=True, the mask static): building the causal mask from
+        # it raised out of the compile; asking its value would guard on it
+        return None
     causal = torch.ones(length, keys, dtype=torch.bool, device=value.device).tril()
     try:
         return "causal" if (value == causal).all() else None
     except RuntimeError:  # its last dimensions do not broadcast against (queries, keys)
         return None
+
+
+def _broadcasts_within(mask_shape, attention_shape) -> bool:
+    """Whether the mask broadcasts to the attention's (..., queries, keys) shape without
+    growing it. A mask of more dimensions (a leading one over 3-d inputs) or larger where
+    the attention has size 1 makes eager's SDPA raise (its in-place add cannot grow the
+    scores), or broadcast the output; with the mask dropped the call would silently return
+    the smaller output. Symbolic sizes of the attention count as unknown: refused."""
+    if len(mask_shape) > len(attention_shape):
+        return False
+    for m, a in zip(reversed(mask_shape), reversed(attention_shape)):
+        if m != 1 and not (isinstance(a, int) and m == a):
+            return False
+    return True
 
 
 def _builders(mask: fx.Node) -> list[fx.Node] | None:
@@ -130,10 +153,21 @@ def _builders(mask: fx.Node) -> list[fx.Node] | None:
         seen.add(node)
         if node.op not in ("call_function", "call_method") or "example_value" not in node.meta \
                 or "functorch" in getattr(node.target, "__module__", "") \
-                or not _exact_small_static(node.meta["example_value"]):
+                or not _exact_small_static(node.meta["example_value"]) \
+                or _written(node.meta["example_value"]):
             return None
         stack.extend(node.all_input_nodes)
     return [n for n in mask.graph.nodes if n in seen]
+
+
+def _written(value) -> bool:
+    """Whether Dynamo's trace wrote into the tensor, or a view of it, anywhere in the graph
+    (`mask[:, 0] = False`, `mask.masked_fill_(...)`, `mask.tril_()`, `mask.view(-1)[i].fill_`):
+    the write is a user of the node, not one of the nodes that compute it, so evaluating
+    those alone gave the value before the write (an all-ones `torch.ones` folded to no mask,
+    the user's edits lost). Dynamo's fake tensors count writes in their version counter,
+    shared with their views; a write after the SDPA call is refused too (conservative)."""
+    return isinstance(value, torch.Tensor) and value._version != 0
 
 
 def _exact_small_static(value) -> bool:
@@ -174,7 +208,7 @@ class _PureOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if torch.Tag.nondeterministic_seeded in func.tags or func._schema.is_mutable \
-                or func in UNINITIALIZED:
+                or func in _UNINITIALIZED:
             self.pure = False
         return func(*args, **(kwargs or {}))
 
