@@ -47,7 +47,7 @@ REFUSED_HOPS: dict[str, str] = {}
 # Ops that return a buffer of unspecified contents: two calls are two buffers, never merged.
 UNINITIALIZED = frozenset({
     aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
-    aten.new_empty.default, aten.new_empty_strided.default,
+    aten.new_empty.default, aten.new_empty_strided.default, aten.empty_permuted.default,
 })
 
 # Random ops (by overload packet) whose every output is drawn: values that depend on the

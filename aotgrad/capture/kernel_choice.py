@@ -54,8 +54,6 @@ _SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal
                    "enable_gqa")
 # A mask of more elements than this, intermediates included, is not evaluated.
 _MAX_FOLDED_ELEMENTS = 2**26
-# `empty_permuted` reaches the mode as itself, not as the `empty_strided` it calls.
-_UNINITIALIZED = UNINITIALIZED | {torch.ops.aten.empty_permuted.default}
 
 
 def attention_masks_dense():
@@ -208,7 +206,7 @@ class _PureOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if torch.Tag.nondeterministic_seeded in func.tags or func._schema.is_mutable \
-                or func in _UNINITIALIZED:
+                or func in UNINITIALIZED:
             self.pure = False
         return func(*args, **(kwargs or {}))
 
