@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..semantics.dynamic import hint
-from ..semantics.inplace_layouts import contiguous_strides, significant_strides
+from ..semantics.inplace_layouts import contiguous_strides, memory_order, significant_strides
 
 
 def keeping_layout(op: torch._ops.OpOverload, decomposition: Callable) -> Callable:
@@ -72,8 +72,7 @@ def _layout(t: Any) -> tuple | None:
     if not isinstance(t, torch.Tensor) or t.layout is not torch.strided or \
             not torch._prims_common.is_non_overlapping_and_dense_or_false(t):
         return None
-    order = sorted(range(t.dim()), key=lambda d: (-hint(t.stride(d)), d))  # outer first
-    return _hints(t.shape), significant_strides(t), order
+    return _hints(t.shape), significant_strides(t), memory_order(t)
 
 
 def _in_layouts(out: Any, layouts: list | None) -> Any:

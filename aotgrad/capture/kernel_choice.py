@@ -83,8 +83,8 @@ def fold_constant_masks(gm: fx.GraphModule) -> None:
     """Each SDPA call of Dynamo's graph whose mask is a constant all-true or causal boolean
     gets no mask, or `is_causal=True` instead; what built the mask goes if nothing else
     reads it."""
-    calls = gm.graph.find_nodes(op="call_function", target=F.scaled_dot_product_attention)
-    for node in calls:
+    folded = False
+    for node in gm.graph.find_nodes(op="call_function", target=F.scaled_dot_product_attention):
         arguments = {**dict(zip(_SDPA_ARGUMENTS, node.args)), **node.kwargs}
         mask = arguments.get("attn_mask")
         if not isinstance(mask, fx.Node) or arguments.get("is_causal", False) is not False:
@@ -95,8 +95,10 @@ def fold_constant_masks(gm: fx.GraphModule) -> None:
         arguments.update(attn_mask=None, is_causal=kind == "causal")
         node.args, node.kwargs = (), arguments
         _erase_unread(mask, gm.graph)
+        folded = True
         log.debug("SDPA call %s: its constant mask is %s", node.name, kind)
-    gm.recompile()
+    if folded:  # a graph of no SDPA call or no constant mask keeps its code
+        gm.recompile()
 
 
 def _constant_kind(mask: fx.Node, query: fx.Node, key: fx.Node) -> str | None:

@@ -74,7 +74,7 @@ def _memory_order(t: torch.Tensor) -> list[int] | None:
     where that is not their order; None otherwise. Symbolic sizes and strides are read by
     their example values (no guard), as `significant_strides` reads them."""
     strides, shape = [hint(s) for s in t.stride()], [hint(n) for n in t.shape]
-    order = sorted(range(len(shape)), key=lambda d: (-strides[d], -shape[d]))
+    order = memory_order(t)
     step = 1
     for d in reversed(order):
         if shape[d] != 1 and strides[d] != step:
@@ -152,6 +152,12 @@ def _probe(functional: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             return functional(*inner_args, **inner_kwargs)
     except Exception:  # let the op itself raise, as eager's would
         return None
+
+
+def memory_order(t: torch.Tensor) -> list[int]:
+    """`t`'s dimensions from outermost to innermost in memory (by stride, ties in order),
+    read by their example values where symbolic (no guard)."""
+    return sorted(range(t.dim()), key=lambda d: (-hint(t.stride(d)), d))
 
 
 def significant_strides(t: Any) -> tuple | None:
