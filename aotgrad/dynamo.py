@@ -25,6 +25,7 @@ from .capture.kernel_choice import fold_constant_masks
 from .semantics import hops
 from .semantics.aliasing import AliasingChanged
 from .api import CompiledFunction, checked_options
+from .backends.compilers import with_inductor_settings
 from .semantics.dynamic import (falls_back_to_static, is_symbolic, item_symbol,
                                 warn_static_fallback)
 from .pipeline import Options, compile_call
@@ -53,9 +54,9 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                 aotgrad_dynamo_backend, mode=mode, options=options))
         hops.refuse_in_graph(gm.graph)
         fold_constant_masks(gm)
-        graph_options = replace(base, static_inputs=dynamo_static_inputs(gm, example_inputs),
-                                input_names=_user_names(gm),
-                                cudagraphs=wants_cudagraphs(mode, options, base.cudagraphs))
+        graph_options = replace(with_compile_settings(base, mode, options),
+                                static_inputs=dynamo_static_inputs(gm, example_inputs),
+                                input_names=_user_names(gm))
         fakes = dynamo_fakes(gm, example_inputs)
         call = compile_dynamo_graph(_rebinding_unbacked(gm), fakes, graph_options)
         if call is None:  # Dynamo guards the sizes: one graph per shape, as calls arrive
@@ -280,31 +281,33 @@ def _symbolic_values(value) -> list:
     return [v for v in pytree.tree_leaves(value) if isinstance(v, kinds)]
 
 
-# torch.compile's modes, as aotgrad takes them: whether each records CUDA graphs.
-MODES = {None: False, "default": False, "reduce-overhead": True}
-# torch.compile's `options` (Inductor config names) that aotgrad takes.
-OPTIONS = ("triton.cudagraphs",)
-
-
-def wants_cudagraphs(mode: str | None, options: dict | None, default: bool) -> bool:
-    """Whether torch.compile's `mode` and `options` ask for CUDA graphs; an `aotgrad:` error
-    for those aotgrad does not take."""
-    if mode not in MODES:
-        raise ValueError(
-            f"aotgrad: torch.compile(mode={mode!r}) is not supported by backend='aotgrad'; it "
-            f"takes mode {' or '.join(repr(m) for m in MODES if m)} (CUDA graphs). For "
-            "Inductor's autotuning modes use backend='inductor'.")
-    unknown = sorted(set(options or {}) - set(OPTIONS))
+def compile_settings(mode: str | None, options: dict | None) -> dict[str, Any]:
+    """torch.compile's `mode` and `options` as the Inductor settings they stand for, as
+    `backend="inductor"` takes them; an `aotgrad:` error for an unknown mode or setting."""
+    from torch._inductor import config, list_mode_options
+    try:
+        settings = {**list_mode_options(mode or "default"), **(options or {})}
+    except RuntimeError as exc:  # torch's message lists its modes
+        raise ValueError(f"aotgrad: torch.compile(mode={mode!r}): {exc}") from None
+    unknown = settings and sorted(set(settings) - set(config.get_config_copy()))
     if unknown:
         raise ValueError(
             f"aotgrad: torch.compile(options=...) has {', '.join(map(repr, unknown))}, which "
-            f"backend='aotgrad' does not take; it takes {', '.join(map(repr, OPTIONS))}. "
-            "Pass aotgrad's own options through aotgrad.backend(...).")
-    chosen = (options or {}).get("triton.cudagraphs")
-    if chosen is not None:
-        check.flag("torch.compile options", "triton.cudagraphs", chosen)
-        return chosen
-    return MODES[mode] or default
+            "is not an Inductor setting. Pass aotgrad's own options through "
+            "aotgrad.backend(...).")
+    return settings
+
+
+def with_compile_settings(base: Options, mode: str | None, options: dict | None) -> Options:
+    """`base` with torch.compile's `mode` and `options`: "triton.cudagraphs" turns on
+    aotgrad's own CUDA graphs (backends/cudagraphs.py), the other settings reach Inductor."""
+    settings = compile_settings(mode, options)
+    cudagraphs = settings.pop("triton.cudagraphs", None)
+    if cudagraphs is None:
+        cudagraphs = base.cudagraphs
+    check.flag("torch.compile options", "triton.cudagraphs", cudagraphs)
+    return replace(base, backend=with_inductor_settings(base.backend, settings),
+                   cudagraphs=cudagraphs)
 
 
 def unbox_list_inputs(gm: torch.fx.GraphModule, example_inputs, compile_flat: Callable

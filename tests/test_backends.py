@@ -410,6 +410,59 @@ def test_a_backwards_kernels_are_capped_in_the_buffers_they_fuse(monkeypatch, us
     assert seen == {"forward": users_cap, "backward": users_cap or BACKWARD_KERNEL_BUFFERS}
 
 
+@pytest.mark.parametrize("mode, options, wanted", [
+    ("max-autotune-no-cudagraphs", None, {"max_autotune": True, "coordinate_descent_tuning": True}),
+    (None, {"max_fusion_size": 7}, {"max_fusion_size": 7}),
+], ids=["mode", "options"])
+def test_torch_compiles_mode_and_options_reach_inductor_at_each_compile(monkeypatch, mode,
+                                                                        options, wanted):
+    """As with backend="inductor": the forward's compile and the backward's, which comes
+    later (at the first backward), both run under the settings; values stay eager's."""
+    import torch._inductor.compile_fx as compile_fx
+    import torch._inductor.fx_passes.joint_graph as joint_graph
+    from torch._inductor import config as inductor_config
+    seen, inner, passes = {}, compile_fx.compile_fx_inner, joint_graph.joint_graph_passes
+
+    def spy(gm, example_inputs, **kwargs):
+        role = "backward" if kwargs.get("is_backward") else "forward"
+        seen[role] = {k: getattr(inductor_config, k) for k in wanted}
+        return inner(gm, example_inputs, **kwargs)
+
+    def spy_passes(gm, **kwargs):  # the joint graph's rewrites, before the partition
+        seen["passes"] = {k: getattr(inductor_config, k) for k in wanted}
+        return passes(gm, **kwargs)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
+    monkeypatch.setattr(joint_graph, "joint_graph_passes", spy_passes)
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: (t.sin() * t).exp(), backend="aotgrad", mode=mode,
+                      options=options)
+    x = torch.randn(4, 8, requires_grad=True)
+    with inductor_config.patch(force_disable_caches=True):
+        out = f(x)
+        assert seen == {"passes": wanted, "forward": wanted}
+        out.sum().backward()
+    assert seen == {"passes": wanted, "forward": wanted, "backward": wanted}
+    t = x.detach().requires_grad_()
+    (t.sin() * t).exp().sum().backward()
+    torch.testing.assert_close(out, (t.sin() * t).exp())
+    torch.testing.assert_close(x.grad, t.grad)
+    assert not any(getattr(inductor_config, k) == v for k, v in wanted.items())  # put back
+
+
+def test_inductor_settings_enter_aotgrads_cache_key():
+    """A compile under other Inductor settings never loads another's entry: the settings
+    are part of the key, and the default key is as it was."""
+    from aotgrad.cache.key import backend_components
+    from aotgrad.dynamo import with_compile_settings
+    base = aotgrad.api.checked_options("backend", backend="inductor", partitioner=None,
+                                       memory_budget=None, decompositions=None)
+    default = dict(backend_components(with_compile_settings(base, None, None).backend))
+    tuned = dict(backend_components(with_compile_settings(base, None,
+                                                          {"max_fusion_size": 7}).backend))
+    assert "inductor settings" not in default
+    assert tuned["inductor settings"] == "(('max_fusion_size', 7),)"
+
+
 @pytest.mark.xfail(not mends.generators_traceable(), raises=NotImplementedError, strict=True,
                    reason="torch 2.11's tracer cannot hold a torch.Generator: refused by name")
 @pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])

@@ -16,7 +16,8 @@ from torch import nn
 
 import aotgrad
 from aotgrad.backends.cudagraphs import fallback_reasons, mutated_inputs
-from aotgrad.dynamo import wants_cudagraphs
+from aotgrad.api import checked_options
+from aotgrad.dynamo import with_compile_settings
 from harness import requires_cuda
 
 SKIP_MESSAGE = "runs without a CUDA graph"
@@ -131,21 +132,27 @@ def test_mutated_inputs_found_in_graph():
 
 @pytest.mark.parametrize("mode, options, wanted", [
     (None, None, False), ("default", None, False), ("reduce-overhead", None, True),
+    ("max-autotune", None, True), ("max-autotune-no-cudagraphs", None, False),
     (None, {"triton.cudagraphs": True}, True),
     ("reduce-overhead", {"triton.cudagraphs": False}, False),
 ])
 def test_modes_and_options(mode, options, wanted):
-    assert wants_cudagraphs(mode, options, False) is wanted
+    base = checked_options("backend", backend="inductor", partitioner=None, memory_budget=None,
+                           decompositions=None)
+    assert with_compile_settings(base, mode, options).cudagraphs is wanted
 
 
-@pytest.mark.parametrize("mode, options, match", [
-    ("max-autotune", None, "mode='max-autotune'"),
-    (None, {"max_autotune": True}, "'max_autotune'"),
-    (None, {"triton.cudagraphs": "yes"}, "triton.cudagraphs must be True or False"),
+@pytest.mark.parametrize("backend, mode, options, match", [
+    ("inductor", "fastest", None, "mode='fastest'.*max-autotune"),
+    ("inductor", None, {"max_autotuning": True}, "'max_autotuning', which is not an Inductor"),
+    ("inductor", None, {"triton.cudagraphs": "yes"}, "triton.cudagraphs must be True or False"),
+    ("eager", "max-autotune", None, "max_autotune.*does not compile with Inductor"),
+    ("inductor", None, {"freezing": True}, "'freezing' acts before the graph compile"),
 ])
-def test_unknown_modes_and_options_refused(mode, options, match):
+def test_unknown_modes_and_options_refused(backend, mode, options, match):
     torch._dynamo.reset()
-    model = torch.compile(nn.Linear(2, 2), backend="aotgrad", mode=mode, options=options)
+    model = torch.compile(nn.Linear(2, 2), backend=aotgrad.backend(backend=backend), mode=mode,
+                          options=options)
     with pytest.raises(Exception, match=f"aotgrad: .*{match}"):
         model(torch.randn(1, 2))
 

@@ -283,14 +283,14 @@ def _compilers(options: Any) -> tuple:
 
 
 def uses_inductor(options: Any) -> bool:
-    from ..backends.compilers import inductor_compiler
-    return any(c is inductor_compiler for c in _compilers(options))
+    from ..backends.compilers import is_inductor
+    return any(is_inductor(c) for c in _compilers(options))
 
 
 def _defers_fake_values(options: Any) -> bool:
     """Every graph goes to Inductor, none to CUDA graphs (whose checks read every value)."""
-    from ..backends.compilers import inductor_compiler
-    return all(c is inductor_compiler for c in _compilers(options)) and not options.cudagraphs
+    from ..backends.compilers import is_inductor
+    return all(is_inductor(c) for c in _compilers(options)) and not options.cudagraphs
 
 
 def partition_of(graphs: list[fx.GraphModule], num_fw_outputs: int) -> Partition:

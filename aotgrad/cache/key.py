@@ -121,15 +121,21 @@ def _device_description(device: torch.device) -> str:
 def backend_components(backend: Backend) -> list[tuple[str, str]]:
     """The compilers by name (they run again on a hit: only the passes before the partition
     are skipped, so those must be known ones), and Inductor's configuration where it runs."""
-    from ..backends.compilers import inductor_graph_passes
-    names = [_name(c) for c in
-             (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)]
+    from ..backends.compilers import inductor_graph_passes, is_inductor
+    compilers = (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)
+    names = [_name(c) for c in compilers]
     parts = [("backend", " / ".join(dict.fromkeys(names)))]
-    if backend.graph_passes not in (None, inductor_graph_passes):  # a name may hide a closure
-        raise codec.Unencodable(f"the backend's own graph passes ({_name(backend.graph_passes)})")
-    parts.append(("graph passes", _name(backend.graph_passes)))
-    if any("inductor" in n for n in names):
+    passes = getattr(backend.graph_passes, "step", backend.graph_passes)  # under settings
+    if passes not in (None, inductor_graph_passes):  # a name may hide a closure
+        raise codec.Unencodable(f"the backend's own graph passes ({_name(passes)})")
+    parts.append(("graph passes", _name(passes)))
+    if any(is_inductor(c) for c in compilers):
         parts.append(("inductor config", _inductor_config()))
+        # torch.compile's mode and options, which the compilers apply at each compile
+        settings = sorted({repr(c.settings) for c in (*compilers, backend.graph_passes)
+                           if hasattr(c, "settings")})
+        if settings:
+            parts.append(("inductor settings", " / ".join(settings)))
     return parts
 
 
