@@ -25,7 +25,7 @@ from .capture.kernel_choice import fold_constant_masks
 from .semantics import hops
 from .semantics.aliasing import AliasingChanged
 from .api import CompiledFunction, checked_options
-from .backends.compilers import with_inductor_settings
+from .backends.settings import with_inductor_settings
 from .semantics.dynamic import (falls_back_to_static, is_symbolic, item_symbol,
                                 warn_static_fallback)
 from .pipeline import Options, compile_call

@@ -283,13 +283,13 @@ def _compilers(options: Any) -> tuple:
 
 
 def uses_inductor(options: Any) -> bool:
-    from ..backends.compilers import is_inductor
+    from ..backends.settings import is_inductor
     return any(is_inductor(c) for c in _compilers(options))
 
 
 def _defers_fake_values(options: Any) -> bool:
     """Every graph goes to Inductor, none to CUDA graphs (whose checks read every value)."""
-    from ..backends.compilers import is_inductor
+    from ..backends.settings import is_inductor
     return all(is_inductor(c) for c in _compilers(options)) and not options.cudagraphs
 
 

@@ -121,7 +121,8 @@ def _device_description(device: torch.device) -> str:
 def backend_components(backend: Backend) -> list[tuple[str, str]]:
     """The compilers by name (they run again on a hit: only the passes before the partition
     are skipped, so those must be known ones), and Inductor's configuration where it runs."""
-    from ..backends.compilers import inductor_graph_passes, is_inductor
+    from ..backends.compilers import inductor_graph_passes
+    from ..backends.settings import is_inductor
     compilers = (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)
     names = [_name(c) for c in compilers]
     parts = [("backend", " / ".join(dict.fromkeys(names)))]

@@ -1,0 +1,64 @@
+"""torch.compile's `mode` and `options` through backend="aotgrad": Inductor's settings,
+applied wherever aotgrad runs one of Inductor's steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from .compilers import inductor_compiler
+from ..schema import Backend
+
+
+@dataclass(frozen=True)
+class WithInductorSettings:
+    """One of Inductor's steps (its compiler, its joint-graph passes) run with some of its
+    settings changed: torch.compile's `mode` and `options`, as `backend="inductor"` takes
+    them (`("max_autotune", True)`). Applied at each run, so at the lazy backward's compile
+    too; aotgrad's cache keys name them."""
+
+    step: Callable
+    settings: tuple[tuple[str, Any], ...]
+    records_cudagraphs = True
+    keeps_graph = True
+
+    def __call__(self, *args):
+        from torch._inductor import config
+        with config.patch(dict(self.settings)):
+            return self.step(*args)
+
+
+# Settings that torch's Inductor reads before the graph compile aotgrad calls (pre-grad
+# passes on Dynamo's graph, freezing, which ops to decompose): they could not take effect.
+SETTINGS_OUTSIDE_THE_COMPILE = ("freezing", "selective_decompose", "use_joint_graph_passes",
+                                "use_pre_grad_passes", "add_pre_grad_passes",
+                                "remove_pre_grad_passes", "pre_grad_custom_pass",
+                                "pre_grad_fusion_options")
+
+
+def is_inductor(compiler: Callable) -> bool:
+    return inductor_compiler in (compiler, getattr(compiler, "step", None))
+
+
+def with_inductor_settings(backend: Backend, settings: dict) -> Backend:
+    """`backend` (Inductor's) compiling under `settings`; an `aotgrad:` error for another
+    backend, or for a setting Inductor reads outside the graph compile."""
+    if not settings:
+        return backend
+    compilers = (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)
+    if not all(c is inductor_compiler for c in compilers):
+        raise ValueError(
+            f"aotgrad: torch.compile's mode or options ({', '.join(sorted(settings))}) are "
+            "Inductor settings, and this aotgrad backend does not compile with Inductor; "
+            "drop them, or use aotgrad.backend(backend='inductor')")
+    outside = sorted(set(settings) & set(SETTINGS_OUTSIDE_THE_COMPILE))
+    if outside:
+        raise ValueError(
+            f"aotgrad: Inductor's {', '.join(map(repr, outside))} acts before the graph "
+            "compile aotgrad hands Inductor, so backend='aotgrad' cannot apply it; use "
+            "backend='inductor' for it, or drop it")
+    frozen = tuple(sorted(settings.items()))
+    compiler = WithInductorSettings(inductor_compiler, frozen)
+    passes = backend.graph_passes and WithInductorSettings(backend.graph_passes, frozen)
+    return replace(backend, fw_compiler=compiler, bw_compiler=compiler,
+                   inference_compiler=compiler, graph_passes=passes)
