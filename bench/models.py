@@ -5,7 +5,8 @@
     python bench/models.py --report bench/results/DIR         # results.md + plot.svg again
 
 Modes: eager; torch.compile with backend="inductor" and with backend="aotgrad", each also
-with mode="reduce-overhead" (`_ro`: CUDA graphs). A step is bench/run.py's: forward with the
+with mode="reduce-overhead" (`_ro`: CUDA graphs); on request (`--modes`), each with
+options={"cpp_wrapper": True} (`_cpp`: Inductor's kernels launched from C++). A step is bench/run.py's: forward with the
 loss (bf16 autocast on CUDA), backward, grads set to None; random init, seed 0. Per model:
 1. cold: each mode in a process of its own with empty Inductor and aotgrad caches
    (bench/run.py's worker, `--jobs` at a time): first-step (compile) seconds, the first
@@ -50,7 +51,8 @@ import run as bench  # noqa: E402  (bench/run.py: the models, the modes, the wor
 
 # This benchmark's names of bench/run.py's modes.
 MODES = {"eager": "eager", "inductor": "torch_compile", "inductor_ro": "torch_compile_ro",
-         "aotgrad": "aotgrad_dynamo", "aotgrad_ro": "aotgrad_dynamo_ro"}
+         "aotgrad": "aotgrad_dynamo", "aotgrad_ro": "aotgrad_dynamo_ro",
+         "inductor_cpp": "torch_compile_cpp", "aotgrad_cpp": "aotgrad_dynamo_cpp"}
 MODELS = ["gpt2", "llama", "bert", "resnet50", "efficientnet_b0", "vit_s16", "swin_t",
           "convnext_t", "deberta_v2"]
 SMALL_MODELS = ["tiny"]  # needs neither transformers nor timm; fits 3 min on 2 cores
@@ -289,7 +291,8 @@ def worker_main(spec_json: str, result_path: str) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=bench._names(bench.MODELS))
-    p.add_argument("--modes", type=bench._names(MODES), default=list(MODES))
+    p.add_argument("--modes", type=bench._names(MODES),
+                   default=[m for m in MODES if not m.endswith("_cpp")])
     p.add_argument("--small", action="store_true", help="tiny models (CPU check)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget", type=float, default=480, help="seconds; no model starts later")

@@ -191,13 +191,13 @@ def _torch_budget(budget):
     return torch._functorch.config.patch(activation_memory_budget=budget)
 
 
-def _aotgrad_dynamo(backend, mode=None):
+def _aotgrad_dynamo(backend, mode=None, options=None):
     def compile_(model, budget, sink):
         if backend == "inductor" and budget is None:
             chosen = torch._dynamo.lookup_backend("aotgrad")  # the registered name itself
         else:
             chosen = aotgrad.backend(backend=backend, memory_budget=budget)
-        return torch.compile(model, backend=_recording(chosen, sink), mode=mode)
+        return torch.compile(model, backend=_recording(chosen, sink), mode=mode, options=options)
     return compile_
 
 
@@ -263,6 +263,10 @@ MODES = {
     "torch_compile_ro": Mode(lambda model, budget, sink:
                              torch.compile(model, mode="reduce-overhead")),
     "aotgrad_dynamo_ro": Mode(_aotgrad_dynamo("inductor", mode="reduce-overhead")),
+    # Inductor's C++ wrapper (its kernels launched from C++, not Python): host-bound steps
+    "torch_compile_cpp": Mode(lambda model, budget, sink:
+                              torch.compile(model, options={"cpp_wrapper": True})),
+    "aotgrad_dynamo_cpp": Mode(_aotgrad_dynamo("inductor", options={"cpp_wrapper": True})),
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
@@ -276,6 +280,7 @@ DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]  # bench/models.py runs the
 # aotgrad_compile_eager is for CPU tests; the CUDA-graph modes are bench/models.py's
 DEFAULT_MODES = [m for m in MODES
                  if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro",
+                              "torch_compile_cpp", "aotgrad_dynamo_cpp",
                               "aotgrad_dynamo_spans_saved", "aotgrad_dynamo_no_exchanges",
                               "aotgrad_torch_partition")]
 

@@ -634,10 +634,15 @@ def test_a_hook_removed_after_the_compile_compiles_again():
 @pytest.mark.parametrize("register", [
     lambda m: m.fc.register_forward_hook(lambda mod, args, out: out * 10),
     lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0] + 1,)),
+    lambda m: m.fc.register_forward_hook(lambda mod, args, kwargs, out: out * 10,
+                                         with_kwargs=True),
+    lambda m: m.register_forward_pre_hook(lambda mod, args, kwargs: ((args[0] + 1,), kwargs),
+                                          with_kwargs=True),
     lambda m: m.fc.register_full_backward_pre_hook(lambda mod, gout: (gout[0] * 5,)),
     lambda m: nn.modules.module.register_module_forward_hook(
         lambda mod, args, out: out * 3 if mod is m.fc else None),
-], ids=["forward", "forward pre", "full backward pre", "global forward"])
+], ids=["forward", "forward pre", "forward with kwargs", "forward pre with kwargs",
+        "full backward pre", "global forward"])
 @pytest.mark.parametrize("door", ["backend", "aot_module_simplified"])
 def test_a_hook_registered_after_a_dynamo_compile_runs_as_in_eager(register, door):
     """Dynamo skips its guards on the module hook dicts it finds empty by default, and checks

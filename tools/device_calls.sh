@@ -26,6 +26,12 @@ tests33)  # session 33 ran these four files on the GPU (torch 2.11): of the 416 
     tests/test_attention_kernels.py tests/test_attention_semantics.py tests/test_hops.py \
     tests/test_batch_norm_devices.py
   grep -E "(FAILED|ERROR) " $OUT/tests.log | sort | uniq | head -40 ;;
+cpp33)  # Inductor's C++ wrapper on host-bound steps (session 33: ResNet-50's median 25.6 ms
+  # against a 20.1 ms minimum): does it pay, for either compiler, and what does it cost in
+  # compile time? If ours gains more than torch's, a default for backend="aotgrad"?
+  TAIL=14 step models 575 python bench/models.py --models resnet50,vit_s16 --jobs 4 \
+    --modes inductor,aotgrad,inductor_cpp,aotgrad_cpp --budget 300 --timeout 270 \
+    --out $OUT/models ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
