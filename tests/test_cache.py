@@ -234,6 +234,22 @@ def test_dynamo_and_compat_front_doors_hit():
     assert [e for e, _ in cache.events()][2:] == ["miss", "hit"]
 
 
+def test_torch_compiles_inductor_settings_miss_with_their_reason_and_hit_alike():
+    """A compile under other Inductor settings (torch.compile's options) never loads the
+    entry of another's; under the same settings it hits."""
+    x = torch.randn(4, 6, requires_grad=True)
+
+    def step(options):
+        torch._dynamo.reset()
+        torch.compile(f, backend="aotgrad", options=options)(x, x.detach()).sum().backward()
+    for options in (None, {"max_fusion_size": 7}, {"max_fusion_size": 9},
+                    {"max_fusion_size": 7}, None):
+        step(options)
+    events = cache.events()
+    assert [e for e, _ in events] == ["miss", "miss", "miss", "hit", "hit"], events
+    assert "inductor settings" in events[2][1] and "9" in events[2][1], events[2][1]
+
+
 def test_a_hits_graphs_carry_the_users_lines_as_a_cold_compiles_do():
     """A compiler reading `stack_trace` (Inductor's kernel comments, provenance) got none on
     a hit: the stored graphs kept no traces. Each is stored once per graph, shared by row."""
