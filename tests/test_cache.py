@@ -250,6 +250,20 @@ def test_torch_compiles_inductor_settings_miss_with_their_reason_and_hit_alike()
     assert "inductor settings" in events[2][1] and "9" in events[2][1], events[2][1]
 
 
+def test_an_inductor_setting_that_is_code_is_not_cached():
+    """A custom pass in torch.compile's options: its repr names an address, the same in
+    another process for other code. Not stored: the compile bypasses with the reason."""
+    def post_pass(graph):
+        pass
+    torch._dynamo.reset()
+    x = torch.randn(4, 6, requires_grad=True)
+    f_compiled = torch.compile(f, backend="aotgrad",
+                               options={"post_grad_custom_post_pass": post_pass})
+    f_compiled(x, x.detach()).sum().backward()
+    event, why = last_event()
+    assert event == "bypass" and "post_grad_custom_post_pass set to function" in why, why
+
+
 def test_a_hits_graphs_carry_the_users_lines_as_a_cold_compiles_do():
     """A compiler reading `stack_trace` (Inductor's kernel comments, provenance) got none on
     a hit: the stored graphs kept no traces. Each is stored once per graph, shared by row."""

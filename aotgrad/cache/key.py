@@ -133,11 +133,23 @@ def backend_components(backend: Backend) -> list[tuple[str, str]]:
     if any(is_inductor(c) for c in compilers):
         parts.append(("inductor config", _inductor_config()))
         # torch.compile's mode and options, which the compilers apply at each compile
-        settings = sorted({repr(c.settings) for c in (*compilers, backend.graph_passes)
-                           if hasattr(c, "settings")})
+        settings = [c.settings for c in (*compilers, backend.graph_passes)
+                    if hasattr(c, "settings")]
+        for name, value in (item for each in settings for item in each):
+            if not _plain(value):  # a custom pass's repr names an address, not its code
+                raise codec.Unencodable(f"Inductor's {name} set to {type(value).__name__}")
         if settings:
-            parts.append(("inductor settings", " / ".join(settings)))
+            parts.append(("inductor settings", " / ".join(sorted(set(map(repr, settings))))))
     return parts
+
+
+def _plain(value: Any) -> bool:
+    """Data whose repr is the same in every process."""
+    if isinstance(value, (list, tuple)):
+        return all(map(_plain, value))
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _name(f) -> str:
