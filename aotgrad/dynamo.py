@@ -284,12 +284,14 @@ def _symbolic_values(value) -> list:
 def compile_settings(mode: str | None, options: dict | None) -> dict[str, Any]:
     """torch.compile's `mode` and `options` as the Inductor settings they stand for, as
     `backend="inductor"` takes them; an `aotgrad:` error for an unknown mode or setting."""
+    if mode in (None, "default") and not options:  # without importing Inductor (eager backend)
+        return {}
     from torch._inductor import config, list_mode_options
     try:
         settings = {**list_mode_options(mode or "default"), **(options or {})}
     except RuntimeError as exc:  # torch's message lists its modes
         raise ValueError(f"aotgrad: torch.compile(mode={mode!r}): {exc}") from None
-    unknown = settings and sorted(set(settings) - set(config.get_config_copy()))
+    unknown = sorted(set(settings) - set(config.get_config_copy()))
     if unknown:
         raise ValueError(
             f"aotgrad: torch.compile(options=...) has {', '.join(map(repr, unknown))}, which "
