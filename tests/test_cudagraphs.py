@@ -38,6 +38,11 @@ DOORS = {
     "options": lambda m, be: torch.compile(m, backend=aotgrad.backend(backend=be),
                                            options={"triton.cudagraphs": True}),
 }
+# Doors whose mode also sets Inductor's own settings: the inductor backend only.
+INDUCTOR_DOORS = {
+    "max-autotune": lambda m, be: torch.compile(m, backend=aotgrad.backend(backend=be),
+                                                mode="max-autotune"),
+}
 
 
 def train_and_compare(door: str, backend: str, device: str, steps: int = 4,
@@ -47,7 +52,7 @@ def train_and_compare(door: str, backend: str, device: str, steps: int = 4,
     torch._dynamo.reset()
     eager = net(device)
     compiled_net = net(device)
-    model = DOORS[door](compiled_net, backend)
+    model = {**DOORS, **INDUCTOR_DOORS}[door](compiled_net, backend)
     for k in range(steps):
         if not accumulate:  # as optimizer.zero_grad() does by default
             eager.zero_grad(set_to_none=True)
@@ -173,6 +178,15 @@ def test_cuda_training_steps_match_eager(door, backend, caplog):
     assert not skips(caplog)
     assert torch._inductor.cudagraph_trees.get_manager(0, create_if_none_exists=False) \
         is not None
+
+
+@requires_cuda
+def test_cuda_max_autotune_trains_as_eager(caplog):
+    """mode="max-autotune": aotgrad's CUDA graphs, Inductor's autotuned matmuls and
+    coordinate-descent tuning (backends/settings.py)."""
+    with caplog.at_level(logging.WARNING, logger="aotgrad"):
+        train_and_compare("max-autotune", "inductor", "cuda", steps=4)
+    assert not skips(caplog)
 
 
 @requires_cuda
