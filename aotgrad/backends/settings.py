@@ -19,6 +19,8 @@ class WithInductorSettings:
 
     step: Callable
     settings: tuple[tuple[str, Any], ...]
+    # As the Inductor compiler's own marks say: it records CUDA graphs itself, and it leaves
+    # the graph it is given as it was.
     records_cudagraphs = True
     keeps_graph = True
 
