@@ -411,7 +411,8 @@ def test_a_backwards_kernels_are_capped_in_the_buffers_they_fuse(monkeypatch, us
 
 
 @pytest.mark.parametrize("mode, options, wanted", [
-    ("max-autotune-no-cudagraphs", None, {"max_autotune": True, "coordinate_descent_tuning": True}),
+    ("max-autotune-no-cudagraphs", None,
+     {"max_autotune": True, "coordinate_descent_tuning": True}),
     (None, {"max_fusion_size": 7}, {"max_fusion_size": 7}),
 ], ids=["mode", "options"])
 def test_torch_compiles_mode_and_options_reach_inductor_at_each_compile(monkeypatch, mode,
