@@ -332,6 +332,24 @@ MHA_CASES = {f"{mode}-{'bf' if bf else 'sf'}-{c.name}": c
              if not (bf and c.name == "no_bias" and context == "no_grad")}
 
 
+# Torch 2.11's Dynamo calls MultiheadAttention's slow path (`F.multi_head_attention_forward`)
+# where eager, in eval without grad, takes the fused fast path: a batch-first output comes out
+# transposed, not contiguous, with backend="eager" too, so before aotgrad sees a graph
+# (`tools/probe34.py` on the GPU machine, session 34); aotgrad's own doors give eager's layout.
+_DYNAMO_211_FAST_PATH = pytest.mark.xfail(
+    torch.__version__ < "2.12", strict=True, raises=AssertionError,
+    reason="torch 2.11's Dynamo takes MultiheadAttention's slow path (transposed batch-first "
+           "output) where eager takes the fast path; backend='eager' too")
+FAST_PATH_CASES = {"eval_no_grad-bf-key_padding", "mha_fast_path", "all_keys_padded_fast_path",
+                   "transposed_input_fast_path"}
+
+
+def through_dynamo_211(request, door, name: str) -> None:
+    """Marks a batch-first fast-path case through Dynamo as torch 2.11's known divergence."""
+    if door in (dynamo, dynamo_dynamic) and name in FAST_PATH_CASES:
+        request.applymarker(_DYNAMO_211_FAST_PATH)
+
+
 # Every form on aotgrad.compile's door; a few on the other two (the same trace behind them).
 OTHER_DOORS = pytest.mark.parametrize("door", [compat, dynamo], ids=["compat", "dynamo"])
 
@@ -345,7 +363,8 @@ def test_multihead_attention_matches_eager(name):
 @pytest.mark.parametrize("name", ["train-bf-both_masks", "train-sf-bias_kv_zero_attn",
                                   "eval-bf-kdim_vdim", "eval_no_grad-bf-key_padding",
                                   "eval_no_grad-sf-per_head_weights"])
-def test_multihead_attention_matches_eager_through_the_other_doors(name, door):
+def test_multihead_attention_matches_eager_through_the_other_doors(name, door, request):
+    through_dynamo_211(request, door, name)
     check_case(MHA_CASES[name], door)
 
 
@@ -491,7 +510,9 @@ DYNAMIC_MODULE_CASES = [
                                   lambda f: aotgrad.compile(f, backend="eager", dynamic=True)],
                          ids=["dynamo", "compile"])
 @pytest.mark.parametrize("case", DYNAMIC_MODULE_CASES, ids=lambda c: c.name)
-def test_attention_modules_with_dynamic_shapes_match_eager_at_a_second_length(case, door):
+def test_attention_modules_with_dynamic_shapes_match_eager_at_a_second_length(case, door,
+                                                                           request):
+    through_dynamo_211(request, door, case.name)
     check_case(case, door)
 
 
@@ -641,7 +662,8 @@ MORE_MHA_CASES = [
 
 @DOORS
 @pytest.mark.parametrize("case", MORE_MHA_CASES, ids=lambda c: c.name)
-def test_multihead_attention_learned_masks_and_empty_rows_match_eager(case, door):
+def test_multihead_attention_learned_masks_and_empty_rows_match_eager(case, door, request):
     """Masks that require grad get eager's gradients; a sequence whose keys are all padded
     gives eager's NaN rows (output and weights), on the slow path and the fast one."""
+    through_dynamo_211(request, door, case.name)
     check_case(case, door)
