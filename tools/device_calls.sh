@@ -34,6 +34,11 @@ cpp33)  # Inductor's C++ wrapper on host-bound steps (session 33: ResNet-50's me
   TAIL=14 step models 575 python bench/models.py --models resnet50,vit_s16 --jobs 4 \
     --modes inductor,aotgrad,inductor_cpp,aotgrad_cpp --budget 300 --timeout 270 \
     --out $OUT/models ;;
+cpp34)  # session 34's cpp33: aotgrad_cpp took ViT-S's step to 0.898x (ResNet-50's 0.994x);
+  # torch's own inductor_cpp failed to compile for training (CudaKernelParamCache). The two
+  # worst host-bound rows, with the C++ wrapper: does it pay there too?
+  TAIL=16 step models 575 python bench/models.py --models deberta_v2,swin_t --jobs 3 \
+    --modes inductor,aotgrad,aotgrad_cpp --budget 300 --timeout 280 --out $OUT/models ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
