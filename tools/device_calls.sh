@@ -39,6 +39,14 @@ cpp34)  # session 34's cpp33: aotgrad_cpp took ViT-S's step to 0.898x (ResNet-50
   # worst host-bound rows, with the C++ wrapper: does it pay there too?
   TAIL=16 step models 575 python bench/models.py --models deberta_v2,swin_t --jobs 3 \
     --modes inductor,aotgrad,aotgrad_cpp --budget 300 --timeout 280 --out $OUT/models ;;
+final34)  # session 34's fixes on torch 2.11 (test_hops collects; the MHA fast path through
+  # Dynamo a strict xfail), then EfficientNet-B0's row at this commit, with the C++ wrapper
+  TAIL=3 step tests 150 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider \
+    -p no:warnings tests/test_hops.py tests/test_attention_semantics.py \
+    -k "hops or fast_path or other_doors or dynamic_shapes"
+  grep -E "(FAILED|ERROR|XPASS)" $OUT/tests.log | sort | uniq | head -20
+  TAIL=16 step models 420 python bench/models.py --models efficientnet_b0 --jobs 3 \
+    --modes inductor,aotgrad,aotgrad_cpp --budget 300 --timeout 400 --out $OUT/models ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
