@@ -336,18 +336,20 @@ MHA_CASES = {f"{mode}-{'bf' if bf else 'sf'}-{c.name}": c
 # where eager, in eval without grad, takes the fused fast path: a batch-first output comes out
 # transposed, not contiguous, with backend="eager" too, so before aotgrad sees a graph
 # (`tools/probe34.py` on the GPU machine, session 34); aotgrad's own doors give eager's layout.
-_DYNAMO_211_FAST_PATH = pytest.mark.xfail(
-    torch.__version__ < "2.12", strict=True, raises=AssertionError,
-    reason="torch 2.11's Dynamo takes MultiheadAttention's slow path (transposed batch-first "
-           "output) where eager takes the fast path; backend='eager' too")
-FAST_PATH_CASES = {"eval_no_grad-bf-key_padding", "mha_fast_path", "all_keys_padded_fast_path",
-                   "transposed_input_fast_path"}
+_DYNAMO_211_REASON = ("torch 2.11's Dynamo takes MultiheadAttention's slow path (transposed "
+                      "batch-first output) where eager takes the fast path; backend='eager' too")
+# The transposed input's case failed so in one 2.11 run (session 34's tests33) and passed in
+# the next (final34), other tests beside it in its worker: not strict until we know why.
+FAST_PATH_CASES = {"eval_no_grad-bf-key_padding": True, "mha_fast_path": True,
+                   "all_keys_padded_fast_path": True, "transposed_input_fast_path": False}
 
 
 def through_dynamo_211(request, door, name: str) -> None:
     """Marks a batch-first fast-path case through Dynamo as torch 2.11's known divergence."""
     if door in (dynamo, dynamo_dynamic) and name in FAST_PATH_CASES:
-        request.applymarker(_DYNAMO_211_FAST_PATH)
+        request.applymarker(pytest.mark.xfail(
+            torch.__version__ < "2.12", strict=FAST_PATH_CASES[name], raises=AssertionError,
+            reason=_DYNAMO_211_REASON))
 
 
 # Every form on aotgrad.compile's door; a few on the other two (the same trace behind them).
