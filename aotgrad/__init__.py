@@ -30,7 +30,8 @@ __all__ = ["compile", "backend", "explain", "Explanation", "CompiledFunction", "
 def backend(**options):
     """A Dynamo backend with these options: `torch.compile(m, backend=aotgrad.backend(...))`.
     They are `aotgrad.compile`'s: backend, partitioner, memory_budget, decompositions,
-    keep_inference_input_mutations, compile_backward, cudagraphs."""
+    keep_inference_input_mutations, compile_backward, cudagraphs, mode, options (torch.compile's
+    own `mode` and `options` are applied over these two)."""
     from .dynamo import make_backend
     unknown = sorted(set(options) - set(make_backend.__kwdefaults__))
     if unknown:

@@ -28,6 +28,7 @@ from torch.nn.utils._named_member_accessor import swap_tensor
 from . import check
 from .semantics.aliasing import AliasingChanged, alias_pattern
 from .backends.compilers import resolve_backend
+from .backends.settings import compile_settings, with_inductor_settings
 from .capture.inputs import TRACES, flatten, lift_state, state_swapped
 from .partition.budget import budget_partition
 from .runtime.guards import (MISS, function_modes_on, make_guard, make_guarded_run,
@@ -513,17 +514,32 @@ def choose_partitioner(partitioner: Callable | None, memory_budget: float | None
 def checked_options(where: str, *, backend: Any, partitioner: Callable | None,
                     memory_budget: float | None, decompositions, dynamic: bool = False,
                     keep_inference_input_mutations: bool = False, max_entries: int = 1,
-                    compile_backward: str = "lazy", cudagraphs: bool = False) -> Options:
-    """The Options of `aotgrad.compile` and `aotgrad.backend`, each argument checked first."""
+                    compile_backward: str = "lazy", cudagraphs: bool = False,
+                    mode: str | None = None, options: dict | None = None) -> Options:
+    """The Options of `aotgrad.compile` and `aotgrad.backend`, each argument checked first;
+    `mode` and `options` are torch.compile's (backends/settings.py)."""
     check.compile_options(where, partitioner=partitioner, memory_budget=memory_budget,
                           decompositions=decompositions, dynamic=dynamic,
                           keep_inference_input_mutations=keep_inference_input_mutations,
-                          max_entries=max_entries)
+                          max_entries=max_entries, mode=mode, options=options)
     check.flag(where, "cudagraphs", cudagraphs)
-    return Options(resolve_backend(backend, decompositions),
+    base = Options(resolve_backend(backend, decompositions),
                    choose_partitioner(partitioner, memory_budget),
                    keep_inference_input_mutations, dynamic=dynamic,
                    compile_backward=compile_backward, cudagraphs=cudagraphs)
+    return with_settings(base, compile_settings(mode, options))
+
+
+def with_settings(base: Options, settings: dict[str, Any]) -> Options:
+    """`base` under Inductor `settings` (`compile_settings`'s): "triton.cudagraphs" turns on
+    aotgrad's own CUDA graphs (backends/cudagraphs.py), the others reach Inductor."""
+    settings = dict(settings)
+    cudagraphs = settings.pop("triton.cudagraphs", None)
+    if cudagraphs is None:
+        cudagraphs = base.cudagraphs
+    check.flag("options", "triton.cudagraphs", cudagraphs)
+    return dataclasses.replace(base, backend=with_inductor_settings(base.backend, settings),
+                               cudagraphs=cudagraphs)
 
 
 def compile(fn_or_module: Callable, *, backend: Any = "inductor",
@@ -531,7 +547,7 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
             decompositions=None, dynamic: bool = False,
             keep_inference_input_mutations: bool = False,
             max_entries: int = DEFAULT_MAX_ENTRIES, compile_backward: str = "lazy",
-            cudagraphs: bool = False):
+            cudagraphs: bool = False, mode: str | None = None, options: dict | None = None):
     """Compile a function or module ahead of time for training and inference.
 
     `partitioner` decides what the forward saves for the backward (default: the min-cut
@@ -542,7 +558,9 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     `cudagraphs=True` replays each graph on CUDA from a recorded CUDA graph (torch's
     `mode="reduce-overhead"`): a module's parameters and buffers are recorded in place,
     other inputs are copied in; where a graph cannot be recorded it runs as compiled and
-    the "aotgrad" logger says why (backends/cudagraphs.py).
+    the "aotgrad" logger says why (backends/cudagraphs.py). `mode` and `options` are
+    torch.compile's, for Inductor (`mode="max-autotune"`, `options={"cpp_wrapper": True}`;
+    `mode="reduce-overhead"` is `cudagraphs=True`).
 
     >>> import torch, aotgrad
     >>> f = aotgrad.compile(lambda x: (x.sin() * 2).sum(), backend="eager")
@@ -556,7 +574,7 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
         "compile", backend=backend, partitioner=partitioner, memory_budget=memory_budget,
         decompositions=decompositions, dynamic=dynamic, max_entries=max_entries,
         keep_inference_input_mutations=keep_inference_input_mutations,
-        compile_backward=compile_backward, cudagraphs=cudagraphs)
+        compile_backward=compile_backward, cudagraphs=cudagraphs, mode=mode, options=options)
     if isinstance(fn_or_module, torch.nn.Module):
         check.not_data_parallel("compile", fn_or_module)
         return CompiledModule(fn_or_module, options, max_entries)

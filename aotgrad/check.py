@@ -73,9 +73,13 @@ def decomposition_table(where: str, value: Any) -> None:
 
 
 def compile_options(where: str, *, partitioner=None, memory_budget=None, decompositions=None,
-                    dynamic=False, keep_inference_input_mutations=False, max_entries=1) -> None:
+                    dynamic=False, keep_inference_input_mutations=False, max_entries=1,
+                    mode=None, options=None) -> None:
     """The options `aotgrad.compile` and `aotgrad.backend` share (the backend and
-    compile_backward are checked where they are resolved, with their own messages)."""
+    compile_backward are checked where they are resolved, with their own messages; the
+    names in `mode` and `options`, where they are read)."""
+    optional_type(where, "mode", mode, str, "a torch.compile mode ('max-autotune', ...)")
+    optional_type(where, "options", options, Mapping, "a dict of Inductor settings")
     function(where, "partitioner", partitioner, optional=True)
     budget(where, memory_budget)
     decomposition_table(where, decompositions)

@@ -24,8 +24,8 @@ from . import check
 from .capture.kernel_choice import fold_constant_masks
 from .semantics import hops
 from .semantics.aliasing import AliasingChanged
-from .api import CompiledFunction, checked_options
-from .backends.settings import with_inductor_settings
+from .api import CompiledFunction, checked_options, with_settings
+from .backends.settings import compile_settings
 from .semantics.dynamic import (falls_back_to_static, is_symbolic, item_symbol,
                                 warn_static_fallback)
 from .pipeline import Options, compile_call
@@ -36,12 +36,17 @@ from .runtime.guards import function_modes_off, function_modes_on, under_a_funct
 def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = None,
                  memory_budget: float | None = None, decompositions=None,
                  keep_inference_input_mutations: bool = False,
-                 compile_backward: str = "lazy", cudagraphs: bool = False) -> Callable:
+                 compile_backward: str = "lazy", cudagraphs: bool = False,
+                 mode: str | None = None, options: dict | None = None) -> Callable:
     made_with = dict(backend=backend, partitioner=partitioner, memory_budget=memory_budget,
                      decompositions=decompositions,
                      keep_inference_input_mutations=keep_inference_input_mutations,
                      compile_backward=compile_backward, cudagraphs=cudagraphs)
+    # Without the settings: each graph's join torch.compile's own, which win.
     base = checked_options("backend", **made_with)
+    checked_options("backend", **made_with, mode=mode, options=options)  # refused here, now
+    own = compile_settings(mode, options)
+    made_with.update(mode=mode, options=options)
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *,
                                mode: str | None = None, options: dict | None = None):
@@ -54,7 +59,8 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                 aotgrad_dynamo_backend, mode=mode, options=options))
         hops.refuse_in_graph(gm.graph)
         fold_constant_masks(gm)
-        graph_options = replace(with_compile_settings(base, mode, options),
+        settings = {**own, **compile_settings(mode, options)}
+        graph_options = replace(with_settings(base, settings),
                                 static_inputs=dynamo_static_inputs(gm, example_inputs),
                                 input_names=_user_names(gm))
         fakes = dynamo_fakes(gm, example_inputs)
@@ -279,37 +285,6 @@ def _symbolic_values(value) -> list:
     there (a `nonstrict_trace` call's pytree spec), which hold no symbols."""
     kinds = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
     return [v for v in pytree.tree_leaves(value) if isinstance(v, kinds)]
-
-
-def compile_settings(mode: str | None, options: dict | None) -> dict[str, Any]:
-    """torch.compile's `mode` and `options` as the Inductor settings they stand for, as
-    `backend="inductor"` takes them; an `aotgrad:` error for an unknown mode or setting."""
-    if mode in (None, "default") and not options:  # without importing Inductor (eager backend)
-        return {}
-    from torch._inductor import config, list_mode_options
-    try:
-        settings = {**list_mode_options(mode or "default"), **(options or {})}
-    except RuntimeError as exc:  # torch's message lists its modes
-        raise ValueError(f"aotgrad: torch.compile(mode={mode!r}): {exc}") from None
-    unknown = sorted(set(settings) - set(config.get_config_copy()))
-    if unknown:
-        raise ValueError(
-            f"aotgrad: torch.compile(options=...) has {', '.join(map(repr, unknown))}, which "
-            "is not an Inductor setting. Pass aotgrad's own options through "
-            "aotgrad.backend(...).")
-    return settings
-
-
-def with_compile_settings(base: Options, mode: str | None, options: dict | None) -> Options:
-    """`base` with torch.compile's `mode` and `options`: "triton.cudagraphs" turns on
-    aotgrad's own CUDA graphs (backends/cudagraphs.py), the other settings reach Inductor."""
-    settings = compile_settings(mode, options)
-    cudagraphs = settings.pop("triton.cudagraphs", None)
-    if cudagraphs is None:
-        cudagraphs = base.cudagraphs
-    check.flag("torch.compile options", "triton.cudagraphs", cudagraphs)
-    return replace(base, backend=with_inductor_settings(base.backend, settings),
-                   cudagraphs=cudagraphs)
 
 
 def unbox_list_inputs(gm: torch.fx.GraphModule, example_inputs, compile_flat: Callable

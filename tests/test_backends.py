@@ -410,13 +410,23 @@ def test_a_backwards_kernels_are_capped_in_the_buffers_they_fuse(monkeypatch, us
     assert seen == {"forward": users_cap, "backward": users_cap or BACKWARD_KERNEL_BUFFERS}
 
 
+SETTINGS_DOORS = {  # torch.compile's mode and options, on each door that takes them
+    "torch.compile": lambda f, mode, options: torch.compile(f, backend="aotgrad", mode=mode,
+                                                            options=options),
+    "aotgrad.compile": lambda f, mode, options: aotgrad.compile(f, mode=mode, options=options),
+    "aotgrad.backend": lambda f, mode, options: torch.compile(
+        f, backend=aotgrad.backend(mode=mode, options=options)),
+}
+
+
+@pytest.mark.parametrize("door", list(SETTINGS_DOORS))
 @pytest.mark.parametrize("mode, options, wanted", [
     ("max-autotune-no-cudagraphs", None,
      {"max_autotune": True, "coordinate_descent_tuning": True}),
     (None, {"max_fusion_size": 7}, {"max_fusion_size": 7}),
 ], ids=["mode", "options"])
 def test_torch_compiles_mode_and_options_reach_inductor_at_each_compile(monkeypatch, mode,
-                                                                        options, wanted):
+                                                                        options, wanted, door):
     """As with backend="inductor": the forward's compile and the backward's, which comes
     later (at the first backward), both run under the settings; values stay eager's."""
     import torch._inductor.compile_fx as compile_fx
@@ -435,8 +445,7 @@ def test_torch_compiles_mode_and_options_reach_inductor_at_each_compile(monkeypa
     monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
     monkeypatch.setattr(joint_graph, "joint_graph_passes", spy_passes)
     torch._dynamo.reset()
-    f = torch.compile(lambda t: (t.sin() * t).exp(), backend="aotgrad", mode=mode,
-                      options=options)
+    f = SETTINGS_DOORS[door](lambda t: (t.sin() * t).exp(), mode, options)
     x = torch.randn(4, 8, requires_grad=True)
     with inductor_config.patch(force_disable_caches=True):
         out = f(x)
@@ -450,16 +459,49 @@ def test_torch_compiles_mode_and_options_reach_inductor_at_each_compile(monkeypa
     assert not any(getattr(inductor_config, k) == v for k, v in wanted.items())  # put back
 
 
+def test_torch_compiles_settings_win_over_the_backends_own(monkeypatch):
+    """`aotgrad.backend(options=...)` sets the defaults of its graphs; torch.compile's
+    `options` for one model change the settings it names, and only those."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+    seen, inner = [], compile_fx.compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append((inductor_config.max_fusion_size, inductor_config.epilogue_fusion))
+        return inner(gm, example_inputs, **kwargs)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
+    torch._dynamo.reset()
+    chosen = aotgrad.backend(options={"max_fusion_size": 7, "epilogue_fusion": False})
+    f = torch.compile(lambda t: t.sin() * 2, backend=chosen, options={"max_fusion_size": 9})
+    with inductor_config.patch(force_disable_caches=True), torch.no_grad():
+        f(torch.randn(4))
+    assert seen == [(9, False)]
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"options": "cpp_wrapper"}, TypeError, "compile: options must be a dict of Inductor"),
+    ({"mode": 1}, TypeError, "compile: mode must be a torch.compile mode"),
+    ({"mode": "fastest"}, ValueError, "mode='fastest'.*max-autotune"),
+    ({"options": {"max_autotuning": True}}, ValueError, "'max_autotuning', which is not an"),
+    ({"backend": "eager", "mode": "max-autotune"}, ValueError, "does not compile with Induc"),
+    ({"options": {"freezing": True}}, ValueError, "'freezing' acts before the graph compile"),
+])
+def test_aotgrad_compile_refuses_settings_it_cannot_apply_when_called(kwargs, error, match):
+    with pytest.raises(error, match=f"aotgrad: .*{match}"):
+        aotgrad.compile(lambda t: t.sin(), **kwargs)
+    with pytest.raises(error, match=f"aotgrad: .*{match.replace('compile:', 'backend:')}"):
+        aotgrad.backend(**kwargs)
+
+
 def test_inductor_settings_enter_aotgrads_cache_key():
     """A compile under other Inductor settings never loads another's entry: the settings
     are part of the key, and the default key is as it was."""
     from aotgrad.cache.key import backend_components
-    from aotgrad.dynamo import with_compile_settings
-    base = aotgrad.api.checked_options("backend", backend="inductor", partitioner=None,
-                                       memory_budget=None, decompositions=None)
-    default = dict(backend_components(with_compile_settings(base, None, None).backend))
-    tuned = dict(backend_components(with_compile_settings(base, None,
-                                                          {"max_fusion_size": 7}).backend))
+    def options(**settings):
+        return aotgrad.api.checked_options("compile", backend="inductor", partitioner=None,
+                                           memory_budget=None, decompositions=None, **settings)
+    default = dict(backend_components(options().backend))
+    tuned = dict(backend_components(options(options={"max_fusion_size": 7}).backend))
     assert "inductor settings" not in default
     assert tuned["inductor settings"] == "(('max_fusion_size', 7),)"
 

@@ -17,7 +17,6 @@ from torch import nn
 import aotgrad
 from aotgrad.backends.cudagraphs import fallback_reasons, mutated_inputs
 from aotgrad.api import checked_options
-from aotgrad.dynamo import with_compile_settings
 from harness import requires_cuda
 
 SKIP_MESSAGE = "runs without a CUDA graph"
@@ -142,9 +141,9 @@ def test_mutated_inputs_found_in_graph():
     ("reduce-overhead", {"triton.cudagraphs": False}, False),
 ])
 def test_modes_and_options(mode, options, wanted):
-    base = checked_options("backend", backend="inductor", partitioner=None, memory_budget=None,
-                           decompositions=None)
-    assert with_compile_settings(base, mode, options).cudagraphs is wanted
+    chosen = checked_options("compile", backend="inductor", partitioner=None,
+                             memory_budget=None, decompositions=None, mode=mode, options=options)
+    assert chosen.cudagraphs is wanted
 
 
 @pytest.mark.parametrize("backend, mode, options, match", [

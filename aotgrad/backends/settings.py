@@ -64,3 +64,23 @@ def with_inductor_settings(backend: Backend, settings: dict) -> Backend:
     passes = backend.graph_passes and WithInductorSettings(backend.graph_passes, frozen)
     return replace(backend, fw_compiler=compiler, bw_compiler=compiler,
                    inference_compiler=compiler, graph_passes=passes)
+
+
+def compile_settings(mode: str | None, options: dict | None) -> dict[str, Any]:
+    """torch.compile's `mode` and `options` as the Inductor settings they stand for, as
+    `backend="inductor"` takes them; an `aotgrad:` error for an unknown mode or setting."""
+    if mode in (None, "default") and not options:  # without importing Inductor (eager backend)
+        return {}
+    from torch._inductor import config, list_mode_options
+    try:
+        settings = {**list_mode_options(mode or "default"), **(options or {})}
+    except RuntimeError as exc:  # torch's message lists its modes
+        raise ValueError(f"aotgrad: mode={mode!r}: {exc}") from None
+    unknown = sorted(set(settings) - set(config.get_config_copy()))
+    if unknown:
+        raise ValueError(
+            f"aotgrad: options has {', '.join(map(repr, unknown))}, which is not an Inductor "
+            "setting (aotgrad's own options are keyword arguments of aotgrad.compile and "
+            "aotgrad.backend)")
+    return settings
+
