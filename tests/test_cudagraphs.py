@@ -30,6 +30,7 @@ def net(device: str = "cpu") -> nn.Module:
 
 DOORS = {
     "compile": lambda m, be: aotgrad.compile(m, backend=be, cudagraphs=True),
+    "compile(mode)": lambda m, be: aotgrad.compile(m, backend=be, mode="reduce-overhead"),
     "backend()": lambda m, be: torch.compile(m, backend=aotgrad.backend(backend=be,
                                                                         cudagraphs=True)),
     "reduce-overhead": lambda m, be: torch.compile(
@@ -41,6 +42,7 @@ DOORS = {
 INDUCTOR_DOORS = {
     "max-autotune": lambda m, be: torch.compile(m, backend=aotgrad.backend(backend=be),
                                                 mode="max-autotune"),
+    "compile(max-autotune)": lambda m, be: aotgrad.compile(m, backend=be, mode="max-autotune"),
 }
 
 
@@ -180,12 +182,32 @@ def test_cuda_training_steps_match_eager(door, backend, caplog):
 
 
 @requires_cuda
-def test_cuda_max_autotune_trains_as_eager(caplog):
+@pytest.mark.parametrize("door", list(INDUCTOR_DOORS))
+def test_cuda_max_autotune_trains_as_eager(door, caplog):
     """mode="max-autotune": aotgrad's CUDA graphs, Inductor's autotuned matmuls and
     coordinate-descent tuning (backends/settings.py)."""
     with caplog.at_level(logging.WARNING, logger="aotgrad"):
-        train_and_compare("max-autotune", "inductor", "cuda", steps=4)
+        train_and_compare(door, "inductor", "cuda", steps=4)
     assert not skips(caplog)
+
+
+@requires_cuda
+@pytest.mark.parametrize("compile_", [
+    lambda m: aotgrad.compile(m, options={"cpp_wrapper": True}),
+    lambda m: torch.compile(m, backend="aotgrad", options={"cpp_wrapper": True})],
+    ids=["compile", "dynamo"])
+def test_cuda_cpp_wrapper_trains_as_eager(compile_):
+    """Inductor's C++ wrapper, which launches the kernels from C++ (host-bound steps); torch
+    2.11's own `backend="inductor"` failed to compile a training step with it
+    (bench/results/h200-2026-12-01-session34)."""
+    torch._dynamo.reset()
+    eager, compiled_net = net("cuda"), net("cuda")
+    model = compile_(compiled_net)
+    for k in range(3):
+        x = torch.randn(8, 8, device="cuda")
+        eager(x).square().mean().backward()
+        model(x).square().mean().backward()
+        compare_state(eager, compiled_net, f"step {k}")
 
 
 @requires_cuda
@@ -200,7 +222,7 @@ def test_cuda_new_shape_records_again(backend, caplog):
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 @pytest.mark.parametrize("door", DOORS)
 def test_cuda_gradient_accumulation(door, backend, request):
-    if door != "compile":
+    if door not in ("compile", "compile(mode)"):
         # Dynamo starts a new generation of the cudagraph tree at each call: a .grad that
         # autograd took from the previous backward's pool memory is freed then. Torch's
         # reduce-overhead behaves the same and raises this error (it is not silent).
