@@ -47,6 +47,10 @@ final34)  # session 34's fixes on torch 2.11 (test_hops collects; the MHA fast p
   grep -E "(FAILED|ERROR|XPASS)" $OUT/tests.log | sort | uniq | head -20
   TAIL=16 step models 420 python bench/models.py --models efficientnet_b0 --jobs 3 \
     --modes inductor,aotgrad,aotgrad_cpp --budget 300 --timeout 400 --out $OUT/models ;;
+cudagraphs34)  # session 34's native-door modes and the C++ wrapper on the GPU
+  TAIL=3 step tests 240 python -m pytest -n 6 -v -o addopts= -p no:cacheprovider \
+    -p no:warnings tests/test_cudagraphs.py
+  grep -E "(FAILED|ERROR|XPASS)" $OUT/tests.log | sort | uniq | head -20 ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
