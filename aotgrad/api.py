@@ -570,12 +570,12 @@ def compile(fn_or_module: Callable, *, backend: Any = "inductor",
     True
     """
     check.function_or_module("compile", fn_or_module)
-    options = checked_options(
+    chosen = checked_options(
         "compile", backend=backend, partitioner=partitioner, memory_budget=memory_budget,
         decompositions=decompositions, dynamic=dynamic, max_entries=max_entries,
         keep_inference_input_mutations=keep_inference_input_mutations,
         compile_backward=compile_backward, cudagraphs=cudagraphs, mode=mode, options=options)
     if isinstance(fn_or_module, torch.nn.Module):
         check.not_data_parallel("compile", fn_or_module)
-        return CompiledModule(fn_or_module, options, max_entries)
-    return CompiledFunction(fn_or_module, options, max_entries, watch_reads=True)
+        return CompiledModule(fn_or_module, chosen, max_entries)
+    return CompiledFunction(fn_or_module, chosen, max_entries, watch_reads=True)

@@ -42,9 +42,10 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                      decompositions=decompositions,
                      keep_inference_input_mutations=keep_inference_input_mutations,
                      compile_backward=compile_backward, cudagraphs=cudagraphs)
-    # Without the settings: each graph's join torch.compile's own, which win.
     base = checked_options("backend", **made_with)
-    checked_options("backend", **made_with, mode=mode, options=options)  # refused here, now
+    # The backend's own mode and options, refused here if they must be; each graph applies
+    # them with torch.compile's, which win where both name a setting.
+    checked_options("backend", **made_with, mode=mode, options=options)
     own = compile_settings(mode, options)
     made_with.update(mode=mode, options=options)
 

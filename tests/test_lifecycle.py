@@ -88,7 +88,8 @@ def test_an_ema_model_deep_copied_from_the_compiled_one_after_steps_trains_as_ea
                                list(eager_ema.state_dict().values()))
 
 
-@pytest.mark.parametrize("door", ["native", "native_budget", "dynamo", "dynamo_options"])
+@pytest.mark.parametrize("door", ["native", "native_budget", "native_settings", "dynamo",
+                                  "dynamo_options", "dynamo_settings"])
 def test_a_compiled_model_saved_whole_after_its_first_call_loads_and_trains_as_eager(
         door, tmp_path):
     """torch.save(compiled) raised: the native door's entries hold locks and generated
@@ -100,7 +101,11 @@ def test_a_compiled_model_saved_whole_after_its_first_call_loads_and_trains_as_e
             "native_budget": lambda m: aotgrad.compile(m, memory_budget=0.5, backend="eager"),
             "dynamo": lambda m: torch.compile(m, backend="aotgrad"),
             "dynamo_options": lambda m: torch.compile(m, backend=aotgrad.backend(
-                backend="eager", memory_budget=0.5))}[door]
+                backend="eager", memory_budget=0.5)),
+            # Inductor settings: the compilers that carry them pickle as they are
+            "native_settings": lambda m: aotgrad.compile(m, options={"max_fusion_size": 7}),
+            "dynamo_settings": lambda m: torch.compile(m, backend=aotgrad.backend(
+                options={"max_fusion_size": 7}))}[door]
     xs = [torch.randn(5, 4) for _ in range(4)]
     eager, mine = _net(), _net()
     compiled = make(mine)

@@ -83,4 +83,3 @@ def compile_settings(mode: str | None, options: dict | None) -> dict[str, Any]:
             "setting (aotgrad's own options are keyword arguments of aotgrad.compile and "
             "aotgrad.backend)")
     return settings
-
