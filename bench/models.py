@@ -177,7 +177,8 @@ def merge_processes(runs: list[dict]) -> dict:
                 row[key] = statistics.median(r[key] for r in rows)
         row["min_ms"] = min((r["min_ms"] for r in rows), default=row.get("min_ms"))
         row.pop("samples_ms", None)
-    merged["processes"] = [{mode: {k: row.get(k) for k in ("step_ms", "host_ms", "min_ms")}
+    merged["processes"] = [{mode: {k: row.get(k) for k in ("step_ms", "host_ms", "min_ms",
+                                                           "allocator_calls_per_step")}
                             for mode, row in r["modes"].items()} for r in ok]
     merged["elapsed_s"] = sum(r.get("elapsed_s", 0) for r in runs)
     return merged
@@ -273,6 +274,8 @@ def summarize(timed: list[dict]) -> dict:
                               for t in timed]}
     if "peak_above_mb" in timed[0]:
         summary["peak_above_mb"] = max(t["peak_above_mb"] for t in timed)
+        summary["allocator_calls_per_step"] = {
+            k: statistics.mean(t[k] for t in timed) for k in interleaved.ALLOCATOR_CALLS}
     return summary
 
 

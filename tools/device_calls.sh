@@ -51,6 +51,20 @@ cudagraphs34)  # session 34's native-door modes and the C++ wrapper on the GPU
   TAIL=3 step tests 240 python -m pytest -n 6 -v -o addopts= -p no:cacheprovider \
     -p no:warnings tests/test_cudagraphs.py
   grep -E "(FAILED|ERROR|XPASS)" $OUT/tests.log | sort | uniq | head -20 ;;
+alloc35)  # next session: DeBERTa-v2's host-bound step, ours 47.5 ms of host a step in the
+  # interleaved process and 29.3 alone (session 34): does either mode call the driver's
+  # allocator in steady steps (`allocator_calls_per_step` in the JSON, per mode), and does
+  # that move with the process? Two interleaved processes, one cold compile at a time.
+  TAIL=14 step models 575 python bench/models.py --models deberta_v2 --modes inductor,aotgrad \
+    --jobs 1 --budget 200 --timeout 560 --processes 2 --out $OUT/models
+  python - $OUT/models/deberta_v2.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))["interleaved"]
+for k, process in enumerate(d.get("processes") or [d.get("modes", {})]):
+    for mode, row in process.items():
+        print(k, mode, row.get("step_ms"), row.get("host_ms"), row.get("allocator_calls_per_step"))
+PY
+  ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
