@@ -68,25 +68,17 @@ def take_turns(stepping: dict, rounds: int, steps: int, cuda: bool) -> dict[str,
     return times
 
 
-# The caching allocator's calls into the driver: a steady step should make none. One that
-# does (cudaMalloc, cudaFree, a retry after freeing the cache) spends host time, and which
-# blocks are cached depends on what the other modes of the process left (a host-bound step's
-# ratio moves with the process: issue 20, DeBERTa-v2).
-ALLOCATOR_CALLS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
-
-
 def _turn(step, steps: int, cuda: bool) -> list[dict]:
     """On CUDA each step also carries `peak_above_mb`: the turn's peak allocated memory above
     what was allocated when the turn began (the other modes' models stay resident), and the
-    turn's allocator calls per step (`ALLOCATOR_CALLS`)."""
+    turn's allocator calls per step (`bench.allocator_calls`)."""
     if not cuda:
         return [bench.time_step(step, cuda) for _ in range(steps)]
     torch.cuda.reset_peak_memory_stats()
     resident = torch.cuda.memory_allocated()
     before = torch.cuda.memory_stats()
     timed = [bench.time_step(step, cuda) for _ in range(steps)]
-    after = torch.cuda.memory_stats()
-    calls = {k: (after.get(k, 0) - before.get(k, 0)) / steps for k in ALLOCATOR_CALLS}
+    calls = bench.allocator_calls(before, steps)
     above = (torch.cuda.max_memory_allocated() - resident) / 2**20
     return [{**t, "peak_above_mb": above, **calls} for t in timed]
 

@@ -275,7 +275,7 @@ def summarize(timed: list[dict]) -> dict:
     if "peak_above_mb" in timed[0]:
         summary["peak_above_mb"] = max(t["peak_above_mb"] for t in timed)
         summary["allocator_calls_per_step"] = {
-            k: statistics.mean(t[k] for t in timed) for k in interleaved.ALLOCATOR_CALLS}
+            k: statistics.mean(t[k] for t in timed) for k in bench.ALLOCATOR_CALLS}
     return summary
 
 

@@ -461,6 +461,19 @@ def exclusive(lock_path: str | None):
     # closing the file releases the lock
 
 
+# The caching allocator's calls into the driver: a steady step should make none. One that
+# does (cudaMalloc, cudaFree, a retry after freeing the cache) spends host time, and which
+# blocks are cached depends on what the other modes of the process left (a host-bound step's
+# ratio moves with the process: issue 20, DeBERTa-v2).
+ALLOCATOR_CALLS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def allocator_calls(before: dict, steps: int) -> dict[str, float]:
+    """`ALLOCATOR_CALLS` a step since `before` (`torch.cuda.memory_stats()`)."""
+    after = torch.cuda.memory_stats()
+    return {k: (after.get(k, 0) - before.get(k, 0)) / steps for k in ALLOCATOR_CALLS}
+
+
 def measure(step, job: Job, lock_path: str | None) -> dict:
     cuda = job.device.startswith("cuda")
     first = time_step(step, cuda)  # compiles
@@ -471,9 +484,11 @@ def measure(step, job: Job, lock_path: str | None) -> dict:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() if cuda else None
+        stats = torch.cuda.memory_stats() if cuda else None
         cpu_before, workers_before = time.process_time(), descendants_cpu_s()
         timed = [time_step(step, cuda) for _ in range(job.steps)]
         cpu_s, workers_after = time.process_time() - cpu_before, descendants_cpu_s()
+        calls = allocator_calls(stats, job.steps) if cuda else None
     median = {k: statistics.median(t[k] for t in timed) for k in ("host", "wall", "step")}
     return {
         "compile_s": first["wall"] - median["wall"], "first_step_s": first["wall"],
@@ -483,6 +498,7 @@ def measure(step, job: Job, lock_path: str | None) -> dict:
         # CUDA graphs' pools: recorded once, reserved ever after, never allocated in a replay
         "reserved_mb": torch.cuda.max_memory_reserved() / 2**20 if cuda else None,
         "base_mb": base / 2**20 if cuda else None, "lock_wait_s": waited,
+        "allocator_calls_per_step": calls,
         # CPU time a timed step, this process's threads together and its children's (compile
         # workers): beside host_ms, whether something besides the step was busy meanwhile.
         "cpu_ms": cpu_s / job.steps * 1e3,

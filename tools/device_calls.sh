@@ -59,8 +59,11 @@ alloc35)  # next session: DeBERTa-v2's host-bound step, ours 47.5 ms of host a s
     --jobs 1 --budget 200 --timeout 560 --processes 2 --out $OUT/models
   python - $OUT/models/deberta_v2.json <<'PY'
 import json, sys
-d = json.load(open(sys.argv[1]))["interleaved"]
-for k, process in enumerate(d.get("processes") or [d.get("modes", {})]):
+d = json.load(open(sys.argv[1]))
+for mode, row in d["cold"].items():  # each mode alone in its process
+    print("cold", mode, row.get("step_ms"), row.get("host_ms"), row.get("allocator_calls_per_step"))
+rows = d["interleaved"]
+for k, process in enumerate(rows.get("processes") or [rows.get("modes", {})]):
     for mode, row in process.items():
         print(k, mode, row.get("step_ms"), row.get("host_ms"), row.get("allocator_calls_per_step"))
 PY
