@@ -126,6 +126,28 @@ def _failures(model: str, phase: str, row: dict) -> list[str]:
             for mode, cell in cells.items() if cell.get("status") != "ok"]
 
 
+def allocator_calls(results: list[dict]) -> list[str]:
+    """One line for each timed row whose steady steps called the driver's allocator
+    (bench/run.py's `allocator_calls`): host time a step should not spend."""
+    lines = []
+    for r in results:
+        cold = r.get("cold", {})
+        rows = [("cold", mode, row) for mode, row in cold.items()]
+        rows += [(f"process {k}", mode, row)
+                 for k, process in enumerate(_interleaved_processes(r.get("interleaved", {})))
+                 for mode, row in process.items()]
+        for where, mode, row in rows:
+            calls = {k: v for k, v in (row.get("allocator_calls_per_step") or {}).items() if v}
+            if calls:
+                lines.append(f"- {r['model']}/{mode} ({where}): "
+                             + ", ".join(f"{k} {v:.2f}" for k, v in calls.items()))
+    return lines
+
+
+def _interleaved_processes(row: dict) -> list[dict]:
+    return row.get("processes") or ([row["modes"]] if row.get("modes") else [])
+
+
 def _commits(results: list[dict]) -> str:
     """The commit each model ran at: a report may merge the directories of several runs."""
     models = {}
@@ -151,6 +173,9 @@ def markdown(results: list[dict]) -> str:
     trouble = problems(results)
     if trouble:
         parts += ["## Not measured", *trouble]
+    calls = allocator_calls(results)
+    if calls:
+        parts += ["## Allocator calls a steady step made (per step)", *calls]
     parts += ["## Notes", *[f"- {n}" for n in NOTES]]
     return "\n\n".join(p for p in _blocks(parts)) + "\n"
 

@@ -109,3 +109,20 @@ def test_several_interleaved_processes_merge_into_each_modes_medians():
     assert [p["aotgrad"]["step_ms"] for p in merged["processes"]] == [50.0, 33.0, 36.0]
     assert "samples_ms" not in merged["modes"]["aotgrad"] and merged["elapsed_s"] == 30.0
     assert models.merge_processes(runs[:1]) == runs[0]  # one process: its own row
+
+
+def test_steady_steps_that_call_the_allocator_are_listed():
+    """A mode whose timed steps called cudaMalloc or cudaFree is named, per process; a mode
+    that called nothing, and a CPU row (no counters), are not."""
+    result = model_json("gpt2")
+    result["cold"]["aotgrad"]["allocator_calls_per_step"] = {
+        "num_device_alloc": 0.0, "num_device_free": 0.0, "num_alloc_retries": 0.0}
+    result["interleaved"] = {"status": "ok", "modes": {}, "processes": [
+        {"inductor": {"allocator_calls_per_step": {"num_device_alloc": 0.0}},
+         "aotgrad": {"allocator_calls_per_step": {"num_device_alloc": 2.5,
+                                                  "num_device_free": 2.0}}},
+        {"aotgrad": {"allocator_calls_per_step": {"num_device_alloc": 0.0}}}]}
+    assert models_report.allocator_calls([result]) == [
+        "- gpt2/aotgrad (process 0): num_device_alloc 2.50, num_device_free 2.00"]
+    assert "## Allocator calls" in models_report.markdown([result])
+    assert "## Allocator calls" not in models_report.markdown([model_json("gpt2")])
