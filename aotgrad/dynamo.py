@@ -41,13 +41,9 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
     made_with = dict(backend=backend, partitioner=partitioner, memory_budget=memory_budget,
                      decompositions=decompositions,
                      keep_inference_input_mutations=keep_inference_input_mutations,
-                     compile_backward=compile_backward, cudagraphs=cudagraphs)
-    base = checked_options("backend", **made_with)
-    # The backend's own mode and options, refused here if they must be; each graph applies
-    # them with torch.compile's, which win where both name a setting.
-    checked_options("backend", **made_with, mode=mode, options=options)
-    own = compile_settings(mode, options)
-    made_with.update(mode=mode, options=options)
+                     compile_backward=compile_backward, cudagraphs=cudagraphs, mode=mode,
+                     options=options)
+    base = checked_options("backend", **made_with)  # each graph adds torch.compile's settings
 
     def aotgrad_dynamo_backend(gm: torch.fx.GraphModule, example_inputs, *,
                                mode: str | None = None, options: dict | None = None):
@@ -60,8 +56,7 @@ def make_backend(*, backend: Any = "inductor", partitioner: Callable | None = No
                 aotgrad_dynamo_backend, mode=mode, options=options))
         hops.refuse_in_graph(gm.graph)
         fold_constant_masks(gm)
-        settings = {**own, **compile_settings(mode, options)}
-        graph_options = replace(with_settings(base, settings),
+        graph_options = replace(with_settings(base, compile_settings(mode, options)),
                                 static_inputs=dynamo_static_inputs(gm, example_inputs),
                                 input_names=_user_names(gm))
         fakes = dynamo_fakes(gm, example_inputs)

@@ -6,8 +6,9 @@
 
 Modes: eager; torch.compile with backend="inductor" and with backend="aotgrad", each also
 with mode="reduce-overhead" (`_ro`: CUDA graphs); on request (`--modes`), each with
-options={"cpp_wrapper": True} (`_cpp`: Inductor's kernels launched from C++). A step is bench/run.py's: forward with the
-loss (bf16 autocast on CUDA), backward, grads set to None; random init, seed 0. Per model:
+options={"cpp_wrapper": True} (`_cpp`: Inductor's kernels launched from C++). A step is
+bench/run.py's: forward with the loss (bf16 autocast on CUDA), backward, grads set to None;
+random init, seed 0. Per model:
 1. cold: each mode in a process of its own with empty Inductor and aotgrad caches
    (bench/run.py's worker, `--jobs` at a time): first-step (compile) seconds, the first
    loss, and the peak memory of the mode alone over a few steps after warm-up.

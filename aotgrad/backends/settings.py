@@ -43,12 +43,14 @@ def is_inductor(compiler: Callable) -> bool:
 
 
 def with_inductor_settings(backend: Backend, settings: dict) -> Backend:
-    """`backend` (Inductor's) compiling under `settings`; an `aotgrad:` error for another
-    backend, or for a setting Inductor reads outside the graph compile."""
+    """`backend` (Inductor's) compiling under `settings`, over those it already had (the
+    new win where both name one: torch.compile's over `aotgrad.backend(options=...)`'s); an
+    `aotgrad:` error for another backend, or for a setting Inductor reads outside the graph
+    compile."""
     if not settings:
         return backend
     compilers = (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)
-    if not all(c is inductor_compiler for c in compilers):
+    if not all(is_inductor(c) for c in compilers):
         raise ValueError(
             f"aotgrad: torch.compile's mode or options ({', '.join(sorted(settings))}) are "
             "Inductor settings, and this aotgrad backend does not compile with Inductor; "
@@ -59,9 +61,11 @@ def with_inductor_settings(backend: Backend, settings: dict) -> Backend:
             f"aotgrad: Inductor's {', '.join(map(repr, outside))} acts before the graph "
             "compile aotgrad hands Inductor, so backend='aotgrad' cannot apply it; use "
             "backend='inductor' for it, or drop it")
-    frozen = tuple(sorted(settings.items()))
+    frozen = tuple(sorted({**dict(getattr(backend.fw_compiler, "settings", ())),
+                           **settings}.items()))
     compiler = WithInductorSettings(inductor_compiler, frozen)
-    passes = backend.graph_passes and WithInductorSettings(backend.graph_passes, frozen)
+    passes = getattr(backend.graph_passes, "step", backend.graph_passes)
+    passes = passes and WithInductorSettings(passes, frozen)
     return replace(backend, fw_compiler=compiler, bw_compiler=compiler,
                    inference_compiler=compiler, graph_passes=passes)
 
