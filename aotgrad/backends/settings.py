@@ -42,6 +42,16 @@ def is_inductor(compiler: Callable) -> bool:
     return inductor_compiler in (compiler, getattr(compiler, "step", None))
 
 
+def settings_of(step: Callable | None) -> tuple[tuple[str, Any], ...]:
+    """The Inductor settings `step` (a compiler or graph passes) runs under."""
+    return step.settings if isinstance(step, WithInductorSettings) else ()
+
+
+def unwrapped(step: Callable | None) -> Callable | None:
+    """`step` without the settings it runs under."""
+    return step.step if isinstance(step, WithInductorSettings) else step
+
+
 def with_inductor_settings(backend: Backend, settings: dict) -> Backend:
     """`backend` (Inductor's) compiling under `settings`, over those it already had (the
     new win where both name one: torch.compile's over `aotgrad.backend(options=...)`'s); an
@@ -61,10 +71,9 @@ def with_inductor_settings(backend: Backend, settings: dict) -> Backend:
             f"aotgrad: Inductor's {', '.join(map(repr, outside))} acts before the graph "
             "compile aotgrad hands Inductor, so backend='aotgrad' cannot apply it; use "
             "backend='inductor' for it, or drop it")
-    frozen = tuple(sorted({**dict(getattr(backend.fw_compiler, "settings", ())),
-                           **settings}.items()))
+    frozen = tuple(sorted({**dict(settings_of(backend.fw_compiler)), **settings}.items()))
     compiler = WithInductorSettings(inductor_compiler, frozen)
-    passes = getattr(backend.graph_passes, "step", backend.graph_passes)
+    passes = unwrapped(backend.graph_passes)
     passes = passes and WithInductorSettings(passes, frozen)
     return replace(backend, fw_compiler=compiler, bw_compiler=compiler,
                    inference_compiler=compiler, graph_passes=passes)

@@ -122,19 +122,19 @@ def backend_components(backend: Backend) -> list[tuple[str, str]]:
     """The compilers by name (they run again on a hit: only the passes before the partition
     are skipped, so those must be known ones), and Inductor's configuration where it runs."""
     from ..backends.compilers import inductor_graph_passes
-    from ..backends.settings import is_inductor
+    from ..backends.settings import is_inductor, settings_of, unwrapped
     compilers = (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)
     names = [_name(c) for c in compilers]
     parts = [("backend", " / ".join(dict.fromkeys(names)))]
-    passes = getattr(backend.graph_passes, "step", backend.graph_passes)  # under settings
+    passes = unwrapped(backend.graph_passes)
     if passes not in (None, inductor_graph_passes):  # a name may hide a closure
         raise codec.Unencodable(f"the backend's own graph passes ({_name(passes)})")
     parts.append(("graph passes", _name(passes)))
     if any(is_inductor(c) for c in compilers):
         parts.append(("inductor config", _inductor_config()))
         # torch.compile's mode and options, which the compilers apply at each compile
-        settings = [c.settings for c in (*compilers, backend.graph_passes)
-                    if hasattr(c, "settings")]
+        settings = [settings_of(c) for c in (*compilers, backend.graph_passes)
+                    if settings_of(c)]
         for name, value in (item for each in settings for item in each):
             if not _plain(value):  # a custom pass's repr names an address, not its code
                 raise codec.Unencodable(f"Inductor's {name} set to {type(value).__name__}")
