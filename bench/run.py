@@ -267,6 +267,10 @@ MODES = {
     "torch_compile_cpp": Mode(lambda model, budget, sink:
                               torch.compile(model, options={"cpp_wrapper": True})),
     "aotgrad_dynamo_cpp": Mode(_aotgrad_dynamo("inductor", options={"cpp_wrapper": True})),
+    # Inductor's combo kernels (independent kernels fused side by side): fewer launches
+    "torch_compile_combo": Mode(lambda model, budget, sink:
+                                torch.compile(model, options={"combo_kernels": True})),
+    "aotgrad_dynamo_combo": Mode(_aotgrad_dynamo("inductor", options={"combo_kernels": True})),
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
@@ -281,6 +285,7 @@ DEFAULT_MODELS = ["gpt2", "resnet50", "mlp", "tiny"]  # bench/models.py runs the
 DEFAULT_MODES = [m for m in MODES
                  if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro",
                               "torch_compile_cpp", "aotgrad_dynamo_cpp",
+                              "torch_compile_combo", "aotgrad_dynamo_combo",
                               "aotgrad_dynamo_spans_saved", "aotgrad_dynamo_no_exchanges",
                               "aotgrad_torch_partition")]
 

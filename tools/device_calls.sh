@@ -68,6 +68,24 @@ for k, process in enumerate(rows.get("processes") or [rows.get("modes", {})]):
         print(k, mode, row.get("step_ms"), row.get("host_ms"), row.get("allocator_calls_per_step"))
 PY
   ;;
+combo35)  # Inductor's combo kernels (independent kernels fused side by side, fewer launches)
+  # on two host-bound steps, for both compilers; and the driver's allocator calls a steady
+  # step makes per mode (alloc35's question), from the same JSON
+  TAIL=16 step models 580 python bench/models.py --models deberta_v2,resnet50 --jobs 4 \
+    --modes inductor,aotgrad,inductor_combo,aotgrad_combo --budget 260 --timeout 290 \
+    --out $OUT/models
+  for m in deberta_v2 resnet50; do python - $OUT/models/$m.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for where in ("cold", "interleaved"):
+    rows = d.get(where, {})
+    rows = rows.get("modes", rows) if where == "interleaved" else rows
+    for mode, row in rows.items():
+        if isinstance(row, dict):
+            print(sys.argv[1].split("/")[-1], where, mode, row.get("step_ms"), row.get("host_ms"),
+                  row.get("allocator_calls_per_step"))
+PY
+  done ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
