@@ -86,6 +86,10 @@ for where in ("cold", "interleaved"):
                   row.get("allocator_calls_per_step"))
 PY
   done ;;
+probe35)  # combo35: aotgrad_combo's cold compile of DeBERTa-v2 gave no result in 290 s
+  # (torch's inductor_combo: 86 s): Python stacks every 45 s show where it is; then ResNet-50's
+  TAIL=30 step deberta 300 python tools/probe35.py deberta_v2 aotgrad_combo
+  TAIL=12 step resnet50 250 python tools/probe35.py resnet50 aotgrad_combo ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
