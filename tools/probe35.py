@@ -3,6 +3,7 @@ kernels spend its time (session 35's combo35: no result after 290 s, where torch
 compiled in 86 s)? One mode per process (`python tools/probe35.py deberta_v2 aotgrad_combo`):
 the Python stacks every 45 s, then the first step's seconds and aotgrad's stage times."""
 import faulthandler
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,9 @@ import models as bench_models  # noqa: E402
 import run as bench  # noqa: E402
 
 model_name, mode = sys.argv[1], sys.argv[2]
-faulthandler.dump_traceback_later(45, repeat=True)
+STACKS = os.environ.get("PROBE_STACKS", "1") == "1"  # faulthandler's dumps crashed 2.11's
+if STACKS:                                          # process twice (probe35, probe35b)
+    faulthandler.dump_traceback_later(45, repeat=True)
 device = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 job = bench.Job(model_name, bench_models.MODES[mode], None, device == "cpu", device, 0, 1)
 model, batch, use_autocast = bench.prepare(job)
