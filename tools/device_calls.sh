@@ -99,6 +99,10 @@ probe35b)  # probe35: aotgrad_combo's DeBERTa-v2 compile waited 4 min on Inducto
     step deberta 300 python tools/probe35.py deberta_v2 aotgrad_combo
   (cd /tmp/ic35 && ls -laRt --time-style=+%T > $OUT/ic35.ls \
     && find . -name "*.py" | tar czf $OUT/ic35.tgz -T -) ;;
+combo35b)  # combo35 on the two host-bound rows whose combo compile may not blow up (DeBERTa-v2's
+  # did: a combo of a looped and a persistent reduction, probe35b): does it pay for aotgrad?
+  TAIL=16 step models 580 python bench/models.py --models resnet50,vit_s16 --jobs 3 \
+    --modes inductor,aotgrad,aotgrad_combo --budget 250 --timeout 280 --out $OUT/models ;;
 spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
