@@ -103,7 +103,7 @@ combo35b)  # combo35 on the two host-bound rows whose combo compile may not blow
   # did: a combo of a looped and a persistent reduction, probe35b): does it pay for aotgrad?
   TAIL=16 step models 580 python bench/models.py --models resnet50,vit_s16 --jobs 3 \
     --modes inductor,aotgrad,aotgrad_combo --budget 250 --timeout 280 --out $OUT/models ;;
-spans32)  # next session: GPT-2's and BERT's residual streams (25 values each) are recomputed
+spans32)  # (session 35 ran it with --timeout 88 a row: saving them did not pay) GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
   # (Their backward was 1.018x and 1.019x torch's partition's, session 22.)
