@@ -885,6 +885,41 @@ def test_a_linears_backward_reads_its_weight_without_undone_transposes():
                 if p not in outputs and getattr(p.args[0], "target", None) == permute]
 
 
+
+def _undone_pairs(graph) -> list:
+    """Views that undo the reordering view they read, outside the graph's outputs."""
+    from aotgrad.backends.passes import _dims_order
+    outputs = set(graph.output_node().all_input_nodes)
+    undone = []
+    for node in graph.nodes:
+        second = _dims_order(node)
+        first = _dims_order(node.args[0]) if second is not None else None
+        if first is not None and node not in outputs and \
+                [first[d] for d in second] == list(range(len(second))):
+            undone.append(node)
+    return undone
+
+
+def test_transpose_pairs_are_undone_for_a_backend_that_runs_each_view():
+    """backend="eager" runs `aten.t` and `aten.transpose` as traced: a linear's backward read
+    its weight through `t(t(w))`, two dispatches a linear. The pair is `w`; mixed pairs and
+    negative dims too, and a gradient keeps its own view, as eager's does."""
+    def fn(x, w, v):
+        y = torch.nn.functional.linear(x, w).transpose(-1, 0)
+        return (y.transpose(1, 0).sin() @ v.transpose(0, 1).t()).sum()
+    args = (torch.randn(5, 8), torch.randn(16, 8, requires_grad=True),
+            torch.randn(16, 3, requires_grad=True))
+    compiled = aotgrad.compile(fn, backend="eager")
+    grads = torch.autograd.grad(compiled(*args), args[1:])
+    expected = torch.autograd.grad(fn(*args), args[1:])
+    for ours, theirs in zip(grads, expected):
+        torch.testing.assert_close(ours, theirs)
+        assert ours.stride() == theirs.stride() and ours._is_view() == theirs._is_view()
+    artifact = compiled.artifacts[0]
+    for graph in (artifact.forward_graph.graph, artifact.backward_graph.graph):
+        assert not _undone_pairs(graph), graph
+
+
 # ---- recomputation that would outlive a kernel ----------------------------------------------
 
 def residual_stream(x, *weights):

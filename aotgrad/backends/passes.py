@@ -42,12 +42,12 @@ def with_code(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def joint_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, copying reshapes made explicit, permute pairs undone, cuDNN
+    """The backend's passes, copying reshapes made explicit, transpose pairs undone, cuDNN
     attention's gradients laid out as it needs, masks and casts the forward may save moved
     next to what they read, then one node per repeated pure computation (cse.py)."""
     gm = backend_passes(backend, scalars_as_tensors(gm))
     split_copying_reshapes(gm)
-    undo_permute_pairs(gm)
+    undo_transpose_pairs(gm)
     attention_grads_laid_like_outputs(gm)
     j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
     hoist_narrow_copies(j)
@@ -146,25 +146,52 @@ def split_copying_reshapes(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-def undo_permute_pairs(gm: fx.GraphModule) -> None:
-    """A permute that undoes the permute it reads is its input: the backward's
-    `mm(grad, permute(permute(w, [1, 0]), [1, 0]))` reads `w`. Inductor's own pattern folds
-    only pairs whose first permute has no other user, and a linear's transposed weight has
-    one in the forward: each linear left two nodes to the backward (196 of the 474 permutes
-    of DeBERTa-v2's), which took their share of Inductor's compile. An output keeps its own
-    view."""
-    aten = torch.ops.aten
+def undo_transpose_pairs(gm: fx.GraphModule) -> None:
+    """A view that puts back the dims the view it reads reordered is that view's input: the
+    backward's `mm(grad, t(t(w)))` reads `w`. Inductor's own pattern folds only permute pairs
+    whose first permute has no other user, and a linear's transposed weight has one in the
+    forward: each linear left two nodes to the backward (196 of the 474 permutes of
+    DeBERTa-v2's), which took their share of Inductor's compile; a backend that runs the
+    graph as it is (backend="eager") ran each. An output keeps its own view."""
     outputs = set(gm.graph.output_node().all_input_nodes)
-    for node in list(gm.graph.find_nodes(op="call_function", target=aten.permute.default)):
-        inner = node.args[0]
-        if node in outputs or not (isinstance(inner, fx.Node) and
-                                   inner.target is aten.permute.default):
+    for node in list(gm.graph.nodes):
+        second = _dims_order(node)
+        if second is None or node in outputs:
             continue
-        first, second = inner.args[1], node.args[1]
-        if all(first[d] == i for i, d in enumerate(second)):
+        inner = node.args[0]
+        first = _dims_order(inner)
+        if first is not None and all(first[d] == i for i, d in enumerate(second)):
             node.replace_all_uses_with(inner.args[0])
             gm.graph.erase_node(node)
     gm.recompile()
+
+
+# The views that only reorder their input's dims: for each, its input's dim at each of its
+# own dims, from the input's rank and the node's arguments.
+_REORDERING_VIEWS = {
+    torch.ops.aten.permute.default: lambda rank, args: [d % rank for d in args[1]],
+    torch.ops.aten.t.default: lambda rank, args: list(range(rank))[::-1],
+    torch.ops.aten.transpose.int: lambda rank, args: _swapped(rank, args[1] % rank,
+                                                              args[2] % rank),
+}
+
+
+def _swapped(rank: int, a: int, b: int) -> list[int]:
+    dims = list(range(rank))
+    dims[a], dims[b] = b, a
+    return dims
+
+
+def _dims_order(node) -> list[int] | None:
+    """Where each dim of `node`'s value comes from in its input's, if `node` is a view that
+    only reorders dims; else None."""
+    order = isinstance(node, fx.Node) and node.op == "call_function" and \
+        _REORDERING_VIEWS.get(node.target)
+    source = order and node.args[0]
+    if not isinstance(source, fx.Node) or "val" not in source.meta:
+        return None
+    rank = source.meta["val"].dim()
+    return order(max(rank, 1), node.args)[:rank]
 
 
 def attention_grads_laid_like_outputs(gm: fx.GraphModule) -> None:
