@@ -7,9 +7,9 @@
 Modes: eager; torch.compile with backend="inductor" and with backend="aotgrad", each also
 with mode="reduce-overhead" (`_ro`: CUDA graphs); on request (`--modes`), each with
 options={"cpp_wrapper": True} (`_cpp`: Inductor's kernels launched from C++) and with
-options={"combo_kernels": True} (`_combo`: independent kernels fused side by side). A step is
-bench/run.py's: forward with the loss (bf16 autocast on CUDA), backward, grads set to None;
-random init, seed 0. Per model:
+options={"combo_kernels": True} (`_combo`: independent kernels fused side by side;
+`aotgrad_combo_pw`: pointwise ones only). A step is bench/run.py's: forward with the loss
+(bf16 autocast on CUDA), backward, grads set to None; random init, seed 0. Per model:
 1. cold: each mode in a process of its own with empty Inductor and aotgrad caches
    (bench/run.py's worker, `--jobs` at a time): first-step (compile) seconds, the first
    loss, and the peak memory of the mode alone over a few steps after warm-up.
@@ -55,7 +55,8 @@ import run as bench  # noqa: E402  (bench/run.py: the models, the modes, the wor
 MODES = {"eager": "eager", "inductor": "torch_compile", "inductor_ro": "torch_compile_ro",
          "aotgrad": "aotgrad_dynamo", "aotgrad_ro": "aotgrad_dynamo_ro",
          "inductor_cpp": "torch_compile_cpp", "aotgrad_cpp": "aotgrad_dynamo_cpp",
-         "inductor_combo": "torch_compile_combo", "aotgrad_combo": "aotgrad_dynamo_combo"}
+         "inductor_combo": "torch_compile_combo", "aotgrad_combo": "aotgrad_dynamo_combo",
+         "aotgrad_combo_pw": "aotgrad_dynamo_combo_pw"}
 MODELS = ["gpt2", "llama", "bert", "resnet50", "efficientnet_b0", "vit_s16", "swin_t",
           "convnext_t", "deberta_v2"]
 SMALL_MODELS = ["tiny"]  # needs neither transformers nor timm; fits 3 min on 2 cores
@@ -298,7 +299,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=bench._names(bench.MODELS))
     p.add_argument("--modes", type=bench._names(MODES),
-                   default=[m for m in MODES if not m.endswith(("_cpp", "_combo"))])
+                   default=[m for m in MODES if not m.endswith(("_cpp", "_combo", "_pw"))])
     p.add_argument("--small", action="store_true", help="tiny models (CPU check)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget", type=float, default=480, help="seconds; no model starts later")

@@ -11,11 +11,12 @@ import math
 from pathlib import Path
 
 MODES = ["eager", "inductor", "inductor_ro", "aotgrad", "aotgrad_ro", "inductor_cpp",
-         "aotgrad_cpp", "inductor_combo", "aotgrad_combo"]
+         "aotgrad_cpp", "inductor_combo", "aotgrad_combo", "aotgrad_combo_pw"]
 REFERENCES = ["inductor", "inductor_ro"]  # every ratio is against each of these
 COLORS = {"eager": "#8c8c8c", "inductor": "#4c72b0", "inductor_ro": "#9ecae9",
           "aotgrad": "#c44e52", "aotgrad_ro": "#f4a6a6", "inductor_cpp": "#2a4d7a",
-          "aotgrad_cpp": "#7a2a2c", "inductor_combo": "#55a868", "aotgrad_combo": "#8172b2"}
+          "aotgrad_cpp": "#7a2a2c", "inductor_combo": "#55a868", "aotgrad_combo": "#8172b2",
+          "aotgrad_combo_pw": "#ccb974"}
 # (name, where the value lives, key): the measures that get ratios
 MEASURES = [("step", "interleaved", "step_ms"), ("peak", "cold", "peak_mb"),
             ("compile", "cold", "compile_s")]

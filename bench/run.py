@@ -271,6 +271,9 @@ MODES = {
     "torch_compile_combo": Mode(lambda model, budget, sink:
                                 torch.compile(model, options={"combo_kernels": True})),
     "aotgrad_dynamo_combo": Mode(_aotgrad_dynamo("inductor", options={"combo_kernels": True})),
+    # pointwise kernels only: session 35's slow combos joined reductions
+    "aotgrad_dynamo_combo_pw": Mode(_aotgrad_dynamo("inductor", options={
+        "combo_kernels": True, "combo_kernels_pointwise_only": True})),
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
@@ -286,6 +289,7 @@ DEFAULT_MODES = [m for m in MODES
                  if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro",
                               "torch_compile_cpp", "aotgrad_dynamo_cpp",
                               "torch_compile_combo", "aotgrad_dynamo_combo",
+                              "aotgrad_dynamo_combo_pw",
                               "aotgrad_dynamo_spans_saved", "aotgrad_dynamo_no_exchanges",
                               "aotgrad_torch_partition")]
 

@@ -103,6 +103,12 @@ combo35b)  # combo35 on the two host-bound rows whose combo compile may not blow
   # did: a combo of a looped and a persistent reduction, probe35b): does it pay for aotgrad?
   TAIL=16 step models 580 python bench/models.py --models resnet50,vit_s16 --jobs 3 \
     --modes inductor,aotgrad,aotgrad_combo --budget 250 --timeout 280 --out $OUT/models ;;
+combo36)  # next session: combo kernels of pointwise kernels only (session 35's slow ones
+  # joined reductions: DeBERTa-v2's compile did not end, ViT-S's step 1.72x; ResNet-50's
+  # step 0.90x of plain aotgrad, compile 0.83x). The option may not exist on 2.11: the log
+  # says so at the first compile.
+  TAIL=20 step models 580 python bench/models.py --models vit_s16,resnet50,deberta_v2 --jobs 3 \
+    --modes inductor,aotgrad,aotgrad_combo_pw --budget 330 --timeout 240 --out $OUT/models ;;
 spans32)  # (session 35 ran it with --timeout 88 a row: saving them did not pay) GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?
