@@ -694,9 +694,12 @@ def test_latest_min_cut_is_minimal_and_past_the_earliest():
 # ---- small values broadcast in the backward -------------------------------------------------
 
 def inductor_decomposed_eager():
+    """The eager backend with Inductor's decompositions: the graphs Inductor would get."""
     from aotgrad.backends.compilers import _inductor_decompositions, eager_compiler
+    from aotgrad.backends.passes import undo_transpose_pairs
     from aotgrad.schema import Backend
-    return Backend(eager_compiler, eager_compiler, eager_compiler, _inductor_decompositions())
+    return Backend(eager_compiler, eager_compiler, eager_compiler, _inductor_decompositions(),
+                   undo_transpose_pairs)
 
 
 def normalize(x, w):

@@ -26,6 +26,7 @@ from torch import fx
 from ..semantics.effects import run_checks_after, split_checks
 from . import cudagraphs, fxcache
 from .layouts import keeping_layout
+from .passes import undo_transpose_pairs
 from ..schema import (DONATED, GRAPH_INFO, INDUCTOR_FX_KEY, OUTPUT_STRIDES, Backend,
                       GraphInfo, is_tangent)
 
@@ -480,7 +481,8 @@ def _cache_key_tag(donated: list[int] | None):
 
 def inductor_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
     """Inductor's joint-graph rewrites: pattern replacements (attention, matmul padding...)
-    and seeded random ops that the forward and a recomputing backward draw alike."""
+    and seeded random ops that the forward and a recomputing backward draw alike; then
+    transposes that undo each other are gone (passes.py)."""
     from torch._guards import detect_fake_mode
     from torch._inductor.fx_passes.joint_graph import joint_graph_passes
     from torch._inductor.virtualized import V
@@ -488,7 +490,8 @@ def inductor_graph_passes(gm: fx.GraphModule) -> fx.GraphModule:
     vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     devices = [v.device for v in vals if isinstance(v, torch.Tensor)]
     with V.set_fake_mode(detect_fake_mode(vals)):
-        return joint_graph_passes(gm, input_device=devices[0] if devices else None)
+        gm = joint_graph_passes(gm, input_device=devices[0] if devices else None)
+    return undo_transpose_pairs(gm)
 
 
 class InductorDecompositions(Mapping):
@@ -525,8 +528,9 @@ def resolve_backend(backend: Any, decompositions: Mapping | None = None) -> Back
     """A backend name, a `Backend`, or one compiler callable used for every graph."""
     if isinstance(backend, Backend):
         return backend
-    if backend == "eager":
-        return Backend(eager_compiler, eager_compiler, eager_compiler, decompositions)
+    if backend == "eager":  # each op runs as traced: a transpose undone is two dispatches
+        return Backend(eager_compiler, eager_compiler, eager_compiler, decompositions,
+                       undo_transpose_pairs)
     if backend == "inductor":
         decomps = INDUCTOR_DECOMPOSITIONS if decompositions is None else decompositions
         return Backend(inductor_compiler, inductor_compiler, inductor_compiler, decomps,

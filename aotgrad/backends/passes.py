@@ -42,12 +42,11 @@ def with_code(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def joint_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, copying reshapes made explicit, transpose pairs undone, cuDNN
+    """The backend's passes, copying reshapes made explicit, cuDNN
     attention's gradients laid out as it needs, masks and casts the forward may save moved
     next to what they read, then one node per repeated pure computation (cse.py)."""
     gm = backend_passes(backend, scalars_as_tensors(gm))
     split_copying_reshapes(gm)
-    undo_transpose_pairs(gm)
     attention_grads_laid_like_outputs(gm)
     j = find_joint(gm, gm.meta[JOINT_FW_OUTPUTS])
     hoist_narrow_copies(j)
@@ -146,13 +145,15 @@ def split_copying_reshapes(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-def undo_transpose_pairs(gm: fx.GraphModule) -> None:
+def undo_transpose_pairs(gm: fx.GraphModule) -> fx.GraphModule:
     """A view that puts back the dims the view it reads reordered is that view's input: the
     backward's `mm(grad, t(t(w)))` reads `w`. Inductor's own pattern folds only permute pairs
     whose first permute has no other user, and a linear's transposed weight has one in the
     forward: each linear left two nodes to the backward (196 of the 474 permutes of
-    DeBERTa-v2's), which took their share of Inductor's compile; a backend that runs the
-    graph as it is (backend="eager") ran each. An output keeps its own view."""
+    DeBERTa-v2's), which took their share of Inductor's compile; backend="eager" ran each.
+    One of the named backends' own rewrites (compilers.py): a compiler of the user's, the
+    compat door's among them, gets the graph as torch's AOTAutograd would hand it. An
+    output keeps its own view, as eager's."""
     outputs = set(gm.graph.output_node().all_input_nodes)
     for node in list(gm.graph.nodes):
         second = _dims_order(node)
@@ -164,6 +165,7 @@ def undo_transpose_pairs(gm: fx.GraphModule) -> None:
             node.replace_all_uses_with(inner.args[0])
             gm.graph.erase_node(node)
     gm.recompile()
+    return gm
 
 
 # The views that only reorder their input's dims: for each, its input's dim at each of its

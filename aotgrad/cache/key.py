@@ -120,14 +120,16 @@ def _device_description(device: torch.device) -> str:
 
 def backend_components(backend: Backend) -> list[tuple[str, str]]:
     """The compilers by name (they run again on a hit: only the passes before the partition
-    are skipped, so those must be known ones), and Inductor's configuration where it runs."""
+    are skipped, so those must be known ones, the named backends': any other name may hide
+    a closure), and Inductor's configuration where it runs."""
     from ..backends.compilers import inductor_graph_passes
+    from ..backends.passes import undo_transpose_pairs
     from ..backends.settings import is_inductor, settings_of, unwrapped
     compilers = (backend.fw_compiler, backend.bw_compiler, backend.inference_compiler)
     names = [_name(c) for c in compilers]
     parts = [("backend", " / ".join(dict.fromkeys(names)))]
     passes = unwrapped(backend.graph_passes)
-    if passes not in (None, inductor_graph_passes):  # a name may hide a closure
+    if passes not in (None, inductor_graph_passes, undo_transpose_pairs):  # the named
         raise codec.Unencodable(f"the backend's own graph passes ({_name(passes)})")
     parts.append(("graph passes", _name(passes)))
     if any(is_inductor(c) for c in compilers):
