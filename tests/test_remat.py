@@ -888,7 +888,6 @@ def test_a_linears_backward_reads_its_weight_without_undone_transposes():
                 if p not in outputs and getattr(p.args[0], "target", None) == permute]
 
 
-
 def _undone_pairs(graph) -> list:
     """Views that undo the reordering view they read, outside the graph's outputs."""
     from aotgrad.backends.passes import _dims_order

@@ -42,9 +42,9 @@ def with_code(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def joint_passes(backend: Backend, gm: fx.GraphModule) -> fx.GraphModule:
-    """The backend's passes, copying reshapes made explicit, cuDNN
-    attention's gradients laid out as it needs, masks and casts the forward may save moved
-    next to what they read, then one node per repeated pure computation (cse.py)."""
+    """The backend's passes, copying reshapes made explicit, cuDNN attention's gradients
+    laid out as it needs, masks and casts the forward may save moved next to what they read,
+    then one node per repeated pure computation (cse.py)."""
     gm = backend_passes(backend, scalars_as_tensors(gm))
     split_copying_reshapes(gm)
     attention_grads_laid_like_outputs(gm)
@@ -187,13 +187,14 @@ def _swapped(rank: int, a: int, b: int) -> list[int]:
 def _dims_order(node) -> list[int] | None:
     """Where each dim of `node`'s value comes from in its input's, if `node` is a view that
     only reorders dims; else None."""
-    order = isinstance(node, fx.Node) and node.op == "call_function" and \
-        _REORDERING_VIEWS.get(node.target)
-    source = order and node.args[0]
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    order = _REORDERING_VIEWS.get(node.target)
+    source = node.args[0] if order is not None else None
     if not isinstance(source, fx.Node) or "val" not in source.meta:
         return None
     rank = source.meta["val"].dim()
-    return order(max(rank, 1), node.args)[:rank]
+    return order(max(rank, 1), node.args)[:rank]  # a 0-d value: no dims, and `% rank` defined
 
 
 def attention_grads_laid_like_outputs(gm: fx.GraphModule) -> None:
