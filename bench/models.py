@@ -16,8 +16,9 @@ options={"combo_kernels": True} (`_combo`: independent kernels fused side by sid
 2. interleaved: every mode in one process (compiled again from the caches the cold
    processes filled), then `--rounds` turns of `--steps` synced steps per mode, the order
    flipping every round, so that drift of clocks or host hits every mode alike: step time
-   median and min. `--processes N` runs N such processes (the later ones from warm
-   caches): each mode's figures are then the medians of the processes'.
+   median and min, and the host's speed before and after (`host_launch_us`). `--processes
+   N` runs N such processes (the later ones from warm caches): each mode's figures are then
+   the medians of the processes'.
 <out>/<model>.json is rewritten after every cold process and after the interleaved one, so
 a killed run keeps what it measured. --budget stops starting models; --timeout bounds one
 model's processes together (a run lasts at most about budget + timeout). The report (written
@@ -184,6 +185,7 @@ def merge_processes(runs: list[dict]) -> dict:
     merged["processes"] = [{mode: {k: row.get(k) for k in ("step_ms", "host_ms", "min_ms",
                                                            "allocator_calls_per_step")}
                             for mode, row in r["modes"].items()} for r in ok]
+    merged["host_launch_us"] = [r.get("host_launch_us") for r in ok]
     merged["elapsed_s"] = sum(r.get("elapsed_s", 0) for r in runs)
     return merged
 
@@ -240,10 +242,32 @@ def interleaved_worker(spec: dict) -> dict:
         except Exception as e:  # recorded; the other modes go on
             rows[mode] = {"status": "error", "error": bench.describe(e)[:2000]}
     print(bench.COMPILED_MARK, flush=True)
+    launch_before = host_launch_us(spec["device"])
     times = interleaved.take_turns(stepping, spec["rounds"], spec["steps"], cuda)
     for mode, timed in times.items():
         rows[mode].update(summarize(timed))
-    return {"status": "ok", "modes": rows}
+    return {"status": "ok", "modes": rows,
+            "host_launch_us": [launch_before, host_launch_us(spec["device"])]}
+
+
+def host_launch_us(device: str, calls: int = 500, rounds: int = 5) -> float:
+    """This process's host speed: microseconds a call of a one-element `add` takes to
+    dispatch and launch (its fastest round), before and after the turns. A host-bound
+    step's time moves with it from process to process and call to call (session 35:
+    ResNet-50's Inductor step 16.6 ms, 26.5 in session 34): the covariate to read such a
+    row's ratio beside."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    a = torch.zeros(1, device=device)
+    out = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(rounds):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.add(a, 1, out=out)
+        best = min(best, time.perf_counter() - start)  # the host's time: the GPU's queue
+    sync()                                            # takes 500 without waiting
+    return round(best / calls * 1e6, 3)
 
 
 def _allow_recompiles(modes: int) -> None:

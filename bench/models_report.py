@@ -145,6 +145,20 @@ def allocator_calls(results: list[dict]) -> list[str]:
     return lines
 
 
+def host_speeds(results: list[dict]) -> list[str]:
+    """A line per model: `models.host_launch_us` of each of its interleaved processes, the
+    covariate of its host-bound rows."""
+    lines = []
+    for r in results:
+        speeds = r.get("interleaved", {}).get("host_launch_us")
+        if speeds and not isinstance(speeds[0], list):
+            speeds = [speeds]  # one process
+        if speeds and any(speeds):
+            lines.append(f"- {r['model']}: " + "; ".join(
+                " / ".join(f"{us:.2f}" for us in s) for s in speeds if s))
+    return lines
+
+
 def _interleaved_processes(row: dict) -> list[dict]:
     return row.get("processes") or ([row["modes"]] if row.get("modes") else [])
 
@@ -177,6 +191,10 @@ def markdown(results: list[dict]) -> str:
     calls = allocator_calls(results)
     if calls:
         parts += ["## Allocator calls a steady step made (per step)", *calls]
+    speeds = host_speeds(results)
+    if speeds:
+        parts += ["## The host's speed in each interleaved process (us a launch of a "
+                  "one-element add, before and after the turns)", *speeds]
     parts += ["## Notes", *[f"- {n}" for n in NOTES]]
     return "\n\n".join(p for p in _blocks(parts)) + "\n"
 

@@ -126,3 +126,24 @@ def test_steady_steps_that_call_the_allocator_are_listed():
         "- gpt2/aotgrad (process 0): num_device_alloc 2.50, num_device_free 2.00"]
     assert "## Allocator calls" in models_report.markdown([result])
     assert "## Allocator calls" not in models_report.markdown([model_json("gpt2")])
+
+
+def test_each_interleaved_process_records_the_hosts_speed():
+    """A host-bound row moves with the host's speed, which differs by process and by call:
+    each interleaved process times a one-element add's launch before and after its turns,
+    the merge keeps every process's pair, and the report lists them per model."""
+    import models  # bench/models.py (imports torch and aotgrad)
+    us = models.host_launch_us("cpu", calls=50, rounds=2)
+    assert 0 < us < 10_000
+    runs = [{"status": "ok", "elapsed_s": 1.0, "host_launch_us": pair,
+             "modes": {"aotgrad": {"status": "ok", "step_ms": 2.0, "host_ms": 1.0,
+                                   "min_ms": 1.5}}}
+            for pair in ([6.0, 6.5], [9.25, 9.0])]
+    merged = models.merge_processes(runs)
+    assert merged["host_launch_us"] == [[6.0, 6.5], [9.25, 9.0]]
+    one, several = model_json("gpt2"), model_json("resnet50")
+    one["interleaved"]["host_launch_us"] = [5.0, 5.5]
+    several["interleaved"]["host_launch_us"] = merged["host_launch_us"]
+    assert models_report.host_speeds([one, several, model_json("gpt2")]) == [
+        "- gpt2: 5.00 / 5.50", "- resnet50: 6.00 / 6.50; 9.25 / 9.00"]
+    assert "## The host's speed" in models_report.markdown([one])
