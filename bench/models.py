@@ -185,7 +185,7 @@ def merge_processes(runs: list[dict]) -> dict:
     merged["processes"] = [{mode: {k: row.get(k) for k in ("step_ms", "host_ms", "min_ms",
                                                            "allocator_calls_per_step")}
                             for mode, row in r["modes"].items()} for r in ok]
-    merged["host_launch_us"] = [r.get("host_launch_us") for r in ok]
+    merged["host_launch_us"] = [pair for r in ok for pair in r.get("host_launch_us") or []]
     merged["elapsed_s"] = sum(r.get("elapsed_s", 0) for r in runs)
     return merged
 
@@ -246,8 +246,8 @@ def interleaved_worker(spec: dict) -> dict:
     times = interleaved.take_turns(stepping, spec["rounds"], spec["steps"], cuda)
     for mode, timed in times.items():
         rows[mode].update(summarize(timed))
-    return {"status": "ok", "modes": rows,
-            "host_launch_us": [launch_before, host_launch_us(spec["device"])]}
+    return {"status": "ok", "modes": rows,  # a pair per process, as merged rows list them
+            "host_launch_us": [[launch_before, host_launch_us(spec["device"])]]}
 
 
 def host_launch_us(device: str, calls: int = 500, rounds: int = 5) -> float:

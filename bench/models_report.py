@@ -151,11 +151,9 @@ def host_speeds(results: list[dict]) -> list[str]:
     lines = []
     for r in results:
         speeds = r.get("interleaved", {}).get("host_launch_us")
-        if speeds and not isinstance(speeds[0], list):
-            speeds = [speeds]  # one process
-        if speeds and any(speeds):
+        if speeds:
             lines.append(f"- {r['model']}: " + "; ".join(
-                " / ".join(f"{us:.2f}" for us in s) for s in speeds if s))
+                " / ".join(f"{us:.2f}" for us in pair) for pair in speeds))
     return lines
 
 

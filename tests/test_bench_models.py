@@ -138,11 +138,11 @@ def test_each_interleaved_process_records_the_hosts_speed():
     runs = [{"status": "ok", "elapsed_s": 1.0, "host_launch_us": pair,
              "modes": {"aotgrad": {"status": "ok", "step_ms": 2.0, "host_ms": 1.0,
                                    "min_ms": 1.5}}}
-            for pair in ([6.0, 6.5], [9.25, 9.0])]
+            for pair in ([[6.0, 6.5]], [[9.25, 9.0]])]
     merged = models.merge_processes(runs)
     assert merged["host_launch_us"] == [[6.0, 6.5], [9.25, 9.0]]
     one, several = model_json("gpt2"), model_json("resnet50")
-    one["interleaved"]["host_launch_us"] = [5.0, 5.5]
+    one["interleaved"]["host_launch_us"] = [[5.0, 5.5]]  # one process
     several["interleaved"]["host_launch_us"] = merged["host_launch_us"]
     assert models_report.host_speeds([one, several, model_json("gpt2")]) == [
         "- gpt2: 5.00 / 5.50", "- resnet50: 6.00 / 6.50; 9.25 / 9.00"]

@@ -13,8 +13,8 @@ import models as bench_models  # noqa: E402
 import run as bench  # noqa: E402
 
 model_name, mode = sys.argv[1], sys.argv[2]
-STACKS = os.environ.get("PROBE_STACKS", "1") == "1"  # faulthandler's dumps crashed 2.11's
-if STACKS:                                          # process twice (probe35, probe35b)
+# PROBE_STACKS=0: no timed dumps (faulthandler's crashed 2.11's process twice: probe35, probe35b)
+if os.environ.get("PROBE_STACKS", "1") == "1":
     faulthandler.dump_traceback_later(45, repeat=True)
 device = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 job = bench.Job(model_name, bench_models.MODES[mode], None, device == "cpu", device, 0, 1)
