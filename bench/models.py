@@ -8,7 +8,8 @@ Modes: eager; torch.compile with backend="inductor" and with backend="aotgrad", 
 with mode="reduce-overhead" (`_ro`: CUDA graphs); on request (`--modes`), each with
 options={"cpp_wrapper": True} (`_cpp`: Inductor's kernels launched from C++) and with
 options={"combo_kernels": True} (`_combo`: independent kernels fused side by side;
-`aotgrad_combo_pw`: pointwise ones only). A step is bench/run.py's: forward with the loss
+`_combo_pw`: pointwise ones only, aotgrad's default on CUDA since session 36;
+`aotgrad_no_combo`: aotgrad without them). A step is bench/run.py's: forward with the loss
 (bf16 autocast on CUDA), backward, grads set to None; random init, seed 0. Per model:
 1. cold: each mode in a process of its own with empty Inductor and aotgrad caches
    (bench/run.py's worker, `--jobs` at a time): first-step (compile) seconds, the first
@@ -57,7 +58,8 @@ MODES = {"eager": "eager", "inductor": "torch_compile", "inductor_ro": "torch_co
          "aotgrad": "aotgrad_dynamo", "aotgrad_ro": "aotgrad_dynamo_ro",
          "inductor_cpp": "torch_compile_cpp", "aotgrad_cpp": "aotgrad_dynamo_cpp",
          "inductor_combo": "torch_compile_combo", "aotgrad_combo": "aotgrad_dynamo_combo",
-         "aotgrad_combo_pw": "aotgrad_dynamo_combo_pw"}
+         "inductor_combo_pw": "torch_compile_combo_pw", "aotgrad_combo_pw":
+         "aotgrad_dynamo_combo_pw", "aotgrad_no_combo": "aotgrad_dynamo_no_combo"}
 MODELS = ["gpt2", "llama", "bert", "resnet50", "efficientnet_b0", "vit_s16", "swin_t",
           "convnext_t", "deberta_v2"]
 SMALL_MODELS = ["tiny"]  # needs neither transformers nor timm; fits 3 min on 2 cores
@@ -240,7 +242,8 @@ def interleaved_worker(spec: dict) -> dict:
         try:
             stepping[mode], rows[mode] = warmed_step(job, spec["warmup"], cuda)
         except Exception as e:  # recorded; the other modes go on
-            rows[mode] = {"status": "error", "error": bench.describe(e)[:2000]}
+            rows[mode] = {"status": "error", "error": bench.describe(e)[:2000],
+                          "where": bench.where(e)}
     print(bench.COMPILED_MARK, flush=True)
     launch_before = host_launch_us(spec["device"])
     times = interleaved.take_turns(stepping, spec["rounds"], spec["steps"], cuda)

@@ -271,9 +271,14 @@ MODES = {
     "torch_compile_combo": Mode(lambda model, budget, sink:
                                 torch.compile(model, options={"combo_kernels": True})),
     "aotgrad_dynamo_combo": Mode(_aotgrad_dynamo("inductor", options={"combo_kernels": True})),
-    # pointwise kernels only: session 35's slow combos joined reductions
+    # pointwise kernels only: session 35's slow combos joined reductions. aotgrad's default
+    # on CUDA since session 36 (backends/inductor_defaults.py); `_no_combo` is the one before
+    "torch_compile_combo_pw": Mode(lambda model, budget, sink: torch.compile(model, options={
+        "combo_kernels": True, "combo_kernels_pointwise_only": True})),
     "aotgrad_dynamo_combo_pw": Mode(_aotgrad_dynamo("inductor", options={
         "combo_kernels": True, "combo_kernels_pointwise_only": True})),
+    "aotgrad_dynamo_no_combo": Mode(_aotgrad_dynamo("inductor", options={
+        "combo_kernels": False})),
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
@@ -289,7 +294,8 @@ DEFAULT_MODES = [m for m in MODES
                  if m not in ("aotgrad_compile_eager", "torch_compile_ro", "aotgrad_dynamo_ro",
                               "torch_compile_cpp", "aotgrad_dynamo_cpp",
                               "torch_compile_combo", "aotgrad_dynamo_combo",
-                              "aotgrad_dynamo_combo_pw",
+                              "torch_compile_combo_pw", "aotgrad_dynamo_combo_pw",
+                              "aotgrad_dynamo_no_combo",
                               "aotgrad_dynamo_spans_saved", "aotgrad_dynamo_no_exchanges",
                               "aotgrad_torch_partition")]
 
@@ -601,6 +607,15 @@ def describe(error: BaseException) -> str:
     message = f"{type(chain[-1]).__name__}: {chain[-1]}"
     wrappers = " <- ".join(type(e).__name__ for e in chain[-2::-1])
     return f"{message}\n(raised through {wrappers})" if wrappers else message
+
+
+def where(error: BaseException, frames: int = 14) -> list[str]:
+    """The innermost error's last frames, `file:line function`: a message alone does not
+    say which stage raised it, and a GPU run is not repeated for a traceback."""
+    while getattr(error, "inner_exception", None) or error.__cause__:
+        error = getattr(error, "inner_exception", None) or error.__cause__
+    stack = traceback.extract_tb(error.__traceback__)[-frames:]
+    return [f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno} {f.name}" for f in stack]
 
 
 def worker_main(job_json: str, result_path: str, lock_path: str | None) -> None:

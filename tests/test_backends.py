@@ -394,7 +394,7 @@ def test_a_backwards_kernels_are_capped_in_the_buffers_they_fuse(monkeypatch, us
     buffers is set for backwards alone, and a cap the user set stands."""
     import torch._inductor.compile_fx as compile_fx
     from torch._inductor import config as inductor_config
-    from aotgrad.backends.compilers import BACKWARD_KERNEL_BUFFERS
+    from aotgrad.backends.inductor_defaults import BACKWARD_KERNEL_BUFFERS
     seen, inner = {}, compile_fx.compile_fx_inner
 
     def spy(gm, example_inputs, **kwargs):
@@ -408,6 +408,79 @@ def test_a_backwards_kernels_are_capped_in_the_buffers_they_fuse(monkeypatch, us
         aotgrad.compile(lambda t: (t.sin() * t).sum(), backend="inductor")(x).backward()
     torch.testing.assert_close(x.grad, x.detach().sin() + x.detach() * x.detach().cos())
     assert seen == {"forward": users_cap, "backward": users_cap or BACKWARD_KERNEL_BUFFERS}
+
+
+def _fake_cuda_input():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        return torch.empty(4, device="cuda")
+
+
+def test_a_cuda_graph_gets_pointwise_combo_kernels_unless_the_user_chose():
+    """aotgrad's Inductor defaults (backends/inductor_defaults.py): a CUDA graph's pointwise
+    kernels are launched as combos (session 36: step 0.884x of Inductor's, against 0.952x
+    without); a CPU graph gets none; a choice of the user's stands, even one equal to
+    torch's default (`options={"combo_kernels": False}`)."""
+    from torch._inductor import config
+    from aotgrad.backends.inductor_defaults import POINTWISE_COMBOS, USER_SETTINGS, for_graph
+    cuda, cpu = [_fake_cuda_input()], [torch.ones(4)]
+    assert for_graph(config, "forward", cuda) == POINTWISE_COMBOS
+    assert for_graph(config, "inference", cpu) == {}
+    assert "combo_kernels" not in for_graph(config, "backward", cpu)
+    with config.patch(combo_kernels=True):  # full combos, the user's: left as they are
+        assert for_graph(config, "forward", cuda) == {}
+    chosen = USER_SETTINGS.set(frozenset({"combo_kernels"}))
+    try:
+        assert for_graph(config, "forward", cuda) == {}
+    finally:
+        USER_SETTINGS.reset(chosen)
+    assert for_graph(config, "forward", cuda) == POINTWISE_COMBOS
+
+
+def test_the_users_options_are_known_as_theirs_inside_each_compile(monkeypatch):
+    """How the defaults know a choice: torch.compile's options are marked as the user's
+    around each graph's compile, the lazy backward's included; without options, nothing."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+    from aotgrad.backends.inductor_defaults import USER_SETTINGS
+    seen, inner = [], compile_fx.compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append((USER_SETTINGS.get(), inductor_config.combo_kernels))
+        return inner(gm, example_inputs, **kwargs)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
+    x = torch.randn(4, 8, requires_grad=True)
+    with inductor_config.patch(force_disable_caches=True):
+        for options in ({"combo_kernels": False}, None):
+            f = torch.compile(lambda t: (t.cos() * t).sum(), backend="aotgrad", options=options)
+            f(x).backward()
+            torch._dynamo.reset()
+    chosen = frozenset({"combo_kernels"})
+    assert seen == [(chosen, False), (chosen, False), (frozenset(), False), (frozenset(), False)]
+    torch.testing.assert_close(x.grad, 2 * (x.detach().cos() - x.detach() * x.detach().sin()))
+
+
+@requires_cuda
+def test_pointwise_combo_kernels_on_cuda_match_eager(monkeypatch):
+    """On a GPU the combos are on in each compile, and the step computes what eager does."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+    seen, inner = [], compile_fx.compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append((inductor_config.combo_kernels, inductor_config.combo_kernels_pointwise_only))
+        return inner(gm, example_inputs, **kwargs)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
+
+    def f(a, b):  # two independent pointwise chains: a combo's case
+        return (a.sin() * 2).sum() + (b.exp() + 1).mean()
+    a, b = (torch.randn(256, 64, device="cuda", requires_grad=True) for _ in range(2))
+    ea, eb = (t.detach().clone().requires_grad_() for t in (a, b))
+    with inductor_config.patch(force_disable_caches=True):
+        aotgrad.compile(f, backend="inductor")(a, b).backward()
+    f(ea, eb).backward()
+    assert seen and set(seen) == {(True, True)}
+    torch.testing.assert_close((a.grad, b.grad), (ea.grad, eb.grad))
 
 
 SETTINGS_DOORS = {  # torch.compile's mode and options, on each door that takes them

@@ -109,6 +109,34 @@ combo36)  # next session: combo kernels of pointwise kernels only (session 35's 
   # says so at the first compile.
   TAIL=20 step models 580 python bench/models.py --models vit_s16,resnet50,deberta_v2 --jobs 3 \
     --modes inductor,aotgrad,aotgrad_combo_pw --budget 330 --timeout 240 --out $OUT/models ;;
+convnext36)  # combo36c: convnext_t/aotgrad failed in its interleaved process only (a view of
+  # an NHWC tensor with H and W swapped), after Inductor's compile there; its cold process
+  # and aotgrad_combo_pw's ran. Where it raises, and whether the order of the modes matters.
+  TAIL=6 step models 290 python bench/models.py --models convnext_t --jobs 2 \
+    --modes inductor,aotgrad --budget 60 --timeout 270 --out $OUT/models
+  TAIL=6 step models_b 290 python bench/models.py --models convnext_t --jobs 2 \
+    --modes aotgrad,inductor --budget 60 --timeout 270 --out $OUT/models_b
+  python -c "import json,sys
+for d in sys.argv[1:]:
+  for m,r in json.load(open(d+'/convnext_t.json'))['interleaved'].get('modes',{}).items():
+    print(d, m, r.get('status'), r.get('error','')[:300]); print('\n'.join(r.get('where',[])))" $OUT/models $OUT/models_b ;;
+gpu36)  # the CUDA tests of aotgrad's Inductor defaults (pointwise combos, session 36) and
+  # of the Inductor backend on CUDA, with the new default
+  TAIL=8 step pytest_211 170 python -m pytest -n 8 -v -o addopts= -p no:cacheprovider \
+    -p no:warnings tests/test_backends.py tests/test_cudagraphs.py tests/test_donation.py \
+    tests/test_batch_norm_devices.py -k "cuda or combo or Cuda or CUDA"
+  grep -E "(FAILED|ERROR) " $OUT/pytest_211.log | sort | uniq | head -20
+  grep -c " PASSED " $OUT/pytest_211.log ;;
+probe36)  # is convnext_t's failure the refill of fake values (an entry hit, its Inductor key
+  # missed)? tools/probe36.py's two phases
+  D=$(mktemp -d)
+  TAIL=4 step store 200 python tools/probe36.py store $D
+  TAIL=60 step refill 200 python tools/probe36.py refill $D ;;
+combo36b|combo36c)  # pointwise-only combos on the other six rows (combo36: ResNet-50 0.960x,
+  # ViT-S 0.862x, DeBERTa-v2 1.066x of inductor, against plain aotgrad's 0.999/0.952/1.316)
+  [ $1 = combo36b ] && MODELS=bert,gpt2,llama || MODELS=convnext_t,efficientnet_b0,swin_t
+  TAIL=20 step models 580 python bench/models.py --models $MODELS --jobs 3 \
+    --modes inductor,aotgrad,aotgrad_combo_pw --budget 330 --timeout 240 --out $OUT/models ;;
 spans32)  # (session 35 ran it with --timeout 88 a row: saving them did not pay) GPT-2's and BERT's residual streams (25 values each) are recomputed
   # at the backward's start from up to 102 and 170 saved values (`saved_compare --ops`), and
   # kept alive: saving them would raise the modeled peak. Does saving them pay in kernel time?

@@ -189,7 +189,8 @@ def compile_segment(segment: fx.GraphModule) -> Callable[[list], Any]:
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.virtualized import V
-    from ..backends.compilers import backward_fusion_limits, negatives_resolved
+    from ..backends.compilers import negatives_resolved
+    from ..backends.inductor_defaults import backward_fusion_limits
 
     if not any(isinstance(n.target, torch._ops.OpOverload) for n in segment.graph.nodes):
         return lambda args: segment(*args)  # sizes' arithmetic only: nothing to compile

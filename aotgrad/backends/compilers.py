@@ -24,7 +24,7 @@ import torch
 from torch import fx
 
 from ..semantics.effects import run_checks_after, split_checks
-from . import cudagraphs, fxcache
+from . import cudagraphs, fxcache, inductor_defaults
 from .layouts import keeping_layout
 from .passes import undo_transpose_pairs
 from ..schema import (DONATED, GRAPH_INFO, INDUCTOR_FX_KEY, OUTPUT_STRIDES, Backend,
@@ -337,8 +337,8 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
                    graphed: dict) -> Callable:
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    backward = backward_fusion_limits(config) if info.role == "backward" else {}
-    with config.patch({**_by_reference(body), **backward, **_fx_cache_for(example_inputs)}):
+    ours = inductor_defaults.for_graph(config, info.role, example_inputs)
+    with config.patch({**ours, **_by_reference(body), **_fx_cache_for(example_inputs)}):
         return compile_fx_inner(body, example_inputs,
                                 static_input_idxs=list(info.static_inputs),
                                 is_backward=info.role == "backward",
@@ -353,22 +353,6 @@ def _fx_cache_for(example_inputs: Sequence[Any]) -> dict:
     derived = any(isinstance(v, torch.SymInt) and not v.node.expr.is_Symbol
                   for v in example_inputs)
     return {"fx_graph_cache": False} if derived else {}
-
-
-# The most buffers one kernel of a backward may read and write. A backward that recomputes a
-# chain (a residual stream, rebuilt layer by layer from what the forward saved) would have
-# Inductor fuse the whole chain into one kernel: on DeBERTa-v2, 128 inputs and 26 outputs,
-# registers spilled, 1.63 ms; capped, its backward's kernels take 24.71 ms a step instead
-# of 26.22 (H200, bench/results/h200-2026-11-29-session18).
-BACKWARD_KERNEL_BUFFERS = 64
-
-
-def backward_fusion_limits(config) -> dict:
-    """Inductor's settings for a backward's kernels (compiled autograd's too): the cap on
-    their buffers, unless the user set one."""
-    if config.max_fusion_unique_io_buffers is not None:
-        return {}
-    return {"max_fusion_unique_io_buffers": BACKWARD_KERNEL_BUFFERS}
 
 
 def _by_reference(gm: fx.GraphModule) -> dict:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .compilers import inductor_compiler
+from .inductor_defaults import USER_SETTINGS
 from ..schema import Backend
 
 
@@ -26,8 +27,12 @@ class WithInductorSettings:
 
     def __call__(self, *args):
         from torch._inductor import config
-        with config.patch(dict(self.settings)):
-            return self.step(*args)
+        chosen = USER_SETTINGS.set(frozenset(name for name, _ in self.settings))
+        try:
+            with config.patch(dict(self.settings)):
+                return self.step(*args)
+        finally:
+            USER_SETTINGS.reset(chosen)
 
 
 # Settings that torch's Inductor reads before the graph compile aotgrad calls (pre-grad
