@@ -1,5 +1,6 @@
 """Inductor's settings aotgrad chooses for its own graphs, each measured on a GPU, each left
-as the user set it where they set it (`torch.compile(..., options=...)`, `config.patch`).
+as the user set it (`torch.compile(..., options=...)`, or a `config.patch` away from
+torch's default).
 Applied inside each graph's compile, so the forward, the backward and an inference graph
 can differ; aotgrad's cache key holds its own source, so a change here is a new key."""
 
@@ -27,8 +28,9 @@ BACKWARD_KERNEL_BUFFERS = 64
 # pointwise only): fewer launches where the host sets the pace. Nine models on an H200
 # (bench/results/h200-2026-12-01-session36): step 0.884x of backend="inductor" against plain
 # aotgrad's 0.952x in the same processes (eight models; ViT-S 0.952 -> 0.862, DeBERTa-v2
-# 1.316 -> 1.066; EfficientNet-B0 0.960 -> 1.001 the one loss). Reductions stay apart:
+# 1.316 -> 1.066; EfficientNet-B0, 0.960 -> 1.001, the one slower). Reductions stay apart:
 # combos joining them never finished compiling DeBERTa-v2 and slowed ViT-S 1.7x (session 35).
+# Not for compiled autograd's segments: unmeasured there.
 POINTWISE_COMBOS = {"combo_kernels": True, "combo_kernels_pointwise_only": True}
 
 
