@@ -46,8 +46,8 @@ from .cache.program import ProgramLookup
 from .artifact import Artifact, SavedValue, count_ops, format_bytes
 from .tables import CONSTANT_FILLS, FILLS_WITH_VALUE
 from .verify import verify_partition
-from .schema import (DONATED, GRAPH_INFO, JOINT, OUTPUT_STRIDES, Backend, FunctionInfo,
-                     GraphInfo, Partition, TraceFacts)
+from .schema import (DONATED, GRAPH_INFO, JOINT, OUTPUT_STRIDES, TRACED_VAL, Backend,
+                     FunctionInfo, GraphInfo, Partition, TraceFacts)
 
 
 @dataclass(frozen=True)
@@ -505,9 +505,7 @@ def _fills_zero(node: fx.Node) -> bool:
 def restride_saved(p: Partition) -> None:
     """Give the backward's saved-value inputs the strides the compiled forward really
     produces, where the forward's compiler reported choosing its own layouts."""
-    strides = p.forward.meta.get(OUTPUT_STRIDES)
-    if not strides:
-        return
+    strides = p.forward.meta.get(OUTPUT_STRIDES) or []
     saved = p.backward.graph.find_nodes(op="placeholder")
     for node, stride in zip(saved, strides[p.num_fw_outputs:]):
         val = node.meta.get("val")
@@ -518,6 +516,7 @@ def restride_saved(p: Partition) -> None:
             continue
         if is_symbolic(val):  # Inductor's CPU convolutions save channels-last copies
             stride = _symbolic_dense_strides(val, stride, node.name)
+        node.meta[TRACED_VAL] = val  # what the backward's ops were traced from
         node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
 
 

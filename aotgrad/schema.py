@@ -26,6 +26,11 @@ GRAPH_INFO = "aotgrad"  # gm.meta key holding a GraphInfo
 # layout of its own (Inductor's channels-last convolutions); the backward is compiled for them.
 # sets backends.compilers; reads pipeline (restride_saved).
 OUTPUT_STRIDES = "aotgrad_output_strides"
+# node.meta key on a backward placeholder given those strides: its value as traced, which the
+# backward's ops were traced from. A hit's ops computed again (fill_fake_values) start from it:
+# from the new strides, a `view` the trace made of a contiguous value fails.
+# sets pipeline (restride_saved); reads backends.fxcache.
+TRACED_VAL = "aotgrad_traced_val"
 # gm.meta key on a graph aotgrad's cache stores or read: its Inductor FX graph cache keys, by
 # the context they were computed in (cache.fxkeys.InductorKeys: `records`, `remember`,
 # `loaded`). sets cache.entry, cache.program; reads backends.compilers (inductor_compiler).

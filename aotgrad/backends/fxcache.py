@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 
-from ..schema import GraphInfo
+from ..schema import TRACED_VAL, GraphInfo
 
 log = logging.getLogger("aotgrad.cache")
 
@@ -51,9 +51,14 @@ def fill_fake_values(gm: fx.GraphModule, fake_mode=None) -> None:
 
 
 def fake_value(node: fx.Node):
-    """`node`'s op run on its inputs' fake values (under their fake mode)."""
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    """`node`'s op run on its inputs' fake values (under their fake mode), a restrided saved
+    value's as traced (schema.TRACED_VAL)."""
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), _as_traced)
     return node.target(*args, **kwargs)
+
+
+def _as_traced(node: fx.Node):
+    return node.meta.get(TRACED_VAL, node.meta.get("val"))
 
 
 def lacks_fake_values(gm: fx.GraphModule) -> bool:
