@@ -516,7 +516,7 @@ def restride_saved(p: Partition) -> None:
             continue
         if is_symbolic(val):  # Inductor's CPU convolutions save channels-last copies
             stride = _symbolic_dense_strides(val, stride, node.name)
-        node.meta[TRACED_VAL] = val  # what the backward's ops were traced from
+        node.meta.setdefault(TRACED_VAL, val)  # what the backward's ops were traced from
         node.meta["val"] = val.as_strided(val.shape, stride, val.storage_offset())
 
 
