@@ -362,3 +362,40 @@ def test_the_context_read_before_a_process_compiles_anything_is_the_one_read_aft
                                             "AOTGRAD_CACHE": "0"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_key_stored_under_our_defaults_does_not_serve_a_users_choice_against_them(
+        monkeypatch):
+    """The context a stored Inductor key is filed under is read under aotgrad's own Inductor
+    defaults, as the compile runs: a key compiled with pointwise combos (a CUDA graph's
+    default) must not load where the user turned them off, `combo_kernels=False` though that
+    equals torch's default (session 37: the GPU's `aotgrad_no_combo` rows loaded the combo
+    code by key from a merged cache). CPU graphs get the CUDA policy here."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config as inductor_config
+    from aotgrad import cache
+    from aotgrad.backends import inductor_defaults
+    from test_backends import _fake_cuda_input
+    policy, inner, seen = inductor_defaults.for_graph, compile_fx.compile_fx_inner, []
+    monkeypatch.setattr(inductor_defaults, "for_graph",
+                        lambda config, role, inputs: policy(config, role, [_fake_cuda_input()]))
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append(inductor_config.combo_kernels)
+        return inner(gm, example_inputs, **kwargs)
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
+    x = torch.randn(4, 8, requires_grad=True)
+    runs = []
+    for options in (None, {"combo_kernels": False}, None):
+        cache.reset_stats()
+        seen.clear()
+        f = torch.compile(lambda t: (t.cos() * t).sum(), backend="aotgrad", options=options)
+        x.grad = None
+        f(x).backward()
+        torch._dynamo.reset()
+        torch.testing.assert_close(x.grad, x.detach().cos() - x.detach() * x.detach().sin())
+        runs.append(([e for e, _ in cache.events()], by_key({"stats": cache.stats()}), seen[:]))
+    assert runs == [(["miss"], 0, [True, True]),   # compiled with combos, keys stored
+                    (["miss"], 0, [False, False]),  # the user's options: another entry,
+                    # the same graphs (their keys are filed by graph): compiled again
+                    (["hit"], 2, [])], runs        # our defaults again: both keys load

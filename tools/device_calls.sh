@@ -154,6 +154,14 @@ processes32)  # DeBERTa-v2's step in four interleaved processes (session 31: a h
   # step's ratio is drawn per process, 0.81x to 1.29x in nine): each mode's median of theirs
   TAIL=14 step models 575 python bench/models.py --models deberta_v2 --modes inductor,aotgrad \
     --jobs 2 --budget 200 --timeout 560 --processes 4 --out $OUT/models ;;
+host37)  # DeBERTa-v2's host-bound aotgrad step, 1.25-1.32x torch's in every interleaved
+  # process (sessions 34, 36, 37) and faster alone (session 34): cProfile per mode in one
+  # process, in both compile orders, then each mode alone (tools/probe37.py)
+  TAIL=0 step shared 200 python tools/probe37.py deberta_v2 inductor,aotgrad
+  TAIL=0 step reversed 120 python tools/probe37.py deberta_v2 aotgrad,inductor
+  TAIL=0 step alone_aotgrad 60 python tools/probe37.py deberta_v2 aotgrad
+  TAIL=0 step alone_inductor 60 python tools/probe37.py deberta_v2 inductor
+  grep -h "ms (medians" $OUT/*.log ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \

@@ -177,9 +177,11 @@ def inductor_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
     negate_negative_constants(gm)
     _constant_outputs_dropped(gm)
     with V.set_fake_mode(fake_mode), tracing(context), _cache_key_tag(donated), \
-            cudagraphs.inductor_config(info), _shape_env_for_graph_cache(fake_mode), \
+            cudagraphs.inductor_config(info), _our_settings(info, example_inputs), \
+            _shape_env_for_graph_cache(fake_mode), \
             TracingContext.report_output_strides() as strides:
-        # In the compile's own context: the cache key tag and the config it patches.
+        # In the compile's own context (the cache key tag, the config it patches): the
+        # context a stored Inductor key is filed under names them.
         compiled, (body, checks) = _load_or_compile(gm, example_inputs, info, donated, graphed)
     gm.meta[OUTPUT_STRIDES] = list(strides)[:len(outputs)]
     cudagraphs.report_inductor(info, compiled, was_graphed, body, example_inputs)
@@ -337,12 +339,19 @@ def _compile_inner(body: fx.GraphModule, example_inputs, info: GraphInfo,
                    graphed: dict) -> Callable:
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    ours = inductor_defaults.for_graph(config, info.role, example_inputs)
-    with config.patch({**ours, **_by_reference(body), **_fx_cache_for(example_inputs)}):
+    with config.patch({**_by_reference(body), **_fx_cache_for(example_inputs)}):
         return compile_fx_inner(body, example_inputs,
                                 static_input_idxs=list(info.static_inputs),
                                 is_backward=info.role == "backward",
                                 is_inference=info.role == "inference", **graphed)
+
+
+def _our_settings(info: GraphInfo, example_inputs: Sequence[Any]):
+    """aotgrad's Inductor defaults for this graph (inductor_defaults.py), patched around the
+    lookup by key as around the compile: a key stored with pointwise combos must not serve a
+    process whose user turned them off (`combo_kernels=False`, torch's default value)."""
+    from torch._inductor import config
+    return config.patch(inductor_defaults.for_graph(config, info.role, example_inputs))
 
 
 def _fx_cache_for(example_inputs: Sequence[Any]) -> dict:
