@@ -46,6 +46,7 @@ from types import SimpleNamespace
 import torch
 
 import aotgrad.cache
+from aotgrad.cache import fxkeys, store
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -137,14 +138,31 @@ def cold_job(name: str, mode: str, args) -> bench.Job:
 def merge_caches(scratch: str) -> str:
     """One cache directory holding what every cold process compiled. Inductor's, Triton's and
     aotgrad's entries are named by the hash of what they hold, so that merging them is safe;
-    it only spares the interleaved process compiling everything again."""
+    it only spares the interleaved process compiling everything again. A graph's Inductor
+    keys are one `.fxkey` file with a record per context: those are merged record by record
+    (copied over, only the last cold process's context was found, and its code served every
+    mode that shares the graph: session 37)."""
     warm = tempfile.mkdtemp(prefix="warm-", dir=scratch)
     for cold in sorted(Path(scratch).glob("bench-inductor-*")):
         try:
-            shutil.copytree(cold, warm, symlinks=True, dirs_exist_ok=True)
+            shutil.copytree(cold, warm, symlinks=True, dirs_exist_ok=True,
+                            copy_function=_merge_copy)
         except shutil.Error as e:  # a lock file gone meanwhile: that entry compiles again
             print(f"merging {cold.name}: {str(e)[:200]}", flush=True)
     return warm
+
+
+def _merge_copy(src: str, dst: str) -> None:
+    if not (dst.endswith(fxkeys.SUFFIX) and os.path.exists(dst)):
+        shutil.copy2(src, dst)
+        return
+    records = {}
+    for path in (dst, src):
+        try:
+            records.update(store.unseal(Path(path).read_bytes()))
+        except (OSError, ValueError):  # damaged: the other file's records stand
+            pass
+    Path(dst).write_bytes(store.seal(records))
 
 
 def interleaved_phase(name: str, modes: list[str], args, warm: str, deadline: float) -> dict:

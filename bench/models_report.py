@@ -10,13 +10,16 @@ import json
 import math
 from pathlib import Path
 
+# the order rows and bars take; a mode not named here follows them (`modes`)
 MODES = ["eager", "inductor", "inductor_ro", "aotgrad", "aotgrad_ro", "inductor_cpp",
-         "aotgrad_cpp", "inductor_combo", "aotgrad_combo", "aotgrad_combo_pw"]
+         "aotgrad_cpp", "inductor_combo", "aotgrad_combo", "aotgrad_combo_pw",
+         "aotgrad_no_combo", "inductor_combo_pw"]
 REFERENCES = ["inductor", "inductor_ro"]  # every ratio is against each of these
 COLORS = {"eager": "#8c8c8c", "inductor": "#4c72b0", "inductor_ro": "#9ecae9",
           "aotgrad": "#c44e52", "aotgrad_ro": "#f4a6a6", "inductor_cpp": "#2a4d7a",
           "aotgrad_cpp": "#7a2a2c", "inductor_combo": "#55a868", "aotgrad_combo": "#8172b2",
-          "aotgrad_combo_pw": "#ccb974"}
+          "aotgrad_combo_pw": "#ccb974", "aotgrad_no_combo": "#e17c05",
+          "inductor_combo_pw": "#64b5cd"}
 # (name, where the value lives, key): the measures that get ratios
 MEASURES = [("step", "interleaved", "step_ms"), ("peak", "cold", "peak_mb"),
             ("compile", "cold", "compile_s")]
@@ -54,6 +57,13 @@ def ratio(result: dict, mode: str, measure: str, reference: str) -> float | None
     return mine / theirs if mine is not None and theirs else None
 
 
+def modes(results: list[dict]) -> list[str]:
+    """Every mode some result measured or tried, MODES' order first."""
+    seen = {m: None for r in results
+            for m in [*r.get("cold", {}), *r.get("interleaved", {}).get("modes", {})]}
+    return [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
+
+
 def geomean(values) -> float | None:
     values = [v for v in values if v is not None and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
@@ -67,9 +77,7 @@ def _num(x, spec: str) -> str:
 
 def model_rows(result: dict) -> list[str]:
     rows = []
-    for mode in MODES:
-        if mode not in result["cold"] and mode not in result["interleaved"].get("modes", {}):
-            continue
+    for mode in modes([result]):
         cells = [result["model"], mode]
         for measure, phase, key in MEASURES:
             cells += [_num(value(result, mode, phase, key), ".2f" if measure != "peak"
@@ -98,7 +106,7 @@ def geomean_table(results: list[dict]) -> list[str]:
     names = [f"{m} x {ref}" for m, _, _ in MEASURES for ref in REFERENCES]
     lines = ["| mode | " + " | ".join(names) + " | models |",
              "|---|" + "---:|" * (len(names) + 1)]
-    for mode in MODES:
+    for mode in modes(results):
         cells = [[ratio(r, mode, m, ref) for r in results] for m, _, _ in MEASURES
                  for ref in REFERENCES]
         count = max(sum(v is not None for v in c) for c in cells)
@@ -270,15 +278,15 @@ def _y_axis(left, y, top_value, span) -> list[str]:
 def plot(results: list[dict]) -> str:
     measured = [r for r in results if "skipped" not in r]
     models = [r["model"] for r in measured]
-    modes = [m for m in MODES if any(m in r["cold"] for r in measured)]
+    shown = modes(measured)
     panels = [(f"{label} / inductor's (lower is better)",
-               {r["model"]: {m: ratio(r, m, measure, "inductor") for m in modes}
+               {r["model"]: {m: ratio(r, m, measure, "inductor") for m in shown}
                 for r in measured})
               for label, measure in (("step time", "step"), ("peak memory", "peak"))]
     meta = next((r["meta"] for r in results if r.get("meta")), {})
     caption = (f"{meta.get('device', '?')}, torch {meta.get('torch', '?')}, "
                f"{meta.get('date', '?')[:10]}, commit {meta.get('commit')}")
-    return svg_plot(panels, models, modes, caption)
+    return svg_plot(panels, models, shown, caption)
 
 
 def write_report(out: Path) -> str:

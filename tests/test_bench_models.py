@@ -147,3 +147,33 @@ def test_each_interleaved_process_records_the_hosts_speed():
     assert models_report.host_speeds([one, several, model_json("gpt2")]) == [
         "- gpt2: 5.00 / 5.50", "- resnet50: 6.00 / 6.50; 9.25 / 9.00"]
     assert "## The host's speed" in models_report.markdown([one])
+
+
+def test_a_mode_the_report_does_not_know_gets_rows_and_geomeans(tmp_path):
+    """Modes added to the benchmark after the report's list (session 37's `aotgrad_no_combo`
+    and `inductor_combo_pw` were measured and missing from results.md)."""
+    result = model_json("gpt2")
+    result["cold"]["aotgrad_new"] = {**result["cold"]["aotgrad"]}
+    result["interleaved"]["modes"]["aotgrad_new"] = {**result["interleaved"]["modes"]["aotgrad"]}
+    (tmp_path / "gpt2.json").write_text(json.dumps(result))
+    text = models_report.write_report(tmp_path)
+    assert "| gpt2 | aotgrad_new | 22.50 |" in text
+    assert "| aotgrad_new | 0.900 |" in text
+    assert "aotgrad_new" in (tmp_path / "plot.svg").read_text()
+
+
+def test_merged_caches_keep_each_cold_processs_inductor_keys(tmp_path):
+    """One `.fxkey` file a graph, a record per context: each cold process of a model writes
+    the same file with its own context's record; the interleaved process's cache has both."""
+    import models
+    from aotgrad.cache import store
+    for n, context in enumerate(("combos", "no combos")):
+        cold = tmp_path / f"bench-inductor-{n}" / "aotgrad"
+        cold.mkdir(parents=True)
+        (cold / "g.fxkey").write_bytes(store.seal({context: {"key": context, "guards": None}}))
+        (cold / f"entry{n}.json").write_text("{}")
+    warm = Path(models.merge_caches(str(tmp_path)))
+    assert set(store.unseal((warm / "aotgrad" / "g.fxkey").read_bytes())) == {
+        "combos", "no combos"}
+    assert {p.name for p in (warm / "aotgrad").iterdir()} == {"g.fxkey", "entry0.json",
+                                                              "entry1.json"}
