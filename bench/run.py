@@ -596,14 +596,21 @@ def run_row(job: Job, lock_path: str | None = None) -> dict:
     return {**metrics, **compile_facts(sink, job.mode), "autocast": use_autocast}
 
 
-def describe(error: BaseException) -> str:
-    """The innermost error first: Dynamo and Inductor wrap a backend's error in their own."""
+def error_chain(error: BaseException, depth: int = 10) -> list[BaseException]:
+    """`error` and what it wraps, outermost first: Dynamo and Inductor wrap a backend's error
+    in their own (`inner_exception`, `__cause__`)."""
     chain = [error]
-    while len(chain) < 10:
+    while len(chain) < depth:
         inner = getattr(chain[-1], "inner_exception", None) or chain[-1].__cause__
         if inner is None:
             break
         chain.append(inner)
+    return chain
+
+
+def describe(error: BaseException) -> str:
+    """The innermost error first, then what it was raised through."""
+    chain = error_chain(error)
     message = f"{type(chain[-1]).__name__}: {chain[-1]}"
     wrappers = " <- ".join(type(e).__name__ for e in chain[-2::-1])
     return f"{message}\n(raised through {wrappers})" if wrappers else message
@@ -612,9 +619,7 @@ def describe(error: BaseException) -> str:
 def where(error: BaseException, frames: int = 14) -> list[str]:
     """The innermost error's last frames, `file:line function`: a message alone does not
     say which stage raised it, and a GPU run is not repeated for a traceback."""
-    while getattr(error, "inner_exception", None) or error.__cause__:
-        error = getattr(error, "inner_exception", None) or error.__cause__
-    stack = traceback.extract_tb(error.__traceback__)[-frames:]
+    stack = traceback.extract_tb(error_chain(error)[-1].__traceback__)[-frames:]
     return [f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno} {f.name}" for f in stack]
 
 
