@@ -203,7 +203,8 @@ def merge_processes(runs: list[dict]) -> dict:
         row["min_ms"] = min((r["min_ms"] for r in rows), default=row.get("min_ms"))
         row.pop("samples_ms", None)
     merged["processes"] = [{mode: {k: row.get(k) for k in ("step_ms", "host_ms", "min_ms",
-                                                           "allocator_calls_per_step")}
+                                                           "allocator_calls_per_step",
+                                                           "device_events_per_step")}
                             for mode, row in r["modes"].items()} for r in ok]
     merged["host_launch_us"] = [pair for r in ok for pair in r.get("host_launch_us") or []]
     merged["elapsed_s"] = sum(r.get("elapsed_s", 0) for r in runs)
@@ -265,10 +266,13 @@ def interleaved_worker(spec: dict) -> dict:
     print(bench.COMPILED_MARK, flush=True)
     launch_before = host_launch_us(spec["device"])
     times = interleaved.take_turns(stepping, spec["rounds"], spec["steps"], cuda)
+    launch_after = host_launch_us(spec["device"])
     for mode, timed in times.items():
         rows[mode].update(summarize(timed))
+        if cuda:
+            rows[mode]["device_events_per_step"] = device_events(stepping[mode])
     return {"status": "ok", "modes": rows,  # a pair per process, as merged rows list them
-            "host_launch_us": [[launch_before, host_launch_us(spec["device"])]]}
+            "host_launch_us": [[launch_before, launch_after]]}
 
 
 def host_launch_us(device: str, calls: int = 500, rounds: int = 5) -> float:
@@ -289,6 +293,22 @@ def host_launch_us(device: str, calls: int = 500, rounds: int = 5) -> float:
         best = min(best, time.perf_counter() - start)  # the host's time: the GPU's queue
     sync()                                            # takes 500 without waiting
     return round(best / calls * 1e6, 3)
+
+
+def device_events(step) -> int | None:
+    """The kernels and copies one step puts on the GPU (the profiler's CUDA events): which
+    compiled code a mode ran. Two modes sharing graphs may load each other's code by key (in
+    session 37 both aotgrad modes ran one code, which their timings could not tell)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        return sum(e.device_type == DeviceType.CUDA for e in prof.events())
+    except Exception as e:  # a count is a clue, not a measure the row needs
+        print(f"device_events: {bench.describe(e)[:200]}", flush=True)
+        return None
 
 
 def _allow_recompiles(modes: int) -> None:

@@ -153,6 +153,20 @@ def allocator_calls(results: list[dict]) -> list[str]:
     return lines
 
 
+def device_events(results: list[dict]) -> list[str]:
+    """A line per model: the GPU events (kernels, copies) a step of each mode put on the
+    device in each interleaved process, which tells which compiled code a mode ran."""
+    lines = []
+    for r in results:
+        processes = _interleaved_processes(r.get("interleaved", {}))
+        counts = [{m: row.get("device_events_per_step") for m, row in p.items()}
+                  for p in processes]
+        if any(v is not None for c in counts for v in c.values()):
+            lines.append(f"- {r['model']}: " + "; ".join(
+                ", ".join(f"{m} {_num(v, 'd')}" for m, v in c.items()) for c in counts))
+    return lines
+
+
 def host_speeds(results: list[dict]) -> list[str]:
     """A line per model: `models.host_launch_us` of each of its interleaved processes, the
     covariate of its host-bound rows."""
@@ -197,6 +211,10 @@ def markdown(results: list[dict]) -> str:
     calls = allocator_calls(results)
     if calls:
         parts += ["## Allocator calls a steady step made (per step)", *calls]
+    events = device_events(results)
+    if events:
+        parts += ["## GPU events a step (kernels and copies, one profiled step a mode)",
+                  *events]
     speeds = host_speeds(results)
     if speeds:
         parts += ["## The host's speed in each interleaved process (us a launch of a "

@@ -177,3 +177,13 @@ def test_merged_caches_keep_each_cold_processs_inductor_keys(tmp_path):
         "combos", "no combos"}
     assert {p.name for p in (warm / "aotgrad").iterdir()} == {"g.fxkey", "entry0.json",
                                                               "entry1.json"}
+
+
+def test_each_modes_gpu_events_a_step_are_listed():
+    """Which code a mode ran: the kernels and copies of one profiled step, per process."""
+    result = model_json("gpt2")
+    for mode, count in (("inductor", 813), ("aotgrad", 571)):
+        result["interleaved"]["modes"][mode]["device_events_per_step"] = count
+    assert models_report.device_events([result, model_json("resnet50")]) == [
+        "- gpt2: eager -, inductor 813, inductor_ro -, aotgrad 571, aotgrad_ro -"]
+    assert "## GPU events a step" in models_report.markdown([result])
