@@ -120,9 +120,11 @@ convnext36)  # combo36c: convnext_t/aotgrad failed in its interleaved process on
 for d in sys.argv[1:]:
   for m,r in json.load(open(d+'/convnext_t.json'))['interleaved'].get('modes',{}).items():
     print(d, m, r.get('status'), r.get('error','')[:300]); print('\n'.join(r.get('where',[])))" $OUT/models $OUT/models_b ;;
-default37a|default37b|default37c)  # next session, after gpu36: the nine models with
-  # aotgrad's pointwise combos as its default (0b89b9c), beside aotgrad without them and
-  # torch's Inductor with them (is the gain ours, or the setting's?)
+default37a|default37b|default37c)  # the nine models with aotgrad's pointwise combos as
+  # its default (0b89b9c), beside aotgrad without them and torch's Inductor with them (is the
+  # gain ours, or the setting's?). Session 37 ran them at 04472af, where both aotgrad modes
+  # loaded one code by key in the interleaved process (fixed in a098e8a, 0c1a4ba): the next
+  # session runs them again; `device_events_per_step` says which code each mode ran.
   case $1 in default37a) M=vit_s16,resnet50,deberta_v2 ;; default37b) M=bert,gpt2,llama ;;
     default37c) M=convnext_t,efficientnet_b0,swin_t ;; esac
   TAIL=20 step models 580 python bench/models.py --models $M --jobs 4 --budget 330 \
