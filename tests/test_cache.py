@@ -686,10 +686,11 @@ def test_inductor_hit_skips_codegen_in_another_process(tmp_path, device):
 
 def test_warm_process_loads_inductor_graphs_by_key_without_hashing(tmp_path):
     """A hit hands Inductor the FX graph cache keys stored with the entry: Inductor does not
-    hash the graphs again (`prepare_key`), and the results are the cold process's."""
-    inductor_dir = str(tmp_path / "inductor")
-    cold = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=inductor_dir)
-    warm = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    hash the graphs again (`prepare_key`), and the results are the cold process's. (Inductor's
+    own cache is the default one: whether warm from earlier runs or not, the cold process
+    hashes each graph and stores its key, and the warm one loads by it.)"""
+    cold = run_script(tmp_path, "inductor")
+    warm = run_script(tmp_path, "inductor")
     assert cold["stats"]["inductor_by_key"] == 0 and cold["prepared"] == 2
     assert [e for e, _ in warm["events"]] == ["hit"]
     assert warm["stats"]["inductor_by_key"] == 2, warm["stats"]  # the forward and the backward
@@ -701,13 +702,11 @@ def test_warm_process_loads_inductor_graphs_by_key_without_hashing(tmp_path):
 
 
 def test_stored_inductor_key_without_its_artifact_falls_back(tmp_path):
-    """Inductor's cache emptied under ours: the keys find nothing, each graph is traced to
-    fake values and compiled again, and the step still matches eager."""
-    import shutil
-    inductor_dir = tmp_path / "inductor"
-    cold = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
-    shutil.rmtree(inductor_dir)
-    warm = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))
+    """Inductor's cache emptied under ours (here: the warm process given an empty one, the
+    cold one Inductor's default): the keys find nothing, each graph is traced to fake values
+    and compiled again, and the step still matches eager."""
+    cold = run_script(tmp_path, "inductor")
+    warm = run_script(tmp_path, "inductor", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty"))
     assert [e for e, _ in warm["events"]] == ["hit"]
     assert warm["stats"]["inductor_by_key"] == 0
     assert warm["stats"]["inductor_by_key_missing"] == 2, warm["stats"]
