@@ -4,18 +4,21 @@ filed under a context digest. Where a wrong compiled graph could plausibly be se
 graph in another context: static inputs, role, donations, global settings), a warm process
 must give eager's results, and load by key exactly the graphs whose context it recorded.
 
-Each scenario runs a cold process, then a warm one, sharing aotgrad's cache directory
-(test_cache.py's fixture) and Inductor's default one (warm from earlier runs: fast)."""
+Each scenario runs a cold phase, then a warm process from a copy of its cache directory,
+with Inductor's default one (warm from earlier runs: fast). The cold phases share one
+process (`colds`), each in a directory of its own."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from aotgrad.backends import fxcache
@@ -23,7 +26,7 @@ from aotgrad.cache import store
 from test_cache import REPO, cache_dir, result_of  # noqa: F401 (cache_dir: autouse fixture)
 
 SCRIPT = textwrap.dedent("""
-    import copy, json, logging, sys
+    import copy, json, logging, os, sys
     import torch, aotgrad
     from aotgrad import cache
     from torch._dynamo.utils import counters
@@ -33,7 +36,7 @@ SCRIPT = textwrap.dedent("""
             logged.append(record.getMessage())
     logging.getLogger("aotgrad.cache").addHandler(Keep())
     logging.getLogger("aotgrad.cache").setLevel(logging.INFO)
-    scenario, phase = sys.argv[1], sys.argv[2]
+    names, phase = sys.argv[1].split(","), sys.argv[2]
     inductor = dict(backend="inductor")
 
     def mlp():
@@ -194,38 +197,82 @@ SCRIPT = textwrap.dedent("""
             into += [out, view, buf, grad]
         return got, want
 
-    got, want = globals()[scenario]()
-    print(json.dumps({"events": cache.events(), "stats": cache.stats(), "log": logged,
-                      "inductor": {k: v for k, v in counters["inductor"].items() if "fxgraph" in k},
-                      "got": [t.tolist() for t in got], "want": [t.tolist() for t in want]}))
+    def outcome(name):
+        cache.reset_stats()
+        counters.clear()
+        logged.clear()
+        torch._dynamo.reset()
+        threads = torch.get_num_threads()
+        got, want = globals()[name]()
+        torch.set_num_threads(threads)
+        return {"events": cache.events(), "stats": cache.stats(), "log": logged[:],
+                "inductor": {k: v for k, v in counters["inductor"].items() if "fxgraph" in k},
+                "got": [t.tolist() for t in got], "want": [t.tolist() for t in want]}
+
+    results = {}
+    for name in names:
+        if len(sys.argv) > 3:  # several scenarios' cold phases: a cache directory each
+            os.environ["AOTGRAD_CACHE_DIR"] = os.path.join(sys.argv[3], name)
+        results[name] = outcome(name)
+    print(json.dumps(results))
 """)
 
 
 def run(tmp_path: Path, scenario: str, phase: str, **env: str) -> dict:
+    return run_all(tmp_path, [scenario], phase, **env)[scenario]
+
+
+def run_all(tmp_path: Path, scenarios: list[str], phase: str, caches: Path | None = None,
+            **env: str) -> dict:
+    """Each scenario's results from one process; with `caches`, each scenario compiles into
+    a cache directory of its own there, else into the test's."""
     script = tmp_path / "scenario.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    proc = subprocess.Popen([sys.executable, str(script), scenario, phase], env=env,
+    proc = subprocess.Popen([sys.executable, str(script), ",".join(scenarios), phase,
+                             *([str(caches)] if caches else [])], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return result_of(proc)
 
 
-def cold_then_warm(tmp_path: Path, scenario: str, **tolerance) -> dict:
-    """The warm process's results, after checking each process against eager."""
-    for phase in ("cold", "warm"):
-        result = run(tmp_path, scenario, phase)
-        assert len(result["got"]) == len(result["want"])
-        for got, want in zip(result["got"], result["want"]):
-            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), **tolerance)
-    return result
+COLD = ["static", "retain", "grad_mode", "bn_grad_mode", "settings", "layouts", "dynamic",
+        "two_steps", "mutation"]
+
+
+@pytest.fixture(scope="module")
+def colds(tmp_path_factory) -> tuple[Path, dict]:
+    """Every scenario's cold phase in one process (each starts with Dynamo reset, in a cache
+    directory of its own): a fresh interpreter per cold phase cost more than the warm ones.
+    A test's warm process starts from a copy of its scenario's directory."""
+    root = tmp_path_factory.mktemp("colds")  # (made before the tests' own fixtures)
+    return root / "caches", run_all(root, COLD, "cold", root / "caches", AOTGRAD_CACHE="1")
+
+
+@pytest.fixture
+def after_cold(tmp_path, colds, cache_dir):
+    """scenario -> (its cold results, its warm process's), each checked against eager;
+    the warm process's cache is a copy of the cold phase's."""
+    caches, results = colds
+
+    def warm(scenario: str, **tolerance) -> tuple[dict, dict]:
+        if (caches / scenario).exists():  # (a scenario may store nothing: symbolic shapes)
+            shutil.copytree(caches / scenario, cache_dir, dirs_exist_ok=True)
+        cold, warm = results[scenario], run(tmp_path, scenario, "warm")
+        assert "hit" not in [e for e, _ in cold["events"]], cold["events"]  # cold indeed
+        for result in cold, warm:
+            assert len(result["got"]) == len(result["want"])
+            for got, want in zip(result["got"], result["want"]):
+                torch.testing.assert_close(torch.tensor(got), torch.tensor(want), **tolerance)
+        return cold, warm
+    return warm
 
 
 def by_key(result: dict) -> int:
     return result["stats"].get("inductor_by_key", 0)
 
 
-def test_static_inputs_of_the_same_graph_are_another_context(tmp_path):
-    warm = cold_then_warm(tmp_path, "static")
+def test_static_inputs_of_the_same_graph_are_another_context(after_cold):
+    _, warm = after_cold("static")
     # The module hits although the function's Inductor compile came first (it sets some
     # options to their default values: that once made the module's key another).
     assert [e for e, _ in warm["events"]] == ["miss", "hit"], warm["events"]
@@ -246,8 +293,8 @@ def test_inductor_option_set_to_its_default_is_the_same_key_component():
         assert f"max_autotune={flipped!r}" in _inductor_config()
 
 
-def test_retain_graph_backward_after_a_hit_is_not_the_donating_one(tmp_path):
-    warm = cold_then_warm(tmp_path, "retain")
+def test_retain_graph_backward_after_a_hit_is_not_the_donating_one(after_cold, tmp_path):
+    _, warm = after_cold("retain")
     assert [e for e, _ in warm["events"]] == ["hit"]
     # The forward and the donating backward; the keeping one was never compiled cold.
     assert by_key(warm) == 2, warm["stats"]
@@ -258,56 +305,54 @@ def test_retain_graph_backward_after_a_hit_is_not_the_donating_one(tmp_path):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
 
 
-def test_inference_after_training_in_a_warm_process(tmp_path):
-    warm = cold_then_warm(tmp_path, "grad_mode")
+def test_inference_after_training_in_a_warm_process(after_cold):
+    _, warm = after_cold("grad_mode")
     assert [e for e, _ in warm["events"]] == ["miss", "hit"], warm["events"]
     assert by_key(warm) == 2, warm["stats"]  # training forward and backward, not inference
 
 
-def test_batch_norm_under_no_grad_then_training_in_a_warm_process(tmp_path):
-    warm = cold_then_warm(tmp_path, "bn_grad_mode")
+def test_batch_norm_under_no_grad_then_training_in_a_warm_process(after_cold):
+    _, warm = after_cold("bn_grad_mode")
     assert [e for e, _ in warm["events"]] == ["hit", "hit"], warm["events"]
     assert by_key(warm) == 3, warm["stats"]  # inference, forward, backward
 
 
-def test_changed_matmul_precision_and_determinism_do_not_load_by_key(tmp_path):
-    warm = cold_then_warm(tmp_path, "settings")
+def test_changed_matmul_precision_and_determinism_do_not_load_by_key(after_cold):
+    _, warm = after_cold("settings")
     # Inductor's key holds both settings: code keyed under the old ones is not served.
     assert by_key(warm) == 0, warm["stats"]
 
 
-def test_a_saved_layout_the_forward_chose_is_traced_from_as_traced_in_another_context(tmp_path):
+def test_a_saved_layout_the_forward_chose_is_traced_from_as_traced_in_another_context(
+        after_cold):
     """A hit whose Inductor keys are not entered computes its graphs' fake values again. A
     saved value the compiled forward lays out its own way (a ConvNeXt block's layer-norm
     statistics, H and W swapped) reaches the backward restrided; its ops must be computed
     from the value as traced: from the new strides, a `view` of the trace failed (session
     36: ConvNeXt-T on the GPU; `Cannot view a tensor with shape [2, 14, 14, 16]`)."""
-    cold = run(tmp_path, "layouts", "cold")
-    warm = run(tmp_path, "layouts", "warm")
+    # bf16 autocast: eager's and Inductor's roundings differ; a bias's sum of 392 bf16
+    # terms by 7%
+    cold, warm = after_cold("layouts", rtol=0.1, atol=0.5)
     assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
     assert by_key(warm) == 0, warm["stats"]
-    for result in cold, warm:  # bf16 autocast: eager's and Inductor's roundings differ
-        for got, want in zip(result["got"], result["want"]):
-            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0.1,
-                                       atol=0.5)  # a bias's sum of 392 bf16 terms: 7%
     for got, cold_got in zip(warm["got"], cold["got"]):  # one thread, not two: sums reorder
         torch.testing.assert_close(torch.tensor(got), torch.tensor(cold_got), rtol=0.02,
                                    atol=0.05)
 
 
-def test_dynamic_shapes_cold_then_warm_at_a_new_size(tmp_path):
-    warm = cold_then_warm(tmp_path, "dynamic")
+def test_dynamic_shapes_cold_then_warm_at_a_new_size(after_cold):
+    _, warm = after_cold("dynamic")
     assert by_key(warm) == 0, warm["stats"]  # symbolic graphs are not stored
 
 
-def test_running_statistics_after_two_warm_steps_equal_eager(tmp_path):
-    warm = cold_then_warm(tmp_path, "two_steps")
+def test_running_statistics_after_two_warm_steps_equal_eager(after_cold):
+    _, warm = after_cold("two_steps")
     assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
     assert by_key(warm) == 2, warm["stats"]
 
 
-def test_input_mutation_and_view_output_in_a_warm_process(tmp_path):
-    warm = cold_then_warm(tmp_path, "mutation")
+def test_input_mutation_and_view_output_in_a_warm_process(after_cold):
+    _, warm = after_cold("mutation")
     assert [e for e, _ in warm["events"]] == ["hit"], warm["events"]
     assert by_key(warm) == 2, warm["stats"]
 
