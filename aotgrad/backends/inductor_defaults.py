@@ -1,8 +1,10 @@
 """Inductor's settings aotgrad chooses for its own graphs, each measured on a GPU, each left
 as the user set it (`torch.compile(..., options=...)`, or a `config.patch` away from
 torch's default).
-Applied inside each graph's compile, so the forward, the backward and an inference graph
-can differ; aotgrad's cache key holds its own source, so a change here is a new key."""
+Applied per graph (compilers._our_settings), so the forward, the backward and an inference
+graph can differ, around both the load of a stored Inductor key and the compile: the context
+a key is filed under names them. aotgrad's cache key holds its own source, so a change here
+is a new key."""
 
 from __future__ import annotations
 
