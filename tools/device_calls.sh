@@ -164,6 +164,11 @@ host37)  # DeBERTa-v2's host-bound aotgrad step, 1.25-1.32x torch's in every int
   TAIL=0 step alone_aotgrad 60 python tools/probe37.py deberta_v2 aotgrad
   TAIL=0 step alone_inductor 60 python tools/probe37.py deberta_v2 inductor
   grep -h "ms (medians" $OUT/*.log ;;
+host38)  # host37 without aotgrad's combos: DeBERTa-v2's no-combo aotgrad step was 1.25-1.32x
+  # torch's in sessions 34 and 36 (equal launch counts, equal GPU work); where its host goes
+  TAIL=0 step shared 300 python tools/probe37.py deberta_v2 inductor,aotgrad_no_combo,aotgrad
+  grep -h "ms (medians" $OUT/*.log
+  sed -n '/less inductor/,$p' $OUT/shared.log | head -30 ;;
 suite)
   # -v: each result as it comes, so that a run cut short still says what failed
   TAIL=3 step pytest_211 560 python -m pytest -n 15 -v -o addopts= -p no:cacheprovider -p no:warnings \
