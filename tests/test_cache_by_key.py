@@ -242,8 +242,8 @@ COLD = ["static", "retain", "grad_mode", "bn_grad_mode", "settings", "layouts", 
 @pytest.fixture(scope="module")
 def colds(tmp_path_factory) -> tuple[Path, dict]:
     """Every scenario's cold phase in one process (each starts with Dynamo reset, in a cache
-    directory of its own): a fresh interpreter per cold phase cost more than the warm ones.
-    A test's warm process starts from a copy of its scenario's directory."""
+    directory of its own, and is asserted cold): an interpreter of its own cost each ~8 s.
+    What a test checks is its warm process, which starts from a copy of the directory."""
     root = tmp_path_factory.mktemp("colds")  # (made before the tests' own fixtures)
     return root / "caches", run_all(root, COLD, "cold", root / "caches", AOTGRAD_CACHE="1")
 
