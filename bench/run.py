@@ -42,6 +42,7 @@ REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))  # `python bench/run.py` from anywhere finds aotgrad
 
 import aotgrad  # noqa: E402
+from aotgrad.backends.inductor_defaults import POINTWISE_COMBOS  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- the tables
@@ -273,10 +274,9 @@ MODES = {
     "aotgrad_dynamo_combo": Mode(_aotgrad_dynamo("inductor", options={"combo_kernels": True})),
     # pointwise kernels only: session 35's slow combos joined reductions. aotgrad's default
     # on CUDA since session 36 (backends/inductor_defaults.py); `_no_combo` is the one before
-    "torch_compile_combo_pw": Mode(lambda model, budget, sink: torch.compile(model, options={
-        "combo_kernels": True, "combo_kernels_pointwise_only": True})),
-    "aotgrad_dynamo_combo_pw": Mode(_aotgrad_dynamo("inductor", options={
-        "combo_kernels": True, "combo_kernels_pointwise_only": True})),
+    "torch_compile_combo_pw": Mode(lambda model, budget, sink: torch.compile(
+        model, options=dict(POINTWISE_COMBOS))),
+    "aotgrad_dynamo_combo_pw": Mode(_aotgrad_dynamo("inductor", options=dict(POINTWISE_COMBOS))),
     "aotgrad_dynamo_no_combo": Mode(_aotgrad_dynamo("inductor", options={
         "combo_kernels": False})),
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),

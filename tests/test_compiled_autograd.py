@@ -650,8 +650,8 @@ def test_inductor_compiles_the_captured_backward(front_door):
 
 
 def test_inductor_caps_the_buffers_of_a_captured_backwards_kernels(monkeypatch):
-    """As for aotgrad's own backwards (inductor_defaults.BACKWARD_KERNEL_BUFFERS): a recomputed chain
-    fused whole into one kernel spills registers."""
+    """As for aotgrad's own backwards (inductor_defaults.BACKWARD_KERNEL_BUFFERS): a
+    recomputed chain fused whole into one kernel spills registers."""
     import torch._inductor.compile_fx as compile_fx
     from torch._inductor import config as inductor_config
     from aotgrad.backends.inductor_defaults import BACKWARD_KERNEL_BUFFERS
