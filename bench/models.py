@@ -141,15 +141,24 @@ def merge_caches(scratch: str) -> str:
     it only spares the interleaved process compiling everything again. A graph's Inductor
     keys are one `.fxkey` file with a record per context: those are merged record by record
     (copied over, only the last cold process's context was found, and its code served every
-    mode that shares the graph: session 37)."""
+    mode that shares the graph: session 37). Triton's autotuning choices (`.best_config`)
+    are left out: the cold processes tune side by side on one GPU, each timing its kernels'
+    configurations while the others run theirs, and a choice made that way is kept by
+    every later process; the interleaved process tunes its modes alone. The likeliest cause
+    of session 38's DeBERTa-v2 row: its no-combo aotgrad step took 37.4 ms (median) in a
+    process whose caches one lone process had filled, and never under 42.9 ms in the
+    bench's, same graphs and settings."""
     warm = tempfile.mkdtemp(prefix="warm-", dir=scratch)
     for cold in sorted(Path(scratch).glob("bench-inductor-*")):
         try:
             shutil.copytree(cold, warm, symlinks=True, dirs_exist_ok=True,
-                            copy_function=_merge_copy)
+                            copy_function=_merge_copy, ignore=_TUNED)
         except shutil.Error as e:  # a lock file gone meanwhile: that entry compiles again
             print(f"merging {cold.name}: {str(e)[:200]}", flush=True)
     return warm
+
+
+_TUNED = shutil.ignore_patterns("*.best_config")
 
 
 def _merge_copy(src: str, dst: str) -> None:

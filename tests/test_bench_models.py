@@ -179,6 +179,18 @@ def test_merged_caches_keep_each_cold_processs_inductor_keys(tmp_path):
                                                               "entry1.json"}
 
 
+def test_merged_caches_leave_out_autotuning_done_side_by_side(tmp_path):
+    """Cold processes tune their Triton kernels while the others use the GPU: the
+    interleaved process tunes again, alone, and keeps the kernels themselves."""
+    import models
+    kernels = tmp_path / "bench-inductor-0" / "ab"
+    kernels.mkdir(parents=True)
+    for name in ("cabc.py", "cabc.best_config", "cabc.cubin"):
+        (kernels / name).write_text("x")
+    warm = Path(models.merge_caches(str(tmp_path)))
+    assert {p.name for p in (warm / "ab").iterdir()} == {"cabc.py", "cabc.cubin"}
+
+
 def test_each_modes_gpu_events_a_step_are_listed():
     """Which code a mode ran: the kernels and copies of one profiled step, per process."""
     result = model_json("gpt2")
