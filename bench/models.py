@@ -60,7 +60,8 @@ MODES = {"eager": "eager", "inductor": "torch_compile", "inductor_ro": "torch_co
          "inductor_cpp": "torch_compile_cpp", "aotgrad_cpp": "aotgrad_dynamo_cpp",
          "inductor_combo": "torch_compile_combo", "aotgrad_combo": "aotgrad_dynamo_combo",
          "inductor_combo_pw": "torch_compile_combo_pw", "aotgrad_combo_pw":
-         "aotgrad_dynamo_combo_pw", "aotgrad_no_combo": "aotgrad_dynamo_no_combo"}
+         "aotgrad_dynamo_combo_pw", "aotgrad_no_combo": "aotgrad_dynamo_no_combo",
+         "aotgrad_combo_fw": "aotgrad_dynamo_combo_fw"}
 MODELS = ["gpt2", "llama", "bert", "resnet50", "efficientnet_b0", "vit_s16", "swin_t",
           "convnext_t", "deberta_v2"]
 SMALL_MODELS = ["tiny"]  # needs neither transformers nor timm; fits 3 min on 2 cores
@@ -373,7 +374,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=bench._names(bench.MODELS))
     p.add_argument("--modes", type=bench._names(MODES),
-                   default=[m for m in MODES if not m.endswith(("_cpp", "_combo", "_pw"))])
+                   default=[m for m in MODES if not m.endswith(("_cpp", "_combo", "_pw", "_fw"))])
     p.add_argument("--small", action="store_true", help="tiny models (CPU check)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget", type=float, default=480, help="seconds; no model starts later")

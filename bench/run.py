@@ -42,6 +42,7 @@ REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))  # `python bench/run.py` from anywhere finds aotgrad
 
 import aotgrad  # noqa: E402
+from aotgrad.backends import inductor_defaults  # noqa: E402
 from aotgrad.backends.inductor_defaults import POINTWISE_COMBOS  # noqa: E402
 
 
@@ -202,6 +203,19 @@ def _aotgrad_dynamo(backend, mode=None, options=None):
     return compile_
 
 
+@contextlib.contextmanager
+def _combo_roles(*roles):
+    """aotgrad's combo default for these graphs only, around each step (the first compiles).
+    The context its Inductor keys are filed under holds the settings: no other mode's code
+    is loaded for it."""
+    chosen = inductor_defaults.COMBO_ROLES
+    inductor_defaults.COMBO_ROLES = frozenset(roles)
+    try:
+        yield
+    finally:
+        inductor_defaults.COMBO_ROLES = chosen
+
+
 def _spans_saved(joint, joint_inputs=None, **kwargs):
     """Issue 20's experiment: the min cut with every recomputed value that a backward kernel
     would keep alive saved by the forward, whatever it adds to the modeled peak (aotgrad
@@ -279,6 +293,9 @@ MODES = {
     "aotgrad_dynamo_combo_pw": Mode(_aotgrad_dynamo("inductor", options=dict(POINTWISE_COMBOS))),
     "aotgrad_dynamo_no_combo": Mode(_aotgrad_dynamo("inductor", options={
         "combo_kernels": False})),
+    # aotgrad's combos in its forward graphs only: do the backward's pay for their memory?
+    "aotgrad_dynamo_combo_fw": Mode(_aotgrad_dynamo("inductor"),
+                                    config=lambda budget: _combo_roles("forward", "inference")),
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
@@ -295,7 +312,7 @@ DEFAULT_MODES = [m for m in MODES
                               "torch_compile_cpp", "aotgrad_dynamo_cpp",
                               "torch_compile_combo", "aotgrad_dynamo_combo",
                               "torch_compile_combo_pw", "aotgrad_dynamo_combo_pw",
-                              "aotgrad_dynamo_no_combo",
+                              "aotgrad_dynamo_no_combo", "aotgrad_dynamo_combo_fw",
                               "aotgrad_dynamo_spans_saved", "aotgrad_dynamo_no_exchanges",
                               "aotgrad_torch_partition")]
 

@@ -437,6 +437,21 @@ def test_a_cuda_graph_gets_pointwise_combo_kernels_unless_the_user_chose():
     assert for_graph(config, "forward", cuda) == POINTWISE_COMBOS
 
 
+def test_combo_kernels_go_to_the_roles_their_table_names(monkeypatch):
+    """COMBO_ROLES: every graph by default; the bench's `aotgrad_combo_fw` narrows it to
+    the forward's, and the backward's settings then leave combos as torch has them."""
+    from torch._inductor import config
+    from aotgrad.backends import inductor_defaults
+    cuda = [_fake_cuda_input()]
+    assert inductor_defaults.for_graph(config, "backward", cuda) == {
+        **inductor_defaults.POINTWISE_COMBOS,
+        "max_fusion_unique_io_buffers": inductor_defaults.BACKWARD_KERNEL_BUFFERS}
+    monkeypatch.setattr(inductor_defaults, "COMBO_ROLES", frozenset({"forward", "inference"}))
+    assert "combo_kernels" not in inductor_defaults.for_graph(config, "backward", cuda)
+    assert inductor_defaults.for_graph(config, "forward", cuda) == (
+        inductor_defaults.POINTWISE_COMBOS)
+
+
 def test_the_users_options_are_known_as_theirs_inside_each_compile(monkeypatch):
     """How the defaults know a choice: torch.compile's options are marked as the user's
     around each graph's compile, the lazy backward's included; without options, nothing."""

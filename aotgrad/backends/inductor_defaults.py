@@ -34,12 +34,17 @@ BACKWARD_KERNEL_BUFFERS = 64
 # combos joining them never finished compiling DeBERTa-v2 and slowed ViT-S 1.7x (session 35).
 # Not for compiled autograd's segments: unmeasured there.
 POINTWISE_COMBOS = {"combo_kernels": True, "combo_kernels_pointwise_only": True}
+# The graphs that take them. DeBERTa-v2's launches fell from 276 to 101 in the forward (host
+# 23.4 -> 6.8 ms) and from 537 to 470 in the backward (26.8 -> 27.2 ms: no gain there;
+# h200-2026-12-01-session37/host37); the bench's `aotgrad_combo_fw` leaves the backward out.
+COMBO_ROLES = frozenset({"forward", "backward", "inference"})
 
 
 def for_graph(config, role: str, example_inputs: Sequence[Any]) -> dict:
     """The settings for one graph's compile, `role` "forward", "backward" or "inference"."""
     ours = backward_fusion_limits(config) if role == "backward" else {}
-    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs):
+    if role in COMBO_ROLES and any(isinstance(t, torch.Tensor) and t.is_cuda
+                                   for t in example_inputs):
         ours.update(_unset(config, POINTWISE_COMBOS))
     return ours
 
