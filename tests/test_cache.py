@@ -1372,3 +1372,18 @@ def test_a_float_dynamo_made_dynamic_is_not_served_from_the_cache():
             out, doubled = compiled(x, s)
             torch.testing.assert_close(out, x * s)
             assert doubled == s * 2
+
+
+def test_a_miss_is_explained_against_its_own_program_first():
+    """The nearest entry: same kind and program before any number of shared components
+    (an entry of another program may share more of them)."""
+    mine = {"kind": "graph", "program": "p1", "inputs": "f32[3]", "a": "1", "b": "1"}
+    other_program = {"kind": "graph", "program": "p2", "inputs": "f32[3]", "a": "1", "b": "1"}
+    own_program = {"kind": "graph", "program": "p1", "inputs": "f32[5]", "a": "2", "b": "2"}
+    other_kind = {"kind": "autograd", "program": "p1", "inputs": "f32[3]", "a": "1", "b": "1"}
+    assert cache_key.nearest(mine, [other_kind, other_program, own_program]) is own_program
+    assert cache_key.nearest(mine, [other_kind, other_program]) is other_program
+    assert cache_key.nearest(mine, [other_kind]) is other_kind
+    assert cache_key.explain_miss(mine, [other_kind]) == "no entry of this kind yet"
+    assert "inputs f32[5] -> f32[3]" in cache_key.explain_miss(mine, [other_program,
+                                                                      own_program])
