@@ -145,10 +145,10 @@ def merge_caches(scratch: str) -> str:
     mode that shares the graph: session 37). Triton's autotuning choices (`.best_config`)
     are left out: the cold processes tune side by side on one GPU, each timing its kernels'
     configurations while the others run theirs, and a choice made that way is kept by
-    every later process; the interleaved process tunes its modes alone. The likeliest cause
-    of session 38's DeBERTa-v2 row: its no-combo aotgrad step took 37.4 ms (median) in a
-    process whose caches one lone process had filled, and never under 42.9 ms in the
-    bench's, same graphs and settings."""
+    every later process; the interleaved process tunes its modes alone (a choice timed
+    under contention is a draw none of the modes should carry. Session 38: DeBERTa-v2's
+    no-combo aotgrad step took 37.4 ms, median, in a process whose caches one lone process
+    had filled, and never under 42.9 ms in the bench's, same graphs and settings)."""
     warm = tempfile.mkdtemp(prefix="warm-", dir=scratch)
     for cold in sorted(Path(scratch).glob("bench-inductor-*")):
         try:
