@@ -120,15 +120,18 @@ convnext36)  # combo36c: convnext_t/aotgrad failed in its interleaved process on
 for d in sys.argv[1:]:
   for m,r in json.load(open(d+'/convnext_t.json'))['interleaved'].get('modes',{}).items():
     print(d, m, r.get('status'), r.get('error','')[:300]); print('\n'.join(r.get('where',[])))" $OUT/models $OUT/models_b ;;
-default39a|default39b|default39c)  # the nine models: aotgrad (pointwise combos in every
+default39a|default39b|default39c|default39d)  # the nine models: aotgrad (pointwise combos in every
   # CUDA graph), aotgrad_combo_fw (in the forward's only: do the backward's pay for their
   # peak memory?), aotgrad_no_combo, torch's Inductor. Since session 38 the interleaved
-  # process tunes Triton's kernels itself (the cold processes tune side by side: the likeliest
-  # cause of DeBERTa-v2's slow aotgrad rows, 1.06-1.32x, against 0.87-0.93x in probes)
-  case $1 in default39a) M=vit_s16,resnet50,deberta_v2 ;; default39b) M=bert,gpt2,llama ;;
-    default39c) M=convnext_t,efficientnet_b0,swin_t ;; esac
+  # process tunes Triton's kernels itself (the cold processes tune side by side: one candidate
+  # for DeBERTa-v2's slow aotgrad rows, 1.06-1.32x, against 0.87-0.93x in probes).
+  # default39d: DeBERTa-v2 in three interleaved processes (its ratio is drawn per process).
+  # About 300, 230, 440, 300 s.
+  P=1; case $1 in default39a) M=vit_s16,resnet50,bert ;; default39b) M=gpt2,llama ;;
+    default39c) M=convnext_t,efficientnet_b0,swin_t ;; default39d) M=deberta_v2 P=3 ;; esac
   TAIL=20 step models 580 python bench/models.py --models $M --jobs 4 --budget 330 \
-    --timeout 250 --modes inductor,aotgrad,aotgrad_combo_fw,aotgrad_no_combo --out $OUT/models ;;
+    --timeout 400 --processes $P --modes inductor,aotgrad,aotgrad_combo_fw,aotgrad_no_combo \
+    --out $OUT/models ;;
 gpu36)  # the CUDA tests of aotgrad's Inductor defaults (pointwise combos, session 36) and
   # of the Inductor backend on CUDA, with the new default
   TAIL=8 step pytest_211 170 python -m pytest -n 8 -v -o addopts= -p no:cacheprovider \
