@@ -376,7 +376,8 @@ def test_inductor_compiles_a_copy_and_the_graphs_stay_as_partitioned():
     tokens = torch.randint(0, 256, (2, 16))
     batch = (tokens, torch.roll(tokens, -1, dims=1))
     compiled = aotgrad.compile(lm, backend="inductor")
-    with inductor_config.patch(force_disable_caches=True):  # its passes run: no cache hit
+    # Its passes run (no FX graph cache hit); its C++ kernels may come from the code cache.
+    with inductor_config.patch(fx_graph_cache=False):
         loss = compiled(*batch)
         backward_graph = compiled.artifacts[0].backward_graph
         before = str(backward_graph.graph)
@@ -404,7 +405,7 @@ def test_a_backwards_kernels_are_capped_in_the_buffers_they_fuse(monkeypatch, us
     monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
     monkeypatch.setattr(inductor_config, "max_fusion_unique_io_buffers", users_cap)
     x = torch.randn(4, 8, requires_grad=True)
-    with inductor_config.patch(force_disable_caches=True):
+    with inductor_config.patch(fx_graph_cache=False):
         aotgrad.compile(lambda t: (t.sin() * t).sum(), backend="inductor")(x).backward()
     torch.testing.assert_close(x.grad, x.detach().sin() + x.detach() * x.detach().cos())
     assert seen == {"forward": users_cap, "backward": users_cap or BACKWARD_KERNEL_BUFFERS}
@@ -465,7 +466,7 @@ def test_the_users_options_are_known_as_theirs_inside_each_compile(monkeypatch):
         return inner(gm, example_inputs, **kwargs)
     monkeypatch.setattr(compile_fx, "compile_fx_inner", spy)
     x = torch.randn(4, 8, requires_grad=True)
-    with inductor_config.patch(force_disable_caches=True):
+    with inductor_config.patch(fx_graph_cache=False):
         for options in ({"combo_kernels": False}, None):
             f = torch.compile(lambda t: (t.cos() * t).sum(), backend="aotgrad", options=options)
             f(x).backward()
@@ -491,7 +492,7 @@ def test_pointwise_combo_kernels_on_cuda_match_eager(monkeypatch):
         return (a.sin() * 2).sum() + (b.exp() + 1).mean()
     a, b = (torch.randn(256, 64, device="cuda", requires_grad=True) for _ in range(2))
     ea, eb = (t.detach().clone().requires_grad_() for t in (a, b))
-    with inductor_config.patch(force_disable_caches=True):
+    with inductor_config.patch(fx_graph_cache=False):
         aotgrad.compile(f, backend="inductor")(a, b).backward()
     f(ea, eb).backward()
     assert seen and set(seen) == {(True, True)}
@@ -535,7 +536,7 @@ def test_torch_compiles_mode_and_options_reach_inductor_at_each_compile(monkeypa
     torch._dynamo.reset()
     f = SETTINGS_DOORS[door](lambda t: (t.sin() * t).exp(), mode, options)
     x = torch.randn(4, 8, requires_grad=True)
-    with inductor_config.patch(force_disable_caches=True):
+    with inductor_config.patch(fx_graph_cache=False):
         out = f(x)
         assert seen == {"passes": wanted, "forward": wanted}
         out.sum().backward()
@@ -561,7 +562,7 @@ def test_torch_compiles_settings_win_over_the_backends_own(monkeypatch):
     torch._dynamo.reset()
     chosen = aotgrad.backend(options={"max_fusion_size": 7, "epilogue_fusion": False})
     f = torch.compile(lambda t: t.sin() * 2, backend=chosen, options={"max_fusion_size": 9})
-    with inductor_config.patch(force_disable_caches=True), torch.no_grad():
+    with inductor_config.patch(fx_graph_cache=False), torch.no_grad():
         f(torch.randn(4))
     assert seen == [(9, False)]
 

@@ -23,7 +23,8 @@ import torch
 
 from aotgrad.backends import fxcache
 from aotgrad.cache import store
-from test_cache import REPO, cache_dir, result_of  # noqa: F401 (cache_dir: autouse fixture)
+from test_cache import REPO, inductor_cache_of_kernels, result_of
+from test_cache import cache_dir  # noqa: F401 (an autouse fixture)
 
 SCRIPT = textwrap.dedent("""
     import copy, json, logging, os, sys
@@ -361,9 +362,9 @@ def test_a_key_stored_in_another_context_is_explained_and_inductor_still_finds_i
         tmp_path, cache_dir):
     # Inductor hashes the GraphModule with its `meta`: the cache slot aotgrad kept there, with
     # the keys stored in other contexts, made Inductor's own key another (a GPU warm process
-    # compiled its forward again). Inductor's cache is this test's own: a key computed with
-    # the slot in it cannot have been stored by an earlier run.
-    inductor = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    # compiled its forward again). Inductor's graph cache is this test's own: a key computed
+    # with the slot in it cannot have been stored by an earlier run.
+    inductor = inductor_cache_of_kernels(tmp_path / "inductor")
     run(tmp_path, "two_steps", "cold", **inductor)
     moved = 0
     for path in cache_dir.rglob("*.fxkey"):  # every key now says: stored with 99 threads
