@@ -3,6 +3,7 @@
     python bench/compile_stages.py --model deberta_v2 --small            # CPU, 2-layer model
     python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor  # GPU, < 3 min
     python bench/compile_stages.py --model deberta_v2 --fp32             # GPU, no autocast
+    python bench/compile_stages.py --modes aotgrad_eager,aot_eager --batch 1  # CPU, full size
     python bench/compile_stages.py --model deberta_v2 --modes aotgrad,inductor --profile DIR
 
 Each mode compiles the model's training step (bench/run.py's: forward with the loss, bf16
@@ -68,6 +69,8 @@ def worker(spec: dict) -> dict:
     job = bench.Job(spec["model"], MODES[spec["mode"]], None, spec["small"], spec["device"], 0, 1)
     torch.manual_seed(0)
     model, batch, use_autocast = bench.prepare(job)
+    if spec.get("batch"):  # fewer samples: a full-size model's step on a CPU takes a minute
+        batch = tuple(b[:spec["batch"]] if isinstance(b, torch.Tensor) else b for b in batch)
     use_autocast = use_autocast and not spec["fp32"]
     sink: list = []
     compiled = bench.MODES[job.mode].compile(model, None, sink)
@@ -153,7 +156,7 @@ def _phases(torch) -> dict[str, dict]:
 
 def run_mode(mode: str, args, profile_dir: Path | None) -> dict:
     spec = {"model": args.model, "mode": mode, "small": args.small, "device": args.device,
-            "fp32": args.fp32,
+            "fp32": args.fp32, "batch": args.batch,
             "profile": str(profile_dir / f"{mode}.prof") if profile_dir else None,
             "dump": str(profile_dir / f"{mode}.graph") if profile_dir else None}
     with tempfile.TemporaryDirectory(prefix="compile-stages-") as scratch:
@@ -272,6 +275,8 @@ def main(argv=None) -> None:
     p.add_argument("--small", action="store_true", help="the CPU-sized variant of the model")
     p.add_argument("--device", default=None)
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
+    p.add_argument("--batch", type=int, help="the batch's first N samples (the graphs are the "
+                   "model's; a full-size model's step on a CPU is shorter)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900, help="seconds per process")
     p.add_argument("--profile", help="a directory for each mode's cProfile of its first step "
