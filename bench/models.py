@@ -280,7 +280,7 @@ def interleaved_worker(spec: dict) -> dict:
     for mode, timed in times.items():
         rows[mode].update(summarize(timed))
         if cuda:
-            rows[mode]["device_events_per_step"] = device_events(stepping[mode])
+            rows[mode].update(profiled_step(stepping[mode]))
     return {"status": "ok", "modes": rows,  # a pair per process, as merged rows list them
             "host_launch_us": [[launch_before, launch_after]]}
 
@@ -305,20 +305,37 @@ def host_launch_us(device: str, calls: int = 500, rounds: int = 5) -> float:
     return round(best / calls * 1e6, 3)
 
 
-def device_events(step) -> int | None:
-    """The kernels and copies one step puts on the GPU (the profiler's CUDA events): which
-    compiled code a mode ran. Two modes sharing graphs may load each other's code by key (in
-    session 37 both aotgrad modes ran one code, which their timings could not tell)."""
+# The profiler's names of a step's copies (on the GPU) and of the host's calls that wait on
+# the GPU: a host that waits mid-step loses its lead, and a host-bound step's time moves
+# with that (DeBERTa-v2's aotgrad rows, 1.06-1.32x in some processes only).
+COPIES_AND_WAITS = ("Memcpy", "Memset", "Synchronize")
+
+
+def profiled_step(step) -> dict:
+    """One step under the profiler: the kernels and copies it put on the GPU
+    (`device_events_per_step`: which compiled code a mode ran; in session 37 two modes
+    sharing graphs ran one code, which their timings could not tell), and its copies and
+    waits by name (`copies_and_waits`)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             step()
-            torch.cuda.synchronize()
-        return sum(e.device_type == DeviceType.CUDA for e in prof.events())
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        events = prof.events()
     except Exception as e:  # a count is a clue, not a measure the row needs
-        print(f"device_events: {bench.describe(e)[:200]}", flush=True)
-        return None
+        print(f"profiled_step: {bench.describe(e)[:200]}", flush=True)
+        return {}
+    waits: dict[str, int] = {}
+    for event in events:
+        if any(word in event.name for word in COPIES_AND_WAITS):
+            waits[event.name] = waits.get(event.name, 0) + 1
+    if waits.get("cudaDeviceSynchronize"):  # one is this function's own, after the step
+        waits["cudaDeviceSynchronize"] -= 1
+    waits = {name: n for name, n in waits.items() if n}
+    return {"device_events_per_step": sum(e.device_type == DeviceType.CUDA for e in events),
+            "copies_and_waits": waits}
 
 
 def _allow_recompiles(modes: int) -> None:

@@ -167,6 +167,19 @@ def device_events(results: list[dict]) -> list[str]:
     return lines
 
 
+def copies_and_waits(results: list[dict]) -> list[str]:
+    """A line per model and mode whose profiled step copied or waited (models.profiled_step),
+    each process's counts by name."""
+    lines = []
+    for r in results:
+        for p in _interleaved_processes(r.get("interleaved", {})):
+            for mode, row in p.items():
+                if row.get("copies_and_waits"):
+                    lines.append(f"- {r['model']}/{mode}: " + ", ".join(
+                        f"{name} {n}" for name, n in sorted(row["copies_and_waits"].items())))
+    return lines
+
+
 def host_speeds(results: list[dict]) -> list[str]:
     """A line per model: `models.host_launch_us` of each of its interleaved processes, the
     covariate of its host-bound rows."""
@@ -215,6 +228,9 @@ def markdown(results: list[dict]) -> str:
     if events:
         parts += ["## GPU events a step (kernels and copies, one profiled step a mode)",
                   *events]
+    waits = copies_and_waits(results)
+    if waits:
+        parts += ["## Copies and the host's waits on the GPU in the profiled step", *waits]
     speeds = host_speeds(results)
     if speeds:
         parts += ["## The host's speed in each interleaved process (us a launch of a "

@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import models_report  # noqa: E402
@@ -199,3 +200,17 @@ def test_each_modes_gpu_events_a_step_are_listed():
     assert models_report.device_events([result, model_json("resnet50")]) == [
         "- gpt2: eager -, inductor 813, inductor_ro -, aotgrad 571, aotgrad_ro -"]
     assert "## GPU events a step" in models_report.markdown([result])
+
+
+def test_a_profiled_steps_copies_and_waits_are_listed_by_name():
+    """A host that waits on the GPU mid-step loses its lead: the profiled step counts its
+    copies and waits by name, and the report lists the modes that had any."""
+    import models
+    row = models.profiled_step(lambda: torch.ones(3).add_(1))  # the CPU: nothing of either
+    assert row == {"device_events_per_step": 0, "copies_and_waits": {}}
+    result = model_json("gpt2")
+    result["interleaved"]["modes"]["aotgrad"]["copies_and_waits"] = {
+        "Memcpy HtoD (Pageable -> Device)": 3, "cudaStreamSynchronize": 3}
+    assert models_report.copies_and_waits([result]) == [
+        "- gpt2/aotgrad: Memcpy HtoD (Pageable -> Device) 3, cudaStreamSynchronize 3"]
+    assert "## Copies and the host's waits" in models_report.markdown([result])
