@@ -125,7 +125,8 @@ default39a|default39b|default39c|default39d)  # the nine models: aotgrad (pointw
   # peak memory?), aotgrad_no_combo, torch's Inductor. Since session 38 the interleaved
   # process tunes Triton's kernels itself (the cold processes tune side by side: one candidate
   # for DeBERTa-v2's slow aotgrad rows, 1.06-1.32x, against 0.87-0.93x in probes).
-  # default39d: DeBERTa-v2 in three interleaved processes (its ratio is drawn per process).
+  # default39d: DeBERTa-v2 in three interleaved processes (its ratio is drawn per process);
+  # results.md's "Copies and the host's waits" says whether a mode's step waits on the GPU.
   # About 300, 230, 440, 300 s.
   P=1; case $1 in default39a) M=vit_s16,resnet50,bert ;; default39b) M=gpt2,llama ;;
     default39c) M=convnext_t,efficientnet_b0,swin_t ;; default39d) M=deberta_v2 P=3 ;; esac
