@@ -136,6 +136,9 @@ def cold_job(name: str, mode: str, args) -> bench.Job:
                      args.cold_steps)
 
 
+_TUNED = shutil.ignore_patterns("*.best_config")  # Triton's autotuning choices
+
+
 def merge_caches(scratch: str) -> str:
     """One cache directory holding what every cold process compiled. Inductor's, Triton's and
     aotgrad's entries are named by the hash of what they hold, so that merging them is safe;
@@ -157,9 +160,6 @@ def merge_caches(scratch: str) -> str:
         except shutil.Error as e:  # a lock file gone meanwhile: that entry compiles again
             print(f"merging {cold.name}: {str(e)[:200]}", flush=True)
     return warm
-
-
-_TUNED = shutil.ignore_patterns("*.best_config")
 
 
 def _merge_copy(src: str, dst: str) -> None:

@@ -686,13 +686,13 @@ def test_concurrent_writers_compile_once(tmp_path):
     assert not list((tmp_path / "cache" / store.FORMAT).glob("*.lock"))
 
 
-@pytest.mark.parametrize("device", [pytest.param("cuda", marks=requires_cuda)])
-def test_inductor_hit_skips_codegen_in_another_process(tmp_path, device):
+@requires_cuda
+def test_inductor_hit_skips_codegen_in_another_process(tmp_path):
     """On a GPU Inductor keys a static input by its storage: the backward's saved parameter
     must carry the same mark whether its graph was traced or read from our cache. (On the
     CPU, the by-key test below asserts all of this and more.)"""
-    cold = run_script(tmp_path, "inductor", device=device)
-    warm = run_script(tmp_path, "inductor", device=device)
+    cold = run_script(tmp_path, "inductor", device="cuda")
+    warm = run_script(tmp_path, "inductor", device="cuda")
     assert [e for e, _ in warm["events"]] == ["hit"]
     # The forward and the backward: Inductor found both compiled in its own cache.
     assert warm["inductor"].get("fxgraph_cache_hit") == 2, warm["inductor"]
