@@ -61,7 +61,7 @@ MODES = {"eager": "eager", "inductor": "torch_compile", "inductor_ro": "torch_co
          "inductor_combo": "torch_compile_combo", "aotgrad_combo": "aotgrad_dynamo_combo",
          "inductor_combo_pw": "torch_compile_combo_pw", "aotgrad_combo_pw":
          "aotgrad_dynamo_combo_pw", "aotgrad_no_combo": "aotgrad_dynamo_no_combo",
-         "aotgrad_combo_fw": "aotgrad_dynamo_combo_fw"}
+         "aotgrad_combo_all": "aotgrad_dynamo_combo_all"}
 MODELS = ["gpt2", "llama", "bert", "resnet50", "efficientnet_b0", "vit_s16", "swin_t",
           "convnext_t", "deberta_v2"]
 SMALL_MODELS = ["tiny"]  # needs neither transformers nor timm; fits 3 min on 2 cores

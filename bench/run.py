@@ -293,9 +293,9 @@ MODES = {
     "aotgrad_dynamo_combo_pw": Mode(_aotgrad_dynamo("inductor", options=dict(POINTWISE_COMBOS))),
     "aotgrad_dynamo_no_combo": Mode(_aotgrad_dynamo("inductor", options={
         "combo_kernels": False})),
-    # aotgrad's combos in its forward graphs only: do the backward's pay for their memory?
-    "aotgrad_dynamo_combo_fw": Mode(_aotgrad_dynamo("inductor"),
-                                    config=lambda budget: _combo_roles("forward", "inference")),
+    # aotgrad's combos in every graph, the backward's too (its default until session 39)
+    "aotgrad_dynamo_combo_all": Mode(_aotgrad_dynamo("inductor"), config=lambda budget:
+                                     _combo_roles("forward", "backward", "inference")),
     "aot_eager": Mode(lambda model, budget, sink: torch.compile(model, backend="aot_eager")),
     "aotgrad_dynamo": Mode(_aotgrad_dynamo("inductor"), budgeted=True),
     "aotgrad_dynamo_eager": Mode(_aotgrad_dynamo("eager")),
@@ -312,7 +312,7 @@ DEFAULT_MODES = [m for m in MODES
                               "torch_compile_cpp", "aotgrad_dynamo_cpp",
                               "torch_compile_combo", "aotgrad_dynamo_combo",
                               "torch_compile_combo_pw", "aotgrad_dynamo_combo_pw",
-                              "aotgrad_dynamo_no_combo", "aotgrad_dynamo_combo_fw",
+                              "aotgrad_dynamo_no_combo", "aotgrad_dynamo_combo_all",
                               "aotgrad_dynamo_spans_saved", "aotgrad_dynamo_no_exchanges",
                               "aotgrad_torch_partition")]
 

@@ -439,18 +439,21 @@ def test_a_cuda_graph_gets_pointwise_combo_kernels_unless_the_user_chose():
 
 
 def test_combo_kernels_go_to_the_roles_their_table_names(monkeypatch):
-    """COMBO_ROLES: every graph by default; the bench's `aotgrad_combo_fw` narrows it to
-    the forward's, and the backward's settings then leave combos as torch has them."""
+    """COMBO_ROLES: the forward's and inference graphs by default, the backward's settings
+    leaving combos as torch has them; the bench's `aotgrad_combo_all` adds the backward."""
     from torch._inductor import config
     from aotgrad.backends import inductor_defaults
     cuda = [_fake_cuda_input()]
     assert inductor_defaults.for_graph(config, "backward", cuda) == {
+        "max_fusion_unique_io_buffers": inductor_defaults.BACKWARD_KERNEL_BUFFERS}
+    for role in ("forward", "inference"):
+        assert inductor_defaults.for_graph(config, role, cuda) == (
+            inductor_defaults.POINTWISE_COMBOS)
+    monkeypatch.setattr(inductor_defaults, "COMBO_ROLES",
+                        frozenset({"forward", "backward", "inference"}))
+    assert inductor_defaults.for_graph(config, "backward", cuda) == {
         **inductor_defaults.POINTWISE_COMBOS,
         "max_fusion_unique_io_buffers": inductor_defaults.BACKWARD_KERNEL_BUFFERS}
-    monkeypatch.setattr(inductor_defaults, "COMBO_ROLES", frozenset({"forward", "inference"}))
-    assert "combo_kernels" not in inductor_defaults.for_graph(config, "backward", cuda)
-    assert inductor_defaults.for_graph(config, "forward", cuda) == (
-        inductor_defaults.POINTWISE_COMBOS)
 
 
 def test_the_users_options_are_known_as_theirs_inside_each_compile(monkeypatch):
@@ -478,7 +481,8 @@ def test_the_users_options_are_known_as_theirs_inside_each_compile(monkeypatch):
 
 @requires_cuda
 def test_pointwise_combo_kernels_on_cuda_match_eager(monkeypatch):
-    """On a GPU the combos are on in each compile, and the step computes what eager does."""
+    """On a GPU the combos are on in the forward's compile, not the backward's (COMBO_ROLES),
+    and the step computes what eager does."""
     import torch._inductor.compile_fx as compile_fx
     from torch._inductor import config as inductor_config
     seen, inner = [], compile_fx.compile_fx_inner
@@ -495,7 +499,7 @@ def test_pointwise_combo_kernels_on_cuda_match_eager(monkeypatch):
     with inductor_config.patch(fx_graph_cache=False):
         aotgrad.compile(f, backend="inductor")(a, b).backward()
     f(ea, eb).backward()
-    assert seen and set(seen) == {(True, True)}
+    assert seen[0] == (True, True) and [combos for combos, _ in seen] == [True, False]
     torch.testing.assert_close((a.grad, b.grad), (ea.grad, eb.grad))
 
 

@@ -13,21 +13,12 @@ step() {  # step NAME SECONDS COMMAND...
   tail -${TAIL:-3} $OUT/$name.log
 }
 case $1 in
-default39a|default39b|default39c|default39d)  # the nine models: aotgrad (pointwise combos in every
-  # CUDA graph), aotgrad_combo_fw (in the forward's only: do the backward's pay for their
-  # peak memory?), aotgrad_no_combo, torch's Inductor. Since session 38 the interleaved
-  # process tunes Triton's kernels itself (the cold processes tune side by side: one candidate
-  # for DeBERTa-v2's slow aotgrad rows, 1.06-1.32x, against 0.87-0.93x in probes).
-  # default39d: DeBERTa-v2 in three interleaved processes (its ratio is drawn per process);
-  # results.md's "Copies and the host's waits" says whether a mode's step waits on the GPU.
-  # About 300, 230, 440, 300 s.
-  P=1; case $1 in default39a) M=vit_s16,resnet50,bert ;; default39b) M=gpt2,llama ;;
-    default39c) M=convnext_t,efficientnet_b0,swin_t ;; default39d) M=deberta_v2 P=3 ;; esac
-  TAIL=20 step models 580 python bench/models.py --models $M --jobs 4 --budget 330 \
-    --timeout 400 --processes $P --modes inductor,aotgrad,aotgrad_combo_fw,aotgrad_no_combo \
-    --out $OUT/models ;;
-gpu36)  # the CUDA tests of aotgrad's Inductor defaults (pointwise combos, session 36) and
-  # of the Inductor backend on CUDA, with the new default
+ro39)  # issue 20's three host-bound steps with CUDA graphs (goal: each at most
+  # mode="reduce-overhead"'s) at this tree: session 21 measured them last. About 250 s.
+  TAIL=30 step models 420 python bench/models.py --models gpt2_2x256,resnet50_b16,resnet50 \
+    --jobs 4 --budget 300 --timeout 360 --modes inductor_ro,aotgrad_ro --out $OUT/models ;;
+gpu36)  # the CUDA tests of aotgrad's Inductor defaults (pointwise combos, the forward's since
+  # session 39) and of the Inductor backend on CUDA
   TAIL=8 step pytest_211 170 python -m pytest -n 8 -v -o addopts= -p no:cacheprovider \
     -p no:warnings tests/test_backends.py tests/test_cudagraphs.py tests/test_donation.py \
     tests/test_batch_norm_devices.py -k "cuda or combo or Cuda or CUDA"

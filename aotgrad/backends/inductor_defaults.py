@@ -34,10 +34,14 @@ BACKWARD_KERNEL_BUFFERS = 64
 # combos joining them never finished compiling DeBERTa-v2 and slowed ViT-S 1.7x (session 35).
 # Not for compiled autograd's segments: unmeasured there.
 POINTWISE_COMBOS = {"combo_kernels": True, "combo_kernels_pointwise_only": True}
-# The graphs that take them. DeBERTa-v2's launches fell from 276 to 101 in the forward (host
-# 23.4 -> 6.8 ms) and from 537 to 470 in the backward (26.8 -> 27.2 ms: no gain there;
-# h200-2026-12-01-session37/host37); the bench's `aotgrad_combo_fw` leaves the backward out.
-COMBO_ROLES = frozenset({"forward", "backward", "inference"})
+# The graphs that take them: not the backward's. Its combos cut launches where the host has
+# the time to spare (DeBERTa-v2's backward 537 -> 470, host 26.8 -> 27.2 ms, session 37) and
+# hold buffers longer: nine models on an H200 (h200-2026-12-02-session39), combos in every
+# graph / forward's only / none, x backend="inductor": step 0.877 / 0.897 / 0.939, peak
+# 0.950 / 0.917 / 0.917, every model's peak with the forward's only equal to none's (with the
+# backward's: BERT +403 MB, DeBERTa-v2 +389, GPT-2 +261, EfficientNet-B0 +129, each over
+# torch's but BERT's). The bench's `aotgrad_combo_all` measures the backward's still.
+COMBO_ROLES = frozenset({"forward", "inference"})
 
 
 def for_graph(config, role: str, example_inputs: Sequence[Any]) -> dict:
