@@ -254,8 +254,8 @@ def main() -> int:
         print(json.dumps(child(args.child, models[0], device)))
         return 0
     import torch
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                            capture_output=True, text=True).stdout.strip()
+    from run import code_version  # bench/run.py; after the child's return: it imports aotgrad
+    commit = code_version()
     machine = torch.cuda.get_device_name() if device.startswith("cuda") else \
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,

@@ -241,7 +241,7 @@ def environment(args) -> dict:
     cuda = args.device.startswith("cuda")
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__, "commit": _commit(),
+        "torch": torch.__version__, "commit": bench.code_version(),
         "device": torch.cuda.get_device_name(args.device) if cuda else bench._cpu_name(),
         "versions": {m: bench._version(m) for m in ("transformers", "timm", "triton")},
         "argv": sys.argv[1:],
@@ -250,12 +250,6 @@ def environment(args) -> dict:
                                                     "budget", "timeout", "threads",
                                                     "processes")},
     }
-
-
-def _commit() -> str | None:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=BENCH_DIR)
-    return proc.stdout.strip() or None
 
 
 # ---------------------------------------------------------------------------- the worker

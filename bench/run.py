@@ -17,6 +17,7 @@ import ast
 import contextlib
 import datetime
 import fcntl
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -757,6 +758,24 @@ def environment(args) -> dict:
                      "timeout_s": args.timeout, "time_limit_s": args.time_limit,
                      "jobs": args.jobs, "threads": args.threads, "cold_cache": args.cold},
     }
+
+
+def code_version() -> str:
+    """The commit a result names, `+changes` where the tracked files differ from it, then a
+    digest of aotgrad's sources, which names the code whatever git says: the device's copy
+    of a tree can carry an older .git (session 39's `ro39` ran 6f5b0d2's code and named
+    cbf5da9)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True,
+                              text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "no commit"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+changes"
+    digest = hashlib.sha256()
+    for path in sorted(Path(aotgrad.__file__).parent.rglob("*.py")):
+        digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0"
+                      + path.read_bytes())
+    return f"{commit} (aotgrad {digest.hexdigest()[:12]})"
 
 
 def _cpu_name() -> str:

@@ -214,3 +214,27 @@ def test_a_profiled_steps_copies_and_waits_are_listed_by_name():
     assert models_report.copies_and_waits([result]) == [
         "- gpt2/aotgrad: Memcpy HtoD (Pageable -> Device) 3, cudaStreamSynchronize 3"]
     assert "## Copies and the host's waits" in models_report.markdown([result])
+
+
+def test_a_result_names_the_code_it_ran_whatever_git_says(tmp_path, monkeypatch):
+    """`code_version`: the commit, `+changes` over a changed tracked file, and a digest of
+    aotgrad's sources that moves with any of them (a device's copy may carry a stale .git)."""
+    import subprocess
+    import types
+    import run
+    package = tmp_path / "aotgrad"
+    package.mkdir()
+    (package / "__init__.py").write_text("x = 1\n")
+    monkeypatch.setattr(run, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(run, "aotgrad",
+                        types.SimpleNamespace(__file__=str(package / "__init__.py")))
+    assert run.code_version().startswith("no commit (aotgrad ")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], cwd=tmp_path, check=True)
+    clean = run.code_version()
+    (package / "__init__.py").write_text("x = 2\n")
+    changed = run.code_version()
+    assert "+changes" not in clean and clean.split(" (")[0] + "+changes" == changed.split(" (")[0]
+    assert clean.split(" (")[1] != changed.split(" (")[1]
