@@ -183,6 +183,10 @@ class TensorMeta:
     # How a subclass output's gradient splits into plain tensors: the output's layout, or
     # the one its class picks for gradients (a Partial DTensor's is Replicate).
     subclass: SubclassMeta | None = None
+    # The layout the backward graph takes this output's gradient in: the output's own
+    # (channels_last for a convolution's), as torch's AOTAutograd does; a gradient that
+    # comes in another is copied into it. Contiguous where the shape is symbolic.
+    memory_format: torch.memory_format = torch.contiguous_format
 
 
 @dataclass(frozen=True)

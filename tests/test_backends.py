@@ -779,6 +779,42 @@ def test_a_decomposition_keeps_eagers_layout(fn, door, grad):
         assert torch.equal(x.grad, x_e.grad)
 
 
+def _conv_two_ways(x, w):
+    y = torch.nn.functional.conv2d(x, w, padding=1)
+    return y.relu(), y.sigmoid()
+
+
+# The gradient a caller's backward may hand a channels-last output.
+INCOMING_GRADS = {
+    "channels_last": lambda shape: torch.randn(shape).to(memory_format=torch.channels_last),
+    "contiguous": lambda shape: torch.randn(shape),
+    "expanded": lambda shape: torch.ones(()).expand(shape),  # the grad of a .sum()
+    "transposed": lambda shape: torch.randn(shape[::-1]).permute(3, 2, 1, 0),
+    "unused": lambda shape: None,  # the loss leaves the output out: zeros
+}
+
+
+@pytest.mark.parametrize("incoming", list(INCOMING_GRADS))
+@pytest.mark.parametrize("door", ["compile", "dynamo"])
+def test_a_channels_last_outputs_gradient_may_come_in_any_layout(door, incoming):
+    """The backward graph takes a channels-last output's gradient channels-last, as torch's
+    does (a convolution's backward then reads no transposed copy): one in another layout,
+    or none, is made channels-last before Inductor's graph, which checks its inputs'
+    strides."""
+    w = torch.randn(5, 3, 3, 3)
+    x_e, x = _channels_last(True), _channels_last(True)
+    expected, got = _conv_two_ways(x_e, w), _compiled(_conv_two_ways, door)(x, w)
+    assert [g.stride() for g in got] == [e.stride() for e in expected]
+    grad = INCOMING_GRADS[incoming](expected[0].shape)
+    for relu, sigmoid in (expected, got):
+        if grad is None:
+            relu.backward(torch.ones_like(relu))
+        else:
+            torch.autograd.backward([relu, sigmoid], [grad, grad])
+    torch.testing.assert_close(x.grad, x_e.grad)
+    assert x.grad.stride() == x_e.grad.stride()
+
+
 def _leaves(outputs) -> list:
     return torch.utils._pytree.tree_leaves(outputs)
 

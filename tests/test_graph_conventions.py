@@ -591,11 +591,9 @@ def _tangent_strides(api) -> list[tuple]:
     return strides[1][-1]  # the backward's tangent
 
 
-@pytest.mark.xfail(strict=True, reason="aotgrad's backward takes contiguous tangents (the "
-                   "runtime calls .contiguous() on each gradient); torch's takes them in the "
-                   "output's memory format (channels_last here: strides (64, 1, 16, 4)) and "
-                   "coerces the gradient to it, so a backend sees other tangent strides")
 def test_tangents_have_the_outputs_memory_format_as_in_torch():
+    """A backend sees the backward's tangent in the output's memory format (channels_last
+    here), as torch's AOTAutograd hands it; the runtime coerces the gradient to it."""
     assert _tangent_strides(compat) == _tangent_strides(torch_compile_api) == (64, 1, 16, 4)
 
 

@@ -1,6 +1,7 @@
 """Higher-order ops (semantics/hops.py): control flow, compiled regions and effects, through
 each front door, against eager: outputs, gradients, parameters' gradients."""
 
+import copy
 import logging
 import re
 
@@ -246,6 +247,59 @@ class RegionNet(torch.nn.Module):
 
 def test_compiled_region_matches_eager():
     check_case(Case("regions", grad_inputs(2, 8), factory=RegionNet), dynamo_only)
+
+
+class ConvRegionNet(torch.nn.Module):
+    """Two calls of a region whose output is channels-last (a convolution's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 3, padding=1)
+
+    @torch.compiler.nested_compile_region
+    def block(self, x):
+        return self.conv(x).tanh()
+
+    def forward(self, x):
+        return self.block(self.block(x)).permute(0, 2, 3, 1).sum(-1)  # a contiguous grad in
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_regions_channels_last_output_takes_its_gradient_channels_last(backend):
+    """A region's backward graph takes its output's gradient in the layout it was traced
+    in (the output's: channels-last); a gradient that comes in contiguous is made so."""
+    torch.manual_seed(0)
+    model = ConvRegionNet()
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last).requires_grad_()
+    x_e = x.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(model), backend=aotgrad.backend(backend=backend))
+    out, expected = compiled(x), model(x_e)
+    torch.testing.assert_close(out, expected)
+    (out * torch.arange(out.numel()).view(out.shape)).sum().backward()
+    (expected * torch.arange(expected.numel()).view(expected.shape)).sum().backward()
+    torch.testing.assert_close(x.grad, x_e.grad)
+
+
+def test_a_region_is_called_with_the_layouts_its_graphs_were_traced_in():
+    """Each `invoke_subgraph` call passes operands strided as the body's placeholders: the
+    backward's tangents channels-last for ConvRegionNet (they came in contiguous)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+    torch._dynamo.reset()
+    compiled = torch.compile(ConvRegionNet(), backend=aotgrad.backend(backend=backend))
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last).requires_grad_()
+    compiled(x).sum().backward()
+    calls = [(n, getattr(gm, n.args[0].target)) for gm in graphs for n in gm.graph.nodes
+             if n.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == 4
+    for call, body in calls:
+        given = [a.meta["val"].stride() for a in call.args[2:]]
+        traced = [p.meta["val"].stride() for p in body.graph.find_nodes(op="placeholder")]
+        assert given == traced, call.format_node()
 
 
 def test_compiled_region_is_one_subgraph_called_per_block():

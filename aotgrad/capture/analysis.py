@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._dispatch.python import enable_python_dispatcher
+from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -170,7 +171,16 @@ def _tensor_meta(v: Any) -> TensorMeta | None:
     subclasses.check_supported(v, "an output")
     layout = subclasses.describe(subclasses.tangent_like(v))
     subclass = layout if isinstance(layout, SubclassMeta) else None
-    return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass)
+    return TensorMeta(tuple(v.shape), v.dtype, v.device, subclass, _gradient_format(v))
+
+
+def _gradient_format(v: torch.Tensor) -> torch.memory_format:
+    """The output's memory format, unless its sizes or strides are symbolic (reading the
+    layout of those would guard on them) or it is a subclass (its inner tensors' own)."""
+    if subclasses.is_subclass(v) or v.layout != torch.strided or any(
+            isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())):
+        return torch.contiguous_format
+    return suggest_memory_format(v)
 
 
 def storages(args: Sequence[Any]) -> list:

@@ -233,7 +233,8 @@ def fake_tangents(info: FunctionInfo, fake_mode: FakeTensorMode) -> list[torch.T
 def _tangent(meta) -> torch.Tensor:
     if meta.subclass is not None:  # the gradient of a subclass output is one too
         return subclasses.empty(meta.subclass)
-    return torch.empty(meta.shape, dtype=meta.dtype, device=meta.device)
+    return torch.empty(meta.shape, dtype=meta.dtype, device=meta.device,
+                       memory_format=meta.memory_format)
 
 
 def num_forward_outputs(gm: torch.fx.GraphModule, info: FunctionInfo) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
@@ -44,7 +45,9 @@ def build_region(options, capture: Callable, trace_joint: Callable, body: fx.Gra
     has_grad = keep_given_grads(backward)
     tuple_outputs(forward)
     tuple_outputs(backward)
-    return Region(identifier, body, forward, backward, n, c.info.gets_tangent, has_grad)
+    formats = tuple(m.memory_format if m is not None else torch.contiguous_format
+                    for m in c.info.graph_output_metas)
+    return Region(identifier, body, forward, backward, n, c.info.gets_tangent, has_grad, formats)
 
 
 def tuple_outputs(gm: fx.GraphModule) -> None:

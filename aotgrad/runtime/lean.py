@@ -67,9 +67,12 @@ def tangent(grad: torch.Tensor | None, meta, shape: "torch.Size | torch.Tensor |
         return torch.zeros_like(shape)
     if grad is None and shape is not None:  # the meta's shape is symbolic: this call's
         return torch.zeros(shape, dtype=meta.dtype, device=meta.device)
-    if grad is None:  # the output took no part in the loss
-        return subclasses.zeros(subclasses.tangent_layout(meta))
-    return grad.contiguous()
+    if grad is None and meta.subclass is None:  # the output took no part in the loss
+        return torch.empty(meta.shape, dtype=meta.dtype, device=meta.device,
+                           memory_format=meta.memory_format).zero_()
+    if grad is None:
+        return subclasses.zeros(meta.subclass)
+    return grad.contiguous(memory_format=meta.memory_format)
 
 
 def lean_function(call: Any, base: type) -> type:
@@ -124,7 +127,11 @@ def _backward(call: Any, node: type, general: Callable) -> Callable:
     tangents = []
     for i in call.tangent_outputs:
         scope[f"_zeros{i}"] = functools.partial(tangent, None, metas[i], None)
-        tangents.append(f"grads[{i}].contiguous() if grads[{i}] is not None else _zeros{i}()")
+        scope[f"_format{i}"] = metas[i].memory_format
+        layout = ("" if metas[i].memory_format == torch.contiguous_format
+                  else f"memory_format=_format{i}")
+        tangents.append(f"grads[{i}].contiguous({layout}) if grads[{i}] is not None "
+                        f"else _zeros{i}()")
     # Dynamo (torch's compiled autograd) passes a stand-in ctx, and so does aotgrad's capture
     # (after marking `capturing` while the engine walks): those take the general backward.
     source = ("def backward(ctx, *grads):\n"

@@ -82,6 +82,8 @@ class Region:
     num_outputs: int
     differentiable: tuple[bool, ...]  # per output: whether the backward takes its tangent
     has_grad: tuple[bool, ...]  # per operand: whether the backward returns its gradient
+    # per output: the layout its tangent was traced in (`TensorMeta.memory_format`)
+    formats: tuple[torch.memory_format, ...] = ()
 
 
 # The body, its identifier, grad mode, and each operand's layout and requires_grad.
@@ -190,8 +192,9 @@ class _RegionCall(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         region = ctx.region
-        # The backward graph was traced with contiguous tangents (`joint.fake_tangents`).
-        tangents = [g.contiguous() for g, d in zip(grads, region.differentiable) if d]
+        # In the layouts the backward graph's tangents were traced in (`joint.fake_tangents`).
+        tangents = [g.contiguous(memory_format=f)
+                    for g, d, f in zip(grads, region.differentiable, region.formats) if d]
         given = iter(_invoke(region.backward, "bw_" + region.identifier,
                              [*ctx.saved_tensors, *tangents]))
         return (None, *(next(given) if has else None for has in region.has_grad))
