@@ -796,16 +796,18 @@ INCOMING_GRADS = {
 
 @pytest.mark.parametrize("incoming", list(INCOMING_GRADS))
 @pytest.mark.parametrize("door", ["compile", "dynamo"])
-def test_a_channels_last_outputs_gradient_may_come_in_any_layout(door, incoming):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_a_channels_last_outputs_gradient_may_come_in_any_layout(device, door, incoming):
     """The backward graph takes a channels-last output's gradient channels-last, as torch's
     does (a convolution's backward then reads no transposed copy): one in another layout,
     or none, is made channels-last before Inductor's graph, which checks its inputs'
     strides."""
-    w = torch.randn(5, 3, 3, 3)
-    x_e, x = _channels_last(True), _channels_last(True)
+    w = torch.randn(5, 3, 3, 3, device=device)
+    x_e, x = (_channels_last(True).detach().to(device).requires_grad_() for _ in range(2))
     expected, got = _conv_two_ways(x_e, w), _compiled(_conv_two_ways, door)(x, w)
     assert [g.stride() for g in got] == [e.stride() for e in expected]
     grad = INCOMING_GRADS[incoming](expected[0].shape)
+    grad = grad if grad is None else grad.to(device)
     for relu, sigmoid in (expected, got):
         if grad is None:
             relu.backward(torch.ones_like(relu))
