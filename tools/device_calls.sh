@@ -20,7 +20,8 @@ ro39)  # issue 20's three host-bound steps with CUDA graphs (goal: each at most
   TAIL=30 step models 420 python bench/models.py --models $M \
     --jobs 4 --budget 300 --timeout 360 --modes inductor_ro,aotgrad_ro --out $OUT/models ;;
 gpu36)  # the CUDA tests of aotgrad's Inductor defaults (pointwise combos, the forward's since
-  # session 39) and of the Inductor backend on CUDA
+  # session 39), of the Inductor backend on CUDA, and of tangents in their output's memory
+  # format (session 39: test_a_channels_last_outputs_gradient_may_come_in_any_layout[cuda-*])
   TAIL=8 step pytest_211 170 python -m pytest -n 8 -v -o addopts= -p no:cacheprovider \
     -p no:warnings tests/test_backends.py tests/test_cudagraphs.py tests/test_donation.py \
     tests/test_batch_norm_devices.py -k "cuda or combo or Cuda or CUDA"
