@@ -17,7 +17,6 @@ import ast
 import contextlib
 import datetime
 import fcntl
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -44,6 +43,7 @@ sys.path.insert(0, str(REPO_ROOT))  # `python bench/run.py` from anywhere finds 
 
 import aotgrad  # noqa: E402
 from aotgrad.backends import inductor_defaults  # noqa: E402
+from aotgrad.cache.key import source_digest  # noqa: E402
 from aotgrad.backends.inductor_defaults import POINTWISE_COMBOS  # noqa: E402
 
 
@@ -771,11 +771,8 @@ def code_version() -> str:
     commit = git("rev-parse", "--short", "HEAD") or "no commit"
     if git("status", "--porcelain", "--untracked-files=no"):
         commit += "+changes"
-    digest = hashlib.sha256()
-    for path in sorted(Path(aotgrad.__file__).parent.rglob("*.py")):
-        digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0"
-                      + path.read_bytes())
-    return f"{commit} (aotgrad {digest.hexdigest()[:12]})"
+    digest = source_digest(Path(aotgrad.__file__).parent)
+    return f"{commit} (aotgrad {digest[:12]})"
 
 
 def _cpu_name() -> str:

@@ -83,12 +83,16 @@ def user_modes() -> str | None:
 @functools.lru_cache(maxsize=None)
 def aotgrad_version() -> str:
     """The package's source, hashed: any change to aotgrad may change what it produces."""
-    package = Path(__file__).resolve().parent.parent
+    return f"source sha256:{source_digest(Path(__file__).resolve().parent.parent)[:16]}"
+
+
+def source_digest(package: Path) -> str:
+    """The sha256 of a package's Python sources, their paths in it included (hex)."""
     h = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         h.update(str(path.relative_to(package)).encode())
         h.update(path.read_bytes())
-    return f"source sha256:{h.hexdigest()[:16]}"
+    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,13 +29,16 @@ def build_region(options, capture: Callable, trace_joint: Callable, body: fx.Gra
     c = capture(body, fakes, in_spec)
     if not is_plain_body(c.info):
         return None
+    # each output's tangent layout (TensorMeta.memory_format), as the joint traces it
+    formats = tuple(m.memory_format if m is not None else torch.contiguous_format
+                    for m in c.info.graph_output_metas)
     if not c.info.needs_autograd:
         gm = joint.trace_inference(c.graph_fn, c.info, c.fakes, c.fake_mode,
                                    options.backend.decompositions)
         n = len(c.info.outputs)
         tuple_outputs(gm)
-        return Region(identifier, body, gm, None, n, (False,) * n, ()) if all_tensors(gm) \
-            else None
+        return Region(identifier, body, gm, None, n, (False,) * n, (), formats) \
+            if all_tensors(gm) else None
     c, joint_gm = trace_joint(c, options, RandomValueTags())
     n = joint_gm.meta[JOINT_FW_OUTPUTS]
     joint_gm.meta[JOINT] = find_joint(joint_gm, n)
@@ -45,8 +48,6 @@ def build_region(options, capture: Callable, trace_joint: Callable, body: fx.Gra
     has_grad = keep_given_grads(backward)
     tuple_outputs(forward)
     tuple_outputs(backward)
-    formats = tuple(m.memory_format if m is not None else torch.contiguous_format
-                    for m in c.info.graph_output_metas)
     return Region(identifier, body, forward, backward, n, c.info.gets_tangent, has_grad, formats)
 
 

@@ -83,7 +83,7 @@ class Region:
     differentiable: tuple[bool, ...]  # per output: whether the backward takes its tangent
     has_grad: tuple[bool, ...]  # per operand: whether the backward returns its gradient
     # per output: the layout its tangent was traced in (`TensorMeta.memory_format`)
-    formats: tuple[torch.memory_format, ...] = ()
+    formats: tuple[torch.memory_format, ...]
 
 
 # The body, its identifier, grad mode, and each operand's layout and requires_grad.
